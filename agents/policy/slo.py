@@ -1,0 +1,53 @@
+"""SLO classes: named thresholds. Configuration, not code: tenants and settings may override."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SloClass:
+    """Thresholds a request must meet to count towards goodput.
+
+    ``ttft_s`` / ``tpot_s``: upper bounds (None = no bound). ``deadline`` classes (batch) are
+    met when the request finished before its own deadline. ``client_timeout_s``: how long the
+    client waits for the first token before giving up (None = until its deadline).
+    """
+
+    name: str
+    ttft_s: float | None
+    tpot_s: float | None
+    deadline: bool = False
+    client_timeout_s: float | None = None
+
+
+DEFAULT_SLO_CLASSES: dict[str, SloClass] = {
+    "interactive": SloClass("interactive", ttft_s=2.0, tpot_s=0.1, client_timeout_s=10.0),
+    "long_context": SloClass("long_context", ttft_s=15.0, tpot_s=0.15, client_timeout_s=60.0),
+    "batch": SloClass("batch", ttft_s=None, tpot_s=None, deadline=True),
+}
+
+LONG_CONTEXT_INPUT_TOKENS = 32_768
+"""The fixed classification rule: input above this is ``long_context`` unless the trace says."""
+
+
+def classify(input_tokens: int, declared: str | None) -> str:
+    """SLO class of a request: the declared one if any, else by input length."""
+    if declared:
+        return declared
+    return "long_context" if input_tokens > LONG_CONTEXT_INPUT_TOKENS else "interactive"
+
+
+def meets_slo(
+    slo: SloClass,
+    ttft_s: float,
+    tpot_s: float | None,
+    e2e_s: float,
+    deadline_s: float | None,
+) -> bool:
+    """Whether a *completed* request met every threshold of its class (TPOT None = 1 token)."""
+    if slo.deadline:
+        return deadline_s is None or e2e_s <= deadline_s
+    if slo.ttft_s is not None and ttft_s > slo.ttft_s:
+        return False
+    return not (slo.tpot_s is not None and tpot_s is not None and tpot_s > slo.tpot_s)

@@ -1,0 +1,1 @@
+"""Everything that touches the outside: the CLI (composition root), later settings and I/O."""

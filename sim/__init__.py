@@ -1,0 +1,1 @@
+"""The fleet simulator: instance engine model, workloads, the discrete-event runner, metrics."""

@@ -1,0 +1,116 @@
+"""One instance's prefix KV cache: 512-token blocks keyed by chained block hashes.
+
+- A block is reusable only through its whole prefix: ``match`` walks the prompt's chained
+  hashes from the start and stops at the first miss.
+- Blocks are reference-counted while a request uses them; unreferenced blocks stay resident
+  (still reusable) until evicted, least recently used first.
+- Capacity is in blocks. A request reserves, at admission, every block its sequence will occupy
+  (prompt + output): the engine never pre-empts, so it must know the memory is there. Only full
+  prompt blocks are ever shared; the rest of the reservation is anonymous.
+
+Counters: ``referenced`` blocks are in use by running requests (keyed or anonymous);
+``evictable`` keyed blocks have refcount 0; ``referenced + evictable <= capacity``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Literal
+
+KvChange = tuple[Literal["stored", "removed"], tuple[int, ...]]
+
+
+class PrefixKvCache:
+    def __init__(self, capacity_blocks: int, record_events: bool = False) -> None:
+        self.capacity = capacity_blocks
+        self.referenced = 0
+        self._refcount: dict[int, int] = {}
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self.record_events = record_events
+        self.events: list[KvChange] = []
+
+    @property
+    def evictable(self) -> int:
+        return len(self._evictable)
+
+    def resident(self, block: int) -> bool:
+        return block in self._refcount
+
+    def match(self, blocks: Sequence[int]) -> int:
+        """Number of leading ``blocks`` resident in the cache."""
+        refcount = self._refcount
+        matched = 0
+        for block in blocks:
+            if block not in refcount:
+                break
+            matched += 1
+        return matched
+
+    def acquire(self, blocks: Sequence[int], total_blocks: int) -> int | None:
+        """Reserve ``total_blocks`` for a sequence whose full prompt blocks are ``blocks``.
+
+        Reuses the resident prefix (referencing it) and allocates the rest, evicting LRU
+        unreferenced blocks as needed. Returns the number of reused leading blocks, or None
+        (and changes nothing) if the reservation does not fit now.
+        """
+        matched = self.match(blocks)
+        reused = blocks[:matched]
+        refcount = self._refcount
+        reused_idle = sum(1 for block in reused if refcount[block] == 0)
+        need = total_blocks - matched
+        if need > self.capacity - self.referenced - reused_idle:
+            return None
+        for block in reused:
+            if refcount[block] == 0:
+                del self._evictable[block]
+                self.referenced += 1
+            refcount[block] += 1
+        self._evict(need)
+        self.referenced += need
+        return matched
+
+    def commit(self, blocks: Sequence[int]) -> None:
+        """Prompt blocks a request has just computed become shareable (they were anonymous).
+
+        If another request computed the same block meanwhile, this request shares that one and
+        its own copy is freed.
+        """
+        refcount = self._refcount
+        stored = []
+        for block in blocks:
+            count = refcount.get(block)
+            if count is None:
+                refcount[block] = 1
+                stored.append(block)
+                continue
+            if count == 0:
+                del self._evictable[block]
+            else:
+                self.referenced -= 1  # our duplicate copy goes; the resident one is shared
+            refcount[block] = count + 1
+        if self.record_events and stored:
+            self.events.append(("stored", tuple(stored)))
+
+    def release(self, keyed: Sequence[int], anonymous: int) -> None:
+        """A request ended: drop its references; its prompt blocks stay resident until evicted.
+
+        Blocks are released tail first, so a prompt's tail is evicted before its shared head.
+        """
+        self.referenced -= anonymous
+        refcount = self._refcount
+        for block in reversed(keyed):
+            count = refcount[block] - 1
+            refcount[block] = count
+            if count == 0:
+                self._evictable[block] = None
+                self.referenced -= 1
+
+    def _evict(self, need: int) -> None:
+        removed = []
+        while self.capacity - self.referenced - len(self._evictable) < need:
+            block, _ = self._evictable.popitem(last=False)
+            del self._refcount[block]
+            removed.append(block)
+        if self.record_events and removed:
+            self.events.append(("removed", tuple(removed)))

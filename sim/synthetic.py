@@ -1,0 +1,186 @@
+"""A seeded synthetic mix of multi-tenant traffic, written in the Mooncake JSONL format.
+
+Four kinds of traffic, over bursty arrivals (a two-state Markov-modulated Poisson process: calm
+and burst phases with exponential durations, the burst rate ``burst_factor`` times the calm one):
+
+- chat sessions (``chat``, interactive): each tenant has a system prompt; a session's prompt is
+  the system prompt plus the whole history, growing turn by turn (think time between turns);
+- long-document Q&A (``doc_qa``): questions over a shared pool of documents (Zipf popularity);
+  documents over 32k tokens make ``long_context`` requests;
+- one-off API calls (``api``, interactive): a short tenant prefix, the rest unique;
+- offline batch jobs (``batch``): many requests submitted at once, sharing a job instruction,
+  with one deadline.
+
+Block ids are allocated from disjoint ranges so equal ids mean equal content; the loader chains
+them, so a block is shared only when its whole prefix is.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agents.policy.types import BLOCK_TOKENS
+
+Record = dict[str, Any]
+
+_SYSTEM_BASE = 1_000_000
+_DOC_BASE = 2_000_000
+_JOB_BASE = 3_000_000
+_UNIQUE_BASE = 10_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class SyntheticMix:
+    duration_s: float = 600.0
+    rate_per_s: float = 4.0
+    seed: int = 0
+    tenants: int = 6
+    documents: int = 24
+    share_chat: float = 0.5
+    share_doc_qa: float = 0.2
+    share_api: float = 0.3
+    batch_jobs_per_hour: float = 6.0
+    batch_job_size: tuple[int, int] = (40, 160)
+    burst_factor: float = 3.0
+    mean_phase_s: float = 60.0
+
+    def generate(self) -> list[Record]:
+        """All requests, sorted by timestamp (ms)."""
+        rng = np.random.default_rng(self.seed)
+        gen = _Generator(self, rng)
+        records = list(gen.interactive()) + list(gen.batch_jobs())
+        records.sort(key=lambda r: (r["timestamp"], r["request_id"]))
+        return records
+
+
+class _Generator:
+    def __init__(self, mix: SyntheticMix, rng: np.random.Generator) -> None:
+        self.mix = mix
+        self.rng = rng
+        self.next_unique = _UNIQUE_BASE
+        self.system_blocks = [int(rng.integers(2, 9)) for _ in range(mix.tenants)]
+        self.max_tokens = [int(rng.choice([512, 1024, 2048])) for _ in range(mix.tenants)]
+        self.doc_tokens = [int(rng.choice([8_000, 16_000, 24_000, 48_000, 80_000])) + int(rng.integers(0, 4000)) for _ in range(mix.documents)]
+        ranks = np.arange(1, mix.documents + 1, dtype=np.float64)
+        self.doc_popularity = (1 / ranks) / (1 / ranks).sum()
+        self.count = 0
+
+    def unique_ids(self, n: int) -> list[int]:
+        ids = list(range(self.next_unique, self.next_unique + n))
+        self.next_unique += n
+        return ids
+
+    def record(self, t_s: float, tenant: int, input_tokens: int, output: int, ids: list[int], kind: str, **extra: Any) -> Record:
+        self.count += 1
+        blocks_needed = -(-input_tokens // BLOCK_TOKENS)
+        ids = ids[:blocks_needed] + self.unique_ids(max(0, blocks_needed - len(ids)))
+        return {
+            "request_id": f"s{self.count:06d}",
+            "timestamp": int(round(t_s * 1000)),
+            "input_length": input_tokens,
+            "output_length": max(1, min(output, self.max_tokens[tenant])),
+            "hash_ids": ids,
+            "tenant": f"tenant-{tenant}",
+            "max_tokens": self.max_tokens[tenant],
+            "task_type": kind,
+            **extra,
+        }
+
+    def arrivals(self, rate: float) -> Iterator[float]:
+        """Markov-modulated Poisson arrivals with mean ``rate`` over the duration."""
+        mix, rng = self.mix, self.rng
+        calm = 2 * rate / (1 + mix.burst_factor)
+        t, bursting = 0.0, False
+        phase_end = rng.exponential(mix.mean_phase_s)
+        while True:
+            current = calm * (mix.burst_factor if bursting else 1.0)
+            t += rng.exponential(1 / current)
+            while t > phase_end:
+                # Memoryless: restart the gap at the phase boundary with the new rate.
+                t = phase_end
+                bursting = not bursting
+                phase_end = t + rng.exponential(mix.mean_phase_s)
+                current = calm * (mix.burst_factor if bursting else 1.0)
+                t += rng.exponential(1 / current)
+            if t >= mix.duration_s:
+                return
+            yield t
+
+    def interactive(self) -> Iterator[Record]:
+        mix, rng = self.mix, self.rng
+        shares = np.array([mix.share_chat, mix.share_doc_qa, mix.share_api])
+        shares = shares / shares.sum()
+        mean_turns = 4.0
+        # Chat sessions start less often than chat requests arrive: each has several turns.
+        session_rate = mix.rate_per_s * shares[0] / mean_turns
+        for start in self.arrivals(session_rate):
+            yield from self.chat_session(start, mean_turns)
+        for t in self.arrivals(mix.rate_per_s * shares[1]):
+            yield self.doc_question(t)
+        for t in self.arrivals(mix.rate_per_s * shares[2]):
+            tenant = int(rng.integers(mix.tenants))
+            prompt = int(rng.integers(200, 3000))
+            ids = [_SYSTEM_BASE + tenant * 100]  # one shared instruction block per tenant
+            yield self.record(t, tenant, prompt + BLOCK_TOKENS, int(rng.lognormal(5.0, 0.7)), ids, "api")
+
+    def chat_session(self, start: float, mean_turns: float) -> Iterator[Record]:
+        mix, rng = self.mix, self.rng
+        tenant = int(rng.integers(mix.tenants))
+        system = [_SYSTEM_BASE + tenant * 100 + i for i in range(self.system_blocks[tenant])]
+        history_tokens = len(system) * BLOCK_TOKENS
+        history_ids = list(system)
+        t = start
+        for _ in range(1 + int(rng.poisson(mean_turns - 1))):
+            if t >= mix.duration_s:
+                return
+            user = int(rng.integers(50, 1200))
+            prompt = history_tokens + user
+            output = int(rng.lognormal(5.3, 0.8))
+            history_ids += self.unique_ids(prompt // BLOCK_TOKENS - len(history_ids))
+            yield self.record(t, tenant, prompt, output, list(history_ids), "chat")
+            # The next turn's prompt is this prompt plus the answer.
+            history_tokens = prompt + min(output, self.max_tokens[tenant])
+            t += float(rng.exponential(20.0)) + 2.0
+
+    def doc_question(self, t: float) -> Record:
+        rng = self.rng
+        tenant = int(rng.integers(self.mix.tenants))
+        doc = int(rng.choice(self.mix.documents, p=self.doc_popularity))
+        tokens = self.doc_tokens[doc]
+        ids = [_DOC_BASE + doc * 1000 + i for i in range(tokens // BLOCK_TOKENS)]
+        question = int(rng.integers(30, 300))
+        return self.record(t, tenant, tokens + question, int(rng.lognormal(4.8, 0.6)), ids, "doc_qa")
+
+    def batch_jobs(self) -> Iterator[Record]:
+        mix, rng = self.mix, self.rng
+        t = 0.0
+        job = 0
+        while True:
+            t += float(rng.exponential(3600.0 / mix.batch_jobs_per_hour))
+            if t >= mix.duration_s:
+                return
+            tenant = int(rng.integers(mix.tenants))
+            size = int(rng.integers(*mix.batch_job_size))
+            deadline = float(rng.choice([600.0, 1200.0, 1800.0]))
+            instruction = [_JOB_BASE + job * 100 + i for i in range(int(rng.integers(1, 4)))]
+            for _ in range(size):
+                prompt = len(instruction) * BLOCK_TOKENS + int(rng.integers(500, 4000))
+                yield self.record(
+                    t, tenant, prompt, int(rng.lognormal(5.5, 0.5)), list(instruction), "batch",
+                    slo_class="batch", deadline_s=deadline,
+                )
+            job += 1
+
+
+def write_jsonl(records: list[Record], path: Path) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as out:
+        for record in records:
+            out.write(json.dumps(record) + "\n")
+    return len(records)
