@@ -33,7 +33,10 @@ def _simulate(args: argparse.Namespace) -> int:
     print(format_table(document))
     for timing in timings:
         rate = timing.requests / timing.wall_s if timing.wall_s > 0 else float("inf")
-        print(f"  {timing.policy}: {timing.wall_s:.2f} s wall, {rate:,.0f} simulated requests/s", file=sys.stderr)
+        print(
+            f"  {timing.policy}: {timing.wall_s:.2f} s wall, {rate:,.0f} simulated requests/s",
+            file=sys.stderr,
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(document, indent=2, sort_keys=False) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)
@@ -56,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     sim = commands.add_parser("simulate", help="compare routing policies on a trace in simulation")
-    sim.add_argument("--workload", required=True, help="trace file (Mooncake JSONL, Azure CSV) or 'synthetic[:k=v,...]'")
+    sim.add_argument(
+        "--workload", required=True, help="trace file (Mooncake JSONL, Azure CSV) or 'synthetic[:k=v,...]'"
+    )
     sim.add_argument(
         "--policy", action="append", required=True, choices=known_policies(), help="repeat to compare several"
     )
@@ -64,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--rate-scale", type=float, default=1.0, help="X times the trace's arrival rate")
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--heartbeat", type=float, default=0.25, help="heartbeat interval in seconds")
-    sim.add_argument("--retry-share", type=float, default=0.5, help="share of given-up interactive requests retried")
+    sim.add_argument(
+        "--retry-share", type=float, default=0.5, help="share of given-up interactive requests retried"
+    )
     sim.add_argument("--output-budget", type=int, default=None, help="fixed max_tokens for every request")
     sim.add_argument("--json", metavar="OUT", help="write the results as JSON")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -131,7 +131,9 @@ class Instance:
                 attempt.keyed_blocks.extend(new_blocks)
                 attempt.anonymous_blocks -= len(new_blocks)
                 attempt.generated = 1
-                attempt.first_token_s = now_s
+                attempt.context += 1  # context = prompt + generated tokens from now on
+                if not attempt.abort_requested:  # a client that gave up never sees it
+                    attempt.first_token_s = now_s
                 self.tokens_in_flight += 1
         steps = self._steps
         for attempt in self._decoders:

@@ -70,7 +70,7 @@ def parse_fleet(spec: str) -> FleetSpec:
             raise ValueError(f"bad fleet group {part!r}: count must be >= 1")
         groups.append((count, profile))
     model = PROFILE_MODELS.get(groups[0][1].name, groups[0][1].name)
-    instances = []
+    instances: list[InstanceSpec] = []
     for count, profile in groups:
         for _ in range(count):
             instances.append(InstanceSpec(f"i{len(instances):03d}", "dc-1", model, "1", profile))

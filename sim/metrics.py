@@ -50,7 +50,9 @@ class RequestOutcome:
     admitted_input_tokens: int
 
 
-def outcomes(attempts: Iterable[Attempt], window: tuple[float, float], slo_classes: dict[str, SloClass]) -> list[RequestOutcome]:
+def outcomes(
+    attempts: Iterable[Attempt], window: tuple[float, float], slo_classes: dict[str, SloClass]
+) -> list[RequestOutcome]:
     """Group attempts by request and judge each request of the window's cohort."""
     by_request: dict[str, list[Attempt]] = {}
     for attempt in attempts:

@@ -45,9 +45,8 @@ class EngineProfile:
 
     def prefill_chunk_s(self, new_tokens: int, cached_tokens: int) -> float:
         """The prefill terms of the step time for one request's chunk."""
-        return (
-            self.prefill_s_per_token * new_tokens
-            + self.prefill_s_per_token_pair * new_tokens * (cached_tokens + new_tokens / 2)
+        return self.prefill_s_per_token * new_tokens + self.prefill_s_per_token_pair * new_tokens * (
+            cached_tokens + new_tokens / 2
         )
 
 

@@ -58,7 +58,9 @@ def format_table(document: Mapping[str, Any]) -> str:
     classes = sorted({c for r in results.values() for c in r.get("per_class", {})})
     if len(classes) > 1:
         for cls in classes:
-            sections.append((cls, {n: r["per_class"][cls] for n, r in results.items() if cls in r["per_class"]}))
+            sections.append(
+                (cls, {n: r["per_class"][cls] for n, r in results.items() if cls in r["per_class"]})
+            )
     lines = [
         f"workload {document['workload']} | fleet {document['fleet']} | rate x{document['rate_scale']}"
         f" | seed {document['seed']} | {document['requests']} requests over {document['window_s']:.0f} s"
@@ -79,7 +81,12 @@ def format_table(document: Mapping[str, Any]) -> str:
         widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
         lines.append("")
         for row in table:
-            lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+            lines.append(
+                "  ".join(
+                    c.ljust(w) if i == 0 else c.rjust(w)
+                    for i, (c, w) in enumerate(zip(row, widths, strict=True))
+                )
+            )
     return "\n".join(lines)
 
 

@@ -15,17 +15,26 @@ events; never the true output length.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import count
+from typing import cast
 
 import numpy as np
 
 from agents.policy import make_policy
 from agents.policy.slo import DEFAULT_SLO_CLASSES, SloClass
-from agents.policy.types import ClusterView, Completion, Decision, KvEvent, Policy, RequestView
+from agents.policy.types import (
+    ClusterView,
+    Completion,
+    CompletionStatus,
+    Decision,
+    KvEvent,
+    Policy,
+    RequestView,
+)
 from sim.engine import Attempt, Instance
 from sim.fleet import FleetSpec
 from sim.workload import DEFAULT_OUTPUT_BUDGET, TraceRequest, Workload
@@ -53,8 +62,8 @@ class SimConfig:
     def retries(self, request_id: str) -> bool:
         """Whether this client retries a given-up interactive request: a fixed property of the
         request (seeded), so it is the same under every policy."""
-        draw = zlib.crc32(f"{self.seed}:{request_id}".encode()) / 0xFFFFFFFF
-        return draw < self.retry_share
+        digest = hashlib.blake2b(f"{self.seed}:{request_id}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") / 2**64 < self.retry_share
 
 
 @dataclass(slots=True)
@@ -69,9 +78,7 @@ ProgressFn = Callable[[int], None]
 
 
 class Simulation:
-    def __init__(
-        self, workload: Workload, fleet: FleetSpec, policy: Policy, config: SimConfig
-    ) -> None:
+    def __init__(self, workload: Workload, fleet: FleetSpec, policy: Policy, config: SimConfig) -> None:
         self.workload = workload
         self.fleet = fleet
         self.policy = policy
@@ -89,25 +96,29 @@ class Simulation:
 
     def run(self, progress: ProgressFn | None = None) -> RunResult:
         for request in self.workload.requests:
-            self._push(request.arrival_s, _ARRIVAL, Attempt(request, 1, request.arrival_s, self.config.budget_for(request)))
+            self._push(
+                request.arrival_s,
+                _ARRIVAL,
+                Attempt(request, 1, request.arrival_s, self.config.budget_for(request)),
+            )
         self._arrivals_left = len(self.workload.requests)
         self._push(self.window[0], _HEARTBEAT, None)
         done = 0
         while self._heap:
             now, kind, _, payload = heapq.heappop(self._heap)
             if kind == _STEP_END:
-                index, version = payload  # type: ignore[misc]
+                index, version = cast(tuple[int, int], payload)
                 instance = self.instances[index]
                 if instance.version == version and instance.scheduled:
                     self._ended(instance.finish_step(now), now)
                     self._after(instance, index, now)
             elif kind == _ARRIVAL:
-                self._arrive(payload, now)  # type: ignore[arg-type]
+                self._arrive(cast(Attempt, payload), now)
                 done += 1
                 if progress is not None and done % 256 == 0:
                     progress(done)
             elif kind == _TIMEOUT:
-                self._give_up(payload, now)  # type: ignore[arg-type]
+                self._give_up(cast(Attempt, payload), now)
             else:
                 self._heartbeat(now)
         if progress is not None:
@@ -203,7 +214,7 @@ class Simulation:
         tpot = None
         if attempt.first_token_s is not None and attempt.generated > 1:
             tpot = (now - attempt.first_token_s) / (attempt.generated - 1)
-        status = "ok" if attempt.status == "ok" else "timeout"
+        status: CompletionStatus = "ok" if attempt.status == "ok" else "timeout"
         self.policy.observe(
             Completion(
                 request_id=attempt.request.request_id,

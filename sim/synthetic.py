@@ -66,7 +66,10 @@ class _Generator:
         self.next_unique = _UNIQUE_BASE
         self.system_blocks = [int(rng.integers(2, 9)) for _ in range(mix.tenants)]
         self.max_tokens = [int(rng.choice([512, 1024, 2048])) for _ in range(mix.tenants)]
-        self.doc_tokens = [int(rng.choice([8_000, 16_000, 24_000, 48_000, 80_000])) + int(rng.integers(0, 4000)) for _ in range(mix.documents)]
+        self.doc_tokens = [
+            int(rng.choice([8_000, 16_000, 24_000, 48_000, 80_000])) + int(rng.integers(0, 4000))
+            for _ in range(mix.documents)
+        ]
         ranks = np.arange(1, mix.documents + 1, dtype=np.float64)
         self.doc_popularity = (1 / ranks) / (1 / ranks).sum()
         self.count = 0
@@ -76,13 +79,15 @@ class _Generator:
         self.next_unique += n
         return ids
 
-    def record(self, t_s: float, tenant: int, input_tokens: int, output: int, ids: list[int], kind: str, **extra: Any) -> Record:
+    def record(
+        self, t_s: float, tenant: int, input_tokens: int, output: int, ids: list[int], kind: str, **extra: Any
+    ) -> Record:
         self.count += 1
         blocks_needed = -(-input_tokens // BLOCK_TOKENS)
         ids = ids[:blocks_needed] + self.unique_ids(max(0, blocks_needed - len(ids)))
         return {
             "request_id": f"s{self.count:06d}",
-            "timestamp": int(round(t_s * 1000)),
+            "timestamp": round(t_s * 1000),
             "input_length": input_tokens,
             "output_length": max(1, min(output, self.max_tokens[tenant])),
             "hash_ids": ids,
@@ -172,8 +177,14 @@ class _Generator:
             for _ in range(size):
                 prompt = len(instruction) * BLOCK_TOKENS + int(rng.integers(500, 4000))
                 yield self.record(
-                    t, tenant, prompt, int(rng.lognormal(5.5, 0.5)), list(instruction), "batch",
-                    slo_class="batch", deadline_s=deadline,
+                    t,
+                    tenant,
+                    prompt,
+                    int(rng.lognormal(5.5, 0.5)),
+                    list(instruction),
+                    "batch",
+                    slo_class="batch",
+                    deadline_s=deadline,
                 )
             job += 1
 

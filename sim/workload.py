@@ -117,10 +117,7 @@ def load_workload(path: str | Path) -> Workload:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"workload file not found: {path}")
-    if path.suffix == ".csv":
-        requests = _load_azure_csv(path)
-    else:
-        requests = _load_jsonl(path)
+    requests = _load_azure_csv(path) if path.suffix == ".csv" else _load_jsonl(path)
     if not requests:
         raise ValueError(f"{path}: no requests")
     return _rebased(path.name, requests)

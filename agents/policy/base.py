@@ -47,15 +47,18 @@ class RoutingPolicy:
     def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Pick:
         raise NotImplementedError
 
-    def decide(
-        self, requests: Sequence[RequestView], view: ClusterView, now_s: float
-    ) -> list[Decision]:
+    def decide(self, requests: Sequence[RequestView], view: ClusterView, now_s: float) -> list[Decision]:
         decisions = []
         for request in requests:
             mask = view.candidates(request)
             if not mask.any():
                 decisions.append(
-                    Decision(request.request_id, request.attempt, "reject", reason="no ready instance serves the model")
+                    Decision(
+                        request.request_id,
+                        request.attempt,
+                        "reject",
+                        reason="no ready instance serves the model",
+                    )
                 )
                 continue
             choice = self.pick(request, view, mask, now_s)

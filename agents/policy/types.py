@@ -143,8 +143,6 @@ class Policy(Protocol):
     name: str
     wants_kv_events: bool
 
-    def decide(
-        self, requests: Sequence[RequestView], view: ClusterView, now_s: float
-    ) -> list[Decision]: ...
+    def decide(self, requests: Sequence[RequestView], view: ClusterView, now_s: float) -> list[Decision]: ...
 
     def observe(self, event: KvEvent | Completion) -> None: ...

@@ -1,0 +1,124 @@
+"""The instance model against its own formulas: step time, prefix reuse, queueing (M/D/1)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agents.policy.types import BLOCK_TOKENS
+from sim.runner import SimConfig, simulate
+from tests.sim.helpers import LLAMA, fleet_of, request, with_budget, workload
+
+
+def prefill_s(new: int, cached: int) -> float:
+    """Step time of a step that only prefills ``new`` tokens on top of ``cached`` ones."""
+    return (
+        LLAMA.t0_s
+        + LLAMA.prefill_s_per_token * new
+        + LLAMA.prefill_s_per_token_pair * new * (cached + new / 2)
+    )
+
+
+def decode_s(steps: int, context: int) -> float:
+    """``steps`` decode steps of one request alone, its context growing from ``context``."""
+    alpha = LLAMA.t0_s + LLAMA.decode_s_per_seq + LLAMA.decode_s_per_context_token * context
+    return sum(alpha + LLAMA.decode_s_per_context_token * i for i in range(steps))
+
+
+def run_one(*reqs, fleet=None, policy="round-robin", config=None):  # type: ignore[no-untyped-def]
+    result = simulate(workload(*reqs), fleet or fleet_of(1), policy, config or SimConfig())
+    return {(a.request.request_id, a.attempt): a for a in result.attempts}
+
+
+def test_idle_instance_ttft_is_the_step_time_formula() -> None:
+    attempts = run_one(request("a", 0.0, 4096, 10))
+    a = attempts[("a", 1)]
+    assert a.status == "ok"
+    assert a.first_token_s == pytest.approx(prefill_s(4096, 0), rel=1e-12)
+    # First token comes with the prefill; the other 9 are decode steps of a batch of one.
+    assert a.end_s == pytest.approx(prefill_s(4096, 0) + decode_s(9, 4097), rel=1e-12)
+    assert a.generated == 10
+
+
+def test_long_prompt_is_prefilled_in_budget_sized_chunks() -> None:
+    a = run_one(request("a", 0.0, 20_000, 1))[("a", 1)]
+    expected = prefill_s(8192, 0) + prefill_s(8192, 8192) + prefill_s(20_000 - 16_384, 16_384)
+    assert a.first_token_s == pytest.approx(expected, rel=1e-12)
+
+
+def test_resident_prefix_is_reused_exactly_and_prefill_gets_cheaper() -> None:
+    shared = list(range(8))  # 8 blocks = 4096 tokens in common
+    first = request("first", 0.0, 6000, 1, [*shared, 100, 101, 102])
+    second = request("second", 10.0, 7000, 1, [*shared, 200, 201, 202, 203])
+    attempts = run_one(first, second)
+    b = attempts[("second", 1)]
+    assert b.cached_tokens == 8 * BLOCK_TOKENS
+    new = 7000 - 8 * BLOCK_TOKENS
+    assert b.first_token_s - b.arrival_s == pytest.approx(prefill_s(new, 8 * BLOCK_TOKENS), rel=1e-12)
+    assert b.first_token_s - b.arrival_s < prefill_s(7000, 0)
+
+
+def test_prefix_match_stops_at_first_differing_block() -> None:
+    # Same block ids after a difference do not count: the chained prefix differs.
+    first = request("first", 0.0, 4096, 1, [1, 2, 3, 4, 5, 6, 7, 8])
+    second = request("second", 10.0, 4096, 1, [1, 2, 9, 4, 5, 6, 7, 8])
+    b = run_one(first, second)[("second", 1)]
+    assert b.cached_tokens == 2 * BLOCK_TOKENS
+
+
+def test_fully_cached_prompt_recomputes_its_last_token() -> None:
+    blocks = list(range(8))
+    second = run_one(request("a", 0.0, 4096, 1, blocks), request("b", 5.0, 4096, 1, blocks))[("b", 1)]
+    assert second.cached_tokens == 4095
+    assert second.first_token_s - second.arrival_s == pytest.approx(prefill_s(1, 4095), rel=1e-12)
+
+
+def test_request_joining_mid_decode_starts_at_the_next_step_boundary() -> None:
+    # "a" decodes alone (a macro-step of 99 steps); "b" arrives in the middle of it.
+    a_first_token = prefill_s(1000, 0)
+    arrival_b = a_first_token + 0.1
+    attempts = run_one(request("a", 0.0, 1000, 100), request("b", arrival_b, 1000, 1))
+    a, b = attempts[("a", 1)], attempts[("b", 1)]
+    # Boundaries of a's decode steps: the first one at or after b's arrival is when b's step starts.
+    t, ctx = a_first_token, 1001
+    while t < arrival_b:
+        t += LLAMA.t0_s + LLAMA.decode_s_per_seq + LLAMA.decode_s_per_context_token * ctx
+        ctx += 1
+    mixed = prefill_s(1000, 0) + LLAMA.decode_s_per_seq + LLAMA.decode_s_per_context_token * ctx
+    assert b.first_token_s == pytest.approx(t + mixed, rel=1e-9)
+    assert a.status == b.status == "ok"
+    assert a.generated == 100
+
+
+def test_kv_capacity_makes_requests_wait_not_fail() -> None:
+    small = fleet_of(
+        1,
+        profile=LLAMA.__class__(**{**{f: getattr(LLAMA, f) for f in LLAMA.__slots__}, "kv_tokens": 4 * 4096}),
+    )
+    reqs = [request(f"r{i}", 0.0, 3500, 200) for i in range(6)]
+    attempts = run_one(*reqs, fleet=small)
+    # Each needs ceil(3700/512)=8 blocks of 32: four run at once, the others wait for a slot.
+    firsts = sorted(a.first_token_s for a in attempts.values())
+    assert all(a.status == "ok" for a in attempts.values())
+    assert firsts[4] > min(a.end_s for a in attempts.values()) - 1e-12
+
+
+def test_request_larger_than_the_whole_cache_is_rejected() -> None:
+    a = run_one(request("huge", 0.0, LLAMA.kv_tokens + 1, 1, slo_class="long_context"))[("huge", 1)]
+    assert a.status == "rejected"
+
+
+def test_md1_mean_queueing_delay() -> None:
+    """One instance, equal prefill-only requests, one per step, Poisson arrivals: M/D/1."""
+    size = 2048
+    profile = with_budget(LLAMA, size)
+    service = profile.t0_s + profile.prefill_chunk_s(size, 0)
+    rho = 0.7
+    rng = np.random.default_rng(7)
+    n = 40_000
+    arrivals = np.cumsum(rng.exponential(service / rho, n))
+    reqs = [request(f"q{i}", float(t), size, 1) for i, t in enumerate(arrivals)]
+    result = simulate(workload(*reqs), fleet_of(1, profile), "round-robin", SimConfig(heartbeat_s=5.0))
+    waits = [a.first_token_s - a.arrival_s - service for a in result.attempts]  # type: ignore[operator]
+    expected = rho * service / (2 * (1 - rho))
+    assert np.mean(waits) == pytest.approx(expected, rel=0.05)

@@ -1,0 +1,113 @@
+"""Every request ends exactly once; clients time out and retry the same way under every policy."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import pytest
+
+from agents.policy import POLICIES, make_policy
+from agents.policy.types import ClusterView, Completion, Decision, KvEvent, RequestView
+from sim.runner import SimConfig, Simulation
+from sim.sources import open_workload
+from sim.workload import Workload
+from tests.sim.helpers import fleet_of, request, workload
+
+
+class Recording:
+    """Wraps a policy and records everything it is shown."""
+
+    def __init__(self, name: str) -> None:
+        self.inner = make_policy(name, seed=1)
+        self.name = name
+        self.wants_kv_events = self.inner.wants_kv_events
+        self.completions: list[Completion] = []
+        self.kv_events: list[KvEvent] = []
+        self.seen: list[RequestView] = []
+
+    def decide(self, requests: Sequence[RequestView], view: ClusterView, now_s: float) -> list[Decision]:
+        self.seen.extend(requests)
+        return self.inner.decide(requests, view, now_s)
+
+    def observe(self, event: KvEvent | Completion) -> None:
+        (self.completions if isinstance(event, Completion) else self.kv_events).append(event)  # type: ignore[arg-type]
+        self.inner.observe(event)
+
+
+def overloaded() -> Workload:
+    """A synthetic mix pushed hard onto two instances: timeouts, retries and batch deadlines."""
+    return open_workload("synthetic:duration_s=240,rate_per_s=9,batch_jobs_per_hour=40", seed=3)
+
+
+@pytest.mark.parametrize("name", ["least-tokens", "dynamo-kv"])
+def test_every_attempt_ends_exactly_once(name: str) -> None:
+    policy = Recording(name)
+    result = Simulation(overloaded(), fleet_of(2), policy, SimConfig(seed=3)).run()
+    statuses = Counter(a.status for a in result.attempts)
+    assert set(statuses) <= {"ok", "aborted", "rejected"}
+    assert statuses["ok"] and statuses["aborted"], statuses  # the scenario really overloads
+    for a in result.attempts:
+        assert a.end_s is not None and a.end_s >= a.arrival_s
+        if a.status == "ok":
+            assert a.generated == a.target_tokens == min(a.request.output_tokens, a.output_budget)
+    # The router is told about every routed attempt's end exactly once.
+    routed = {(a.request.request_id, a.attempt) for a in result.attempts if a.instance is not None}
+    told = Counter((c.request_id, c.attempt) for c in policy.completions)
+    assert set(told) == routed and max(told.values()) == 1
+    # It never saw a request twice under the same attempt number, nor any attempt it was not sent.
+    assert len({(r.request_id, r.attempt) for r in policy.seen}) == len(result.attempts)
+    if policy.wants_kv_events:
+        assert policy.kv_events
+
+
+def test_retry_is_a_new_attempt_of_the_same_request() -> None:
+    result = Simulation(overloaded(), fleet_of(2), make_policy("least-tokens"), SimConfig(seed=3)).run()
+    by_id: dict[str, list[int]] = {}
+    for a in result.attempts:
+        by_id.setdefault(a.request.request_id, []).append(a.attempt)
+    retried = {rid: tries for rid, tries in by_id.items() if len(tries) > 1}
+    assert retried, "the overloaded scenario must produce retries"
+    first_attempts = {(a.request.request_id, a.attempt): a for a in result.attempts}
+    for rid, tries in retried.items():
+        assert sorted(tries) == [1, 2]  # retried once at most
+        first = first_attempts[(rid, 1)]
+        assert first.status == "aborted" and first.request.slo_class == "interactive"
+        assert first_attempts[(rid, 2)].arrival_s >= first.arrival_s + 10.0  # gave up after 10 s
+
+
+def test_retry_choice_is_the_same_under_every_policy() -> None:
+    config = SimConfig(seed=3, retry_share=0.5)
+    chosen = [config.retries(f"r{i}") for i in range(2000)]
+    assert 0.45 < sum(chosen) / len(chosen) < 0.55
+    assert chosen == [SimConfig(seed=3).retries(f"r{i}") for i in range(2000)]
+
+
+def test_interactive_client_gives_up_without_first_token_in_10s() -> None:
+    # A long prefill takes the whole prefill budget of every step (FCFS chunks, as in vLLM), so a
+    # small interactive request admitted beside it gets no first token for > 10 s: its client
+    # gives up, and the abort lands at the end of the step in progress.
+    reqs = [request("big", 0.0, 120_000, 1, slo_class="long_context"), request("small", 0.01, 100, 5)]
+    config = SimConfig(retry_share=0.0)
+    result = Simulation(workload(*reqs), fleet_of(1), make_policy("round-robin"), config).run()
+    small = next(a for a in result.attempts if a.request.request_id == "small")
+    big = next(a for a in result.attempts if a.request.request_id == "big")
+    assert big.status == "ok" and big.first_token_s is not None and big.first_token_s > 10.01
+    assert small.status == "aborted" and small.first_token_s is None
+    assert small.end_s is not None and 10.01 <= small.end_s < 10.01 + 1.0
+    assert len(result.attempts) == 2  # retry_share 0: nobody retried
+
+
+def test_batch_request_is_aborted_at_its_deadline() -> None:
+    reqs = [request("job", 0.0, 2000, 2000, slo_class="batch", deadline_s=1.0)]
+    result = Simulation(workload(*reqs), fleet_of(1), make_policy("round-robin"), SimConfig()).run()
+    (job,) = result.attempts
+    assert job.status == "aborted" and job.end_s is not None
+    assert 0 < job.generated < 2000  # tokens already generated are wasted
+
+
+def test_all_policies_route_everything_on_a_small_trace() -> None:
+    w = overloaded()
+    for name in POLICIES:
+        result = Simulation(w, fleet_of(2), make_policy(name), SimConfig(seed=3)).run()
+        assert len({a.request.request_id for a in result.attempts}) == len(w.requests), name

@@ -1,0 +1,55 @@
+"""Metric definitions on hand-built outcomes."""
+
+from __future__ import annotations
+
+import math
+
+from agents.policy.slo import DEFAULT_SLO_CLASSES
+from sim.engine import Attempt
+from sim.metrics import percentile, report
+from tests.sim.helpers import request
+
+
+def attempt(
+    rid: str,
+    arrival: float,
+    first: float | None,
+    end: float,
+    tokens: int,
+    status: str,
+    n: int = 1,
+    slo: str | None = None,
+    deadline: float | None = None,
+) -> Attempt:
+    trace = request(rid, arrival, 1000, max(tokens, 1), slo_class=slo, deadline_s=deadline)
+    a = Attempt(trace, n, arrival, 4096)
+    a.first_token_s, a.end_s, a.generated, a.status = first, end, tokens, status
+    return a
+
+
+def test_lost_requests_have_infinite_ttft_so_percentiles_cannot_improve_by_losing() -> None:
+    assert percentile([1.0, 2.0, math.inf, math.inf], 50) == 2.0
+    assert percentile([1.0, 2.0, math.inf, math.inf], 95) is None
+    assert percentile([], 50) is None
+
+
+def test_goodput_throughput_and_compliant_share() -> None:
+    attempts = [
+        attempt("fast", 0.0, 0.5, 2.0, 100, "ok"),  # meets 2 s TTFT, TPOT 1.5/99
+        attempt("slow", 1.0, 4.0, 5.0, 50, "ok"),  # TTFT 3 s: completed, not compliant
+        attempt("gone", 2.0, None, 12.0, 0, "aborted"),
+        attempt("gone", 12.0, 12.5, 14.0, 30, "ok", n=2),  # retry: TTFT from first arrival = 10.5
+        attempt("cut", 3.0, 3.5, 10.0, 40, "aborted", slo="batch", deadline=7.0),
+        attempt("job", 10.0, 11.0, 15.0, 20, "ok", slo="batch", deadline=100.0),
+    ]
+    m = report(attempts, (0.0, 10.0), DEFAULT_SLO_CLASSES, [5.0, 10.0])
+    assert m["completed"] == 4 and m["aborted"] == 1 and m["retried"] == 1
+    assert m["wasted_tokens"] == 40
+    assert m["output_tokens_per_s"] == (100 + 50 + 30 + 40 + 20) / 10
+    assert m["goodput_tokens_per_s"] == (100 + 20) / 10
+    assert m["compliant_share"] == round(120 / 240, 6)
+    assert m["busy_fraction"] == 0.75
+    per_class = m["per_class"]
+    assert isinstance(per_class, dict)
+    assert per_class["batch"]["goodput_tokens_per_s"] == 2.0
+    assert per_class["interactive"]["ttft_p50_s"] == 3.0  # [0.5, 3, 10.5]
