@@ -49,8 +49,8 @@ def compare(
     for name in policies:
         started = time.perf_counter()
         if name == IDEAL:
-            attempts = ideal_attempts(scaled, fleet, config.budget_for)
             window = (scaled.requests[0].arrival_s, scaled.requests[-1].arrival_s)
+            attempts = ideal_attempts(scaled, fleet, config.budget_for, window[1])
             results[name] = report(attempts, window, config.slo_classes, None)
         else:
             tick = progress(name, len(scaled.requests)) if progress else None

@@ -33,7 +33,10 @@ def _served_alone(profile: EngineProfile, input_tokens: int, cached: int, output
 
 
 def ideal_attempts(
-    workload: Workload, fleet: FleetSpec, budget_for: Callable[[TraceRequest], int]
+    workload: Workload,
+    fleet: FleetSpec,
+    budget_for: Callable[[TraceRequest], int],
+    window_end: float,
 ) -> list[Attempt]:
     """One completed attempt per request, timed as the bound describes."""
     profiles = {spec.profile.name: spec.profile for spec in fleet.instances}.values()
@@ -57,5 +60,9 @@ def ideal_attempts(
         attempt.first_token_s = request.arrival_s + ttft
         attempt.end_s = attempt.first_token_s + decode
         attempt.status = "ok"
+        if attempt.first_token_s < window_end < attempt.end_s:
+            # Running at the window's close: tokens so far, at a near-constant decode rate.
+            share = (window_end - attempt.first_token_s) / (attempt.end_s - attempt.first_token_s)
+            attempt.tokens_in_window = 1 + int(share * (attempt.generated - 1))
         attempts.append(attempt)
     return attempts

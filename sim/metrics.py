@@ -1,13 +1,12 @@
 """Latency and goodput metrics of one run, exactly as DESIGN.md defines them.
 
-The cohort is every request whose first attempt arrived in the measurement window W (the same
-for every policy: the workload's arrival span). All tokens the cohort's attempts generate are
-counted, whenever generated (the simulation runs until every attempt ended), and rates divide by
-the window length |W|:
+The measurement window W is the same for every policy: the workload's arrival span. Counts and
+percentiles are over the cohort of requests whose first attempt arrived in W (the simulation
+runs until every attempt ended); rates count what happened inside W and divide by |W|:
 
-- ``output_tokens_per_s``: every output token generated, aborted attempts included / |W|;
-- ``goodput_tokens_per_s``: output tokens of requests that completed and met every threshold of
-  their SLO class / |W|; ``compliant_share`` = goodput / output throughput;
+- ``output_tokens_per_s``: every output token generated inside W, aborted attempts included;
+- ``goodput_tokens_per_s``: output tokens of requests that completed inside W and met every
+  threshold of their SLO class; ``compliant_share`` = goodput / output throughput;
 - percentiles over every request of the cohort, by nearest rank: a request that never got its
   first token (aborted, rejected) has an infinite TTFT (and E2E), written as null when a
   percentile lands on it, so no policy improves its percentiles by losing requests. TTFT and
@@ -71,6 +70,7 @@ def outcomes(
             tpot = (last.end_s - last.first_token_s) / (last.generated - 1)
         e2e = last.end_s - first.arrival_s if completed and last.end_s is not None else math.inf
         good = completed and meets_slo(slo_classes[request.slo_class], ttft, tpot, e2e, request.deadline_s)
+        in_window = last.end_s is not None and last.end_s <= window[1]
         admitted = [a for a in tries if a.admitted_s is not None]
         result.append(
             RequestOutcome(
@@ -80,8 +80,8 @@ def outcomes(
                 tpot_s=tpot,
                 e2e_s=e2e,
                 good=good,
-                good_tokens=last.generated if good else 0,
-                generated_tokens=sum(a.generated for a in tries),
+                good_tokens=last.generated if good and in_window else 0,
+                generated_tokens=sum(tokens_in_window(a, window[1]) for a in tries),
                 wasted_tokens=sum(a.generated for a in tries if a.status == "aborted"),
                 retries=len(tries) - 1,
                 cached_tokens=sum(a.cached_tokens for a in admitted),
@@ -89,6 +89,15 @@ def outcomes(
             )
         )
     return result
+
+
+def tokens_in_window(attempt: Attempt, window_end: float) -> int:
+    """Output tokens ``attempt`` generated before the window closed."""
+    if attempt.tokens_in_window is not None:
+        return attempt.tokens_in_window  # it was still running at the close
+    if attempt.end_s is not None and attempt.end_s <= window_end:
+        return attempt.generated
+    return 0  # it arrived after the close (a late retry)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

@@ -39,7 +39,8 @@ from sim.engine import Attempt, Instance
 from sim.fleet import FleetSpec
 from sim.workload import DEFAULT_OUTPUT_BUDGET, TraceRequest, Workload
 
-_STEP_END, _ARRIVAL, _TIMEOUT, _HEARTBEAT = 0, 1, 2, 3
+_COMPLETION_STATUS: dict[str, CompletionStatus] = {"ok": "ok", "aborted": "timeout"}
+_STEP_END, _WINDOW_END, _ARRIVAL, _TIMEOUT, _HEARTBEAT = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +104,7 @@ class Simulation:
             )
         self._arrivals_left = len(self.workload.requests)
         self._push(self.window[0], _HEARTBEAT, None)
+        self._push(self.window[1], _WINDOW_END, None)
         done = 0
         while self._heap:
             now, kind, _, payload = heapq.heappop(self._heap)
@@ -117,6 +119,8 @@ class Simulation:
                 done += 1
                 if progress is not None and done % 256 == 0:
                     progress(done)
+            elif kind == _WINDOW_END:
+                self._close_window(now)
             elif kind == _TIMEOUT:
                 self._give_up(cast(Attempt, payload), now)
             else:
@@ -154,6 +158,7 @@ class Simulation:
                 instance.enqueue(attempt, now)
                 self._after(instance, index, now)
                 return
+            attempt.instance = instance  # the engine refuses it; the router sees an error
         attempt.status = "rejected"
         self._end(attempt, now)
 
@@ -180,6 +185,13 @@ class Simulation:
         ):
             retry = Attempt(attempt.request, attempt.attempt + 1, now, attempt.output_budget)
             self._push(now, _ARRIVAL, retry)
+
+    def _close_window(self, now: float) -> None:
+        """Record how many tokens each attempt still running has generated inside the window."""
+        for attempt in self._attempts:
+            if attempt.status == "pending":
+                instance = attempt.instance
+                attempt.tokens_in_window = 0 if instance is None else instance.tokens_so_far(attempt, now)
 
     def _heartbeat(self, now: float) -> None:
         self._view = self._snapshot(now)
@@ -214,7 +226,7 @@ class Simulation:
         tpot = None
         if attempt.first_token_s is not None and attempt.generated > 1:
             tpot = (now - attempt.first_token_s) / (attempt.generated - 1)
-        status: CompletionStatus = "ok" if attempt.status == "ok" else "timeout"
+        status = _COMPLETION_STATUS.get(attempt.status, "error")
         self.policy.observe(
             Completion(
                 request_id=attempt.request.request_id,

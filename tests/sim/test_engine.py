@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
-from agents.policy.types import BLOCK_TOKENS
-from sim.runner import SimConfig, simulate
+from agents.policy.types import BLOCK_TOKENS, ClusterView, Decision, RequestView
+from sim.runner import SimConfig, Simulation, simulate
 from tests.sim.helpers import LLAMA, fleet_of, request, with_budget, workload
 
 
@@ -122,3 +125,47 @@ def test_md1_mean_queueing_delay() -> None:
     waits = [a.first_token_s - a.arrival_s - service for a in result.attempts]  # type: ignore[operator]
     expected = rho * service / (2 * (1 - rho))
     assert np.mean(waits) == pytest.approx(expected, rel=0.05)
+
+
+def test_abort_of_a_blocked_waiting_request_lets_the_next_one_in_at_the_next_step() -> None:
+    # 11 blocks of KV, reservations = prompt + 2048 budget. "a" decodes holding 6; "b" (needs 10)
+    # blocks the queue head; "c" (needs 5, would fit) waits behind it. b's client gives up (batch deadline) mid-decode: c must start at the next
+    # step boundary, not when a's long decode ends.
+    tiny = replace(LLAMA, kv_tokens=11 * BLOCK_TOKENS)
+    a = request("a", 0.0, 1000, 2000, slo_class="batch", deadline_s=1000.0)
+    b = request("b", 0.2, 3000, 1, slo_class="batch", deadline_s=0.3)
+    c = request("c", 0.21, 400, 1, slo_class="batch", deadline_s=1000.0)
+    attempts = run_one(a, b, c, fleet=fleet_of(1, tiny), config=SimConfig(output_budget=2048))
+    assert attempts[("b", 1)].status == "aborted"
+    got = attempts[("c", 1)]
+    assert got.status == "ok" and got.first_token_s is not None
+    assert got.first_token_s < 0.5 + 0.1  # started right after b's give-up at 0.5 s
+
+
+class ViewRecorder:
+    """A policy that routes to instance 0 and keeps every snapshot it was shown."""
+
+    name = "recorder"
+    wants_kv_events = False
+
+    def __init__(self) -> None:
+        self.views: list[ClusterView] = []
+
+    def decide(self, requests: Sequence[RequestView], view: ClusterView, now_s: float) -> list[Decision]:
+        self.views.append(view)
+        return [Decision(r.request_id, r.attempt, "route", instance=0) for r in requests]
+
+    def observe(self, event: object) -> None:
+        pass
+
+
+def test_heartbeats_do_not_reveal_the_true_output_length() -> None:
+    shown = []
+    for true_output in (500, 1900):  # both still decoding when "b" arrives at 0.3 s
+        recorder = ViewRecorder()
+        reqs = workload(request("a", 0.0, 1024, true_output), request("b", 0.3, 100, 1))
+        Simulation(reqs, fleet_of(1), recorder, SimConfig()).run()
+        view = recorder.views[-1]
+        shown.append((view.kv_used.tolist(), view.tokens_in_flight.tolist(), view.running.tolist()))
+    assert shown[0] == shown[1]
+    assert shown[0][0][0] == -(-(1024 + 2048) // BLOCK_TOKENS)  # reserved for the budget

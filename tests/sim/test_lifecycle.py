@@ -111,3 +111,11 @@ def test_all_policies_route_everything_on_a_small_trace() -> None:
     for name in POLICIES:
         result = Simulation(w, fleet_of(2), make_policy(name), SimConfig(seed=3)).run()
         assert len({a.request.request_id for a in result.attempts}) == len(w.requests), name
+
+
+def test_request_the_engine_refuses_is_reported_back_to_the_router() -> None:
+    policy = make_policy("sglang-cache-aware")
+    too_big = request("huge", 0.0, 430_000, 1, slo_class="long_context")
+    result = Simulation(workload(too_big), fleet_of(1), policy, SimConfig()).run()
+    assert result.attempts[0].status == "rejected"
+    assert policy.in_flight.requests == {"i0": 0}  # type: ignore[attr-defined]

@@ -42,14 +42,18 @@ def test_goodput_throughput_and_compliant_share() -> None:
         attempt("cut", 3.0, 3.5, 10.0, 40, "aborted", slo="batch", deadline=7.0),
         attempt("job", 10.0, 11.0, 15.0, 20, "ok", slo="batch", deadline=100.0),
     ]
+    attempts[-1].tokens_in_window = 5  # still running when the window closed at 10 s
     m = report(attempts, (0.0, 10.0), DEFAULT_SLO_CLASSES, [5.0, 10.0])
     assert m["completed"] == 4 and m["aborted"] == 1 and m["retried"] == 1
     assert m["wasted_tokens"] == 40
-    assert m["output_tokens_per_s"] == (100 + 50 + 30 + 40 + 20) / 10
-    assert m["goodput_tokens_per_s"] == (100 + 20) / 10
-    assert m["compliant_share"] == round(120 / 240, 6)
+    # Inside the window: fast 100, slow 50, cut 40 (aborted, still counted), job 5 so far;
+    # the retry of "gone" arrived after the close.
+    assert m["output_tokens_per_s"] == (100 + 50 + 40 + 5) / 10
+    # Only "fast" completed inside the window and met its class ("job" completes at 15 s).
+    assert m["goodput_tokens_per_s"] == 100 / 10
+    assert m["compliant_share"] == round(100 / 195, 6)
     assert m["busy_fraction"] == 0.75
     per_class = m["per_class"]
     assert isinstance(per_class, dict)
-    assert per_class["batch"]["goodput_tokens_per_s"] == 2.0
+    assert per_class["batch"]["output_tokens_per_s"] == 4.5
     assert per_class["interactive"]["ttft_p50_s"] == 3.0  # [0.5, 3, 10.5]
