@@ -129,8 +129,8 @@ def test_md1_mean_queueing_delay() -> None:
 
 def test_abort_of_a_blocked_waiting_request_lets_the_next_one_in_at_the_next_step() -> None:
     # 11 blocks of KV, reservations = prompt + 2048 budget. "a" decodes holding 6; "b" (needs 10)
-    # blocks the queue head; "c" (needs 5, would fit) waits behind it. b's client gives up (batch deadline) mid-decode: c must start at the next
-    # step boundary, not when a's long decode ends.
+    # blocks the queue head; "c" (needs 5, would fit) waits behind it. b's client gives up
+    # (batch deadline) mid-decode: c must start at the next step boundary, not when a ends.
     tiny = replace(LLAMA, kv_tokens=11 * BLOCK_TOKENS)
     a = request("a", 0.0, 1000, 2000, slo_class="batch", deadline_s=1000.0)
     b = request("b", 0.2, 3000, 1, slo_class="batch", deadline_s=0.3)
