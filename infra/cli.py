@@ -7,10 +7,17 @@ naming the problem and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+DEMO_TRACE = str(
+    Path(__file__).resolve().parent.parent / "sim" / "traces" / "mooncake" / "conversation_trace.jsonl"
+)
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -52,7 +59,110 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _settings(args: argparse.Namespace) -> Any:
+    from infra.settings import Settings
+
+    overrides = {k: v for k, v in {"policy": getattr(args, "policy_name", None)}.items() if v is not None}
+    return Settings(**overrides)
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from infra.worker import run_worker
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    run_worker(_settings(args), loglevel=args.loglevel)
+    return 0
+
+
+def _fleet(args: argparse.Namespace) -> int:
+    from infra.fleet_process import run_fleet
+    from infra.worker import kafka_bootstrap
+    from sim.fleet import parse_fleet
+
+    parse_fleet(args.fleet)  # fail fast on a bad spec
+    settings = _settings(args)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    with kafka_bootstrap(settings) as bootstrap:
+        counts = _run_until_interrupted(
+            run_fleet(bootstrap, args.fleet, speed=args.speed, heartbeat_s=settings.heartbeat_interval_s)
+        )
+    print(f"fleet stopped: {counts}")
+    return 0
+
+
+def _loadgen(args: argparse.Namespace) -> int:
+    from infra.loadgen import publish_workload
+    from infra.worker import kafka_bootstrap
+    from sim.sources import open_workload
+
+    workload = open_workload(args.workload, seed=args.seed)
+    settings = _settings(args)
+    with kafka_bootstrap(settings) as bootstrap:
+        sent = asyncio.run(
+            publish_workload(
+                bootstrap,
+                workload,
+                rate_scale=args.rate_scale,
+                model=args.model,
+                limit=args.limit,
+                duration_s=args.duration,
+                realtime=not args.fast,
+            )
+        )
+    print(f"published {sent} requests to tf.requests")
+    return 0
+
+
+def _batch_submit(args: argparse.Namespace) -> int:
+    from infra.loadgen import parse_duration, submit_batch
+    from infra.worker import kafka_bootstrap
+
+    deadline_s = parse_duration(args.deadline)
+    settings = _settings(args)
+    with kafka_bootstrap(settings) as bootstrap:
+        job = asyncio.run(submit_batch(bootstrap, Path(args.file), deadline_s, model=args.model))
+    print(f"submitted batch job {job.job_id}: {len(job.requests)} requests, deadline in {deadline_s:.0f} s")
+    return 0
+
+
+def _schemas_export(args: argparse.Namespace) -> int:
+    from schemas.export import export_json_schemas
+
+    for path in export_json_schemas(Path(args.dir)):
+        print(path)
+    return 0
+
+
+def _db_migrate(args: argparse.Namespace) -> int:
+    from infra.clickhouse.client import connect
+    from infra.clickhouse.migrate import migrate
+
+    settings = _settings(args)
+    client = connect(settings.clickhouse_url)
+    try:
+        applied = migrate(client)
+    finally:
+        client.close()
+    print("\n".join(applied) if applied else "database is up to date")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from infra.demo import run_demo
+
+    return run_demo(_settings(args), args)
+
+
+def _run_until_interrupted(coro: Any) -> Any:
+    """Run ``coro``; Ctrl-C / SIGTERM cancel it cleanly."""
+    try:
+        return asyncio.run(coro)
+    except KeyboardInterrupt:
+        return None
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from agents.policy import POLICIES
     from sim.compare import known_policies
 
     parser = argparse.ArgumentParser(prog="tokenfleet", description="TokenFleet LLM fleet scheduler")
@@ -83,6 +193,55 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--rate", type=float, default=4.0, help="mean requests per second")
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(run=_generate)
+
+    worker = commands.add_parser("worker", help="run the streaming scheduler (Faust worker)")
+    worker.add_argument("--policy", dest="policy_name", choices=list(POLICIES), help="routing policy")
+    worker.add_argument("--loglevel", default="warn", choices=["crit", "error", "warn", "info", "debug"])
+    worker.set_defaults(run=_worker)
+
+    fleet = commands.add_parser("fleet", help="run emulated inference instances in real time")
+    fleet.add_argument("--fleet", default="8xllama3-8b-h100", help="COUNTxPROFILE[+...] or a fleet YAML file")
+    fleet.add_argument("--speed", type=float, default=1.0, help="emulated time runs X times faster")
+    fleet.set_defaults(run=_fleet)
+
+    load = commands.add_parser("loadgen", help="publish a workload to tf.requests")
+    load.add_argument("--workload", required=True, help="trace file or 'synthetic[:k=v,...]'")
+    load.add_argument("--rate-scale", type=float, default=1.0)
+    load.add_argument("--model", default="llama3-8b", help="model pool the requests are for")
+    load.add_argument("--limit", type=int, help="stop after N requests")
+    load.add_argument("--duration", type=float, help="stop after S seconds of (scaled) arrivals")
+    load.add_argument("--fast", action="store_true", help="publish as fast as possible, not in real time")
+    load.add_argument("--seed", type=int, default=0)
+    load.set_defaults(run=_loadgen)
+
+    batch = commands.add_parser("batch", help="offline batch jobs")
+    batch_commands = batch.add_subparsers(dest="batch_command", required=True)
+    submit = batch_commands.add_parser("submit", help="publish a JSONL file of requests as one batch job")
+    submit.add_argument("file")
+    submit.add_argument("--deadline", required=True, help="e.g. 30m, 2h, 900s")
+    submit.add_argument("--model", default="llama3-8b")
+    submit.set_defaults(run=_batch_submit)
+
+    schemas = commands.add_parser("schemas", help="event contracts")
+    schema_commands = schemas.add_subparsers(dest="schemas_command", required=True)
+    export = schema_commands.add_parser("export", help="write JSON Schema files for every event")
+    export.add_argument("dir")
+    export.set_defaults(run=_schemas_export)
+
+    db = commands.add_parser("db", help="the ClickHouse store")
+    db_commands = db.add_subparsers(dest="db_command", required=True)
+    db_commands.add_parser("migrate", help="apply pending migrations").set_defaults(run=_db_migrate)
+
+    demo = commands.add_parser(
+        "demo", help="broker + ClickHouse + worker + emulated fleet + load, end to end"
+    )
+    demo.add_argument("--duration", type=float, default=60.0, help="seconds of load")
+    demo.add_argument("--policy", dest="policy_name", default="round-robin", choices=list(POLICIES))
+    demo.add_argument("--workload", default=DEMO_TRACE, help="trace file or 'synthetic[:k=v,...]'")
+    demo.add_argument("--rate-scale", type=float, default=1.0)
+    demo.add_argument("--fleet", default="8xllama3-8b-h100")
+    demo.add_argument("--json", metavar="OUT", help="write the summary as JSON")
+    demo.set_defaults(run=_demo)
     return parser
 
 
@@ -90,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.run(args)
-    except (ValueError, KeyError) as exc:
+    except (ValueError, KeyError, OSError) as exc:
         print(f"tokenfleet {args.command}: error: {exc}", file=sys.stderr)
         return 2
     return code

@@ -1,0 +1,43 @@
+"""What the streaming agents need from the outside, as small interfaces the bootstrap fills in.
+
+The worker bootstrap (``infra.worker``) provides a ClickHouse-backed ``FeedbackStore`` and a
+Prometheus-backed ``Telemetry``; tests inject fakes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from schemas.events import AdmissionDecision, Completion, InferenceRequest, RoutingDecision
+
+
+class FeedbackStore(Protocol):
+    """Where decisions and outcomes go for analysis and the control loop (idempotent by event id)."""
+
+    async def requests(self, events: Sequence[InferenceRequest]) -> None: ...
+
+    async def admissions(self, events: Sequence[AdmissionDecision]) -> None: ...
+
+    async def routings(self, events: Sequence[RoutingDecision]) -> None: ...
+
+    async def completions(self, events: Sequence[Completion]) -> None: ...
+
+
+class Telemetry(Protocol):
+    def decided(self, policy: str, outcome: str, latency_s: float) -> None: ...
+
+    def dead_lettered(self, topic: str) -> None: ...
+
+    def queue_depth(self, pool: str, depth: int) -> None: ...
+
+
+class NoTelemetry:
+    def decided(self, policy: str, outcome: str, latency_s: float) -> None:
+        pass
+
+    def dead_lettered(self, topic: str) -> None:
+        pass
+
+    def queue_depth(self, pool: str, depth: int) -> None:
+        pass

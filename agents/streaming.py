@@ -1,0 +1,117 @@
+"""The Faust agents: decode -> call the routing service / policy -> send events, update tables.
+
+Each agent is thin: the work is in ``agents.routing``, ``agents.batch`` and ``streams``. Every
+input that cannot be decoded goes to ``tf.dlq`` with its original bytes and the reason, and the
+agent goes on with the next message.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
+
+import faust
+
+from agents.batch import expand_batch_job
+from agents.ports import FeedbackStore, Telemetry
+from agents.routing import Router
+from schemas import topics
+from schemas.events import BatchJob, Completion, Event, Heartbeat, InferenceRequest, KvEvent
+from streams.app import Channels
+from streams.codec import DecodeError, dead_letter, decode, encode
+
+E = TypeVar("E", bound=Event)
+
+
+def register_agents(
+    app: faust.App,
+    channels: Channels,
+    router: Router,
+    store: FeedbackStore | None,
+    telemetry: Telemetry,
+    batch_size: int = 512,
+    batch_window_s: float = 0.02,
+) -> None:
+    """Attach the scheduler's agents to ``app``."""
+
+    async def publish(topic: Any, spec: topics.TopicSpec, events: Iterable[Event]) -> None:
+        """Send events keyed per their topic spec; wait until the broker has them all."""
+        pending = [
+            await app.producer.send(
+                topic.get_topic_name(), topics.key_of(spec, e), encode(e), None, None, None
+            )
+            for e in events
+        ]
+        for future in pending:
+            await future
+
+    async def decoded(kind: type[E], spec: topics.TopicSpec, batch: Sequence[Any]) -> list[E]:
+        """Decode a batch of Faust events; dead-letter the ones that do not decode."""
+        good, dead = [], []
+        for event in batch:
+            try:
+                good.append(decode(kind, event.value))
+            except DecodeError as exc:
+                dead.append(dead_letter(spec.name, event.value, event.key, exc.reason))
+                telemetry.dead_lettered(spec.name)
+        await publish(channels.dlq, topics.DLQ, dead)
+        return good
+
+    @app.agent(channels.heartbeats, name="instance-state")
+    async def instance_state(stream: Any) -> None:
+        # One event at a time: table writes need the current event (its partition).
+        async for event in stream.events():
+            for beat in await decoded(Heartbeat, topics.HEARTBEATS, [event]):
+                states = dict(channels.instance_state[beat.model])
+                states[beat.instance_id] = beat.model_dump(mode="json")
+                channels.instance_state[beat.model] = states
+
+    @app.agent(channels.kv_events, name="prefix-index")
+    async def prefix_index(stream: Any) -> None:
+        async for batch in stream.take_events(batch_size, within=batch_window_s):
+            for kv in await decoded(KvEvent, topics.KV_EVENTS, batch):
+                router.observe_kv(kv)
+
+    @app.agent(channels.requests, name="route")
+    async def route(stream: Any) -> None:
+        async for batch in stream.take_events(batch_size, within=batch_window_s):
+            requests = await decoded(InferenceRequest, topics.REQUESTS, batch)
+            outcomes = []
+            for pool, group in _by_pool(requests).items():
+                outcomes += router.route(group, channels.instance_state.get(pool, {}), time.time())
+                telemetry.queue_depth(pool, router.held())
+            admissions = [o.admission for o in outcomes]
+            routings = [o.routing for o in outcomes if o.routing is not None]
+            await publish(channels.admission, topics.ADMISSION, admissions)
+            await publish(channels.decisions, topics.DECISIONS, routings)
+            for routed in outcomes:
+                latency = routed.routing.decision_latency_s if routed.routing else 0.0
+                telemetry.decided(router.policy_name, routed.admission.action, latency)
+            if store is not None:
+                await store.requests(requests)
+                await store.admissions(admissions)
+                await store.routings(routings)
+
+    @app.agent(channels.completions, name="feedback")
+    async def feedback(stream: Any) -> None:
+        async for batch in stream.take_events(batch_size, within=batch_window_s):
+            completions = await decoded(Completion, topics.COMPLETIONS, batch)
+            for completion in completions:
+                router.observe_completion(completion)
+            if store is not None:
+                await store.completions(completions)
+
+    @app.agent(channels.batch_jobs, name="batch-jobs")
+    async def batch_jobs(stream: Any) -> None:
+        async for event in stream.events():
+            for job in await decoded(BatchJob, topics.BATCH_JOBS, [event]):
+                await publish(channels.requests, topics.REQUESTS, expand_batch_job(job))
+
+
+def _by_pool(requests: Sequence[InferenceRequest]) -> dict[str, list[InferenceRequest]]:
+    pools: dict[str, list[InferenceRequest]] = defaultdict(list)
+    for request in requests:
+        pools[request.model].append(request)
+    return pools

@@ -1,0 +1,191 @@
+"""The feedback sink: writes events into ClickHouse, each ``event_id`` at most once.
+
+Why not rely on ReplacingMergeTree alone: it deduplicates only when parts merge (or at read
+time with FINAL), but the ``goodput_per_minute`` materialized view runs on every inserted
+block, before any deduplication, and would count a redelivered completion twice. So the sink
+drops repeats within a batch and skips event_ids already stored (one primary-key lookup per
+batch, since every event table is ordered by event_id). The lookup runs inside the retry loop:
+an insert that failed ambiguously (stored, but the answer was lost) is not written again.
+Two sinks writing the *same* event at the same instant could both miss it; in the design one
+worker owns each partition's feedback, so that does not happen.
+
+Retries (tenacity) live only here, at the I/O edge: exponential backoff with jitter, bounded
+by ``retry_for_s``; after that the error propagates and the caller decides (the stream
+redelivers, and the lookup keeps the redelivery harmless).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TypeVar
+
+from clickhouse_connect.driver.client import Client
+from clickhouse_connect.driver.exceptions import (
+    DatabaseError,
+    DataError,
+    IntegrityError,
+    NotSupportedError,
+    ProgrammingError,
+)
+from tenacity import Retrying, before_sleep_log, retry_if_exception, stop_after_delay, wait_random_exponential
+
+from agents.policy.slo import SloClass, meets_slo
+from schemas.events import AdmissionDecision, Completion, Event, InferenceRequest, RoutingDecision
+
+log = logging.getLogger(__name__)
+
+E = TypeVar("E", bound=Event)
+Row = list[object]
+
+DEFAULT_RETRY_FOR_S = 30.0
+
+REQUEST_COLUMNS = (
+    "event_id", "ts", "schema_version", "request_id", "attempt", "tenant", "model", "task_type",
+    "slo_class", "input_tokens", "output_budget", "prompt_blocks", "deadline_ts", "allowed_regions",
+    "true_output_tokens",
+)  # fmt: skip
+ADMISSION_COLUMNS = (
+    "event_id", "ts", "schema_version", "request_id", "attempt", "tenant", "model", "slo_class",
+    "action", "reason", "policy",
+)  # fmt: skip
+ROUTING_COLUMNS = (
+    "event_id", "ts", "schema_version", "request_id", "attempt", "tenant", "model", "slo_class", "dc",
+    "instance_id", "policy", "reason", "predicted_ttft_s", "decision_latency_s", "input_tokens",
+    "output_budget",
+)  # fmt: skip
+COMPLETION_COLUMNS = (
+    "event_id", "ts", "schema_version", "request_id", "attempt", "instance_id", "model", "tenant",
+    "slo_class", "status", "arrival_ts", "ttft_s", "tpot_s", "e2e_s", "input_tokens", "cached_tokens",
+    "output_tokens", "deadline_ts", "met_slo",
+)  # fmt: skip
+
+
+def _transient(error: BaseException) -> bool:
+    """Worth retrying: connection and server-side failures, not a malformed query or row."""
+    permanent = (ProgrammingError, DataError, IntegrityError, NotSupportedError)
+    return isinstance(error, DatabaseError) and not isinstance(error, permanent)
+
+
+def _retrying(retry_for_s: float) -> Retrying:
+    return Retrying(
+        stop=stop_after_delay(retry_for_s),
+        wait=wait_random_exponential(multiplier=0.05, max=2.0),
+        retry=retry_if_exception(_transient),
+        before_sleep=before_sleep_log(log, logging.WARNING),
+        reraise=True,
+    )
+
+
+def _time(ts: float | None) -> datetime | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC)
+
+
+def met_slo(completion: Completion, slo: SloClass | None) -> bool:
+    """Whether the attempt counts towards goodput: status ok and every threshold of its class met.
+
+    An unknown class or a missing measurement (no TTFT or E2E) cannot be shown good: False.
+    A deadline class is met when ``arrival_ts + e2e_s <= deadline_ts`` (no deadline: met).
+    """
+    if completion.status != "ok" or slo is None or completion.ttft_s is None or completion.e2e_s is None:
+        return False
+    deadline_s = None if completion.deadline_ts is None else completion.deadline_ts - completion.arrival_ts
+    return meets_slo(slo, completion.ttft_s, completion.tpot_s, completion.e2e_s, deadline_s)
+
+
+def sync_slo_classes(
+    client: Client, classes: Mapping[str, SloClass], retry_for_s: float = DEFAULT_RETRY_FOR_S
+) -> None:
+    """Record the thresholds in force in ``slo_classes`` (the newest row per name wins)."""
+    now = datetime.now(UTC)
+    rows = [[c.name, c.ttft_s, c.tpot_s, int(c.deadline), now] for c in classes.values()]
+    if rows:
+        _retrying(retry_for_s)(
+            client.insert,
+            "slo_classes",
+            rows,
+            column_names=["name", "ttft_s", "tpot_s", "deadline", "updated_at"],
+        )
+
+
+class FeedbackSink:
+    """Writes batches of events to their tables; each ``write_*`` returns the rows it inserted
+    (the caller counts them in ``feedback_rows_total``).
+
+    Constructing it records ``slo_classes`` (the thresholds ``met_slo`` is judged by). Not
+    thread-safe: one sink per client, used from one thread (the feedback agent).
+    """
+
+    def __init__(
+        self, client: Client, slo_classes: Mapping[str, SloClass], retry_for_s: float = DEFAULT_RETRY_FOR_S
+    ) -> None:
+        self._client = client
+        self._slo = dict(slo_classes)
+        self._retry_for_s = retry_for_s
+        sync_slo_classes(client, self._slo, retry_for_s)
+
+    def write_requests(self, events: Sequence[InferenceRequest]) -> int:
+        return self._write("requests", REQUEST_COLUMNS, events, _request_row)
+
+    def write_admission(self, events: Sequence[AdmissionDecision]) -> int:
+        return self._write("admission_decisions", ADMISSION_COLUMNS, events, _admission_row)
+
+    def write_routing(self, events: Sequence[RoutingDecision]) -> int:
+        return self._write("routing_decisions", ROUTING_COLUMNS, events, _routing_row)
+
+    def write_completions(self, events: Sequence[Completion]) -> int:
+        return self._write("completions", COMPLETION_COLUMNS, events, self._completion_row)
+
+    def _completion_row(self, c: Completion) -> Row:
+        good = met_slo(c, self._slo.get(c.slo_class))
+        return [
+            c.event_id, _time(c.ts), c.schema_version, c.request_id, c.attempt, c.instance_id, c.model,
+            c.tenant, c.slo_class, c.status, _time(c.arrival_ts), c.ttft_s, c.tpot_s, c.e2e_s,
+            c.input_tokens, c.cached_tokens, c.output_tokens, _time(c.deadline_ts), int(good),
+        ]  # fmt: skip
+
+    def _write(
+        self, table: str, columns: Sequence[str], events: Sequence[E], to_row: Callable[[E], Row]
+    ) -> int:
+        rows: dict[str, Row] = {}
+        for event in events:
+            if event.event_id not in rows:  # the first copy of a repeated event wins
+                rows[event.event_id] = to_row(event)
+        if not rows:
+            return 0
+        return _retrying(self._retry_for_s)(self._insert_new, table, columns, rows)
+
+    def _insert_new(self, table: str, columns: Sequence[str], rows: Mapping[str, Row]) -> int:
+        stored = self._client.query(
+            f"SELECT DISTINCT event_id FROM {table} WHERE event_id IN {{ids:Array(String)}}",
+            parameters={"ids": list(rows)},
+        ).result_rows
+        known = {row[0] for row in stored}
+        fresh = [row for event_id, row in rows.items() if event_id not in known]
+        if fresh:
+            self._client.insert(table, fresh, column_names=list(columns))
+        return len(fresh)
+
+
+def _request_row(r: InferenceRequest) -> Row:
+    return [
+        r.event_id, _time(r.ts), r.schema_version, r.request_id, r.attempt, r.tenant, r.model, r.task_type,
+        r.slo_class or "", r.input_tokens, r.output_budget, len(r.prompt_block_hashes), _time(r.deadline_ts),
+        list(r.allowed_regions), r.true_output_tokens,
+    ]  # fmt: skip
+
+
+def _admission_row(a: AdmissionDecision) -> Row:
+    return [
+        a.event_id, _time(a.ts), a.schema_version, a.request_id, a.attempt, a.tenant, a.model, a.slo_class,
+        a.action, a.reason, a.policy,
+    ]  # fmt: skip
+
+
+def _routing_row(d: RoutingDecision) -> Row:
+    return [
+        d.event_id, _time(d.ts), d.schema_version, d.request_id, d.attempt, d.tenant, d.model, d.slo_class,
+        d.dc, d.instance_id, d.policy, d.reason, d.predicted_ttft_s, d.decision_latency_s,
+        d.request.input_tokens, d.request.output_budget,
+    ]  # fmt: skip

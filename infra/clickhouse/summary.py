@@ -1,0 +1,121 @@
+"""The run summary, read back from ClickHouse with the simulator's definitions (sim/metrics.py).
+
+Per request (its attempts grouped by ``request_id``; the last attempt decides the outcome):
+``completed`` = last attempt ok; TTFT percentiles by nearest rank over every request, one without
+a first token counting as infinite (None when a percentile lands there). Rates divide by the
+data's window, max(completion ts) - min(arrival_ts), the same for every class:
+``output_tokens_per_s`` counts every attempt's tokens, aborted ones included;
+``goodput_tokens_per_s`` the tokens of requests whose last attempt met its SLO (``met_slo``);
+``compliant_share`` = goodput / output throughput.
+"""
+
+from __future__ import annotations
+
+import math
+
+from clickhouse_connect.driver.client import Client
+
+EVENT_TABLES = ("requests", "admission_decisions", "routing_decisions", "completions")
+
+_SINCE = "ts >= fromUnixTimestamp64Milli({since_ms:Int64}, 'UTC')"
+
+_WINDOW_SQL = f"""
+SELECT count(), min(toUnixTimestamp64Milli(arrival_ts)) / 1000, max(toUnixTimestamp64Milli(ts)) / 1000
+FROM completions FINAL
+WHERE {_SINCE}
+"""
+
+# WITH ROLLUP adds the all-classes row, marked by grouping(slo_class) = 1.
+_PER_CLASS_SQL = f"""
+WITH per_request AS (
+    SELECT
+        slo_class,
+        request_id,
+        count() AS attempts,
+        argMax(status, attempt) AS last_status,
+        argMax(ifNull(ttft_s, inf), attempt) AS last_ttft_s,
+        argMax(output_tokens * met_slo, attempt) AS good_tokens,
+        sum(output_tokens) AS attempt_tokens
+    FROM completions FINAL
+    WHERE {_SINCE}
+    GROUP BY slo_class, request_id
+)
+SELECT
+    slo_class,
+    grouping(slo_class) AS is_total,
+    count() AS requests,
+    sum(attempts) AS completions,
+    countIf(last_status = 'ok') AS completed,
+    countIf(last_status = 'aborted') AS aborted,
+    countIf(last_status = 'timeout') AS timeout,
+    countIf(last_status = 'error') AS error,
+    quantileExactLow(0.5)(last_ttft_s) AS ttft_p50_s,
+    quantileExactLow(0.95)(last_ttft_s) AS ttft_p95_s,
+    sum(attempt_tokens) AS output_tokens,
+    sum(good_tokens) AS good_tokens
+FROM per_request
+GROUP BY slo_class WITH ROLLUP
+ORDER BY is_total, slo_class
+"""
+
+
+_COUNTS = ("requests", "completions", "completed", "aborted", "timeout", "error")
+
+
+def clickhouse_rows(client: Client) -> int:
+    """Distinct events stored across the four event tables."""
+    counts = " + ".join(f"(SELECT count() FROM {table} FINAL)" for table in EVENT_TABLES)
+    return int(client.query(f"SELECT {counts}").result_rows[0][0])
+
+
+def summary(client: Client, since_ts: float | None = None) -> dict[str, object]:
+    """``{"window_s", "clickhouse_rows", "total": {...}, "per_class": {CLASS: {...}}}``.
+
+    Each class (and ``total``) has: requests, completions (attempts ended), completed, aborted,
+    timeout, error, ttft_p50_s, ttft_p95_s, output_tokens_per_s, goodput_tokens_per_s,
+    compliant_share. Only completions with ``ts >= since_ts`` count (default: all).
+    """
+    since = {"since_ms": 0 if since_ts is None else int(since_ts * 1000)}
+    count, first_arrival, last_end = client.query(_WINDOW_SQL, parameters=since).result_rows[0]
+    window_s = max(float(last_end) - float(first_arrival), 1e-9) if count else 0.0
+    per_class: dict[str, object] = {}
+    total: dict[str, object] = {}
+    if count:
+        result = client.query(_PER_CLASS_SQL, parameters=since)
+        for row in result.named_results():
+            metrics = _metrics(row, window_s)
+            if row["is_total"]:
+                total = metrics
+            else:
+                per_class[str(row["slo_class"])] = metrics
+    return {
+        "window_s": round(window_s, 6),
+        "clickhouse_rows": clickhouse_rows(client),
+        "total": total,
+        "per_class": per_class,
+    }
+
+
+def _metrics(row: dict[str, object], window_s: float) -> dict[str, object]:
+    output_tokens = _number(row["output_tokens"])
+    good_tokens = _number(row["good_tokens"])
+    counts = {key: int(_number(row[key])) for key in _COUNTS}
+    return {
+        **counts,
+        "ttft_p50_s": _finite(row["ttft_p50_s"]),
+        "ttft_p95_s": _finite(row["ttft_p95_s"]),
+        "output_tokens_per_s": round(output_tokens / window_s, 6),
+        "goodput_tokens_per_s": round(good_tokens / window_s, 6),
+        "compliant_share": round(good_tokens / output_tokens, 6) if output_tokens else 0.0,
+    }
+
+
+def _number(value: object) -> float:
+    if not isinstance(value, int | float):
+        raise TypeError(f"expected a number from ClickHouse, got {value!r}")
+    return float(value)
+
+
+def _finite(value: object) -> float | None:
+    number = _number(value)
+    return None if math.isinf(number) or math.isnan(number) else round(number, 6)

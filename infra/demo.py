@@ -1,0 +1,188 @@
+"""``tokenfleet demo``: the whole control plane on one machine, end to end.
+
+Starts the embedded broker, a worker process (which owns the embedded ClickHouse store), an
+emulated fleet and a load generator over a real trace; shows progress; stops everything in
+order (load -> drain -> fleet -> worker); then reads the summary back *from ClickHouse* (after
+the worker stopped, since the embedded engine admits one process at a time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from infra.broker import embedded_broker, ensure_topics
+from infra.clickhouse.client import connect
+from infra.clickhouse.summary import summary
+from infra.fleet_process import run_fleet
+from infra.loadgen import publish_workload
+from infra.settings import Settings
+from schemas.topics import COMPLETIONS, DECISIONS, DLQ, REQUESTS
+from sim.sources import open_workload
+
+_MALFORMED = (b"{not json", b'{"request_id": "bad-1", "model": "llama3-8b", "input_tokens": -5}')
+
+
+class Counter:
+    """Counts messages on the output topics, from a consumer group of its own."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.counts = {DECISIONS.name: 0, COMPLETIONS.name: 0, DLQ.name: 0}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        consumer = AIOKafkaConsumer(
+            *self.counts,
+            bootstrap_servers=self.bootstrap,
+            group_id=f"demo-monitor-{os.getpid()}-{time.time_ns()}",
+            auto_offset_reset="latest",
+            session_timeout_ms=6000,
+            rebalance_timeout_ms=6000,
+            heartbeat_interval_ms=1000,
+        )
+        await consumer.start()
+        try:
+            while not stop.is_set():
+                batch = await consumer.getmany(timeout_ms=200)
+                for partition, messages in batch.items():
+                    self.counts[partition.topic] += len(messages)
+        finally:
+            await consumer.stop()
+
+
+async def _orchestrate(bootstrap: str, settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
+    workload = open_workload(args.workload, seed=0)
+    counter = Counter(bootstrap)
+    stop_counter, stop_fleet = asyncio.Event(), asyncio.Event()
+    counter_task = asyncio.create_task(counter.run(stop_counter))
+    await asyncio.sleep(4)  # let the monitor join before traffic starts ("latest" offsets)
+    fleet_task = asyncio.create_task(
+        run_fleet(
+            bootstrap, args.fleet, speed=1.0, heartbeat_s=settings.heartbeat_interval_s, stop=stop_fleet
+        )
+    )
+    await _send_malformed(bootstrap)
+    load_task = asyncio.create_task(
+        publish_workload(bootstrap, workload, rate_scale=args.rate_scale, duration_s=args.duration)
+    )
+    started = time.monotonic()
+    while not load_task.done():
+        await asyncio.wait({load_task}, timeout=2.0)
+        _progress(time.monotonic() - started, args.duration, counter.counts)
+    published = load_task.result()
+    # Drain: give running requests time to finish (bounded by the longest client timeout).
+    drain_until = time.monotonic() + 60
+    while counter.counts[COMPLETIONS.name] < published and time.monotonic() < drain_until:
+        await asyncio.sleep(1.0)
+        _progress(time.monotonic() - started, args.duration, counter.counts)
+    await asyncio.sleep(settings.feedback_flush_s + 1)  # last completions reach the worker's sink
+    stop_fleet.set()
+    await fleet_task
+    stop_counter.set()
+    await counter_task
+    print(file=sys.stderr)
+    return {
+        "requests_published": published,
+        "decisions": counter.counts[DECISIONS.name],
+        "completions": counter.counts[COMPLETIONS.name],
+        "dlq": counter.counts[DLQ.name],
+    }
+
+
+async def _send_malformed(bootstrap: str) -> None:
+    """Two bad events, to show they land in the dead-letter topic and nothing else stops."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for value in _MALFORMED:
+            await producer.send_and_wait(REQUESTS.name, value, key=b"llama3-8b")
+    finally:
+        await producer.stop()
+
+
+def _progress(elapsed: float, duration: float, counts: dict[str, int]) -> None:
+    share = min(elapsed / max(duration, 1e-9), 1.0)
+    bar = "#" * int(share * 30)
+    sys.stderr.write(
+        f"\r[demo] {bar:<30} {elapsed:5.0f}s  decisions {counts[DECISIONS.name]}"
+        f"  completions {counts[COMPLETIONS.name]}  dlq {counts[DLQ.name]}   "
+    )
+    sys.stderr.flush()
+
+
+def _start_worker(bootstrap: str, settings: Settings, policy: str) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "TOKENFLEET_KAFKA_BOOTSTRAP": bootstrap,
+        "TOKENFLEET_POLICY": policy,
+        "TOKENFLEET_DATA_DIR": str(settings.data_dir),
+        "TOKENFLEET_CLICKHOUSE_DSN": settings.clickhouse_url,
+    }
+    log = (settings.data_dir / "worker.log").open("ab")
+    return subprocess.Popen([sys.executable, "-m", "infra.cli", "worker"], env=env, stdout=log, stderr=log)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def run_demo(settings: Settings, args: argparse.Namespace) -> int:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    since = time.time()
+    print(
+        f"demo: policy {args.policy_name}, fleet {args.fleet}, {args.duration:.0f} s of load", file=sys.stderr
+    )
+    with embedded_broker(log_path=settings.data_dir / "tansu.log") as bootstrap:
+        ensure_topics(bootstrap, settings.topic_partitions)
+        print(f"demo: embedded Kafka (Tansu) on {bootstrap}", file=sys.stderr)
+        worker = _start_worker(bootstrap, settings, args.policy_name)
+        try:
+            counts = asyncio.run(_orchestrate(bootstrap, settings, args))
+        finally:
+            _stop(worker)
+    client = connect(settings.clickhouse_url)
+    try:
+        result = {**counts, **summary(client, since_ts=since)}
+    finally:
+        client.close()
+    print(_format(result, args.policy_name))
+    print(f"data: {settings.clickhouse_url} (query it with `tokenfleet sql`, see README)", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0 if result["decisions"] and result["completions"] else 1
+
+
+def _format(result: dict[str, Any], policy: str) -> str:
+    header = ("class", "completed", "TTFT p50", "TTFT p95", "goodput tok/s", "compliant")
+    lines = [
+        f"policy {policy}: published {result['requests_published']}, decisions {result['decisions']}, "
+        f"completions {result['completions']}, dlq {result['dlq']}, "
+        f"clickhouse rows {result['clickhouse_rows']}",
+        "",
+        f"{header[0]:<14}"
+        + "".join(f"{h:>{w}}" for h, w in zip(header[1:], (10, 10, 10, 15, 11), strict=True)),
+    ]
+    for name, row in result["per_class"].items():
+        p50, p95 = row.get("ttft_p50_s"), row.get("ttft_p95_s")
+        lines.append(
+            f"{name:<14}{row.get('completed', 0):>10}"
+            f"{'-' if p50 is None else f'{p50:.3f}':>10}{'-' if p95 is None else f'{p95:.3f}':>10}"
+            f"{row.get('goodput_tokens_per_s', 0.0):>15.1f}{row.get('compliant_share', 0.0):>11.1%}"
+        )
+    return "\n".join(lines)

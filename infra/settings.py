@@ -1,0 +1,75 @@
+"""The one settings object. The only reader of the environment (prefix ``TOKENFLEET_``).
+
+Empty ``kafka_bootstrap`` means: start the embedded Tansu broker on loopback. The ClickHouse
+DSN defaults to the embedded engine (chdb) under ``data_dir``; point it at a server with
+``TOKENFLEET_CLICKHOUSE_DSN=http://user:pass@host:8123/tokenfleet``.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from agents.policy.slo import DEFAULT_SLO_CLASSES, SloClass
+
+
+class SloClassSetting(BaseSettings):
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    deadline: bool = False
+    client_timeout_s: float | None = None
+
+
+def _default_slo_classes() -> dict[str, SloClassSetting]:
+    return {
+        name: SloClassSetting(
+            ttft_s=c.ttft_s, tpot_s=c.tpot_s, deadline=c.deadline, client_timeout_s=c.client_timeout_s
+        )
+        for name, c in DEFAULT_SLO_CLASSES.items()
+    }
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TOKENFLEET_", env_nested_delimiter="__", frozen=True)
+
+    kafka_bootstrap: str = Field(default="", description="host:port[,host:port]; empty = embedded Tansu")
+    clickhouse_dsn: str = Field(
+        default="", description="chdb:///path or http://host:8123/db; empty = embedded"
+    )
+    data_dir: Path = Path(".tokenfleet")
+    topic_partitions: int = Field(default=4, ge=1)
+    heartbeat_interval_s: float = Field(default=0.25, gt=0)
+    policy: str = "round-robin"
+    app_id: str = "tokenfleet"
+    worker_web_port: int = Field(default=6066, ge=0, description="Faust web + /metrics; 0 = any free port")
+    # Tansu holds a consumer-group join for half the rebalance timeout: keep these low there.
+    broker_rebalance_timeout_s: float = 6.0
+    broker_session_timeout_s: float = 6.0
+    broker_heartbeat_interval_s: float = 1.0
+    feedback_batch_size: int = Field(default=500, ge=1)
+    feedback_flush_s: float = Field(default=1.0, gt=0)
+    route_batch_size: int = Field(default=512, ge=1)
+    route_batch_window_s: float = Field(default=0.02, ge=0)
+    slo_classes: dict[str, SloClassSetting] = Field(default_factory=_default_slo_classes)
+
+    @cached_property
+    def clickhouse_url(self) -> str:
+        return self.clickhouse_dsn or f"chdb:///{(self.data_dir / 'clickhouse').resolve()}"
+
+    @property
+    def embedded_broker(self) -> bool:
+        return not self.kafka_bootstrap
+
+    @property
+    def embedded_clickhouse(self) -> bool:
+        return self.clickhouse_url.startswith("chdb:")
+
+    def slo(self) -> dict[str, SloClass]:
+        """SLO classes as the policy core's plain objects."""
+        return {
+            name: SloClass(name, c.ttft_s, c.tpot_s, c.deadline, c.client_timeout_s)
+            for name, c in self.slo_classes.items()
+        }

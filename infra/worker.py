@@ -1,0 +1,81 @@
+"""``tokenfleet worker``: the bootstrap that wires broker, app, agents, policy and feedback store.
+
+In embedded mode (no ClickHouse server configured) this process owns the ClickHouse data
+directory: the engine locks it, so readers query through this process or after it stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import faust
+
+from agents.ports import NoTelemetry
+from agents.routing import Router
+from agents.streaming import register_agents
+from infra import metrics
+from infra.broker import embedded_broker, ensure_topics
+from infra.feedback_store import ClickHouseFeedback, PrometheusTelemetry
+from infra.settings import Settings
+from streams.app import create_app
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def kafka_bootstrap(settings: Settings) -> Iterator[str]:
+    """The configured Kafka, or an embedded Tansu broker for the duration of the block."""
+    if settings.kafka_bootstrap:
+        yield settings.kafka_bootstrap
+        return
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    with embedded_broker(log_path=settings.data_dir / "tansu.log") as bootstrap:
+        yield bootstrap
+
+
+def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) -> tuple[faust.App, Any]:
+    """The Faust app with every agent registered; returns (app, feedback store or None)."""
+    app, channels = create_app(settings, bootstrap)
+    store = ClickHouseFeedback(settings.clickhouse_url, settings.slo()) if feedback else None
+    telemetry = PrometheusTelemetry() if feedback else NoTelemetry()
+    register_agents(
+        app,
+        channels,
+        Router(settings.policy),
+        store,
+        telemetry,
+        batch_size=settings.route_batch_size,
+        batch_window_s=settings.route_batch_window_s,
+    )
+
+    @app.page("/metrics")
+    async def prometheus(web: Any, request: Any) -> Any:
+        return web.bytes(metrics.render(), content_type="text/plain; version=0.0.4")
+
+    return app, store
+
+
+def run_worker(settings: Settings, loglevel: str = "warn") -> None:
+    """Run until SIGINT / SIGTERM."""
+    with kafka_bootstrap(settings) as bootstrap:
+        ensure_topics(bootstrap, settings.topic_partitions)
+        feedback = settings.clickhouse_dsn != "off"
+        app, store = build_worker_app(settings, bootstrap, feedback=feedback)
+        log.warning(
+            "worker %s: kafka %s, clickhouse %s, policy %s, metrics http://127.0.0.1:%s/metrics (pid %s)",
+            settings.app_id,
+            bootstrap,
+            settings.clickhouse_url if feedback else "off",
+            settings.policy,
+            settings.worker_web_port,
+            os.getpid(),
+        )
+        try:
+            faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
+        finally:
+            if store is not None:
+                store.close()

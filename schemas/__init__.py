@@ -1,0 +1,27 @@
+"""Wire contracts of TokenFleet: event models, topic names and keys, JSON Schema export."""
+
+from schemas.events import (
+    EVENT_TYPES,
+    AdmissionDecision,
+    BatchJob,
+    Completion,
+    DeadLetter,
+    Event,
+    Heartbeat,
+    InferenceRequest,
+    KvEvent,
+    RoutingDecision,
+)
+
+__all__ = [
+    "EVENT_TYPES",
+    "AdmissionDecision",
+    "BatchJob",
+    "Completion",
+    "DeadLetter",
+    "Event",
+    "Heartbeat",
+    "InferenceRequest",
+    "KvEvent",
+    "RoutingDecision",
+]

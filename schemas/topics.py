@@ -1,0 +1,42 @@
+"""Topic names and what each is keyed by, defined once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schemas.events import (
+    AdmissionDecision,
+    BatchJob,
+    Completion,
+    DeadLetter,
+    Event,
+    Heartbeat,
+    InferenceRequest,
+    KvEvent,
+    RoutingDecision,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str
+    event: type[Event]
+    key: str  # the field the message key is taken from
+
+
+# Everything a pool's routing state needs is keyed by the model pool, so one worker owns a pool:
+# requests, heartbeats, KV events and completions of a pool land on the same partition number.
+REQUESTS = TopicSpec("tf.requests", InferenceRequest, "model")
+HEARTBEATS = TopicSpec("tf.heartbeats", Heartbeat, "model")
+KV_EVENTS = TopicSpec("tf.kv-events", KvEvent, "model")
+COMPLETIONS = TopicSpec("tf.completions", Completion, "model")
+ADMISSION = TopicSpec("tf.admission", AdmissionDecision, "model")
+DECISIONS = TopicSpec("tf.decisions", RoutingDecision, "model")
+BATCH_JOBS = TopicSpec("tf.batch.jobs", BatchJob, "job_id")
+DLQ = TopicSpec("tf.dlq", DeadLetter, "source_topic")
+
+ALL_TOPICS = (REQUESTS, HEARTBEATS, KV_EVENTS, COMPLETIONS, ADMISSION, DECISIONS, BATCH_JOBS, DLQ)
+
+
+def key_of(spec: TopicSpec, event: Event) -> bytes:
+    return str(getattr(event, spec.key)).encode()

@@ -1,0 +1,1 @@
+"""Faust app factory, topic and table bindings, the codec, and the table -> ClusterView adapter."""

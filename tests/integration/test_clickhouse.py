@@ -1,0 +1,232 @@
+"""The feedback store against the real embedded ClickHouse engine (chdb), one data dir per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from clickhouse_connect.driver.client import Client
+from clickhouse_connect.driver.exceptions import OperationalError
+
+from agents.policy.slo import DEFAULT_SLO_CLASSES
+from infra.clickhouse import FeedbackSink, connect, migrate, summary
+from infra.clickhouse.client import split_database
+from infra.clickhouse.migrate import load_migrations
+from schemas.events import AdmissionDecision, Completion, InferenceRequest, RoutingDecision
+
+T0 = 1_700_000_000.0
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[Client]:
+    # The engine serves one data dir per process: close before the next test opens its own.
+    with connect(f"chdb:///{tmp_path / 'clickhouse'}") as opened:
+        migrate(opened)
+        yield opened
+
+
+@pytest.fixture
+def sink(client: Client) -> FeedbackSink:
+    return FeedbackSink(client, DEFAULT_SLO_CLASSES, retry_for_s=5.0)
+
+
+def completion(request_id: str, **fields: Any) -> Completion:
+    values: dict[str, Any] = {
+        "instance_id": "i0",
+        "model": "llama3-8b",
+        "status": "ok",
+        "arrival_ts": T0,
+        "ts": T0 + 2.0,
+        "ttft_s": 0.5,
+        "tpot_s": 0.02,
+        "e2e_s": 2.0,
+        "input_tokens": 100,
+        "output_tokens": 100,
+    }
+    values.update(fields)
+    return Completion(request_id=request_id, **values)
+
+
+def scalar(client: Client, sql: str) -> Any:
+    return client.query(sql).result_rows[0][0]
+
+
+def test_urls_name_their_database() -> None:
+    assert split_database("chdb:////data/ch") == ("chdb:///data/ch", "tokenfleet")
+    assert split_database("chdb:///data/ch?database=other") == ("chdb:///data/ch", "other")
+    assert split_database("http://u:p@host:8123/fb") == ("http://u:p@host:8123", "fb")
+    with pytest.raises(ValueError):
+        split_database("http://host:8123/bad-name")
+
+
+def test_migrate_applies_every_migration_once_and_records_it(tmp_path: Path) -> None:
+    expected = [m.label for m in load_migrations()]
+    with connect(f"chdb:///{tmp_path / 'clickhouse'}") as client:
+        assert client.database == "tokenfleet"
+        assert migrate(client) == expected
+        assert expected[0] == "0001_create_requests" and expected == sorted(expected)
+        assert migrate(client) == []
+        rows = client.query("SELECT version, name FROM schema_migrations FINAL ORDER BY version").result_rows
+        assert [f"{v:04d}_{n}" for v, n in rows] == expected
+        tables = {row[0] for row in client.query("SHOW TABLES").result_rows}
+    for table in ("requests", "admission_decisions", "routing_decisions", "completions", "slo_classes"):
+        assert table in tables
+    assert {"goodput_per_minute", "goodput_per_minute_mv"} <= tables
+    # The data survives the client: a reopened store has nothing left to apply.
+    with connect(f"chdb:///{tmp_path / 'clickhouse'}") as client:
+        assert migrate(client) == []
+
+
+def test_redelivered_completion_counts_once_in_table_and_rollup(client: Client, sink: FeedbackSink) -> None:
+    first, second = completion("r1"), completion("r2", output_tokens=40)
+    assert sink.write_completions([first, first]) == 1  # repeated inside one batch
+    assert sink.write_completions([first]) == 0  # redelivered in a later batch
+    assert sink.write_completions([first, second]) == 1
+    assert scalar(client, "SELECT count() FROM completions") == 2  # not even a pending duplicate
+    assert scalar(client, "SELECT count() FROM completions FINAL") == 2
+    rollup = client.query(
+        "SELECT sum(completions), sum(good), sum(output_tokens), sum(good_tokens) FROM goodput_per_minute"
+    ).result_rows[0]
+    assert rollup == (2, 2, 140, 140)
+
+
+@pytest.mark.parametrize(
+    ("slo_class", "fields", "good"),
+    [
+        ("interactive", {"ttft_s": 2.0, "tpot_s": 0.1}, True),
+        ("interactive", {"ttft_s": 2.1}, False),
+        ("interactive", {"tpot_s": 0.11}, False),
+        ("interactive", {"status": "aborted"}, False),
+        ("interactive", {"ttft_s": None}, False),
+        ("long_context", {"ttft_s": 14.0, "tpot_s": 0.15}, True),
+        ("long_context", {"ttft_s": 16.0}, False),
+        ("long_context", {"ttft_s": 1.0, "tpot_s": 0.2}, False),
+        ("batch", {"ttft_s": 50.0, "e2e_s": 90.0, "deadline_ts": T0 + 100}, True),
+        ("batch", {"ttft_s": 50.0, "e2e_s": 110.0, "deadline_ts": T0 + 100}, False),
+        ("batch", {"status": "timeout", "deadline_ts": T0 + 100}, False),
+        ("no_such_class", {}, False),
+    ],
+)
+def test_met_slo_follows_the_class_thresholds(
+    client: Client, sink: FeedbackSink, slo_class: str, fields: dict[str, Any], good: bool
+) -> None:
+    event = completion("r", slo_class=slo_class, **fields)
+    sink.write_completions([event])
+    assert scalar(client, "SELECT met_slo FROM completions FINAL") == int(good)
+    assert scalar(client, "SELECT sum(good) FROM goodput_per_minute") == int(good)
+
+
+def test_slo_classes_table_holds_the_thresholds_in_force(client: Client, sink: FeedbackSink) -> None:
+    rows = client.query("SELECT name, ttft_s, tpot_s, deadline FROM slo_classes FINAL ORDER BY name")
+    assert rows.result_rows == [
+        ("batch", None, None, 1),
+        ("interactive", 2.0, 0.1, 0),
+        ("long_context", 15.0, 0.15, 0),
+    ]
+
+
+def hand_made_run() -> list[Completion]:
+    """Window: first arrival T0 .. last completion T0+20 = 20 s."""
+    return [
+        completion("i1", ts=T0 + 2, ttft_s=0.5, output_tokens=100),  # good
+        completion(
+            "i2", attempt=1, status="aborted", arrival_ts=T0 + 1, ts=T0 + 11, ttft_s=None, output_tokens=20
+        ),
+        completion("i2", attempt=2, arrival_ts=T0 + 11, ts=T0 + 14, ttft_s=1.0, output_tokens=50),  # good
+        completion("i3", arrival_ts=T0 + 2, ts=T0 + 6, ttft_s=3.0, output_tokens=30),  # TTFT too slow
+        completion(
+            "i4", status="timeout", arrival_ts=T0 + 2, ts=T0 + 12, ttft_s=None, e2e_s=None, output_tokens=0
+        ),
+        completion(
+            "b1",
+            slo_class="batch",
+            ts=T0 + 20,
+            ttft_s=5.0,
+            e2e_s=20.0,
+            deadline_ts=T0 + 100,
+            output_tokens=200,
+        ),
+    ]
+
+
+def test_summary_on_a_hand_made_run(client: Client, sink: FeedbackSink) -> None:
+    run = hand_made_run()
+    request = InferenceRequest(request_id="i1", model="llama3-8b", input_tokens=100, output_budget=128)
+    routing = RoutingDecision(
+        request_id="i1", model="llama3-8b", slo_class="interactive", dc="dc1", instance_id="i0",
+        policy="round-robin", decision_latency_s=0.0002, request=request,
+    )  # fmt: skip
+    admission = AdmissionDecision(
+        request_id="i1", model="llama3-8b", slo_class="interactive", action="admit", policy="pass"
+    )
+    assert sink.write_completions(run + run[:2]) == 6
+    assert sink.write_requests([request, request]) == 1
+    assert sink.write_routing([routing]) == 1
+    assert sink.write_admission([admission]) == 1
+    assert sink.write_routing([routing]) == 0
+
+    result = summary(client)
+    assert result["window_s"] == 20.0
+    assert result["clickhouse_rows"] == 9
+    per_class = cast(dict[str, dict[str, Any]], result["per_class"])
+    assert per_class["interactive"] == {
+        "requests": 4,
+        "completions": 5,
+        "completed": 3,
+        "aborted": 0,  # i2's retry finished ok: a request's last attempt decides
+        "timeout": 1,
+        "error": 0,
+        "ttft_p50_s": 1.0,  # of 0.5, 1.0, 3.0, inf
+        "ttft_p95_s": None,  # lands on i4, which never got a first token
+        "output_tokens_per_s": 10.0,  # 200 tokens, the aborted attempt's 20 included
+        "goodput_tokens_per_s": 7.5,  # i1 + i2
+        "compliant_share": 0.75,
+    }
+    assert per_class["batch"]["goodput_tokens_per_s"] == 10.0
+    assert per_class["batch"]["ttft_p95_s"] == 5.0
+    total = cast(dict[str, Any], result["total"])
+    assert (total["requests"], total["completions"], total["completed"]) == (5, 6, 4)
+    assert total["ttft_p50_s"] == 3.0  # of 0.5, 1.0, 3.0, 5.0, inf
+    assert total["goodput_tokens_per_s"] == 17.5 and total["compliant_share"] == 0.875
+
+    later = cast(dict[str, dict[str, Any]], summary(client, since_ts=T0 + 13)["per_class"])
+    assert later["interactive"]["completions"] == 1 and later["batch"]["completions"] == 1
+    rollup = "SELECT sum(good_tokens), sum(output_tokens) FROM goodput_per_minute"
+    assert client.query(rollup).result_rows[0] == (350, 400)
+
+
+def test_summary_of_an_empty_store(client: Client) -> None:
+    assert summary(client) == {"window_s": 0.0, "clickhouse_rows": 0, "total": {}, "per_class": {}}
+
+
+class FlakyInserts:
+    """The real client, whose first insert fails: before writing, or after (the answer lost)."""
+
+    def __init__(self, client: Client, store_then_fail: bool) -> None:
+        self._client = client
+        self._store_then_fail = store_then_fail
+        self.failures = 0
+
+    def insert(self, *args: Any, **kwargs: Any) -> Any:
+        if self.failures == 0 and args[0] == "completions":
+            self.failures += 1
+            if self._store_then_fail:
+                self._client.insert(*args, **kwargs)
+            raise OperationalError("connection reset")
+        return self._client.insert(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+@pytest.mark.parametrize("store_then_fail", [False, True])
+def test_retried_insert_writes_once(client: Client, store_then_fail: bool) -> None:
+    flaky = FlakyInserts(client, store_then_fail)
+    sink = FeedbackSink(cast(Client, flaky), DEFAULT_SLO_CLASSES, retry_for_s=5.0)
+    written = sink.write_completions([completion("r1")])
+    assert flaky.failures == 1
+    assert written == (0 if store_then_fail else 1)  # the retry found it already stored
+    assert scalar(client, "SELECT count() FROM completions") == 1
+    assert scalar(client, "SELECT sum(completions) FROM goodput_per_minute") == 1
