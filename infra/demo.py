@@ -27,6 +27,7 @@ from infra.clickhouse.summary import summary
 from infra.fleet_process import run_fleet
 from infra.loadgen import publish_workload
 from infra.settings import Settings
+from infra.worker import ready_marker
 from schemas.topics import COMPLETIONS, DECISIONS, DLQ, REQUESTS
 from sim.sources import open_workload
 
@@ -65,12 +66,22 @@ async def _orchestrate(bootstrap: str, settings: Settings, args: argparse.Namesp
     counter = Counter(bootstrap)
     stop_counter, stop_fleet = asyncio.Event(), asyncio.Event()
     counter_task = asyncio.create_task(counter.run(stop_counter))
-    await asyncio.sleep(4)  # let the monitor join before traffic starts ("latest" offsets)
+    fleet_ready = asyncio.Event()
     fleet_task = asyncio.create_task(
         run_fleet(
-            bootstrap, args.fleet, speed=1.0, heartbeat_s=settings.heartbeat_interval_s, stop=stop_fleet
+            bootstrap,
+            args.fleet,
+            speed=1.0,
+            heartbeat_s=settings.heartbeat_interval_s,
+            stop=stop_fleet,
+            ready=fleet_ready,
         )
     )
+    # Traffic starts when everyone listens: the monitor ("latest" offsets), the fleet and the
+    # worker (partitions assigned, tables recovered), so TTFT measures scheduling, not start-up.
+    await asyncio.wait_for(fleet_ready.wait(), timeout=60)
+    await _wait_for(ready_marker(settings), timeout_s=90)
+    await asyncio.sleep(2 * settings.heartbeat_interval_s + 3)  # heartbeats reached the worker
     await _send_malformed(bootstrap)
     load_task = asyncio.create_task(
         publish_workload(bootstrap, workload, rate_scale=args.rate_scale, duration_s=args.duration)
@@ -97,6 +108,14 @@ async def _orchestrate(bootstrap: str, settings: Settings, args: argparse.Namesp
         "completions": counter.counts[COMPLETIONS.name],
         "dlq": counter.counts[DLQ.name],
     }
+
+
+async def _wait_for(path: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the worker did not become ready within {timeout_s:.0f} s (see worker.log)")
+        await asyncio.sleep(0.2)
 
 
 async def _send_malformed(bootstrap: str) -> None:

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import faust
@@ -74,8 +75,27 @@ def run_worker(settings: Settings, loglevel: str = "warn") -> None:
             settings.worker_web_port,
             os.getpid(),
         )
+        worker = ReadyMarkingWorker(app, loglevel=loglevel, quiet=True)
+        worker.ready_file = ready_marker(settings)
+        worker.ready_file.unlink(missing_ok=True)
         try:
-            faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
+            worker.execute_from_commandline()
         finally:
+            worker.ready_file.unlink(missing_ok=True)
             if store is not None:
                 store.close()
+
+
+class ReadyMarkingWorker(faust.Worker):
+    """A Faust worker that writes ``ready_file`` once partitions are assigned and tables recovered."""
+
+    ready_file: Path
+
+    async def on_startup_finished(self) -> None:
+        await super().on_startup_finished()
+        self.ready_file.write_text(f"{os.getpid()}\n")
+
+
+def ready_marker(settings: Settings) -> Path:
+    """A file that exists while the worker is ready (consuming, tables recovered)."""
+    return settings.data_dir / f"{settings.app_id}.worker.ready"
