@@ -31,9 +31,10 @@ class Routed:
 
 
 class Router:
-    def __init__(self, policy_name: str, seed: int = 0) -> None:
+    def __init__(self, policy_name: str, seed: int = 0, worker: str = "") -> None:
         make_policy(policy_name, seed)  # fail fast on an unknown name
         self.policy_name = policy_name
+        self.worker = worker
         self.seed = seed
         self._policies: dict[str, Policy] = {}
         self._held: dict[str, list[InferenceRequest]] = {}
@@ -91,6 +92,7 @@ class Router:
                 reason=decision.reason,
                 predicted_ttft_s=decision.predicted_ttft_s,
                 decision_latency_s=latency,
+                worker=self.worker,
                 request=request,
             )
             out.append(Routed(request, admission, routing))

@@ -7,9 +7,10 @@ agent goes on with the next message.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import faust
@@ -21,31 +22,38 @@ from schemas import topics
 from schemas.events import BatchJob, Completion, Event, Heartbeat, InferenceRequest, KvEvent
 from streams.app import Channels
 from streams.codec import DecodeError, dead_letter, decode, encode
+from streams.request_lane import RawMessage, RequestLane
 
 E = TypeVar("E", bound=Event)
 
 
 def register_agents(
     app: faust.App,
+    bootstrap: str,
     channels: Channels,
     router: Router,
     store: FeedbackStore | None,
     telemetry: Telemetry,
     batch_size: int = 512,
-    batch_window_s: float = 0.02,
+    batch_window_s: float = 0.005,
 ) -> None:
     """Attach the scheduler's agents to ``app``."""
 
-    async def publish(topic: Any, spec: topics.TopicSpec, events: Iterable[Event]) -> None:
-        """Send events keyed per their topic spec; wait until the broker has them all."""
+    async def send(*outputs: tuple[Any, topics.TopicSpec, Iterable[Event]]) -> Awaitable[object]:
+        """Hand each ``(topic, spec, events)`` to the producer, keyed per its spec; return an
+        awaitable that completes when the broker has them all."""
         pending = [
             await app.producer.send(
                 topic.get_topic_name(), topics.key_of(spec, e), encode(e), None, None, None
             )
+            for topic, spec, events in outputs
             for e in events
         ]
-        for future in pending:
-            await future
+        return asyncio.gather(*pending)
+
+    async def publish(*outputs: tuple[Any, topics.TopicSpec, Iterable[Event]]) -> None:
+        """``send`` and wait for delivery."""
+        await (await send(*outputs))
 
     async def decoded(kind: type[E], spec: topics.TopicSpec, batch: Sequence[Any]) -> list[E]:
         """Decode a batch of Faust events; dead-letter the ones that do not decode."""
@@ -56,7 +64,7 @@ def register_agents(
             except DecodeError as exc:
                 dead.append(dead_letter(spec.name, event.value, event.key, exc.reason))
                 telemetry.dead_lettered(spec.name)
-        await publish(channels.dlq, topics.DLQ, dead)
+        await publish((channels.dlq, topics.DLQ, dead))
         return good
 
     @app.agent(channels.heartbeats, name="instance-state")
@@ -74,25 +82,53 @@ def register_agents(
             for kv in await decoded(KvEvent, topics.KV_EVENTS, batch):
                 router.observe_kv(kv)
 
-    @app.agent(channels.requests, name="route")
-    async def route(stream: Any) -> None:
-        async for batch in stream.take_events(batch_size, within=batch_window_s):
-            requests = await decoded(InferenceRequest, topics.REQUESTS, batch)
-            outcomes = []
-            for pool, group in _by_pool(requests).items():
-                outcomes += router.route(group, channels.instance_state.get(pool, {}), time.time())
-                telemetry.queue_depth(pool, router.held())
-            admissions = [o.admission for o in outcomes]
-            routings = [o.routing for o in outcomes if o.routing is not None]
-            await publish(channels.admission, topics.ADMISSION, admissions)
-            await publish(channels.decisions, topics.DECISIONS, routings)
-            for routed in outcomes:
-                latency = routed.routing.decision_latency_s if routed.routing else 0.0
-                telemetry.decided(router.policy_name, routed.admission.action, latency)
-            if store is not None:
-                await store.requests(requests)
-                await store.admissions(admissions)
-                await store.routings(routings)
+    async def route(messages: Sequence[RawMessage]) -> Awaitable[object]:
+        """Route one batch of raw request messages (called by the request lane); returns the
+        delivery of its decisions, which the lane awaits before committing the batch."""
+        requests = await decoded(InferenceRequest, topics.REQUESTS, [_Raw(k, v) for k, v in messages])
+        outcomes = []
+        for pool, group in _by_pool(requests).items():
+            outcomes += router.route(group, channels.instance_state.get(pool, {}), time.time())
+            telemetry.queue_depth(pool, router.held())
+        admissions = [o.admission for o in outcomes]
+        routings = [o.routing for o in outcomes if o.routing is not None]
+        delivered = await send(
+            (channels.admission, topics.ADMISSION, admissions),
+            (channels.decisions, topics.DECISIONS, routings),
+        )
+        for routed in outcomes:
+            latency = routed.routing.decision_latency_s if routed.routing else 0.0
+            telemetry.decided(router.policy_name, routed.admission.action, latency)
+        if store is not None:
+            await store.requests(requests)
+            await store.admissions(admissions)
+            await store.routings(routings)
+        return delivered
+
+    lane = RequestLane(
+        bootstrap,
+        topics.REQUESTS.name,
+        follows_topic=topics.HEARTBEATS.name,
+        group_id=f"{app.conf.id}-requests",
+        handler=route,
+        fetch_max_wait_ms=app.conf.tokenfleet_fetch_max_wait_ms,
+    )
+
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
+    async def follow_assignment(sender: Any, *args: Any, **kwargs: Any) -> None:
+        await lane.on_assigned(args[0])  # the assigned TopicPartitions
+
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
+    async def follow_revocation(sender: Any, *args: Any, **kwargs: Any) -> None:
+        await lane.on_revoked(args[0])  # the revoked TopicPartitions
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def request_lane() -> None:
+        await lane.start()
+        try:
+            await asyncio.Event().wait()  # until the worker stops and cancels this task
+        finally:
+            await lane.stop()
 
     @app.agent(channels.completions, name="feedback")
     async def feedback(stream: Any) -> None:
@@ -107,7 +143,16 @@ def register_agents(
     async def batch_jobs(stream: Any) -> None:
         async for event in stream.events():
             for job in await decoded(BatchJob, topics.BATCH_JOBS, [event]):
-                await publish(channels.requests, topics.REQUESTS, expand_batch_job(job))
+                await publish((channels.requests, topics.REQUESTS, expand_batch_job(job)))
+
+
+class _Raw:
+    """A raw message with the two attributes ``decoded`` reads (like a Faust event)."""
+
+    __slots__ = ("key", "value")
+
+    def __init__(self, key: bytes | None, value: bytes | None) -> None:
+        self.key, self.value = key, value
 
 
 def _by_pool(requests: Sequence[InferenceRequest]) -> dict[str, list[InferenceRequest]]:

@@ -147,6 +147,26 @@ def _db_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sql(args: argparse.Namespace) -> int:
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    from infra.clickhouse.client import connect
+
+    settings = _settings(args)
+    client = connect(settings.clickhouse_url)
+    try:
+        try:
+            result = client.query(args.query)
+        except ClickHouseError as exc:
+            raise ValueError(str(exc).splitlines()[0]) from None
+        print("\t".join(result.column_names))
+        for row in result.result_rows:
+            print("\t".join("" if v is None else str(v) for v in row))
+    finally:
+        client.close()
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from infra.demo import run_demo
 
@@ -231,6 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     db = commands.add_parser("db", help="the ClickHouse store")
     db_commands = db.add_subparsers(dest="db_command", required=True)
     db_commands.add_parser("migrate", help="apply pending migrations").set_defaults(run=_db_migrate)
+
+    sql = commands.add_parser("sql", help="run a ClickHouse SQL query on the store (tab-separated output)")
+    sql.add_argument("query")
+    sql.set_defaults(run=_sql)
 
     demo = commands.add_parser(
         "demo", help="broker + ClickHouse + worker + emulated fleet + load, end to end"

@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -146,9 +147,18 @@ def _start_worker(bootstrap: str, settings: Settings, policy: str) -> subprocess
         "TOKENFLEET_POLICY": policy,
         "TOKENFLEET_DATA_DIR": str(settings.data_dir),
         "TOKENFLEET_CLICKHOUSE_DSN": settings.clickhouse_url,
+        # The configured metrics port if it is free, else any free one (see worker.log).
+        "TOKENFLEET_WORKER_WEB_PORT": str(
+            settings.worker_web_port if _port_free(settings.worker_web_port) else 0
+        ),
     }
     log = (settings.data_dir / "worker.log").open("ab")
     return subprocess.Popen([sys.executable, "-m", "infra.cli", "worker"], env=env, stdout=log, stderr=log)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:

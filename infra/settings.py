@@ -49,10 +49,12 @@ class Settings(BaseSettings):
     broker_rebalance_timeout_s: float = 6.0
     broker_session_timeout_s: float = 6.0
     broker_heartbeat_interval_s: float = 1.0
+    # Faust would wait up to 1.5 s per fetch on brokers that hold fetches (Tansu does).
+    consumer_fetch_max_wait_ms: int = Field(default=10, ge=1)
     feedback_batch_size: int = Field(default=500, ge=1)
     feedback_flush_s: float = Field(default=1.0, gt=0)
     route_batch_size: int = Field(default=512, ge=1)
-    route_batch_window_s: float = Field(default=0.02, ge=0)
+    route_batch_window_s: float = Field(default=0.005, ge=0)
     slo_classes: dict[str, SloClassSetting] = Field(default_factory=_default_slo_classes)
 
     @cached_property

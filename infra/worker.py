@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from agents.ports import NoTelemetry
 from agents.routing import Router
 from agents.streaming import register_agents
 from infra import metrics
-from infra.broker import embedded_broker, ensure_topics
+from infra.broker import embedded_broker, ensure_topics, free_port
 from infra.feedback_store import ClickHouseFeedback, PrometheusTelemetry
 from infra.settings import Settings
 from streams.app import create_app
@@ -40,13 +41,15 @@ def kafka_bootstrap(settings: Settings) -> Iterator[str]:
 
 def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) -> tuple[faust.App, Any]:
     """The Faust app with every agent registered; returns (app, feedback store or None)."""
-    app, channels = create_app(settings, bootstrap)
+    web_port = settings.worker_web_port or free_port()
+    app, channels = create_app(settings, bootstrap, web_port=web_port)
     store = ClickHouseFeedback(settings.clickhouse_url, settings.slo()) if feedback else None
     telemetry = PrometheusTelemetry() if feedback else NoTelemetry()
     register_agents(
         app,
+        bootstrap,
         channels,
-        Router(settings.policy),
+        Router(settings.policy, worker=f"{socket.gethostname()}:{os.getpid()}"),
         store,
         telemetry,
         batch_size=settings.route_batch_size,
@@ -72,7 +75,7 @@ def run_worker(settings: Settings, loglevel: str = "warn") -> None:
             bootstrap,
             settings.clickhouse_url if feedback else "off",
             settings.policy,
-            settings.worker_web_port,
+            app.conf.web_port,
             os.getpid(),
         )
         worker = ReadyMarkingWorker(app, loglevel=loglevel, quiet=True)

@@ -1,0 +1,636 @@
+"""Streaming benchmark: requests routed per second by one worker, end to end through the broker.
+
+``python -m infra.bench_stream [--requests N] [--policy NAME] [--feedback] [--repeat K]``
+
+Starts the embedded broker, a ``tokenfleet worker`` subprocess (feedback sink off unless
+``--feedback``), heartbeats for 8 ``llama3-8b`` instances, and a counting consumer of its own
+that has joined and fixed its offsets before anything is published. Then, per run:
+
+(a) throughput: N pre-encoded requests (about 8k input tokens, 15-20 prompt blocks sharing
+    prefixes) published as fast as aiokafka batches them; routed/s = N / (last decision
+    consumed - first request published);
+(b) latency at ``--rate-share`` (default half) of (a)'s rate for ``--seconds``: end-to-end
+    latency = decision consumed - request ``ts`` (one clock; includes this consumer's own fetch
+    wait), the same up to the decision record's timestamp (when the worker sent it), and the
+    worker's own in-policy ``decision_latency_s``; p50 / p99 of each.
+
+A run's decisions are recognised by a request-id prefix unique to the run, so earlier runs and
+the warm-up never count. Every wait is bounded; the script always ends and stops what it began.
+Figures go to stdout, progress to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from infra.broker import embedded_broker, ensure_topics, free_port
+from infra.fleet_process import start_client
+from infra.settings import Settings
+from infra.worker import ready_marker
+from schemas.events import Heartbeat, InferenceRequest
+from schemas.topics import DECISIONS, HEARTBEATS, REQUESTS, key_of
+from streams.codec import decode, encode
+
+MODEL = "llama3-8b"
+INSTANCES = 8
+BLOCK_TOKENS = 512
+SHARED_PREFIXES = 64  # system prompts / documents several requests start with
+_TS_PLACEHOLDER = b'"ts":0.0,'
+_IN_FLIGHT = 5000  # deliveries awaited at once while publishing as fast as possible
+
+REFERENCE = (
+    ("bare aiokafka relay (consume, decode, encode, produce)", "~46 000 msg/s"),
+    ("minimal Faust relay", "~4 900 msg/s"),
+    ("target, one worker", ">= 10 000 routed/s, p99 decision latency <= 20 ms at half rate"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A decision of the current run as the counting consumer saw it."""
+
+    consumed_s: float  # time.time() when the consumer got it
+    produced_s: float  # the record's timestamp: when the worker sent it (ms resolution)
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RunFigures:
+    publish_per_s: float
+    routed_per_s: float
+    routed: int
+    duplicates: int
+    mean_batch: float
+    rate_target_per_s: float
+    rate_achieved_per_s: float
+    latency_sent: int
+    latency_routed: int
+    worker_cpu_share: float  # worker CPU seconds / wall seconds during (a); nan if unknown
+    worker_cpu_us_per_request: float
+    e2e_p50_ms: float
+    e2e_p99_ms: float
+    e2e_max_ms: float
+    produced_p50_ms: float  # request ts -> the decision's record timestamp (no consumer wait)
+    produced_p99_ms: float
+    policy_p50_us: float
+    policy_p99_us: float
+
+
+# ---------------------------------------------------------------- request payloads
+
+
+class RequestFactory:
+    """Wire bytes of benchmark requests: pre-encoded once; ``ts`` is stamped at send time."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = random.Random(seed)
+        self.prefixes = [
+            [self.rng.getrandbits(62) for _ in range(self.rng.randint(2, 8))] for _ in range(SHARED_PREFIXES)
+        ]
+
+    def request(self, request_id: str) -> InferenceRequest:
+        input_tokens = self.rng.randint(8000, 10_500)
+        blocks = input_tokens // BLOCK_TOKENS
+        prefix = self.prefixes[self.rng.randrange(SHARED_PREFIXES)][:blocks]
+        hashes = prefix + [self.rng.getrandbits(62) for _ in range(blocks - len(prefix))]
+        return InferenceRequest(
+            ts=0.0,
+            request_id=request_id,
+            tenant=f"tenant-{self.rng.randrange(16)}",
+            model=MODEL,
+            prompt_block_hashes=tuple(hashes),
+            input_tokens=input_tokens,
+            output_budget=self.rng.choice((128, 256, 512, 1024)),
+        )
+
+    def encoded(self, run: str, count: int) -> list[tuple[bytes, bytes]]:
+        """``count`` requests of ``run`` as (head, tail) around the ``ts`` value."""
+        out = []
+        for i in range(count):
+            raw = encode(self.request(f"{run}-{i}"))
+            head, sep, tail = raw.partition(_TS_PLACEHOLDER)
+            if not sep:
+                raise AssertionError(f"no {_TS_PLACEHOLDER!r} in an encoded request: {raw[:200]!r}")
+            out.append((head + b'"ts":', b"," + tail))
+        decode(InferenceRequest, stamp(out[0], time.time()))  # the stamped bytes are a valid request
+        return out
+
+
+def stamp(parts: tuple[bytes, bytes], ts: float) -> bytes:
+    return parts[0] + repr(ts).encode() + parts[1]
+
+
+# ---------------------------------------------------------------- broker clients
+
+
+class DecisionCounter:
+    """Consumes ``tf.decisions`` from a group of its own; keeps the current run's decisions.
+
+    ``start`` returns once partitions are assigned and every position is fixed at the end of
+    the log, so everything published afterwards is seen.
+    """
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.marker = b""
+        self.received: list[Received] = []
+        self.consumer: Any = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self, timeout_s: float = 30.0) -> None:
+        self.consumer = await start_client(
+            lambda: AIOKafkaConsumer(
+                DECISIONS.name,
+                bootstrap_servers=self.bootstrap,
+                group_id=f"bench-stream-{os.getpid()}-{time.time_ns()}",
+                auto_offset_reset="latest",
+                enable_auto_commit=False,
+                session_timeout_ms=6000,
+                rebalance_timeout_ms=6000,
+                heartbeat_interval_ms=1000,
+                max_poll_records=5000,
+                # Tansu answers a fetch only when this wait is over, even if data arrived: it
+                # bounds what the consumer adds to the measured latency (5 ms starves it).
+                fetch_max_wait_ms=20,
+            ),
+            "decision counter",
+        )
+        deadline = time.monotonic() + timeout_s
+        while not self.consumer.assignment():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the counting consumer got no partition within {timeout_s:.0f} s")
+            await self.consumer.getmany(timeout_ms=200)
+        for partition in self.consumer.assignment():
+            await self.consumer.position(partition)  # resolves "latest" now, before any publishing
+        self._task = asyncio.create_task(self._consume())
+
+    def begin(self, run: str) -> None:
+        self.marker = f'"request_id":"{run}-'.encode()
+        self.received = []
+
+    async def _consume(self) -> None:
+        while True:
+            batch: dict[TopicPartition, Any] = await self.consumer.getmany(timeout_ms=100)
+            now = time.time()
+            marker, keep = self.marker, self.received.append
+            for records in batch.values():
+                for record in records:
+                    if marker and marker in record.value:
+                        keep(Received(now, record.timestamp / 1e3, record.value))
+
+    async def wait_for(self, count: int, stall_s: float, limit_s: float) -> None:
+        """Until ``count`` decisions arrived, none came for ``stall_s``, or ``limit_s`` passed."""
+        deadline = time.monotonic() + limit_s
+        seen, last_progress = -1, time.monotonic()
+        while len(self.received) < count:
+            now = time.monotonic()
+            if len(self.received) != seen:
+                seen, last_progress = len(self.received), now
+            if now - last_progress > stall_s or now > deadline:
+                return
+            if self._task is not None and self._task.done():
+                self._task.result()  # the consumer failed: raise its error
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.consumer is not None:
+            await self.consumer.stop()
+
+
+async def heartbeats(bootstrap: str, interval_s: float, stop: asyncio.Event) -> None:
+    """Idle, ready instances reporting every ``interval_s`` until ``stop``."""
+    producer = await start_client(lambda: AIOKafkaProducer(bootstrap_servers=bootstrap), "heartbeats")
+    try:
+        while not stop.is_set():
+            for i in range(INSTANCES):
+                beat = Heartbeat(
+                    instance_id=f"{MODEL}-{i}",
+                    dc=f"dc-{i % 2}",
+                    model=MODEL,
+                    model_version="v1",
+                    profile="llama3-8b-h100",
+                    waiting=0,
+                    running=0,
+                    tokens_in_flight=0,
+                    kv_blocks_used=0,
+                    kv_blocks_total=4096,
+                )
+                await producer.send(HEARTBEATS.name, encode(beat), key=key_of(HEARTBEATS, beat))
+            await producer.flush()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval_s)
+    finally:
+        await producer.stop()
+
+
+async def publish_all(producer: Any, payloads: Sequence[tuple[bytes, bytes]]) -> tuple[float, float]:
+    """Publish every request as fast as possible; (first send, last delivery) in time.time()."""
+    key = MODEL.encode()
+    pending: list[Awaitable[Any]] = []
+    first = time.time()
+    for parts in payloads:
+        pending.append(await producer.send(REQUESTS.name, stamp(parts, time.time()), key=key))
+        if len(pending) >= _IN_FLIGHT:
+            await asyncio.gather(*pending)
+            pending.clear()
+    await asyncio.gather(*pending)
+    return first, time.time()
+
+
+async def publish_at_rate(
+    producer: Any, payloads: Sequence[tuple[bytes, bytes]], rate_per_s: float, seconds: float
+) -> tuple[int, float]:
+    """Publish request i at start + i / rate (never early) until ``seconds``; (sent, elapsed)."""
+    key = MODEL.encode()
+    pending: list[Awaitable[Any]] = []
+    start = time.monotonic()
+    sent = 0
+    while sent < len(payloads):
+        elapsed = time.monotonic() - start
+        if elapsed >= seconds:
+            break
+        due = min(len(payloads), int(elapsed * rate_per_s) + 1)
+        while sent < due:
+            pending.append(await producer.send(REQUESTS.name, stamp(payloads[sent], time.time()), key=key))
+            sent += 1
+        if len(pending) >= _IN_FLIGHT:
+            await asyncio.gather(*pending)
+            pending.clear()
+        await asyncio.sleep(max(0.0, start + sent / rate_per_s - time.monotonic()))
+    await asyncio.gather(*pending)
+    return sent, time.monotonic() - start
+
+
+# ---------------------------------------------------------------- one run
+
+
+def percentile(values: Sequence[float], share: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
+
+
+def _parsed(received: Sequence[Received]) -> tuple[list[tuple[Received, dict[str, Any]]], int]:
+    """(how it arrived, decision) per distinct request, in arrival order; and the duplicates."""
+    seen: set[str] = set()
+    out = []
+    for item in received:
+        decision = json.loads(item.value)
+        if decision["request_id"] in seen:
+            continue
+        seen.add(decision["request_id"])
+        out.append((item, decision))
+    return out, len(received) - len(out)
+
+
+def _policy_calls(decisions: Sequence[dict[str, Any]]) -> int:
+    """Policy calls behind the decisions: one batch shares one ``decision_latency_s`` value."""
+    calls, previous = 0, None
+    for decision in decisions:
+        if decision["decision_latency_s"] != previous:
+            calls, previous = calls + 1, decision["decision_latency_s"]
+    return max(calls, 1)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux ``/proc``); nan elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def one_run(
+    run: str,
+    args: argparse.Namespace,
+    bootstrap: str,
+    counter: DecisionCounter,
+    factory: RequestFactory,
+    worker_pid: int,
+) -> RunFigures:
+    fast_payloads = factory.encoded(f"{run}a", args.requests)
+    producer = await start_client(
+        lambda: AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=512 * 1024, acks=1),
+        "bench producer",
+    )
+    try:
+        # (a) throughput
+        counter.begin(f"{run}a")
+        cpu_before = cpu_seconds(worker_pid)
+        first, delivered = await publish_all(producer, fast_payloads)
+        publish_per_s = args.requests / max(delivered - first, 1e-9)
+        _log(f"{run}: published {args.requests} in {delivered - first:.2f} s; waiting for decisions")
+        await counter.wait_for(args.requests, stall_s=args.stall, limit_s=args.requests / 500 + 60)
+        cpu_used = cpu_seconds(worker_pid) - cpu_before
+        decisions, duplicates = _parsed(counter.received)
+        if not decisions:
+            raise RuntimeError(f"{run}: no routing decision arrived (see the worker log)")
+        last = max(item.consumed_s for item, _ in decisions)
+        routed_per_s = len(decisions) / max(last - first, 1e-9)
+        mean_batch = len(decisions) / _policy_calls([d for _, d in decisions])
+        _log(f"{run}: {len(decisions)} routed, {routed_per_s:,.0f}/s")
+    finally:
+        await producer.stop()
+
+    # (b) latency at a share of the measured rate; no linger: every message leaves at once.
+    rate = max(1.0, args.rate_share * routed_per_s)
+    slow_payloads = factory.encoded(f"{run}b", int(rate * args.seconds) + 1)
+    producer = await start_client(
+        lambda: AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, acks=1), "bench producer"
+    )
+    try:
+        await asyncio.sleep(1.0)  # the backlog of (a) is gone
+        counter.begin(f"{run}b")
+        _log(f"{run}: latency at {rate:,.0f} requests/s for {args.seconds:.0f} s")
+        sent, elapsed = await publish_at_rate(producer, slow_payloads, rate, args.seconds)
+        await counter.wait_for(sent, stall_s=args.stall, limit_s=30)
+        timed, _ = _parsed(counter.received)
+    finally:
+        await producer.stop()
+    e2e = [item.consumed_s - d["request"]["ts"] for item, d in timed]
+    produced = [item.produced_s - d["request"]["ts"] for item, d in timed]
+    policy = [d["decision_latency_s"] for _, d in timed]
+    return RunFigures(
+        publish_per_s=publish_per_s,
+        routed_per_s=routed_per_s,
+        routed=len(decisions),
+        duplicates=duplicates,
+        mean_batch=mean_batch,
+        rate_target_per_s=rate,
+        rate_achieved_per_s=sent / max(elapsed, 1e-9),
+        latency_sent=sent,
+        latency_routed=len(timed),
+        worker_cpu_share=cpu_used / max(last - first, 1e-9),
+        worker_cpu_us_per_request=1e6 * cpu_used / len(decisions),
+        e2e_p50_ms=1e3 * percentile(e2e, 0.50),
+        e2e_p99_ms=1e3 * percentile(e2e, 0.99),
+        e2e_max_ms=1e3 * max(e2e, default=float("nan")),
+        produced_p50_ms=1e3 * percentile(produced, 0.50),
+        produced_p99_ms=1e3 * percentile(produced, 0.99),
+        policy_p50_us=1e6 * percentile(policy, 0.50),
+        policy_p99_us=1e6 * percentile(policy, 0.99),
+    )
+
+
+# ---------------------------------------------------------------- orchestration
+
+
+def _log(text: str) -> None:
+    print(f"[bench-stream] {text}", file=sys.stderr, flush=True)
+
+
+def start_worker(
+    bootstrap: str, settings: Settings, feedback: bool, extra_env: Sequence[str] = ()
+) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "TOKENFLEET_KAFKA_BOOTSTRAP": bootstrap,
+        "TOKENFLEET_POLICY": settings.policy,
+        "TOKENFLEET_DATA_DIR": str(settings.data_dir),
+        "TOKENFLEET_CLICKHOUSE_DSN": settings.clickhouse_url if feedback else "off",
+        "TOKENFLEET_WORKER_WEB_PORT": str(settings.worker_web_port),
+        "TOKENFLEET_APP_ID": settings.app_id,
+        "TOKENFLEET_TOPIC_PARTITIONS": str(settings.topic_partitions),
+        **dict(item.split("=", 1) for item in extra_env),
+    }
+    log = (settings.data_dir / "worker.log").open("ab")
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "infra.cli", "worker"], env=env, stdout=log, stderr=log
+        )
+    finally:
+        log.close()
+
+
+def stop_worker(process: subprocess.Popen[bytes]) -> int:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait(timeout=10)
+
+
+async def wait_ready(marker: Path, worker: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not marker.exists():
+        if worker.poll() is not None:
+            raise RuntimeError(f"the worker exited with code {worker.returncode} before it was ready")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the worker was not ready within {timeout_s:.0f} s")
+        await asyncio.sleep(0.1)
+
+
+async def orchestrate(
+    args: argparse.Namespace, bootstrap: str, settings: Settings, worker: subprocess.Popen[bytes]
+) -> list[RunFigures]:
+    counter = DecisionCounter(bootstrap)
+    stop_beats = asyncio.Event()
+    beats = asyncio.create_task(heartbeats(bootstrap, settings.heartbeat_interval_s, stop_beats))
+    factory = RequestFactory(seed=args.seed)
+    try:
+        await counter.start()
+        await wait_ready(ready_marker(settings), worker, timeout_s=90)
+        await asyncio.sleep(2.0)  # heartbeats reached the instance-state table
+        _log("worker ready; warm-up")
+        counter.begin("warmup")
+        producer = await start_client(lambda: AIOKafkaProducer(bootstrap_servers=bootstrap), "warm-up")
+        try:
+            await publish_all(producer, factory.encoded("warmup", args.warmup))
+        finally:
+            await producer.stop()
+        await counter.wait_for(args.warmup, stall_s=args.stall, limit_s=60)
+        if len(counter.received) < args.warmup:
+            raise RuntimeError(
+                f"warm-up: {len(counter.received)} of {args.warmup} requests routed (see the worker log)"
+            )
+        results = []
+        for i in range(args.repeat):
+            if worker.poll() is not None:
+                raise RuntimeError(f"the worker exited with code {worker.returncode}")
+            results.append(await one_run(f"run{i}", args, bootstrap, counter, factory, worker.pid))
+            print(format_run(i, results[-1]), flush=True)
+        return results
+    finally:
+        stop_beats.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(beats, timeout=10)
+        await counter.stop()
+
+
+def format_run(index: int, f: RunFigures) -> str:
+    return (
+        f"run {index}: publish {f.publish_per_s:,.0f} msg/s | routed {f.routed_per_s:,.0f} req/s "
+        f"({f.routed} routed, {f.duplicates} duplicates, {f.mean_batch:.0f} requests per policy call, "
+        f"worker CPU {f.worker_cpu_share:.0%}, {f.worker_cpu_us_per_request:.0f} us per request)\n"
+        f"       at {f.rate_target_per_s:,.0f} req/s (sent {f.rate_achieved_per_s:,.0f}/s, "
+        f"{f.latency_routed}/{f.latency_sent} routed): ts -> consumed p50 {f.e2e_p50_ms:.1f} ms, "
+        f"p99 {f.e2e_p99_ms:.1f} ms, max {f.e2e_max_ms:.1f} ms; ts -> decision sent "
+        f"p50 {f.produced_p50_ms:.1f} ms, p99 {f.produced_p99_ms:.1f} ms; "
+        f"in-policy p50 {f.policy_p50_us:.1f} us, p99 {f.policy_p99_us:.1f} us per request"
+    )
+
+
+def format_summary(args: argparse.Namespace, results: Sequence[RunFigures]) -> str:
+    def med(name: str) -> float:
+        return float(statistics.median(getattr(r, name) for r in results))
+
+    label = f"median of {len(results)} runs" if len(results) > 1 else "measured"
+    rows = [
+        (
+            "publish rate (aiokafka producer)",
+            f"{med('publish_per_s'):,.0f} msg/s",
+            "bare aiokafka relay ~46 000 msg/s",
+        ),
+        ("routed requests/s, one worker", f"{med('routed_per_s'):,.0f} req/s", "target >= 10 000 routed/s"),
+        ("", "", "minimal Faust relay ~4 900 msg/s"),
+        ("worker CPU while routing", f"{med('worker_cpu_us_per_request'):,.0f} us/req", ""),
+        (
+            "latency phase rate",
+            f"{med('rate_achieved_per_s'):,.0f} req/s",
+            f"{args.rate_share:.0%} of routed",
+        ),
+        ("latency p50, request ts -> decision consumed", f"{med('e2e_p50_ms'):.1f} ms", ""),
+        (
+            "latency p99, request ts -> decision consumed",
+            f"{med('e2e_p99_ms'):.1f} ms",
+            "target p99 <= 20 ms",
+        ),
+        ("latency p50, request ts -> decision sent", f"{med('produced_p50_ms'):.1f} ms", ""),
+        ("latency p99, request ts -> decision sent", f"{med('produced_p99_ms'):.1f} ms", ""),
+        ("in-policy decision latency p50 (per request)", f"{med('policy_p50_us'):.1f} us", ""),
+        ("in-policy decision latency p99 (per request)", f"{med('policy_p99_us'):.1f} us", ""),
+        ("requests per policy call (batch), mean", f"{med('mean_batch'):.0f}", ""),
+    ]
+    lines = [
+        "",
+        f"streaming benchmark: policy {args.policy}, {args.requests} requests per run, "
+        f"feedback {'on' if args.feedback else 'off'}, {os.cpu_count()} CPUs",
+        f"{'':46}{label:>18}   reference (issue 3)",
+        *(f"{name:46}{value:>18}   {ref}".rstrip() for name, value, ref in rows),
+    ]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    data_dir = Path(tempfile.mkdtemp(prefix="tokenfleet-bench-"))
+    settings = Settings(
+        data_dir=data_dir,
+        policy=args.policy,
+        app_id=f"bench-{os.getpid()}-{time.time_ns()}",
+        worker_web_port=free_port(),
+        clickhouse_dsn="" if args.feedback else "off",
+    )
+    try:
+        with embedded_broker(log_path=data_dir / "tansu.log") as bootstrap:
+            ensure_topics(bootstrap, settings.topic_partitions)
+            _log(f"broker {bootstrap}; worker {settings.app_id} (policy {args.policy}), data {data_dir}")
+            worker = start_worker(bootstrap, settings, args.feedback, args.worker_env)
+            profiler = None
+            try:
+                if args.profile:
+                    profiler = _start_profiler(worker.pid, args.profile)
+                results = asyncio.run(orchestrate(args, bootstrap, settings, worker))
+            except Exception as exc:
+                _log(f"failed: {exc}")
+                _log("worker log tail:\n" + _tail(data_dir / "worker.log"))
+                return 1
+            finally:
+                code = stop_worker(worker)
+                if profiler is not None:
+                    profiler.wait(timeout=30)
+                _log(f"worker stopped (exit code {code})")
+        print(format_summary(args, results))
+        return 0
+    finally:
+        if args.keep:
+            _log(f"kept {data_dir}")
+        else:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _start_profiler(pid: int, out: str) -> subprocess.Popen[bytes]:
+    """py-spy on the worker for its whole life (it stops when the worker exits)."""
+    binary = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    kind = "raw" if out.endswith((".txt", ".folded")) else "flamegraph"  # raw: collapsed stacks
+    return subprocess.Popen(
+        [
+            binary,
+            "record",
+            "--pid",
+            str(pid),
+            "--output",
+            out,
+            "--format",
+            kind,
+            "--rate",
+            "200",
+            "--nonblocking",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(no log: {exc})"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.bench_stream", description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=50_000, help="requests in the throughput phase")
+    parser.add_argument("--policy", default="round-robin", help="routing policy of the worker")
+    parser.add_argument("--feedback", action="store_true", help="ClickHouse feedback sink on (tmp dir)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs; figures are their median")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of the latency phase")
+    parser.add_argument("--rate-share", type=float, default=0.5, help="latency rate / measured rate")
+    parser.add_argument("--warmup", type=int, default=1000, help="requests routed before measuring")
+    parser.add_argument("--stall", type=float, default=15.0, help="give up after this long with no decision")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", metavar="SVG", help="py-spy the worker into SVG (.txt: raw stacks)")
+    parser.add_argument(
+        "--worker-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra worker setting, e.g. TOKENFLEET_ROUTE_BATCH_WINDOW_S=0.005 (repeatable)",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the data dir (worker and broker logs)")
+    args = parser.parse_args(argv)
+    if args.requests < 1 or args.repeat < 1 or args.seconds <= 0 or not 0 < args.rate_share <= 1:
+        parser.error("--requests and --repeat must be >= 1, --seconds > 0, 0 < --rate-share <= 1")
+    if any("=" not in item for item in args.worker_env):
+        parser.error("--worker-env takes KEY=VALUE")
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

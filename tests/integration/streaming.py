@@ -1,0 +1,157 @@
+"""Helpers for tests that run real worker processes against the session's embedded broker.
+
+Topics are shared by the whole session, so every test uses a model pool (the message key) and
+request ids of its own and filters what it reads by them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from schemas.events import Event, Heartbeat, InferenceRequest
+from schemas.topics import TopicSpec, key_of
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+class WorkerProcess:
+    """``tokenfleet worker`` as a subprocess with its own app id (consumer group) and data dir."""
+
+    def __init__(self, bootstrap: str, app_id: str, data_dir: Path, clickhouse: str = "off") -> None:
+        self.ready_file = data_dir / f"{app_id}.worker.ready"
+        self.log_path = data_dir / f"{app_id}-{time.time_ns()}.log"
+        env = {
+            **os.environ,
+            "TOKENFLEET_KAFKA_BOOTSTRAP": bootstrap,
+            "TOKENFLEET_APP_ID": app_id,
+            "TOKENFLEET_DATA_DIR": str(data_dir),
+            "TOKENFLEET_CLICKHOUSE_DSN": clickhouse,
+            "TOKENFLEET_WORKER_WEB_PORT": "0",
+            "TOKENFLEET_POLICY": "least-request",
+        }
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "infra.cli", "worker", "--loglevel", "info"],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.ready_file.exists():
+            if self.process.poll() is not None:
+                raise AssertionError(f"worker exited early:\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"worker not ready in {timeout_s} s:\n{self.log()}")
+            time.sleep(0.1)
+
+    def stop(self, kill: bool = False) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        if kill:
+            self.ready_file.unlink(missing_ok=True)
+
+    def log(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+
+def heartbeat(pool: str, instance: str, waiting: int = 0) -> Heartbeat:
+    return Heartbeat(
+        instance_id=instance,
+        dc="dc-1",
+        model=pool,
+        model_version="1",
+        profile="llama3-8b-h100",
+        waiting=waiting,
+        running=0,
+        tokens_in_flight=0,
+        kv_blocks_used=0,
+        kv_blocks_total=820,
+    )
+
+
+def request(pool: str, request_id: str) -> InferenceRequest:
+    return InferenceRequest(
+        request_id=request_id, model=pool, input_tokens=1000, output_budget=128, prompt_block_hashes=(1, 2)
+    )
+
+
+async def publish(bootstrap: str, spec: TopicSpec, events: Iterable[Event | tuple[bytes, bytes]]) -> None:
+    """Send events (or raw ``(key, value)`` pairs) in order and wait until the broker has them."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for event in events:
+            if isinstance(event, tuple):
+                key, value = event
+            else:
+                key, value = key_of(spec, event), event.model_dump_json().encode()
+            await producer.send_and_wait(spec.name, value, key=key)
+    finally:
+        await producer.stop()
+
+
+class Collector:
+    """Reads a topic from the beginning in the background, keeping messages with one of ``keys``."""
+
+    def __init__(self, bootstrap: str, spec: TopicSpec, *keys: bytes) -> None:
+        self.bootstrap, self.spec, self.keys = bootstrap, spec, set(keys)
+        self.values: list[bytes] = []
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Collector:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+
+    async def _run(self) -> None:
+        consumer = AIOKafkaConsumer(
+            self.spec.name,
+            bootstrap_servers=self.bootstrap,
+            group_id=None,  # no group: plain assignment of all partitions, from the start
+            auto_offset_reset="earliest",
+        )
+        await consumer.start()
+        try:
+            while not self._stop.is_set():
+                batch = await consumer.getmany(timeout_ms=100)
+                for messages in batch.values():
+                    self.values += [m.value for m in messages if m.key in self.keys]
+        finally:
+            await consumer.stop()
+
+    async def wait_for(self, count: int, timeout_s: float = 30.0) -> list[bytes]:
+        deadline = time.monotonic() + timeout_s
+        while len(self.values) < count and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        return list(self.values)

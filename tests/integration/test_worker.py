@@ -1,0 +1,201 @@
+"""The streaming worker against the real embedded broker (Tansu) and ClickHouse engine (chdb)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from pathlib import Path
+
+from infra.clickhouse.client import connect
+from schemas.events import AdmissionDecision, Completion, DeadLetter, RoutingDecision
+from schemas.topics import ADMISSION, COMPLETIONS, DECISIONS, DLQ, HEARTBEATS, REQUESTS
+from tests.integration.streaming import Collector, WorkerProcess, heartbeat, publish, request, unique
+
+
+def decisions(raw: list[bytes]) -> list[RoutingDecision]:
+    return [RoutingDecision.model_validate_json(v) for v in raw]
+
+
+def test_request_yields_exactly_one_routing_decision_and_heartbeats_fill_the_table(
+    broker: str, tmp_path: Path
+) -> None:
+    pool = unique("pool")
+    worker = WorkerProcess(broker, unique("app"), tmp_path)
+    try:
+        worker.wait_ready()
+
+        async def scenario() -> tuple[list[bytes], list[bytes]]:
+            async with (
+                Collector(broker, DECISIONS, pool.encode()) as routed,
+                Collector(broker, ADMISSION, pool.encode()) as admitted,
+            ):
+                # Before any heartbeat the pool has no instances: the request is held, not lost.
+                await publish(broker, REQUESTS, [request(pool, "early")])
+                await admitted.wait_for(1)
+                assert routed.values == []
+                # The heartbeat changes the instance-state table: the held request is routed.
+                await publish(broker, HEARTBEATS, [heartbeat(pool, "i-1")])
+                await asyncio.sleep(1.0)
+                await publish(broker, REQUESTS, [request(pool, "r-1")])
+                await routed.wait_for(2)
+                await asyncio.sleep(2.0)  # anything extra would show up now
+                return routed.values, admitted.values
+
+        routed_raw, admitted_raw = asyncio.run(scenario())
+    finally:
+        worker.stop()
+    routed = decisions(routed_raw)
+    assert sorted(d.request_id for d in routed) == ["early", "r-1"]
+    assert all(d.instance_id == "i-1" and d.dc == "dc-1" for d in routed)
+    actions = [(a.request_id, a.action) for a in map(AdmissionDecision.model_validate_json, admitted_raw)]
+    assert actions == [("early", "queue"), ("early", "admit"), ("r-1", "admit")]
+
+
+def test_bad_events_go_to_the_dlq_and_the_stream_goes_on(broker: str, tmp_path: Path) -> None:
+    pool = unique("pool")
+    key = pool.encode()
+    not_json = b"{not json " + key
+    invalid = b'{"request_id": "x", "model": "' + key + b'", "input_tokens": -1, "output_budget": 5}'
+    worker = WorkerProcess(broker, unique("app"), tmp_path)
+    try:
+        worker.wait_ready()
+
+        async def scenario() -> tuple[list[bytes], list[bytes]]:
+            async with (
+                Collector(broker, DECISIONS, key) as routed,
+                Collector(broker, DLQ, REQUESTS.name.encode()) as dead,
+            ):
+                await publish(broker, HEARTBEATS, [heartbeat(pool, "i-1")])
+                await asyncio.sleep(1.0)
+                events = [request(pool, "before"), (key, not_json), (key, invalid), request(pool, "after")]
+                await publish(broker, REQUESTS, events)
+                await routed.wait_for(2)
+                await dead.wait_for(2)
+                await asyncio.sleep(1.0)
+                return routed.values, dead.values
+
+        routed_raw, dead_raw = asyncio.run(scenario())
+    finally:
+        worker.stop()
+    assert sorted(d.request_id for d in decisions(routed_raw)) == ["after", "before"]
+    letters = [DeadLetter.model_validate_json(v) for v in dead_raw]
+    ours = {base64.b64decode(d.original_b64): d for d in letters if key in base64.b64decode(d.original_b64)}
+    assert set(ours) == {not_json, invalid}
+    assert ours[not_json].reason.startswith("invalid JSON")
+    assert "input_tokens" in ours[invalid].reason
+    assert all(d.source_topic == REQUESTS.name for d in ours.values())
+
+
+def test_redelivered_completions_reach_clickhouse_once(broker: str, tmp_path: Path) -> None:
+    pool = unique("pool")
+    store = f"chdb:///{tmp_path / 'clickhouse'}"
+    completion = Completion(
+        request_id=unique("req"),
+        instance_id="i-1",
+        model=pool,
+        status="ok",
+        arrival_ts=time.time() - 2,
+        ttft_s=0.3,
+        tpot_s=0.02,
+        e2e_s=2.0,
+        input_tokens=1000,
+        output_tokens=85,
+    )
+    worker = WorkerProcess(broker, unique("app"), tmp_path, clickhouse=store)
+    try:
+        worker.wait_ready()
+        asyncio.run(publish(broker, COMPLETIONS, [completion, completion]))  # redelivered
+        time.sleep(3.0)
+        asyncio.run(publish(broker, COMPLETIONS, [completion]))  # and again, later
+        time.sleep(3.0)
+    finally:
+        worker.stop()  # the embedded store admits one process at a time
+    client = connect(store)
+    try:
+        rows = client.query(
+            "SELECT count(), sum(output_tokens) FROM completions FINAL WHERE request_id = {r:String}",
+            parameters={"r": completion.request_id},
+        ).result_rows
+        # Other tests' completions share the topic and land here too: compare totals.
+        stored = client.query("SELECT count() FROM completions FINAL").result_rows
+        rollup = client.query("SELECT sum(completions) FROM goodput_per_minute").result_rows
+    finally:
+        client.close()
+    assert rows == [(1, 85)]
+    assert rollup == stored  # the roll-up never counted a redelivered completion
+
+
+def test_restarted_worker_recovers_its_tables_and_loses_no_request(broker: str, tmp_path: Path) -> None:
+    pool = unique("pool")
+    app_id = unique("app")
+    first = WorkerProcess(broker, app_id, tmp_path)
+    ids = [f"r{i}" for i in range(60)]
+
+    async def scenario() -> list[bytes]:
+        async with Collector(broker, DECISIONS, pool.encode()) as routed:
+            await asyncio.to_thread(first.wait_ready)
+            await publish(broker, HEARTBEATS, [heartbeat(pool, "i-1"), heartbeat(pool, "i-2")])
+            await asyncio.sleep(1.0)
+            await publish(broker, REQUESTS, [request(pool, r) for r in ids[:30]])
+            await routed.wait_for(10)
+            # Kill it mid-stream: no goodbye, offsets possibly uncommitted.
+            sender = asyncio.create_task(publish(broker, REQUESTS, [request(pool, r) for r in ids[30:]]))
+            first.stop(kill=True)
+            await sender
+            # The new worker gets no heartbeat: it can route only if it recovered the table.
+            second = WorkerProcess(broker, app_id, tmp_path)
+            try:
+                await asyncio.to_thread(second.wait_ready)
+                await routed.wait_for(len(ids), timeout_s=40)
+                await asyncio.sleep(1.0)
+            finally:
+                second.stop()
+            return routed.values
+
+    routed = decisions(asyncio.run(scenario()))
+    assert {d.request_id for d in routed} == set(ids)  # at least once: nothing lost
+    assert {d.instance_id for d in routed} == {"i-1", "i-2"}
+    assert len({d.worker for d in routed}) == 2  # both incarnations routed some
+
+
+def test_two_workers_share_partitions_and_rebalance(broker: str, tmp_path: Path) -> None:
+    app_id = unique("app")
+    pools = [unique("pool") for _ in range(12)]  # spread over the 4 partitions
+    one, two = WorkerProcess(broker, app_id, tmp_path / "a"), WorkerProcess(broker, app_id, tmp_path / "b")
+
+    async def routed_by(round_id: str) -> dict[str, set[str]]:
+        """Which worker routed each pool's request in this round."""
+        wanted = {f"{round_id}-{p}" for p in pools}
+        async with Collector(broker, DECISIONS, *(p.encode() for p in pools)) as routed:
+            await publish(broker, REQUESTS, [request(p, f"{round_id}-{p}") for p in pools])
+            deadline = time.monotonic() + 40
+            while time.monotonic() < deadline:
+                seen = [d for d in decisions(routed.values) if d.request_id in wanted]
+                if {d.request_id for d in seen} == wanted:
+                    break
+                await asyncio.sleep(0.2)
+        by_worker: dict[str, set[str]] = {}
+        for d in seen:
+            by_worker.setdefault(d.worker, set()).add(d.model)
+        return by_worker
+
+    async def scenario() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+        await asyncio.to_thread(one.wait_ready)
+        await asyncio.to_thread(two.wait_ready)
+        await publish(broker, HEARTBEATS, [heartbeat(p, "i-1") for p in pools])
+        await asyncio.sleep(8.0)  # both members settled in the group
+        shared = await routed_by("both")
+        two.stop()  # leaves: its partitions move to the other worker
+        await asyncio.sleep(8.0)
+        alone = await routed_by("alone")
+        return shared, alone
+
+    try:
+        shared, alone = asyncio.run(scenario())
+    finally:
+        one.stop()
+        two.stop()
+    assert len(shared) == 2, shared  # the partitions were split between the two workers
+    assert set().union(*shared.values()) == set(pools)
+    assert len(alone) == 1 and next(iter(alone.values())) == set(pools), one.log()
