@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MOONCAKE := sim/traces/mooncake/conversation_trace.jsonl
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo simulate test lint bench bench-stream clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,11 +15,18 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# The control plane end to end on the embedded defaults: Tansu broker, ClickHouse engine (chdb),
+# a Faust worker, an emulated fleet and the Mooncake trace, for about a minute.
 demo: install
+	mkdir -p out
+	$(VENV)/bin/tokenfleet demo --duration 60 --json out/demo.json
+
+# The routing policies side by side in the fleet simulator (~20 s).
+simulate: install
 	mkdir -p out
 	$(VENV)/bin/tokenfleet simulate --workload $(MOONCAKE) --fleet 8xllama3-8b-h100 \
 	  --policy round-robin --policy least-tokens --policy sglang-cache-aware \
-	  --policy dynamo-kv --policy llm-d-default --policy ideal --json out/demo.json
+	  --policy dynamo-kv --policy llm-d-default --policy ideal --json out/simulate.json
 
 lint: install
 	$(PY) -m ruff check .
@@ -32,5 +39,8 @@ test: lint
 bench: install
 	$(PY) -m sim.bench
 
+bench-stream: install
+	$(PY) -m infra.bench_stream
+
 clean:
-	rm -rf $(VENV) out
+	rm -rf $(VENV) out .tokenfleet
