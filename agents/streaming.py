@@ -36,6 +36,7 @@ def register_agents(
     telemetry: Telemetry,
     batch_size: int = 512,
     batch_window_s: float = 0.005,
+    request_fetch_max_wait_ms: int = 10,
 ) -> None:
     """Attach the scheduler's agents to ``app``."""
 
@@ -111,7 +112,7 @@ def register_agents(
         follows_topic=topics.HEARTBEATS.name,
         group_id=f"{app.conf.id}-requests",
         handler=route,
-        fetch_max_wait_ms=app.conf.tokenfleet_fetch_max_wait_ms,
+        fetch_max_wait_ms=request_fetch_max_wait_ms,
     )
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]

@@ -49,8 +49,11 @@ class Settings(BaseSettings):
     broker_rebalance_timeout_s: float = 6.0
     broker_session_timeout_s: float = 6.0
     broker_heartbeat_interval_s: float = 1.0
-    # Faust would wait up to 1.5 s per fetch on brokers that hold fetches (Tansu does).
-    consumer_fetch_max_wait_ms: int = Field(default=10, ge=1)
+    # How long a fetch may wait at the broker. Faust would wait 1.5 s on brokers that hold
+    # fetches (Tansu does). Requests need it short (latency); the other topics (heartbeats, KV
+    # events, completions) can wait longer, which saves the CPU of polling.
+    request_fetch_max_wait_ms: int = Field(default=10, ge=1)
+    consumer_fetch_max_wait_ms: int = Field(default=100, ge=1)
     feedback_batch_size: int = Field(default=500, ge=1)
     feedback_flush_s: float = Field(default=1.0, gt=0)
     route_batch_size: int = Field(default=512, ge=1)

@@ -54,6 +54,7 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
         telemetry,
         batch_size=settings.route_batch_size,
         batch_window_s=settings.route_batch_window_s,
+        request_fetch_max_wait_ms=settings.request_fetch_max_wait_ms,
     )
 
     @app.page("/metrics")
