@@ -8,6 +8,7 @@ from __future__ import annotations
 from agents.policy.base import RoutingPolicy
 from agents.policy.baselines import LeastRequest, LeastTokens, RandomChoice, RoundRobin
 from agents.policy.peers import DynamoKv, LlmdDefault, SglangCacheAware
+from agents.policy.tokenpilot import TokenPilot
 from agents.policy.types import Policy
 
 POLICIES: dict[str, type[RoutingPolicy]] = {
@@ -20,6 +21,7 @@ POLICIES: dict[str, type[RoutingPolicy]] = {
         SglangCacheAware,
         DynamoKv,
         LlmdDefault,
+        TokenPilot,
     )
 }
 
