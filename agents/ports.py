@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from agents.routing import Routed
 from schemas.events import AdmissionDecision, Completion, InferenceRequest, RoutingDecision
 
 
@@ -25,7 +26,7 @@ class FeedbackStore(Protocol):
 
 
 class Telemetry(Protocol):
-    def decided(self, policy: str, outcome: str, latency_s: float) -> None: ...
+    def decided_batch(self, policy: str, outcomes: Sequence[Routed]) -> None: ...
 
     def dead_lettered(self, topic: str) -> None: ...
 
@@ -33,7 +34,7 @@ class Telemetry(Protocol):
 
 
 class NoTelemetry:
-    def decided(self, policy: str, outcome: str, latency_s: float) -> None:
+    def decided_batch(self, policy: str, outcomes: Sequence[Routed]) -> None:
         pass
 
     def dead_lettered(self, topic: str) -> None:

@@ -81,10 +81,11 @@ class Router:
                 )
                 out.append(Routed(request, admission, None))
                 continue
-            admission = AdmissionDecision(
+            # Built from already-validated parts: skip re-validation (it is most of their cost).
+            admission = AdmissionDecision.model_construct(
                 **common, action="admit", reason="pass-through", policy=self.policy_name
             )
-            routing = RoutingDecision(
+            routing = RoutingDecision.model_construct(
                 **common,
                 dc=str(view.dc[decision.instance]),
                 instance_id=view.instance_ids[decision.instance],

@@ -97,9 +97,7 @@ def register_agents(
             (channels.admission, topics.ADMISSION, admissions),
             (channels.decisions, topics.DECISIONS, routings),
         )
-        for routed in outcomes:
-            latency = routed.routing.decision_latency_s if routed.routing else 0.0
-            telemetry.decided(router.policy_name, routed.admission.action, latency)
+        telemetry.decided_batch(router.policy_name, outcomes)
         if store is not None:
             await store.requests(requests)
             await store.admissions(admissions)
