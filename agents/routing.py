@@ -81,11 +81,10 @@ class Router:
                 )
                 out.append(Routed(request, admission, None))
                 continue
-            # Built from already-validated parts: skip re-validation (it is most of their cost).
-            admission = AdmissionDecision.model_construct(
+            admission = AdmissionDecision(
                 **common, action="admit", reason="pass-through", policy=self.policy_name
             )
-            routing = RoutingDecision.model_construct(
+            routing = RoutingDecision(
                 **common,
                 dc=str(view.dc[decision.instance]),
                 instance_id=view.instance_ids[decision.instance],

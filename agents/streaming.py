@@ -93,10 +93,12 @@ def register_agents(
             telemetry.queue_depth(pool, router.held())
         admissions = [o.admission for o in outcomes]
         routings = [o.routing for o in outcomes if o.routing is not None]
-        delivered = await send(
-            (channels.admission, topics.ADMISSION, admissions),
-            (channels.decisions, topics.DECISIONS, routings),
-        )
+        pending = [
+            await lane.send(spec.name, topics.key_of(spec, e), encode(e))
+            for spec, events in ((topics.ADMISSION, admissions), (topics.DECISIONS, routings))
+            for e in events
+        ]
+        delivered = asyncio.gather(*pending)
         telemetry.decided_batch(router.policy_name, outcomes)
         if store is not None:
             await store.requests(requests)

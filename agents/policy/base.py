@@ -102,6 +102,9 @@ class InFlight:
         self.blocks: dict[str, int] = {}
         self._open: dict[tuple[str, int], tuple[str, int]] = {}
         self._recent: deque[tuple[float, str, int]] = deque()
+        # since_heartbeat's answer for the latest view, kept current by add(): a burst of n
+        # requests on one snapshot then costs O(n), not O(n^2).
+        self._since: tuple[ClusterView, IntArray, IntArray] | None = None
 
     def add(self, request: RequestView, instance_id: str, now_s: float) -> None:
         blocks = blocks_for(request.input_tokens)
@@ -109,6 +112,12 @@ class InFlight:
         self.requests[instance_id] = self.requests.get(instance_id, 0) + 1
         self.blocks[instance_id] = self.blocks.get(instance_id, 0) + blocks
         self._recent.append((now_s, instance_id, request.input_tokens))
+        if self._since is not None:
+            view, requests, tokens = self._since
+            row = view.index_of.get(instance_id)
+            if row is not None and now_s > view.last_heartbeat_s[row]:
+                requests[row] += 1
+                tokens[row] += request.input_tokens
 
     def complete(self, completion: Completion) -> None:
         sent = self._open.pop((completion.request_id, completion.attempt), None)
@@ -129,6 +138,8 @@ class InFlight:
 
     def since_heartbeat(self, view: ClusterView) -> tuple[IntArray, IntArray]:
         """(requests, input tokens) sent to each row after that row's last heartbeat."""
+        if self._since is not None and self._since[0] is view:
+            return self._since[1].copy(), self._since[2].copy()
         recent = self._recent
         oldest = float(view.last_heartbeat_s.min()) if len(view) else 0.0
         while recent and recent[0][0] < oldest:
@@ -140,7 +151,8 @@ class InFlight:
             if row is not None and sent_s > view.last_heartbeat_s[row]:
                 requests[row] += 1
                 tokens[row] += input_tokens
-        return requests, tokens
+        self._since = (view, requests, tokens)
+        return requests.copy(), tokens.copy()
 
 
 def pick_min(scores: FloatArray, mask: BoolArray, rng: np.random.Generator) -> int:

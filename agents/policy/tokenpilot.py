@@ -29,6 +29,7 @@ instance's queue and in-flight counts, and near-ties are broken at random.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,7 +70,8 @@ class TokenPilot(RoutingPolicy):
         self.tie_tolerance = tie_tolerance
         self.index = PrefixIndex()
         self.models: dict[str, OnlineLinearModel] = {}
-        self._queue: dict[str, list[tuple[float, float, float]]] = {}
+        self._due: list[tuple[float, str, float, float]] = []  # (first token due, instance, tokens, pairs)
+        self._queued_totals: dict[str, list[float]] = {}
         self._sent: dict[tuple[str, int], _Sent] = {}
         self._sized_for: ClusterView | None = None
         self._chosen: tuple[float, FloatArray, float] = (0.0, np.zeros(len(FEATURES)), 0.0)
@@ -112,15 +114,20 @@ class TokenPilot(RoutingPolicy):
 
     def _queued(self, view: ClusterView, now_s: float) -> tuple[FloatArray, FloatArray]:
         """Uncached prompt tokens (and their attention pairs) of own requests per row whose first
-        token is not due yet; forgets the ones that are."""
-        tokens, pairs = np.zeros(len(view)), np.zeros(len(view))
-        for instance_id, entries in self._queue.items():
-            entries[:] = [e for e in entries if e[0] > now_s]
+        token is not due yet. Totals are kept per instance; due entries leave a heap, so the
+        cost per call is O(instances + entries that came due)."""
+        due = self._due
+        while due and due[0][0] <= now_s:
+            _, instance_id, tokens, pairs = heapq.heappop(due)
+            total = self._queued_totals[instance_id]
+            total[0] -= tokens
+            total[1] -= pairs
+        queued = np.zeros((len(view), 2))
+        for instance_id, total in self._queued_totals.items():
             row = view.index_of.get(instance_id)
-            if row is not None and entries:
-                tokens[row] = sum(e[1] for e in entries)
-                pairs[row] = sum(e[2] for e in entries)
-        return tokens, pairs
+            if row is not None:
+                queued[row] = total
+        return np.maximum(queued[:, 0], 0.0), np.maximum(queued[:, 1], 0.0)
 
     def _pick_near_min(self, predicted: FloatArray, mask: BoolArray) -> int:
         """Lowest prediction; rows within ``tie_tolerance`` of it are equally good (random pick)."""
@@ -135,7 +142,11 @@ class TokenPilot(RoutingPolicy):
         matched = self.index.match_array(request.block_hashes, view.index_of, len(view))[row]
         cached = min(int(matched) * BLOCK_TOKENS, request.input_tokens - 1)
         new = request.input_tokens - cached
-        self._queue.setdefault(instance_id, []).append((now_s + predicted, new, new * (cached + new / 2)))
+        pairs = new * (cached + new / 2)
+        heapq.heappush(self._due, (now_s + predicted, instance_id, float(new), pairs))
+        total = self._queued_totals.setdefault(instance_id, [0.0, 0.0])
+        total[0] += new
+        total[1] += pairs
         key = (request.request_id, request.attempt)
         self._sent[key] = _Sent(instance_id, str(view.profile[row]), features, predicted)
         # Credit: the instance will hold these blocks once it prefills them (KV events confirm).
