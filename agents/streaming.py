@@ -93,12 +93,14 @@ def register_agents(
             telemetry.queue_depth(pool, router.held())
         admissions = [o.admission for o in outcomes]
         routings = [o.routing for o in outcomes if o.routing is not None]
-        pending = [
-            await lane.send(spec.name, topics.key_of(spec, e), encode(e))
-            for spec, events in ((topics.ADMISSION, admissions), (topics.DECISIONS, routings))
-            for e in events
-        ]
-        delivered = asyncio.gather(*pending)
+        delivered = asyncio.gather(
+            await lane.send_many(
+                topics.ADMISSION.name, [(topics.key_of(topics.ADMISSION, e), encode(e)) for e in admissions]
+            ),
+            await lane.send_many(
+                topics.DECISIONS.name, [(topics.key_of(topics.DECISIONS, e), encode(e)) for e in routings]
+            ),
+        )
         telemetry.decided_batch(router.policy_name, outcomes)
         if store is not None:
             await store.requests(requests)

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.partitioner import DefaultPartitioner
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,8 @@ class RequestLane:
         }
         self._consumer: Any = None
         self._producer: Any = None
+        self._partitioner = DefaultPartitioner()
+        self._partition_cache: dict[tuple[bytes, int], int] = {}
         self._lock: asyncio.Lock | None = None  # held while a batch is in flight; rebalances wait
         self._task: asyncio.Task[None] | None = None
         self._wanted: set[int] = set()  # what Faust assigned us (set from its rebalance signals)
@@ -64,16 +67,39 @@ class RequestLane:
         await self._consumer.start()
         # Our own producer for the lane's output: Faust's per-message send path costs ~3x more.
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=self._consumer_options["bootstrap_servers"], linger_ms=2
+            bootstrap_servers=self._consumer_options["bootstrap_servers"], linger_ms=2, max_batch_size=1 << 20
         )
         await self._producer.start()
         self._task = asyncio.create_task(self._run())
         self._task.add_done_callback(_report_crash)
 
-    async def send(self, topic: str, key: bytes, value: bytes) -> Awaitable[object]:
-        """Queue one message; the returned awaitable completes when the broker has it."""
-        future: Awaitable[object] = await self._producer.send(topic, value, key=key)
-        return future
+    async def send_many(self, topic: str, messages: Sequence[tuple[bytes, bytes]]) -> Awaitable[object]:
+        """Queue ``(key, value)`` messages, one record batch per partition (keys hashed as every
+        Kafka client does); the returned awaitable completes when the broker has them all.
+
+        Per-message ``send`` costs ~25 µs of Python each; filling batches directly is far cheaper.
+        """
+        partitions = sorted(await self._producer.partitions_for(topic))
+        by_partition: dict[int, list[tuple[bytes, bytes]]] = {}
+        for key, value in messages:
+            by_partition.setdefault(self._partition_of(key, partitions), []).append((key, value))
+        delivered = []
+        for partition, items in by_partition.items():
+            batch = self._producer.create_batch()
+            for key, value in items:
+                if batch.append(timestamp=None, key=key, value=value) is None:  # full: ship it
+                    delivered.append(await self._producer.send_batch(batch, topic, partition=partition))
+                    batch = self._producer.create_batch()
+                    batch.append(timestamp=None, key=key, value=value)
+            delivered.append(await self._producer.send_batch(batch, topic, partition=partition))
+        return asyncio.gather(*delivered)
+
+    def _partition_of(self, key: bytes, partitions: list[int]) -> int:
+        cached = self._partition_cache.get((key, len(partitions)))
+        if cached is None:
+            cached = self._partitioner(key, partitions, partitions)
+            self._partition_cache[(key, len(partitions))] = cached
+        return int(cached)
 
     async def stop(self) -> None:
         if self._task is not None:
