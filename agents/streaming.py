@@ -37,6 +37,7 @@ def register_agents(
     batch_size: int = 512,
     batch_window_s: float = 0.005,
     request_fetch_max_wait_ms: int = 10,
+    request_batch_max: int = 256,
 ) -> None:
     """Attach the scheduler's agents to ``app``."""
 
@@ -115,6 +116,7 @@ def register_agents(
         group_id=f"{app.conf.id}-requests",
         handler=route,
         fetch_max_wait_ms=request_fetch_max_wait_ms,
+        max_batch=request_batch_max,
     )
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]

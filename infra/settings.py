@@ -57,6 +57,7 @@ class Settings(BaseSettings):
     feedback_batch_size: int = Field(default=500, ge=1)
     feedback_flush_s: float = Field(default=1.0, gt=0)
     route_batch_size: int = Field(default=512, ge=1)
+    request_batch_max: int = Field(default=256, ge=1, description="requests routed per lane batch, at most")
     route_batch_window_s: float = Field(default=0.005, ge=0)
     slo_classes: dict[str, SloClassSetting] = Field(default_factory=_default_slo_classes)
 

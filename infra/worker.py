@@ -55,6 +55,7 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
         batch_size=settings.route_batch_size,
         batch_window_s=settings.route_batch_window_s,
         request_fetch_max_wait_ms=settings.request_fetch_max_wait_ms,
+        request_batch_max=settings.request_batch_max,
     )
 
     @app.page("/metrics")

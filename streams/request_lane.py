@@ -37,7 +37,7 @@ class RequestLane:
         follows_topic: str,
         group_id: str,
         handler: Handler,
-        max_batch: int = 4096,
+        max_batch: int = 256,
         fetch_max_wait_ms: int = 10,
     ) -> None:
         self.topic, self.follows_topic = topic, follows_topic
