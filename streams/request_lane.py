@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -38,11 +39,13 @@ class RequestLane:
         group_id: str,
         handler: Handler,
         max_batch: int = 256,
+        max_in_flight: int = 8,
         fetch_max_wait_ms: int = 10,
     ) -> None:
         self.topic, self.follows_topic = topic, follows_topic
         self.handler = handler
         self.max_batch = max_batch
+        self.max_in_flight = max_in_flight
         self._consumer_options = {
             "bootstrap_servers": bootstrap,
             "group_id": group_id,  # for committed offsets only: partitions are assigned by hand
@@ -130,15 +133,15 @@ class RequestLane:
         log.info("request lane reads %s partitions %s", self.topic, sorted(partitions))
 
     async def _run(self) -> None:
-        """Fetch, handle, and commit a batch once its output is delivered. Delivery of batch N
-        overlaps the fetching and routing of batch N+1 (at most one batch awaits delivery)."""
+        """Fetch, handle, and commit batches once their output is delivered. Up to
+        ``max_in_flight`` batches await delivery at once (the broker's round trip does not cap
+        throughput); offsets are committed in order, each after its batch was delivered."""
         assert self._lock is not None
-        in_flight: tuple[Awaitable[object], dict[Any, int]] | None = None
+        in_flight: deque[tuple[Awaitable[object], dict[Any, int]]] = deque()
         while True:
             async with self._lock:
                 if self._wanted != self._assigned:
-                    await self._settle(in_flight)
-                    in_flight = None
+                    await self._settle(in_flight, keep=0)
                     self._assign(self._wanted)
                 batches: dict[Any, list[Any]] = {}
                 if self._assigned:
@@ -148,23 +151,21 @@ class RequestLane:
                     try:
                         delivered = await self.handler(messages)
                     except Exception:
-                        await self._settle(in_flight)
-                        in_flight = None
+                        await self._settle(in_flight, keep=0)
                         await self._rewind(batches, len(messages))
                         continue
-                    await self._settle(in_flight)
                     ends = {tp: records[-1].offset + 1 for tp, records in batches.items() if records}
-                    in_flight = (delivered, ends)
-                elif in_flight is not None:
-                    await self._settle(in_flight)
-                    in_flight = None
+                    in_flight.append((asyncio.ensure_future(delivered), ends))
+                    await self._settle(in_flight, keep=self.max_in_flight - 1)
+                else:
+                    await self._settle(in_flight, keep=0)
             if not messages:
                 await asyncio.sleep(0.005 if self._assigned else 0.05)
 
-    async def _settle(self, in_flight: tuple[Awaitable[object], dict[Any, int]] | None) -> None:
-        """Wait for a batch's output to be delivered, then commit its offsets."""
-        if in_flight is not None:
-            delivered, ends = in_flight
+    async def _settle(self, in_flight: deque[tuple[Awaitable[object], dict[Any, int]]], keep: int) -> None:
+        """Commit delivered batches in order; wait for the oldest until at most ``keep`` remain."""
+        while in_flight and (len(in_flight) > keep or _done(in_flight[0][0])):
+            delivered, ends = in_flight.popleft()
             await delivered
             await self._consumer.commit(ends)
 
@@ -180,3 +181,7 @@ class RequestLane:
 def _report_crash(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("request lane stopped: %r", task.exception(), exc_info=task.exception())
+
+
+def _done(awaitable: Awaitable[object]) -> bool:
+    return isinstance(awaitable, asyncio.Future) and awaitable.done()

@@ -93,31 +93,29 @@ class InFlight:
     """Requests this router sent and has not yet seen complete, per instance.
 
     A router that proxies every request knows these counts exactly; heartbeats do not. It also
-    remembers when each was sent, so ``since_heartbeat`` can add to a stale snapshot exactly the
-    work the snapshot cannot contain yet.
+    remembers, per instance, what it sent after that instance's last heartbeat, so
+    ``since_heartbeat`` can add to a stale snapshot exactly the work the snapshot cannot contain
+    yet. Each send is forgotten once a heartbeat from its instance postdates it (or after
+    ``max_age_s``, for an instance that stopped reporting): cost is amortised O(1) per send.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_age_s: float = 30.0) -> None:
         self.requests: dict[str, int] = {}
         self.blocks: dict[str, int] = {}
+        self.max_age_s = max_age_s
         self._open: dict[tuple[str, int], tuple[str, int]] = {}
-        self._recent: deque[tuple[float, str, int]] = deque()
-        # since_heartbeat's answer for the latest view, kept current by add(): a burst of n
-        # requests on one snapshot then costs O(n), not O(n^2).
-        self._since: tuple[ClusterView, IntArray, IntArray] | None = None
+        self._recent: dict[str, deque[tuple[float, int]]] = {}  # instance -> (sent at, input tokens)
+        self._recent_totals: dict[str, list[int]] = {}  # instance -> [requests, tokens] in _recent
 
     def add(self, request: RequestView, instance_id: str, now_s: float) -> None:
         blocks = blocks_for(request.input_tokens)
         self._open[(request.request_id, request.attempt)] = (instance_id, blocks)
         self.requests[instance_id] = self.requests.get(instance_id, 0) + 1
         self.blocks[instance_id] = self.blocks.get(instance_id, 0) + blocks
-        self._recent.append((now_s, instance_id, request.input_tokens))
-        if self._since is not None:
-            view, requests, tokens = self._since
-            row = view.index_of.get(instance_id)
-            if row is not None and now_s > view.last_heartbeat_s[row]:
-                requests[row] += 1
-                tokens[row] += request.input_tokens
+        self._recent.setdefault(instance_id, deque()).append((now_s, request.input_tokens))
+        totals = self._recent_totals.setdefault(instance_id, [0, 0])
+        totals[0] += 1
+        totals[1] += request.input_tokens
 
     def complete(self, completion: Completion) -> None:
         sent = self._open.pop((completion.request_id, completion.attempt), None)
@@ -138,21 +136,21 @@ class InFlight:
 
     def since_heartbeat(self, view: ClusterView) -> tuple[IntArray, IntArray]:
         """(requests, input tokens) sent to each row after that row's last heartbeat."""
-        if self._since is not None and self._since[0] is view:
-            return self._since[1].copy(), self._since[2].copy()
-        recent = self._recent
-        oldest = float(view.last_heartbeat_s.min()) if len(view) else 0.0
-        while recent and recent[0][0] < oldest:
-            recent.popleft()
         requests = np.zeros(len(view), dtype=np.int64)
         tokens = np.zeros(len(view), dtype=np.int64)
-        for sent_s, instance_id, input_tokens in recent:
+        for instance_id, recent in self._recent.items():
             row = view.index_of.get(instance_id)
-            if row is not None and sent_s > view.last_heartbeat_s[row]:
-                requests[row] += 1
-                tokens[row] += input_tokens
-        self._since = (view, requests, tokens)
-        return requests.copy(), tokens.copy()
+            cutoff = -np.inf if row is None else float(view.last_heartbeat_s[row])
+            if recent:
+                cutoff = max(cutoff, recent[-1][0] - self.max_age_s)
+            totals = self._recent_totals[instance_id]
+            while recent and recent[0][0] <= cutoff:
+                _, input_tokens = recent.popleft()
+                totals[0] -= 1
+                totals[1] -= input_tokens
+            if row is not None:
+                requests[row], tokens[row] = totals
+        return requests, tokens
 
 
 def pick_min(scores: FloatArray, mask: BoolArray, rng: np.random.Generator) -> int:
