@@ -41,21 +41,13 @@ def register_agents(
 ) -> None:
     """Attach the scheduler's agents to ``app``."""
 
-    async def send(*outputs: tuple[Any, topics.TopicSpec, Iterable[Event]]) -> Awaitable[object]:
-        """Hand each ``(topic, spec, events)`` to the producer, keyed per its spec; return an
-        awaitable that completes when the broker has them all."""
+    async def publish(spec: topics.TopicSpec, events: Iterable[Event]) -> None:
+        """Send events to ``spec``'s topic, keyed per the spec; return when the broker has them."""
         pending = [
-            await app.producer.send(
-                topic.get_topic_name(), topics.key_of(spec, e), encode(e), None, None, None
-            )
-            for topic, spec, events in outputs
+            await app.producer.send(spec.name, topics.key_of(spec, e), encode(e), None, None, None)
             for e in events
         ]
-        return asyncio.gather(*pending)
-
-    async def publish(*outputs: tuple[Any, topics.TopicSpec, Iterable[Event]]) -> None:
-        """``send`` and wait for delivery."""
-        await (await send(*outputs))
+        await asyncio.gather(*pending)
 
     async def decoded(kind: type[E], spec: topics.TopicSpec, batch: Sequence[Any]) -> list[E]:
         """Decode a batch of Faust events; dead-letter the ones that do not decode."""
@@ -66,7 +58,7 @@ def register_agents(
             except DecodeError as exc:
                 dead.append(dead_letter(spec.name, event.value, event.key, exc.reason))
                 telemetry.dead_lettered(spec.name)
-        await publish((channels.dlq, topics.DLQ, dead))
+        await publish(topics.DLQ, dead)
         return good
 
     @app.agent(channels.heartbeats, name="instance-state")
@@ -148,7 +140,7 @@ def register_agents(
     async def batch_jobs(stream: Any) -> None:
         async for event in stream.events():
             for job in await decoded(BatchJob, topics.BATCH_JOBS, [event]):
-                await publish((channels.requests, topics.REQUESTS, expand_batch_job(job)))
+                await publish(topics.REQUESTS, expand_batch_job(job))
 
 
 class _Raw:

@@ -14,12 +14,6 @@ from agents.policy.prefix_index import PrefixIndex
 from agents.policy.types import BLOCK_TOKENS, ClusterView, KvEvent, RequestView
 
 
-def _sync_capacities(index: PrefixIndex, view: ClusterView) -> None:
-    """Size each instance's entry in the index like its reported KV cache."""
-    for row, instance_id in enumerate(view.instance_ids):
-        index.set_capacity(instance_id, int(view.kv_total[row]))
-
-
 class SglangCacheAware(RoutingPolicy):
     """SGLang router, ``cache_aware`` policy (sgl-router; docs: SGLang "Router" page).
 
@@ -45,12 +39,9 @@ class SglangCacheAware(RoutingPolicy):
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
         self.tree = PrefixIndex()
-        self._sized_for: ClusterView | None = None
 
     def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Pick:
-        if self._sized_for is not view:
-            _sync_capacities(self.tree, view)
-            self._sized_for = view
+        self.tree.size_like(view)
         load = self.in_flight.per_instance(self.in_flight.requests, view).astype(np.float64)
         live = load[mask]
         if (
@@ -120,12 +111,9 @@ class LlmdDefault(RoutingPolicy):
         super().__init__(seed)
         self.weights = (queue_weight, kv_weight, prefix_weight)
         self.index = PrefixIndex()
-        self._sized_for: ClusterView | None = None
 
     def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Pick:
-        if self._sized_for is not view:
-            _sync_capacities(self.index, view)
-            self._sized_for = view
+        self.index.size_like(view)
         queue = view.waiting.astype(np.float64)
         lo, hi = queue[mask].min(), queue[mask].max()
         queue_score = (hi - queue) / (hi - lo) if hi > lo else np.ones(len(view))

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from agents.policy.types import ClusterView
+
 
 class PrefixIndex:
     """block hash -> set of instance ids, with a per-instance LRU bound."""
@@ -25,6 +27,15 @@ class PrefixIndex:
         self._lru: dict[str, OrderedDict[int, None]] = {}
         self._capacity: dict[str, int] = {}
         self._default_capacity = default_capacity_blocks
+        self._sized_for: ClusterView | None = None
+
+    def size_like(self, view: ClusterView) -> None:
+        """Bound every instance of ``view`` to its reported KV capacity (once per snapshot)."""
+        if self._sized_for is view:
+            return
+        for row, instance_id in enumerate(view.instance_ids):
+            self.set_capacity(instance_id, int(view.kv_total[row]))
+        self._sized_for = view
 
     def set_capacity(self, instance_id: str, blocks: int) -> None:
         """Bound an instance's entry count (e.g. its reported KV capacity); evicts if shrunk."""

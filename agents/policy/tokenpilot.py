@@ -60,6 +60,17 @@ class _Sent:
     predicted_s: float
 
 
+@dataclass(slots=True)
+class _Chosen:
+    """What ``pick`` decided, for ``on_routed`` to record (computed once, used twice)."""
+
+    now_s: float
+    features: np.ndarray
+    predicted_s: float
+    new_tokens: float
+    pairs: float
+
+
 class TokenPilot(RoutingPolicy):
     name = "tokenpilot"
     wants_kv_events = True
@@ -73,27 +84,29 @@ class TokenPilot(RoutingPolicy):
         self._due: list[tuple[float, str, float, float]] = []  # (first token due, instance, tokens, pairs)
         self._queued_totals: dict[str, list[float]] = {}
         self._sent: dict[tuple[str, int], _Sent] = {}
-        self._sized_for: ClusterView | None = None
-        self._chosen: tuple[float, FloatArray, float] = (0.0, np.zeros(len(FEATURES)), 0.0)
+        self._chosen = _Chosen(0.0, np.zeros(len(FEATURES)), 0.0, 0.0, 0.0)
 
     # --- deciding -----------------------------------------------------------------------------
 
     def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Pick:
-        if self._sized_for is not view:
-            for row, instance_id in enumerate(view.instance_ids):
-                self.index.set_capacity(instance_id, int(view.kv_total[row]))
-            self._sized_for = view
-        features = self.features(request, view, now_s)
+        self.index.size_like(view)
+        features, own_new, own_pairs = self._features(request, view, now_s)
         predicted = np.full(len(view), np.inf)
         for profile in set(view.profile[mask].tolist()):
             rows = mask & (view.profile == profile)
             predicted[rows] = self.model_for(profile).predict(features[rows])
         row = self._pick_near_min(predicted, mask)
-        self._chosen = (now_s, features[row], float(predicted[row]))
+        self._chosen = _Chosen(now_s, features[row], float(predicted[row]), own_new[row], own_pairs[row])
         return Pick(row, "min predicted TTFT", float(predicted[row]))
 
     def features(self, request: RequestView, view: ClusterView, now_s: float) -> FloatArray:
         """The model's features of ``request`` on every row of ``view`` (n x len(FEATURES))."""
+        return self._features(request, view, now_s)[0]
+
+    def _features(
+        self, request: RequestView, view: ClusterView, now_s: float
+    ) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """Features, and per row the request's own uncached tokens and their attention pairs."""
         matched = self.index.match_array(request.block_hashes, view.index_of, len(view))
         cached = np.minimum(matched * BLOCK_TOKENS, request.input_tokens - 1).astype(np.float64)
         new = request.input_tokens - cached
@@ -104,13 +117,15 @@ class TokenPilot(RoutingPolicy):
         batch = (view.running + sent).astype(np.float64)
         context = (view.tokens_in_flight + sent_tokens).astype(np.float64)
         waiting = (view.waiting + sent).astype(np.float64)
-        pairs = new * (cached + new / 2) + queued_pairs
+        own_pairs = new * (cached + new / 2)
+        pairs = own_pairs + queued_pairs
         need = blocks_for(request.input_tokens + request.output_budget) - matched
         # Reservations of own sends the heartbeat does not show yet (their budgets taken as ours).
         unseen = (sent_tokens + sent * request.output_budget) / BLOCK_TOKENS
         free = view.kv_total - view.kv_used - unseen
         shortfall = np.maximum(need - free, 0).astype(np.float64)
-        return np.column_stack([steps, steps * batch, steps * context, total, pairs, waiting, shortfall])
+        features = np.column_stack([steps, steps * batch, steps * context, total, pairs, waiting, shortfall])
+        return features, new, own_pairs
 
     def _queued(self, view: ClusterView, now_s: float) -> tuple[FloatArray, FloatArray]:
         """Uncached prompt tokens (and their attention pairs) of own requests per row whose first
@@ -137,18 +152,15 @@ class TokenPilot(RoutingPolicy):
 
     def on_routed(self, request: RequestView, view: ClusterView, row: int) -> None:
         instance_id = view.instance_ids[row]
-        now_s, features, predicted = self._chosen
+        chosen = self._chosen
         # Its prefill is queued on the instance until its first token is predicted.
-        matched = self.index.match_array(request.block_hashes, view.index_of, len(view))[row]
-        cached = min(int(matched) * BLOCK_TOKENS, request.input_tokens - 1)
-        new = request.input_tokens - cached
-        pairs = new * (cached + new / 2)
-        heapq.heappush(self._due, (now_s + predicted, instance_id, float(new), pairs))
+        new, pairs = float(chosen.new_tokens), float(chosen.pairs)
+        heapq.heappush(self._due, (chosen.now_s + chosen.predicted_s, instance_id, new, pairs))
         total = self._queued_totals.setdefault(instance_id, [0.0, 0.0])
         total[0] += new
         total[1] += pairs
         key = (request.request_id, request.attempt)
-        self._sent[key] = _Sent(instance_id, str(view.profile[row]), features, predicted)
+        self._sent[key] = _Sent(instance_id, str(view.profile[row]), chosen.features, chosen.predicted_s)
         # Credit: the instance will hold these blocks once it prefills them (KV events confirm).
         self.index.add(instance_id, request.block_hashes)
 
