@@ -258,9 +258,8 @@ class LiveFleet:
         slo = self.slo_classes.get(attempt.request.slo_class)
         if slo is None:
             return None
-        if slo.deadline:
-            return None if deadline_ts is None else self.sim_time(deadline_ts)
-        return None if slo.client_timeout_s is None else attempt.arrival_s + slo.client_timeout_s
+        deadline = None if deadline_ts is None else self.sim_time(deadline_ts)
+        return slo.give_up_at(attempt.arrival_s, deadline)
 
     def _completion(self, attempt: Attempt, decision: RoutingDecision, now: float) -> Completion:
         request = decision.request

@@ -244,10 +244,8 @@ class Simulation:
 
     def _timeout_at(self, attempt: Attempt) -> float | None:
         request = attempt.request
-        slo = self.config.slo_classes[request.slo_class]
-        if slo.deadline:
-            return None if request.deadline_s is None else request.arrival_s + request.deadline_s
-        return None if slo.client_timeout_s is None else attempt.arrival_s + slo.client_timeout_s
+        deadline = None if request.deadline_s is None else request.arrival_s + request.deadline_s
+        return self.config.slo_classes[request.slo_class].give_up_at(attempt.arrival_s, deadline)
 
     def _request_view(self, attempt: Attempt) -> RequestView:
         request = attempt.request

@@ -20,6 +20,13 @@ class SloClass:
     deadline: bool = False
     client_timeout_s: float | None = None
 
+    def give_up_at(self, arrival_s: float, deadline_s: float | None) -> float | None:
+        """When a client of this class gives up on an attempt that has no first token (deadline
+        classes: at the absolute ``deadline_s`` even mid-stream); None = it waits for ever."""
+        if self.deadline:
+            return deadline_s
+        return None if self.client_timeout_s is None else arrival_s + self.client_timeout_s
+
 
 DEFAULT_SLO_CLASSES: dict[str, SloClass] = {
     "interactive": SloClass("interactive", ttft_s=2.0, tpot_s=0.1, client_timeout_s=10.0),
