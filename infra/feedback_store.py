@@ -7,13 +7,11 @@ single thread because the embedded engine and the sink are used from one thread 
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from agents.policy.slo import SloClass
-from agents.routing import Routed
 from infra import metrics
 from infra.clickhouse.client import connect
 from infra.clickhouse.migrate import migrate
@@ -51,19 +49,3 @@ class ClickHouseFeedback:
     def close(self) -> None:
         self._executor.submit(self._client.close).result()
         self._executor.shutdown()
-
-
-class PrometheusTelemetry:
-    def decided_batch(self, policy: str, outcomes: Sequence[Routed]) -> None:
-        """Counts per outcome once per batch; one latency sample per routed request."""
-        for outcome, count in Counter(o.admission.action for o in outcomes).items():
-            metrics.decisions_total.labels(policy=policy, outcome=outcome).inc(count)
-        for routed in outcomes:
-            if routed.routing is not None:
-                metrics.decision_latency_seconds.observe(routed.routing.decision_latency_s)
-
-    def dead_lettered(self, topic: str) -> None:
-        metrics.dlq_total.labels(topic=topic).inc()
-
-    def queue_depth(self, pool: str, depth: int) -> None:
-        metrics.queue_depth.labels(pool=pool).set(depth)

@@ -7,6 +7,9 @@ process never collide on names. Expose it with ``render()`` (mount at ``/metrics
 
 from __future__ import annotations
 
+import collections
+from collections.abc import Sequence
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -16,6 +19,8 @@ from prometheus_client import (
     generate_latest,
     start_http_server,
 )
+
+from agents.routing import Routed
 
 REGISTRY = CollectorRegistry()
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -76,3 +81,21 @@ def serve_metrics(port: int, addr: str = "127.0.0.1") -> int:
     server, _thread = start_http_server(port, addr=addr, registry=REGISTRY)
     bound: int = server.server_address[1]
     return bound
+
+
+class PrometheusTelemetry:
+    """The agents' ``Telemetry`` port, recorded in the metrics above."""
+
+    def decided_batch(self, policy: str, outcomes: Sequence[Routed]) -> None:
+        """Counts per outcome once per batch; one latency sample per routed request."""
+        for outcome, count in collections.Counter(o.admission.action for o in outcomes).items():
+            decisions_total.labels(policy=policy, outcome=outcome).inc(count)
+        for routed in outcomes:
+            if routed.routing is not None:
+                decision_latency_seconds.observe(routed.routing.decision_latency_s)
+
+    def dead_lettered(self, topic: str) -> None:
+        dlq_total.labels(topic=topic).inc()
+
+    def queue_depth(self, pool: str, depth: int) -> None:
+        queue_depth.labels(pool=pool).set(depth)

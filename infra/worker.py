@@ -21,7 +21,7 @@ from agents.routing import Router
 from agents.streaming import register_agents
 from infra import metrics
 from infra.broker import embedded_broker, ensure_topics, free_port
-from infra.feedback_store import ClickHouseFeedback, PrometheusTelemetry
+from infra.feedback_store import ClickHouseFeedback
 from infra.settings import Settings
 from streams.app import create_app
 
@@ -44,7 +44,7 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
     web_port = settings.worker_web_port or free_port()
     app, channels = create_app(settings, bootstrap, web_port=web_port)
     store = ClickHouseFeedback(settings.clickhouse_url, settings.slo()) if feedback else None
-    telemetry = PrometheusTelemetry() if feedback else NoTelemetry()
+    telemetry = metrics.PrometheusTelemetry() if feedback else NoTelemetry()
     register_agents(
         app,
         bootstrap,
