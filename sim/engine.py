@@ -33,6 +33,7 @@ class Attempt:
     attempt: int
     arrival_s: float
     output_budget: int
+    predicted_ttft_s: float | None = None  # the router's prediction, if its policy makes one
     # Filled in by the instance:
     instance: Instance | None = None
     cached_tokens: int = 0

@@ -137,6 +137,25 @@ def summarize(requests: Sequence[RequestOutcome], window_s: float, busy_fraction
     }
 
 
+WARM_UP_SHARE = 0.1
+"""Share of the window (from its start) whose predictions are not scored: calibration time."""
+
+
+def prediction_mape(attempts: Iterable[Attempt], window: tuple[float, float]) -> float | None:
+    """Mean |predicted - actual| / actual TTFT over attempts that got a first token, were
+    predicted at decision time and arrived after the warm-up; None if the policy predicts none."""
+    warm = window[0] + WARM_UP_SHARE * (window[1] - window[0])
+    errors = [
+        abs(a.predicted_ttft_s - ttft) / ttft
+        for a in attempts
+        if a.predicted_ttft_s is not None
+        and a.first_token_s is not None
+        and a.arrival_s >= warm
+        and (ttft := a.first_token_s - a.arrival_s) > 0
+    ]
+    return float(np.mean(errors)) if errors else None
+
+
 def report(
     attempts: Iterable[Attempt],
     window: tuple[float, float],
@@ -144,10 +163,13 @@ def report(
     busy_s: Sequence[float] | None,
 ) -> dict[str, object]:
     """Metrics in total and ``per_class``, rounded so equal runs print equal JSON."""
+    attempts = list(attempts)
     requests = outcomes(attempts, window, slo_classes)
     window_s = max(window[1] - window[0], 1e-9)
     busy = None if busy_s is None else sum(busy_s) / (len(busy_s) * window_s)
     total: dict[str, object] = dict(_rounded(summarize(requests, window_s, busy)))
+    mape = prediction_mape(attempts, window)
+    total["ttft_prediction_mape"] = None if mape is None else round(mape, 6)
     classes = sorted({r.slo_class for r in requests})
     total["per_class"] = {
         name: _rounded(summarize([r for r in requests if r.slo_class == name], window_s, busy))

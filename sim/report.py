@@ -23,6 +23,7 @@ _COLUMNS = (
     ("goodput", "{:.0f}"),
     ("compliant", "{:.1%}"),
     ("busy", "{:.1%}"),
+    ("pred err", "{:.1%}"),
     ("p50/ideal", "{:.2f}x"),
 )
 _KEYS = (
@@ -41,6 +42,7 @@ _KEYS = (
     "goodput_tokens_per_s",
     "compliant_share",
     "busy_fraction",
+    "ttft_prediction_mape",
     None,
 )
 

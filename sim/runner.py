@@ -148,6 +148,7 @@ class Simulation:
             self._apply(attempt, decision, now)
 
     def _apply(self, attempt: Attempt, decision: Decision, now: float) -> None:
+        attempt.predicted_ttft_s = decision.predicted_ttft_s
         if decision.action == "queue":
             self._held.append(attempt)
             return
