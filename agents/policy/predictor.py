@@ -1,34 +1,29 @@
 """Online-calibrated linear latency model (TokenPilot's TTFT predictor).
 
-``y ~ theta . x``, fitted by recursive least squares (RLS) with exponential forgetting ``lambda``,
-Huber down-weighting of outliers and (by default) relative-error weighting. State is O(k^2); an
-update is a fixed handful of O(k^2) numpy operations; ``predict`` is one ``X @ theta``, O(nk).
+``y ~ theta . x``, fitted by weighted least squares over exponentially forgotten sufficient
+statistics, with Huber down-weighting of outliers, relative-error weighting, a ridge pull towards
+a prior and non-negative coefficients. State is O(k^2); ``predict`` is one ``X @ theta``, O(nk).
 
 Update with one sample ``(x, y)`` and the a-priori prediction ``p = theta . x``:
 
-* error scale ``m = max(|p|, |y|/4)`` (``relative``; ``m = c`` otherwise), ``c`` = running mean
-  of ``m`` (of ``|y|`` if not relative). Weighting the sample by ``(c/m)^2`` makes the fit least
-  squares on *relative* errors, which is what MAPE scores; ``m`` depends on ``y`` only when
-  ``y > 4p``, so multiplicative noise does not bias it.
+* error scale ``m = max(|y|, c/4)`` (``relative``; ``m = c`` otherwise), ``c`` = running mean of
+  ``max(|y|, |p|)``. Weighting the sample by ``(c/m)^2`` makes the fit least squares on
+  *relative* errors, which is what MAPE scores. ``m`` comes from the measured ``y``, never from
+  the prediction: a model that predicts far too much must learn most from exactly those samples.
 * Huber: ``e = |y - p| / m``, ``h = min(1, k sigma / e)``; ``sigma`` = running mean of
   ``min(e, k sigma)`` (clipped, so outliers cannot inflate it).
-* normalised coordinates: features span ~10 orders of magnitude (counts ~1, tokens ~1e5,
-  token products ~1e9), so RLS runs on ``z = sqrt(h) u / s`` with ``u = (c/m) x`` and ``s`` the
-  running RMS of ``u`` (1 while a feature has only been 0), and on ``w = theta * s`` (a feature's
-  contribution at its typical size). When ``s`` changes to ``s'`` the state is reparametrised
-  exactly, ``w <- D w``, ``P <- D P D``, ``D = diag(s'/s)``: scaling affects conditioning only.
-* RLS: ``K = P z / (lambda + z^T P z)``, ``w <- w + K sqrt(h) (c/m) (y - p)``,
-  ``P <- (P - K z^T P) / lambda``, then symmetrised; ``w <- max(w, 0)`` if ``nonnegative``.
+* statistics, ``g = h (c/m)^2``: ``A <- lambda A + g x x^T``, ``b <- lambda b + g x y``,
+  ``W <- lambda W + g``, ``N <- lambda N + 1``.
+* fit: in normalised coordinates ``u = theta * s``, ``s_j = sqrt(A_jj / W)`` (the weighted RMS
+  of feature j: features span ~10 orders of magnitude), minimise
+  ``u^T A' u - 2 b'^T u + rho |u - u0|^2`` with ``rho = prior_weight (W/N) lambda^n``: the prior
+  ``u0 = prior * s`` weighs ``prior_weight`` typical samples, fading as ``n`` samples are learnt.
+  Non-negative: coefficients that come out negative are fixed at 0 and the rest re-solved
+  (active set). A feature that has only ever been 0 keeps its prior (nothing to learn from).
 
-Prior: ``theta = prior`` and ``P = I / prior_weight`` in normalised coordinates, set per feature
-when it is first non-zero (its scale is known from then on). A sample adds ``z z^T`` with
-``|z_j| ~ 1`` to the information matrix, so the prior weighs about ``prior_weight`` samples in
-every feature, a soft pull that forgetting fades after ~``1/(1 - lambda)`` samples.
-Anti-windup: forgetting inflates the variance of directions no data excites without bound; a
-feature whose variance ``P_jj`` exceeds the prior's ``1/prior_weight`` is exempt from the
-``1/lambda`` inflation (its row and column are scaled back by ``sqrt(lambda)``).
-Running means use the rate ``max(1/n, 1 - lambda)`` (``c``, ``s``) and ``max(1/n, 0.02)``
-(``sigma``, fast enough to follow a drift), ``n`` = samples learnt.
+Re-solving from the statistics each time (rather than propagating an RLS covariance) cannot
+diverge: ``theta`` is always the minimiser of a convex objective over the data seen. The solve is
+one k x k system, done at every update for the first ``eager`` samples and then every ``every``.
 """
 
 from __future__ import annotations
@@ -43,6 +38,7 @@ FloatArray = npt.NDArray[np.float64]
 
 _SIGMA_RATE = 0.02  # adaptation rate of the residual scale sigma
 _SIGMA_FLOOR = 1e-9  # in units of e; keeps the Huber test well defined
+_RIDGE_FLOOR = 1e-9  # relative ridge that keeps the solve well posed once the prior has faded
 
 
 class OnlineLinearModel:
@@ -58,6 +54,8 @@ class OnlineLinearModel:
         window: int = 512,
         nonnegative: bool = True,
         relative: bool = True,
+        eager: int = 256,
+        every: int = 8,
     ) -> None:
         names = tuple(feature_names)
         theta = np.asarray(prior, dtype=np.float64)
@@ -65,21 +63,26 @@ class OnlineLinearModel:
             raise ValueError("prior must have one value per feature name (at least one)")
         if not np.all(np.isfinite(theta)):
             raise ValueError("prior must be finite")
-        if prior_weight <= 0 or not 0 < forgetting <= 1 or huber_k <= 0 or window < 1:
-            raise ValueError("need prior_weight > 0, 0 < forgetting <= 1, huber_k > 0, window >= 1")
+        if prior_weight <= 0 or not 0 < forgetting <= 1 or huber_k <= 0 or window < 1 or every < 1:
+            raise ValueError(
+                "need prior_weight > 0, 0 < forgetting <= 1, huber_k > 0, window >= 1, every >= 1"
+            )
         self.feature_names = names
         self._k = len(names)
+        self._prior = np.maximum(theta, 0.0) if nonnegative else theta.copy()
         self._prior_weight = float(prior_weight)
         self._lambda = float(forgetting)
         self._huber_k = float(huber_k)
         self._nonnegative = nonnegative
         self._relative = relative
-        self._theta = np.maximum(theta, 0.0) if nonnegative else theta.copy()
-        self._s = np.ones(self._k)  # feature scales
-        self._ms = np.zeros(self._k)  # running mean of u^2
-        self._w = self._theta.copy()  # theta * s
-        self._P = np.eye(self._k) / self._prior_weight
-        self._c = 0.0  # running mean of the error scale m
+        self._eager = eager
+        self._every = every
+        self._theta = self._prior.copy()
+        self._A = np.zeros((self._k, self._k))
+        self._b = np.zeros(self._k)
+        self._W = 0.0  # forgotten sum of sample weights
+        self._N = 0.0  # forgotten sample count
+        self._c = 0.0  # running mean of the error scale
         self._sigma: float | None = None
         self._n = 0  # samples learnt
         self._seen = 0  # samples recorded for the MAPE
@@ -125,31 +128,12 @@ class OnlineLinearModel:
         self._seen += 1
         n = self._n + 1
         rate = max(1.0 / n, 1.0 - self._lambda)
-        size = max(abs(pred), abs(y) / 4.0) if self._relative else abs(y)
-        c = self._c + rate * (size - self._c)
-        m = size if self._relative else c
+        c = self._c + rate * (max(abs(y), abs(pred)) - self._c)
+        m = max(abs(y), c / 4.0) if self._relative else c
         if m <= 0 or c <= 0:  # y = p = 0: nothing to learn from
             return pred
         self._n, self._c = n, c
 
-        # Feature scales from the weighted features u = (c/m) x; exact reparametrisation of (w, P).
-        u = (c / m) * xv
-        fresh = self._ms == 0
-        self._ms += rate * (u * u - self._ms)
-        scales = np.sqrt(self._ms)
-        scales[scales <= 0] = 1.0
-        d = scales / self._s
-        self._w *= d
-        self._P *= np.outer(d, d)
-        fresh &= self._ms > 0
-        if fresh.any():  # first non-zero value: no information yet, (re)start from the prior
-            self._P[fresh, :] = 0.0
-            self._P[:, fresh] = 0.0
-            idx = np.flatnonzero(fresh)
-            self._P[idx, idx] = 1.0 / self._prior_weight
-        self._s = scales
-
-        # Huber weight on the scaled residual e, against its running scale sigma.
         e = abs(y - pred) / m
         kk = self._huber_k
         if self._sigma is None:
@@ -159,27 +143,49 @@ class OnlineLinearModel:
             h = 1.0 if e <= kk * sigma else kk * sigma / e
             sigma += max(1.0 / n, _SIGMA_RATE) * (min(e, kk * sigma) - sigma)
             self._sigma = max(sigma, _SIGMA_FLOOR)
-        g = math.sqrt(h) * c / m  # square root of the sample weight
+        g = h * (c / m) ** 2
 
-        # Weighted RLS step with forgetting, in normalised coordinates.
-        z = (g / scales) * xv  # = sqrt(h) u / s
-        P = self._P
-        Pz = P @ z
-        gain = Pz / (self._lambda + float(z @ Pz))
-        self._w += gain * (g * (y - pred))
-        P -= np.outer(gain, Pz)
-        P += P.T
-        P *= 0.5 / self._lambda
-        # Anti-windup: forgetting is suspended for features (rows/columns) without excitation,
-        # once their variance exceeds the prior's 1/prior_weight (undo the 1/lambda inflation).
-        over = np.diag(P) > 1.0 / self._prior_weight
-        if self._lambda < 1.0 and over.any():
-            undo = np.where(over, math.sqrt(self._lambda), 1.0)
-            P *= np.outer(undo, undo)
-        if self._nonnegative:
-            np.maximum(self._w, 0.0, out=self._w)
-        self._theta = self._w / scales
+        lam = self._lambda
+        self._A *= lam
+        self._A += g * np.outer(xv, xv)
+        self._b *= lam
+        self._b += (g * y) * xv
+        self._W = lam * self._W + g
+        self._N = lam * self._N + 1.0
+        if n <= self._eager or n % self._every == 0:
+            self._theta = self._solve()
         return pred
+
+    def _solve(self) -> FloatArray:
+        """The minimiser of the module docstring's objective, given the statistics so far."""
+        seen = np.diag(self._A) > 0
+        theta = self._prior.copy()  # features never seen keep their prior
+        free = seen.copy()
+        scales = np.sqrt(np.diag(self._A)[seen] / self._W)
+        s = np.ones(self._k)
+        s[seen] = scales
+        A = self._A / np.outer(s, s)
+        b = self._b / s
+        u0 = self._prior * s
+        rho = self._prior_weight * (self._W / self._N) * self._lambda**self._n
+        rho = max(rho, _RIDGE_FLOOR * float(np.trace(A)) / self._k)
+        for _ in range(self._k):
+            idx = np.flatnonzero(free)
+            if idx.size == 0:
+                break
+            # Fixed coordinates (unseen: prior; clamped: 0) move to the right-hand side.
+            fixed = ~free
+            u_fixed = np.where(fixed, theta * s, 0.0)
+            lhs = A[np.ix_(idx, idx)] + rho * np.eye(idx.size)
+            rhs = b[idx] + rho * u0[idx] - A[np.ix_(idx, np.flatnonzero(fixed))] @ u_fixed[fixed]
+            u = np.linalg.solve(lhs, rhs)
+            theta[idx] = u / s[idx]
+            negative = idx[u < 0]
+            if not self._nonnegative or negative.size == 0:
+                break
+            theta[negative] = 0.0
+            free[negative] = False
+        return theta
 
     def _vector(self, x: npt.ArrayLike) -> FloatArray:
         xv = np.asarray(x, dtype=np.float64)

@@ -4,31 +4,34 @@ For a request with ``input`` prompt tokens on candidate instance i:
 
     cached_i  = prompt tokens instance i holds (prefix index: own routing + KV events)
     P_i       = input - cached_i                  uncached tokens to prefill
-    backlog_i = max(busy_until_i - now, 0)        seconds of prefill queued ahead on i
-    steps_i   = ceil(P_i / prefill_budget)        engine steps of the request's own prefill
+    Q_i, R_i  = prefill tokens (and their attention token pairs) queued ahead on i
+    steps_i   = ceil((Q_i + P_i) / prefill_budget)  engine steps until its prefill is done
     B_i, C_i  = requests and their context tokens on i (heartbeat + own sends since)
-    pairs_i   = token pairs of attention in the own prefill: P_i·(cached_i + P_i/2)
-    waiting_i = requests waiting on i (heartbeat + own sends since): seats or KV blocking
+    pairs_i   = R_i + P_i·(cached_i + P_i/2)      attention token pairs of those prefills
     short_i   = KV blocks the request needs (prompt + output budget, less its cached prefix)
                 beyond what i has free (heartbeat, less blocks of own sends since): it waits
                 for running requests to finish and free them
 
-    TTFT_i ≈ θ · [backlog_i, steps_i, steps_i·B_i, steps_i·C_i, P_i, pairs_i, waiting_i, short_i]
+    TTFT_i ≈ θ · [steps_i, steps_i·B_i, steps_i·C_i, Q_i + P_i, pairs_i, short_i]
 
 Prefill is FCFS inside the engine, so a request's first token comes once everything queued ahead
-of it is prefilled, plus its own prefill under the engine's step-time law (T0, c, d per step;
-a, b per prefill token and token pair). The router sends every request of the pool, so it keeps
-the queue ahead itself, in seconds: ``busy_until_i`` is the predicted first-token time of the
-last request it sent to i (``now + TTFT_i`` at that decision), pulled back when a request still
-queued there is aborted. The backlog then drains continuously with time, as the engine's does.
+of it is prefilled, plus its own prefill: the engine's step-time law (T0, c, d per step; a, b per
+prefill token and token pair) summed over those steps.
+
+The queue ahead is the router's own bookkeeping (it sends every request of the pool): each send
+adds its uncached tokens and pairs to ``Q_i, R_i``; between decisions the queue drains at the
+engine's prefill rate, ``prefill_budget`` tokens per step of the predicted step time; an abort
+before the first token removes what the request had left; and an instance idle at its heartbeat
+with nothing sent since has an empty queue. Only token counts enter the queue, never predicted
+seconds, so a prediction error cannot compound from one decision to the next.
 
 θ is not hand-tuned: one ``OnlineLinearModel`` per engine profile is calibrated online from
 completions (the features recorded at decision time against the TTFT the completion reports),
 so a heterogeneous pool is compared in seconds, not counts.
 
 A cache-warm but busy instance wins only when the prefill it saves outweighs the queue ahead;
-a burst cannot pile onto one instance because each decision immediately extends that
-instance's backlog and in-flight counts, and near-ties are broken at random.
+a burst cannot pile onto one instance because each decision immediately adds its work to that
+instance's queue and in-flight counts, and near-ties are broken at random.
 """
 
 from __future__ import annotations
@@ -37,23 +40,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agents.policy.base import BoolArray, FloatArray, Pick, RoutingPolicy, blocks_for
+from agents.policy.base import BoolArray, FloatArray, IntArray, Pick, RoutingPolicy, blocks_for
 from agents.policy.predictor import OnlineLinearModel
 from agents.policy.prefix_index import PrefixIndex
 from agents.policy.types import BLOCK_TOKENS, ClusterView, Completion, KvEvent, RequestView
 
 FEATURES = (
-    "backlog_s",
     "steps",
     "steps_x_batch",
     "steps_x_context",
     "prefill_tokens",
     "prefill_pairs",
-    "waiting",
     "kv_shortfall_blocks",
 )
-_WAIT_TERMS = [0, 6, 7]  # backlog_s, waiting, kv_shortfall_blocks
-PRIOR = (1.0, 0.01, 4e-5, 8e-8, 3e-5, 1.5e-9, 0.05, 0.01)
+PRIOR = (0.01, 4e-5, 8e-8, 3e-5, 1.5e-9, 0.01)
 """A generic H100 7-8B engine, as a soft starting point; calibration replaces it within minutes."""
 
 
@@ -61,9 +61,78 @@ PRIOR = (1.0, 0.01, 4e-5, 8e-8, 3e-5, 1.5e-9, 0.05, 0.01)
 class _Sent:
     instance_id: str
     profile: str
-    features: np.ndarray
-    starts_s: float  # predicted start of its own prefill (end of the backlog ahead)
+    features: FloatArray
+    tokens: float  # its uncached prompt tokens and their pairs, as added to the queue
+    pairs: float
     due_s: float  # predicted first token
+
+
+@dataclass(slots=True)
+class _Chosen:
+    """What ``pick`` decided, for ``on_routed`` to record (computed once, used twice)."""
+
+    now_s: float
+    features: FloatArray
+    predicted_s: float
+    tokens: float
+    pairs: float
+
+
+class PrefillQueues:
+    """Per instance: prefill tokens and token pairs queued ahead, draining with time.
+
+    Kept by instance id, and as arrays aligned with the rows of the latest view (realigned once
+    per snapshot, O(n); each decision is O(n) numpy, with no per-instance Python loop).
+    """
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, tuple[float, float, float]] = {}  # tokens, pairs, as of time
+        self._view: ClusterView | None = None
+        self.tokens = np.zeros(0)
+        self.pairs = np.zeros(0)
+        self.as_of = np.zeros(0)
+
+    def align(self, view: ClusterView, idle: BoolArray) -> None:
+        """Rows of ``view``; ``idle`` rows (idle at their heartbeat, nothing sent since) are empty."""
+        if self._view is view:
+            return
+        self._save()
+        state = np.array([self._by_id.get(i, (0.0, 0.0, 0.0)) for i in view.instance_ids]).reshape(-1, 3)
+        self.tokens, self.pairs, self.as_of = state[:, 0].copy(), state[:, 1].copy(), state[:, 2].copy()
+        self.tokens[idle] = 0.0
+        self.pairs[idle] = 0.0
+        self._view = view
+
+    def drain(self, now_s: float, step_s: FloatArray, budget: int) -> None:
+        """Advance every row to ``now_s``: ``budget`` tokens prefilled per ``step_s`` seconds."""
+        done = np.maximum(now_s - self.as_of, 0.0) * budget / np.maximum(step_s, 1e-6)
+        left = np.clip(1.0 - done / np.maximum(self.tokens, 1e-9), 0.0, 1.0)
+        self.tokens *= left
+        self.pairs *= left
+        np.maximum(self.as_of, now_s, out=self.as_of)
+
+    def add(self, row: int, tokens: float, pairs: float) -> None:
+        self.tokens[row] += tokens
+        self.pairs[row] += pairs
+
+    def remove(self, instance_id: str, tokens: float, pairs: float) -> None:
+        """Take out what an aborted request had left at most (not below empty)."""
+        row = None if self._view is None else self._view.index_of.get(instance_id)
+        if row is not None:
+            self.tokens[row] = max(self.tokens[row] - tokens, 0.0)
+            self.pairs[row] = max(self.pairs[row] - pairs, 0.0)
+        elif instance_id in self._by_id:
+            queued, queued_pairs, as_of = self._by_id[instance_id]
+            self._by_id[instance_id] = (max(queued - tokens, 0.0), max(queued_pairs - pairs, 0.0), as_of)
+
+    def _save(self) -> None:
+        if self._view is not None:
+            for row, instance_id in enumerate(self._view.instance_ids):
+                self._by_id[instance_id] = (
+                    float(self.tokens[row]),
+                    float(self.pairs[row]),
+                    float(self.as_of[row]),
+                )
 
 
 class TokenPilot(RoutingPolicy):
@@ -74,78 +143,73 @@ class TokenPilot(RoutingPolicy):
         super().__init__(seed)
         self.prefill_budget = prefill_budget
         self.tie_tolerance = tie_tolerance
-        self.spare_others = 1.0
         self.index = PrefixIndex()
         self.models: dict[str, OnlineLinearModel] = {}
-        self._busy_until: dict[str, float] = {}
-        self._busy_rows = np.zeros(0)  # _busy_until aligned with the rows of _aligned_to
-        self._aligned_to: ClusterView | None = None
+        self.queues = PrefillQueues()
         self._sent: dict[tuple[str, int], _Sent] = {}
-        self._chosen: tuple[float, FloatArray, float] = (0.0, np.zeros(len(FEATURES)), 0.0)  # now, x, own s
+        self._chosen = _Chosen(0.0, np.zeros(len(FEATURES)), 0.0, 0.0, 0.0)
 
     # --- deciding -----------------------------------------------------------------------------
 
     def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Pick:
         self.index.size_like(view)
-        features = self.features(request, view, now_s)
+        features, own_tokens, own_pairs = self._features(request, view, now_s)
         predicted = np.full(len(view), np.inf)
         for profile in set(view.profile[mask].tolist()):
             rows = mask & (view.profile == profile)
             predicted[rows] = self.model_for(profile).predict(features[rows])
-        score = predicted + self.spare_others * self._delay_to_others(request, features, view)
-        row = self._pick_near_min(score, mask)
-        self._chosen = (now_s, features[row], self._own_prefill_s(str(view.profile[row]), features[row]))
+        row = self._pick_near_min(predicted, mask)
+        self._chosen = _Chosen(now_s, features[row], float(predicted[row]), own_tokens[row], own_pairs[row])
         return Pick(row, "min predicted TTFT", float(predicted[row]))
 
     def features(self, request: RequestView, view: ClusterView, now_s: float) -> FloatArray:
         """The model's features of ``request`` on every row of ``view`` (n x len(FEATURES))."""
+        return self._features(request, view, now_s)[0]
+
+    def _features(
+        self, request: RequestView, view: ClusterView, now_s: float
+    ) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """Features, and per row the request's own uncached tokens and their attention pairs."""
         matched = self.index.match_array(request.block_hashes, view.index_of, len(view))
         cached = np.minimum(matched * BLOCK_TOKENS, request.input_tokens - 1).astype(np.float64)
         new = request.input_tokens - cached
-        steps = np.ceil(new / self.prefill_budget)
+        own_pairs = new * (cached + new / 2)
         sent, sent_tokens = self.in_flight.since_heartbeat(view)
         batch = (view.running + sent).astype(np.float64)
         context = (view.tokens_in_flight + sent_tokens).astype(np.float64)
-        waiting = (view.waiting + sent).astype(np.float64)
-        pairs = new * (cached + new / 2)
+        queued, queued_pairs = self._queued(view, now_s, sent, batch, context)
+        total = queued + new
+        steps = np.ceil(total / self.prefill_budget)
         need = blocks_for(request.input_tokens + request.output_budget) - matched
         # Reservations of own sends the heartbeat does not show yet (their budgets taken as ours).
         unseen = (sent_tokens + sent * request.output_budget) / BLOCK_TOKENS
         free = view.kv_total - view.kv_used - unseen
         shortfall = np.maximum(need - free, 0).astype(np.float64)
-        backlog = np.maximum(self._busy_rows_for(view) - now_s, 0.0)
-        return np.column_stack(
-            [backlog, steps, steps * batch, steps * context, new, pairs, waiting, shortfall]
+        features = np.column_stack(
+            [steps, steps * batch, steps * context, total, queued_pairs + own_pairs, shortfall]
         )
+        return features, new, own_pairs
 
-    def _delay_to_others(self, request: RequestView, features: FloatArray, view: ClusterView) -> FloatArray:
-        """Seconds the request's first prefill chunk adds to the step of the request queued last
-        on each row (chunked prefill runs them in one step, so its first token waits for ours)."""
-        new = features[:, 4]
-        chunk = np.minimum(new, self.prefill_budget)
-        cached = request.input_tokens - new
-        pairs = chunk * (cached + chunk / 2)
-        delay = np.zeros(len(view))
+    def _queued(
+        self, view: ClusterView, now_s: float, sent: IntArray, batch: FloatArray, context: FloatArray
+    ) -> tuple[FloatArray, FloatArray]:
+        """Prefill tokens and pairs queued ahead per row, drained to ``now_s`` at the predicted
+        rate: one full step, ``T0 + c·B + d·C + a·budget + b·budget·(R/Q)``, per ``budget``."""
+        queues = self.queues
+        queues.align(view, (view.running == 0) & (view.waiting == 0) & (sent == 0))
+        budget = self.prefill_budget
+        pairs_per_token = queues.pairs / np.maximum(queues.tokens, 1.0)
+        full_step = np.column_stack(
+            [np.ones(len(view)), batch, context, np.full(len(view), budget), budget * pairs_per_token]
+        )
+        step_s = np.zeros(len(view))
         for profile in set(view.profile.tolist()):
             rows = view.profile == profile
             theta = self.model_for(profile).coefficients
-            delay[rows] = theta["prefill_tokens"] * chunk[rows] + theta["prefill_pairs"] * pairs[rows]
-        return np.where(features[:, 0] > 0, delay, 0.0)
-
-    def _busy_rows_for(self, view: ClusterView) -> FloatArray:
-        """``busy_until`` per row of ``view``: realigned once per snapshot, O(1) per decision."""
-        if self._aligned_to is not view:
-            busy = np.array([self._busy_until.get(i, -np.inf) for i in view.instance_ids])
-            # Anchor to what the instances report: one idle at its heartbeat, with nothing sent
-            # to it since, has no backlog (whatever the predictions said).
-            sent, _ = self.in_flight.since_heartbeat(view)
-            idle = (view.running == 0) & (view.waiting == 0) & (sent == 0)
-            busy[idle] = np.minimum(busy[idle], view.last_heartbeat_s[idle])
-            for instance_id in np.asarray(view.instance_ids)[idle].tolist():
-                self._busy_until[instance_id] = float(busy[view.index_of[instance_id]])
-            self._busy_rows = busy
-            self._aligned_to = view
-        return self._busy_rows
+            law = np.array([theta[name] for name in FEATURES[:5]])
+            step_s[rows] = full_step[rows] @ law
+        queues.drain(now_s, step_s, budget)
+        return queues.tokens.copy(), queues.pairs.copy()
 
     def _pick_near_min(self, predicted: FloatArray, mask: BoolArray) -> int:
         """Lowest prediction; rows within ``tie_tolerance`` of it are equally good (random pick)."""
@@ -155,33 +219,18 @@ class TokenPilot(RoutingPolicy):
 
     def on_routed(self, request: RequestView, view: ClusterView, row: int) -> None:
         instance_id = view.instance_ids[row]
-        now_s, features, own_s = self._chosen
-        # FCFS: its prefill starts when the backlog ahead is done; the next request's after it.
-        starts_s = max(now_s, float(self._busy_rows_for(view)[row]))
-        self._set_busy_until(instance_id, starts_s + own_s)
-        key = (request.request_id, request.attempt)
-        self._sent[key] = _Sent(instance_id, str(view.profile[row]), features, starts_s, starts_s + own_s)
+        chosen = self._chosen
+        self.queues.add(row, chosen.tokens, chosen.pairs)
+        self._sent[(request.request_id, request.attempt)] = _Sent(
+            instance_id,
+            str(view.profile[row]),
+            chosen.features,
+            chosen.tokens,
+            chosen.pairs,
+            chosen.now_s + chosen.predicted_s,
+        )
         # Credit: the instance will hold these blocks once it prefills them (KV events confirm).
         self.index.add(instance_id, request.block_hashes)
-
-    def _own_prefill_s(self, profile: str, features: FloatArray) -> float:
-        """Predicted seconds of the request's own prefill steps: the prediction without the
-        terms for waiting (backlog, seats, KV). Only these extend the backlog, so an error in
-        the calibrated backlog coefficient cannot compound from one decision to the next."""
-        own = features.copy()
-        own[_WAIT_TERMS] = 0.0
-        return max(self.model_for(profile).predict_one(own), 0.0)
-
-    def _set_busy_until(self, instance_id: str, value: float) -> None:
-        self._busy_until[instance_id] = value
-        row = None if self._aligned_to is None else self._aligned_to.index_of.get(instance_id)
-        if row is not None:
-            self._busy_rows[row] = value
-
-    def _shorten_backlog(self, instance_id: str, seconds: float, now_s: float) -> None:
-        busy_until = self._busy_until.get(instance_id)
-        if busy_until is not None and seconds > 0:
-            self._set_busy_until(instance_id, max(now_s, busy_until - seconds))
 
     # --- learning -----------------------------------------------------------------------------
 
@@ -200,11 +249,9 @@ class TokenPilot(RoutingPolicy):
             return
         if event.status == "ok" and event.ttft_s is not None:
             self.model_for(sent.profile).update(sent.features, event.ttft_s)
-        elif event.ttft_s is None and sent.due_s > event.time_s:
-            # Gone before its first token: the prefill it would still have done leaves the queue.
-            self._shorten_backlog(
-                sent.instance_id, sent.due_s - max(event.time_s, sent.starts_s), event.time_s
-            )
+        elif event.ttft_s is None and event.time_s < sent.due_s:
+            # Gone before its first token: what it had left to prefill leaves the queue.
+            self.queues.remove(sent.instance_id, sent.tokens, sent.pairs)
 
     def model_for(self, profile: str) -> OnlineLinearModel:
         model = self.models.get(profile)
