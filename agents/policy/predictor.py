@@ -6,10 +6,11 @@ a prior and non-negative coefficients. State is O(k^2); ``predict`` is one ``X @
 
 Update with one sample ``(x, y)`` and the a-priori prediction ``p = theta . x``:
 
-* error scale ``m = max(|y|, c/4)`` (``relative``; ``m = c`` otherwise), ``c`` = running mean of
-  ``max(|y|, |p|)``. Weighting the sample by ``(c/m)^2`` makes the fit least squares on
-  *relative* errors, which is what MAPE scores. ``m`` comes from the measured ``y``, never from
-  the prediction: a model that predicts far too much must learn most from exactly those samples.
+* error scale ``m = max(|y|, c/64)`` (``relative``; ``m = c`` otherwise), ``c`` = running mean
+  of ``max(|y|, |p|)``. Weighting the sample by ``(c/m)^2`` makes the fit least squares on
+  *relative* errors, which is what MAPE scores (the floor only stops a near-zero ``y`` from
+  outweighing thousands of samples). ``m`` comes from the measured ``y``, never from the
+  prediction: a model that predicts far too much must learn most from exactly those samples.
 * Huber: ``e = |y - p| / m``, ``h = min(1, k sigma / e)``; ``sigma`` = running mean of
   ``min(e, k sigma)`` (clipped, so outliers cannot inflate it).
 * statistics, ``g = h (c/m)^2``: ``A <- lambda A + g x x^T``, ``b <- lambda b + g x y``,
@@ -39,6 +40,7 @@ FloatArray = npt.NDArray[np.float64]
 _SIGMA_RATE = 0.02  # adaptation rate of the residual scale sigma
 _SIGMA_FLOOR = 1e-9  # in units of e; keeps the Huber test well defined
 _RIDGE_FLOOR = 1e-9  # relative ridge that keeps the solve well posed once the prior has faded
+_ERROR_FLOOR = 1 / 64  # the error scale m is at least this share of the typical scale c
 
 
 class OnlineLinearModel:
@@ -129,7 +131,7 @@ class OnlineLinearModel:
         n = self._n + 1
         rate = max(1.0 / n, 1.0 - self._lambda)
         c = self._c + rate * (max(abs(y), abs(pred)) - self._c)
-        m = max(abs(y), c / 4.0) if self._relative else c
+        m = max(abs(y), _ERROR_FLOOR * c) if self._relative else c
         if m <= 0 or c <= 0:  # y = p = 0: nothing to learn from
             return pred
         self._n, self._c = n, c

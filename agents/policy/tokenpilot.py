@@ -29,6 +29,12 @@ seconds, so a prediction error cannot compound from one decision to the next.
 completions (the features recorded at decision time against the TTFT the completion reports),
 so a heterogeneous pool is compared in seconds, not counts.
 
+The pick minimises ``TTFT_i + spare_others · delay_i``: ``delay_i`` is what the request does to
+the request queued last on i when its first chunk lands in the same engine step as that one's
+last chunk (chunked prefill runs them together, so that first token waits for ours too), priced
+at the calibrated per-token cost. With ``spare_others = 1`` the pick minimises the sum of the
+first-token times it changes; a long prompt no longer lands on a short one just queued.
+
 A cache-warm but busy instance wins only when the prefill it saves outweighs the queue ahead;
 a burst cannot pile onto one instance because each decision immediately adds its work to that
 instance's queue and in-flight counts, and near-ties are broken at random.
@@ -139,10 +145,17 @@ class TokenPilot(RoutingPolicy):
     name = "tokenpilot"
     wants_kv_events = True
 
-    def __init__(self, seed: int = 0, prefill_budget: int = 8192, tie_tolerance: float = 0.02) -> None:
+    def __init__(
+        self,
+        seed: int = 0,
+        prefill_budget: int = 8192,
+        tie_tolerance: float = 0.02,
+        spare_others: float = 1.0,
+    ) -> None:
         super().__init__(seed)
         self.prefill_budget = prefill_budget
         self.tie_tolerance = tie_tolerance
+        self.spare_others = spare_others
         self.index = PrefixIndex()
         self.models: dict[str, OnlineLinearModel] = {}
         self.queues = PrefillQueues()
@@ -158,7 +171,8 @@ class TokenPilot(RoutingPolicy):
         for profile in set(view.profile[mask].tolist()):
             rows = mask & (view.profile == profile)
             predicted[rows] = self.model_for(profile).predict(features[rows])
-        row = self._pick_near_min(predicted, mask)
+        score = predicted + self.spare_others * self._delay_to_others(features, own_tokens, view)
+        row = self._pick_near_min(score, mask)
         self._chosen = _Chosen(now_s, features[row], float(predicted[row]), own_tokens[row], own_pairs[row])
         return Pick(row, "min predicted TTFT", float(predicted[row]))
 
@@ -210,6 +224,19 @@ class TokenPilot(RoutingPolicy):
             step_s[rows] = full_step[rows] @ law
         queues.drain(now_s, step_s, budget)
         return queues.tokens.copy(), queues.pairs.copy()
+
+    def _delay_to_others(self, features: FloatArray, own_tokens: FloatArray, view: ClusterView) -> FloatArray:
+        """Seconds the request's first chunk adds to the step that ends the prefill queued last on
+        each row (chunked prefill runs both in one step, so that first token waits for ours)."""
+        queued = features[:, 3] - own_tokens
+        tail = np.mod(queued, self.prefill_budget)
+        joins = (queued > 0) & (tail > 0)
+        chunk = np.where(joins, np.minimum(own_tokens, self.prefill_budget - tail), 0.0)
+        delay = np.zeros(len(view))
+        for profile in set(view.profile.tolist()):
+            rows = view.profile == profile
+            delay[rows] = self.model_for(profile).coefficients["prefill_tokens"] * chunk[rows]
+        return delay
 
     def _pick_near_min(self, predicted: FloatArray, mask: BoolArray) -> int:
         """Lowest prediction; rows within ``tie_tolerance`` of it are equally good (random pick)."""

@@ -6,7 +6,7 @@ import math
 
 from agents.policy.slo import DEFAULT_SLO_CLASSES
 from sim.engine import Attempt
-from sim.metrics import percentile, report
+from sim.metrics import percentile, prediction_mape, report
 from tests.sim.helpers import request
 
 
@@ -57,3 +57,18 @@ def test_goodput_throughput_and_compliant_share() -> None:
     assert isinstance(per_class, dict)
     assert per_class["batch"]["output_tokens_per_s"] == 4.5
     assert per_class["interactive"]["ttft_p50_s"] == 3.0  # [0.5, 3, 10.5]
+
+
+def test_prediction_mape_scores_predictions_after_the_warm_up_only() -> None:
+    early = attempt("early", 0.0, 1.0, 2.0, 10, "ok")  # inside the first 10 % of the window
+    exact = attempt("exact", 50.0, 52.0, 60.0, 10, "ok")
+    double = attempt("double", 60.0, 61.0, 70.0, 10, "ok")
+    gone = attempt("gone", 70.0, None, 80.0, 0, "aborted")  # no first token: nothing to score
+    early.predicted_ttft_s, exact.predicted_ttft_s, double.predicted_ttft_s = 9.0, 2.0, 2.0
+    gone.predicted_ttft_s = 1.0
+    attempts = [early, exact, double, gone, attempt("end", 100.0, 100.5, 101.0, 10, "ok")]
+    assert prediction_mape(attempts, (0.0, 100.0)) == 0.5  # (0 + 1) / 2
+    assert report(attempts, (0.0, 100.0), DEFAULT_SLO_CLASSES, None)["ttft_prediction_mape"] == 0.5
+    for a in attempts:
+        a.predicted_ttft_s = None
+    assert prediction_mape(attempts, (0.0, 100.0)) is None  # a policy that predicts nothing

@@ -81,3 +81,43 @@ def test_completions_calibrate_the_model() -> None:
     assert pilot.models["p"].count == 200
     error = pilot.prediction_error()["p"]
     assert error is not None and error < 0.2  # from 67 % off to within a few percent
+
+
+def cold(rid: str, tokens: int) -> RequestView:
+    """A request sharing no prefix with anything."""
+    return RequestView(rid, 1, "t", "m", "interactive", tokens, 64, (), 0.0)
+
+
+def test_queue_ahead_drains_with_time_and_empties_at_an_idle_heartbeat() -> None:
+    pilot = TokenPilot(seed=0)
+    busy = view([1, 1], [0, 0])
+    pilot.decide([cold("a", 32_768)], busy, 0.0)
+    row = int(np.argmax(pilot.queues.tokens))
+    own = 1000
+    queued_now = pilot.features(cold("b", own), busy, 0.0)[row, 3]
+    queued_later = pilot.features(cold("b", own), busy, 0.5)[row, 3]
+    queued_much_later = pilot.features(cold("b", own), busy, 60.0)[row, 3]
+    assert queued_now == 32_768 + own
+    assert own < queued_later < queued_now  # draining at 8192 tokens per predicted step
+    assert queued_much_later == own
+    pilot.decide([cold("c", 32_768)], busy, 61.0)
+    idle = view([0, 0], [0, 0])
+    idle.last_heartbeat_s[:] = 62.0  # both report idle after that send
+    assert (pilot.features(cold("d", own), idle, 62.0)[:, 3] == own).all()
+
+
+def test_a_long_prompt_does_not_join_the_step_of_a_short_one_just_queued() -> None:
+    # Two idle instances; a short prompt goes first. A long one then predicts the same TTFT on
+    # both rows (the short prefill ahead is tiny), but on the short one's row its first chunk
+    # would share that one's only step and delay its first token: with spare_others it goes
+    # to the other row every time; without, it is a coin toss.
+    spared, tossed = set(), set()
+    for seed in range(8):
+        for spare, picks in ((1.0, spared), (0.0, tossed)):
+            pilot = TokenPilot(seed=seed, spare_others=spare, tie_tolerance=0.05)
+            v = view([0, 0], [0, 0])
+            (short,) = pilot.decide([cold("short", 100)], v, 0.0)
+            (long,) = pilot.decide([cold("long", 6000)], v, 0.0)
+            picks.add(long.instance != short.instance)
+    assert spared == {True}
+    assert tossed == {True, False}
