@@ -111,7 +111,8 @@ def test_a_long_prompt_does_not_join_the_step_of_a_short_one_just_queued() -> No
     # both rows (the short prefill ahead is tiny), but on the short one's row its first chunk
     # would share that one's only step and delay its first token: with spare_others it goes
     # to the other row every time; without, it is a coin toss.
-    spared, tossed = set(), set()
+    spared: set[bool] = set()
+    tossed: set[bool] = set()
     for seed in range(8):
         for spare, picks in ((1.0, spared), (0.0, tossed)):
             pilot = TokenPilot(seed=seed, spare_others=spare, tie_tolerance=0.05)
