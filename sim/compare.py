@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agents.policy import POLICIES
+from agents.policy.types import BLOCK_TOKENS
 from sim.fleet import FleetSpec
 from sim.ideal import ideal_attempts
 from sim.metrics import report
@@ -14,10 +15,11 @@ from sim.runner import SimConfig, simulate
 from sim.workload import Workload
 
 IDEAL = "ideal"
+IDEAL_FLEET_CACHE = "ideal-fleet-cache"
 
 
 def known_policies() -> list[str]:
-    return [*POLICIES, IDEAL]
+    return [*POLICIES, IDEAL, IDEAL_FLEET_CACHE]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,9 +50,11 @@ def compare(
     timings = []
     for name in policies:
         started = time.perf_counter()
-        if name == IDEAL:
+        if name in (IDEAL, IDEAL_FLEET_CACHE):
             window = (scaled.requests[0].arrival_s, scaled.requests[-1].arrival_s)
-            attempts = ideal_attempts(scaled, fleet, config.budget_for, window[1])
+            blocks = sum(spec.profile.kv_tokens // BLOCK_TOKENS for spec in fleet.instances)
+            cache = blocks if name == IDEAL_FLEET_CACHE else None
+            attempts = ideal_attempts(scaled, fleet, config.budget_for, window[1], cache)
             results[name] = report(attempts, window, config.slo_classes, None)
         else:
             tick = progress(name, len(scaled.requests)) if progress else None

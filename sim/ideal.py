@@ -1,14 +1,17 @@
-"""The ``ideal`` bound: the latency floor no router can beat on this workload and hardware.
+"""The ``ideal`` bounds: latency floors no router can beat on this workload and hardware.
 
 Every request is served alone on an idle instance of the fleet's fastest profile (for it) that
-already holds every prompt block any earlier request carried (unlimited cache, no queueing, no
-batching, no client give-ups). Its prefill runs in budget-sized chunks at the step-time formula,
-then it decodes alone (batch of one). Reported like a policy, so each policy's distance from the
-floor is visible.
+already holds every prompt block any earlier request carried (``ideal``: unlimited cache, no
+queueing, no batching, no client give-ups), or every block still in one least-recently-used
+cache as large as the whole fleet's KV memory (``ideal-fleet-cache``: the most any placement of
+prefixes on the real, finite caches could keep; still no queueing). Its prefill runs in
+budget-sized chunks at the step-time formula, then it decodes alone (batch of one). Reported like
+a policy, so each policy's distance from the floor is visible.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 
 from agents.policy.types import BLOCK_TOKENS
@@ -37,10 +40,12 @@ def ideal_attempts(
     fleet: FleetSpec,
     budget_for: Callable[[TraceRequest], int],
     window_end: float,
+    cache_blocks: int | None = None,
 ) -> list[Attempt]:
-    """One completed attempt per request, timed as the bound describes."""
+    """One completed attempt per request, timed as the bound describes; ``cache_blocks`` bounds
+    the pooled LRU cache (None: unlimited)."""
     profiles = {spec.profile.name: spec.profile for spec in fleet.instances}.values()
-    seen: set[int] = set()
+    seen: OrderedDict[int, None] = OrderedDict()
     attempts = []
     for request in workload.requests:
         matched = 0
@@ -49,7 +54,11 @@ def ideal_attempts(
                 break
             matched += 1
         cached = min(matched * BLOCK_TOKENS, request.input_tokens - 1)
-        seen.update(request.block_hashes)
+        for block in request.block_hashes:
+            seen[block] = None
+            seen.move_to_end(block)
+        while cache_blocks is not None and len(seen) > cache_blocks:
+            seen.popitem(last=False)
         attempt = Attempt(request, 1, request.arrival_s, budget_for(request))
         ttft, decode = min(
             _served_alone(p, request.input_tokens, cached, attempt.target_tokens) for p in profiles

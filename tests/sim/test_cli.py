@@ -70,3 +70,16 @@ def test_fleet_yaml_with_data_centres(tmp_path: Path) -> None:
     assert fleet.rtt("eu-west", "us-east") == 0.08
     assert main(["simulate", "--workload", "synthetic:duration_s=60", "--fleet", str(spec),
                  "--policy", "least-tokens", "--quiet"]) == 0  # fmt: skip
+
+
+def test_the_fleet_cache_bound_lies_between_unlimited_cache_and_the_policies(tmp_path: Path) -> None:
+    out = tmp_path / "bounds.json"
+    code = main(
+        ["simulate", "--workload", MOONCAKE, "--fleet", "2xllama3-8b-h100", "--rate-scale", "0.25",
+         "--policy", "ideal", "--policy", "ideal-fleet-cache", "--policy", "least-tokens", "--quiet",
+         "--json", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    r = json.loads(out.read_text())["results"]
+    assert r["ideal"]["cache_hit_ratio"] > r["ideal-fleet-cache"]["cache_hit_ratio"]
+    assert r["ideal"]["ttft_p50_s"] <= r["ideal-fleet-cache"]["ttft_p50_s"] <= r["least-tokens"]["ttft_p50_s"]
