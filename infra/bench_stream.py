@@ -1,6 +1,6 @@
 """Streaming benchmark: requests routed per second by one worker, end to end through the broker.
 
-``python -m infra.bench_stream [--requests N] [--policy NAME] [--feedback] [--repeat K]``
+``python -m infra.bench_stream [--requests N] [--policy NAME] [--feedback] [--repeat K] [--fresh-broker]``
 
 Starts the embedded broker, a ``tokenfleet worker`` subprocess (feedback sink off unless
 ``--feedback``), heartbeats for 8 ``llama3-8b`` instances, and a counting consumer of its own
@@ -9,10 +9,28 @@ that has joined and fixed its offsets before anything is published. Then, per ru
 (a) throughput: N pre-encoded requests (about 8k input tokens, 15-20 prompt blocks sharing
     prefixes) published as fast as aiokafka batches them; routed/s = N / (last decision
     consumed - first request published);
-(b) latency at ``--rate-share`` (default half) of (a)'s rate for ``--seconds``: end-to-end
-    latency = decision consumed - request ``ts`` (one clock; includes this consumer's own fetch
-    wait), the same up to the decision record's timestamp (when the worker sent it), and the
-    worker's own in-policy ``decision_latency_s``; p50 / p99 of each.
+(b) latency at ``--rate-share`` (default half) of (a)'s rate for ``--seconds``. Each request
+    is timed at three points: ``ts`` (stamped by the publisher just before ``send``), the
+    broker's acknowledgement (the request is in the log, where the worker can read it), and
+    the decision's record timestamp (created by the worker, ms resolution). The decision
+    latency is ack -> decision created; ts -> decision created adds the publisher's own
+    queueing; ts -> decision consumed adds the counting consumer's fetch wait as well.
+
+CPU shares of the worker, the broker and this process are printed per phase: everything runs on
+one machine, so a phase where the three add up to the cores available measures the machine.
+
+The embedded broker (Tansu 0.6, memory storage) lists every record batch ever written to a
+partition on each fetch that returns data, so its fetch cost grows with the number of batches
+in ``tf.requests``. A publisher sending one request per produce request (``linger_ms=0`` at a
+few thousand per second) writes tens of thousands of batches per run and slows every later
+fetch; the latency phase's publisher lingers ``--publisher-linger-ms`` (default 5 ms, the
+Kafka 4 producer's default, like a gateway batching its clients' requests). That linger is part
+of the ts -> figures, not of the decision latency. Even so, the broker's CPU per request grows
+run after run on one broker; ``--fresh-broker`` gives each run a new broker and worker.
+
+The decision latency is bracketed, not exact: the acknowledgement comes after the broker
+appended the request (so ack -> decision created may be a little short by up to the produce
+round trip), and ts comes before the publisher's linger (so ts -> decision created is long).
 
 A run's decisions are recognised by a request-id prefix unique to the run, so earlier runs and
 the warm-up never count. Every wait is bounded; the script always ends and stops what it began.
@@ -24,7 +42,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
+import gc
 import json
+import math
 import os
 import random
 import shutil
@@ -34,7 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,23 +94,40 @@ class Received:
 
 
 @dataclass(frozen=True, slots=True)
+class CpuShares:
+    """CPU seconds per wall second of each process during one phase (nan where unknown)."""
+
+    worker: float
+    broker: float
+    bench: float
+
+    def __str__(self) -> str:
+        return f"CPU worker {self.worker:.0%}, broker {self.broker:.0%}, bench {self.bench:.0%}"
+
+
+@dataclass(frozen=True, slots=True)
 class RunFigures:
     publish_per_s: float
     routed_per_s: float
     routed: int
     duplicates: int
     mean_batch: float
+    throughput_cpu: CpuShares
+    worker_cpu_us_per_request: float
     rate_target_per_s: float
     rate_achieved_per_s: float
     latency_sent: int
     latency_routed: int
-    worker_cpu_share: float  # worker CPU seconds / wall seconds during (a); nan if unknown
-    worker_cpu_us_per_request: float
-    e2e_p50_ms: float
+    latency_cpu: CpuShares
+    decision_p50_ms: float  # broker ack of the request -> decision created (the decision latency)
+    decision_p99_ms: float
+    publish_p50_ms: float  # request ts -> broker ack (the publisher's own queueing and round trip)
+    publish_p99_ms: float
+    created_p50_ms: float  # request ts -> decision created (its record timestamp)
+    created_p99_ms: float
+    e2e_p50_ms: float  # request ts -> decision consumed by the benchmark
     e2e_p99_ms: float
     e2e_max_ms: float
-    produced_p50_ms: float  # request ts -> the decision's record timestamp (no consumer wait)
-    produced_p99_ms: float
     policy_p50_us: float
     policy_p99_us: float
 
@@ -261,10 +299,15 @@ async def publish_all(producer: Any, payloads: Sequence[tuple[bytes, bytes]]) ->
 
 async def publish_at_rate(
     producer: Any, payloads: Sequence[tuple[bytes, bytes]], rate_per_s: float, seconds: float
-) -> tuple[int, float]:
-    """Publish request i at start + i / rate (never early) until ``seconds``; (sent, elapsed)."""
+) -> tuple[list[float], float]:
+    """Publish request i at start + i / rate (never early) until ``seconds``.
+
+    Returns the time.time() of each sent request's broker acknowledgement (nan if none came)
+    and the seconds spent sending.
+    """
     key = MODEL.encode()
-    pending: list[Awaitable[Any]] = []
+    acked: list[float] = []
+    pending: list[asyncio.Future[Any]] = []
     start = time.monotonic()
     sent = 0
     while sent < len(payloads):
@@ -273,23 +316,32 @@ async def publish_at_rate(
             break
         due = min(len(payloads), int(elapsed * rate_per_s) + 1)
         while sent < due:
-            pending.append(await producer.send(REQUESTS.name, stamp(payloads[sent], time.time()), key=key))
+            delivery = await producer.send(REQUESTS.name, stamp(payloads[sent], time.time()), key=key)
+            acked.append(math.nan)
+            delivery.add_done_callback(functools.partial(_record_ack, acked, sent))
+            pending.append(delivery)
             sent += 1
         if len(pending) >= _IN_FLIGHT:
             await asyncio.gather(*pending)
             pending.clear()
         await asyncio.sleep(max(0.0, start + sent / rate_per_s - time.monotonic()))
     await asyncio.gather(*pending)
-    return sent, time.monotonic() - start
+    return acked, time.monotonic() - start
+
+
+def _record_ack(acked: list[float], index: int, delivery: asyncio.Future[Any]) -> None:
+    if not delivery.cancelled() and delivery.exception() is None:
+        acked[index] = time.time()
 
 
 # ---------------------------------------------------------------- one run
 
 
 def percentile(values: Sequence[float], share: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
+    """The ``share`` quantile (nearest rank) of the values that are not nan."""
+    ordered = sorted(v for v in values if not math.isnan(v))
+    if not ordered:
+        return math.nan
     return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
 
 
@@ -324,6 +376,57 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def broker_pid() -> int:
+    """The embedded broker: this process's child named ``tansu...``; 0 if there is none."""
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat.rsplit(")", 1)[1].split()
+        if name.startswith("tansu") and int(fields[1]) == os.getpid():
+            return int(entry.name)
+    return 0
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """No garbage collection in this process while it measures.
+
+    This process keeps every payload and every decision it receives, and a full collection
+    walks all of them: measured up to 700 ms per collection, during which nothing is published
+    or consumed and every request in flight looks that much slower. What it allocates while
+    measuring has no reference cycles worth collecting, so nothing piles up.
+    """
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.collect()
+
+
+class CpuMeter:
+    """CPU shares of the worker, the broker and this process from ``start`` to ``stop``."""
+
+    def __init__(self, worker_pid: int) -> None:
+        self.pids = (worker_pid, broker_pid())
+        self._wall = 0.0
+        self._before = (0.0, 0.0, 0.0)
+
+    def _now(self) -> tuple[float, float, float]:
+        worker, broker = (cpu_seconds(pid) if pid else math.nan for pid in self.pids)
+        return worker, broker, time.process_time()
+
+    def start(self) -> None:
+        self._wall, self._before = time.monotonic(), self._now()
+
+    def stop(self) -> CpuShares:
+        wall = max(time.monotonic() - self._wall, 1e-9)
+        worker, broker, bench = (b - a for a, b in zip(self._before, self._now(), strict=True))
+        return CpuShares(worker / wall, broker / wall, bench / wall)
+
+
 async def one_run(
     run: str,
     args: argparse.Namespace,
@@ -333,6 +436,7 @@ async def one_run(
     worker_pid: int,
 ) -> RunFigures:
     fast_payloads = factory.encoded(f"{run}a", args.requests)
+    meter = CpuMeter(worker_pid)
     producer = await start_client(
         lambda: AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=512 * 1024, acks=1),
         "bench producer",
@@ -340,57 +444,73 @@ async def one_run(
     try:
         # (a) throughput
         counter.begin(f"{run}a")
-        cpu_before = cpu_seconds(worker_pid)
-        first, delivered = await publish_all(producer, fast_payloads)
-        publish_per_s = args.requests / max(delivered - first, 1e-9)
-        _log(f"{run}: published {args.requests} in {delivered - first:.2f} s; waiting for decisions")
-        await counter.wait_for(args.requests, stall_s=args.stall, limit_s=args.requests / 500 + 60)
-        cpu_used = cpu_seconds(worker_pid) - cpu_before
+        with paused_gc():
+            meter.start()
+            first, delivered = await publish_all(producer, fast_payloads)
+            publish_per_s = args.requests / max(delivered - first, 1e-9)
+            _log(f"{run}: published {args.requests} in {delivered - first:.2f} s; waiting for decisions")
+            await counter.wait_for(args.requests, stall_s=args.stall, limit_s=args.requests / 500 + 60)
+            throughput_cpu = meter.stop()
         decisions, duplicates = _parsed(counter.received)
         if not decisions:
             raise RuntimeError(f"{run}: no routing decision arrived (see the worker log)")
         last = max(item.consumed_s for item, _ in decisions)
         routed_per_s = len(decisions) / max(last - first, 1e-9)
         mean_batch = len(decisions) / _policy_calls([d for _, d in decisions])
-        _log(f"{run}: {len(decisions)} routed, {routed_per_s:,.0f}/s")
+        _log(f"{run}: {len(decisions)} routed, {routed_per_s:,.0f}/s; {throughput_cpu}")
     finally:
         await producer.stop()
 
-    # (b) latency at a share of the measured rate; no linger: every message leaves at once.
+    # (b) latency at a share of the measured rate
     rate = max(1.0, args.rate_share * routed_per_s)
     slow_payloads = factory.encoded(f"{run}b", int(rate * args.seconds) + 1)
     producer = await start_client(
-        lambda: AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, acks=1), "bench producer"
+        lambda: AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=args.publisher_linger_ms, acks=1),
+        "bench producer",
     )
     try:
         await asyncio.sleep(1.0)  # the backlog of (a) is gone
         counter.begin(f"{run}b")
         _log(f"{run}: latency at {rate:,.0f} requests/s for {args.seconds:.0f} s")
-        sent, elapsed = await publish_at_rate(producer, slow_payloads, rate, args.seconds)
-        await counter.wait_for(sent, stall_s=args.stall, limit_s=30)
+        with paused_gc():
+            meter.start()
+            acked, elapsed = await publish_at_rate(producer, slow_payloads, rate, args.seconds)
+            latency_cpu = meter.stop()
+            await counter.wait_for(len(acked), stall_s=args.stall, limit_s=30)
         timed, _ = _parsed(counter.received)
     finally:
         await producer.stop()
-    e2e = [item.consumed_s - d["request"]["ts"] for item, d in timed]
-    produced = [item.produced_s - d["request"]["ts"] for item, d in timed]
+    prefix = len(f"{run}b-")
+    ack = [acked[int(d["request_id"][prefix:])] for _, d in timed]
+    ts = [d["request"]["ts"] for _, d in timed]
+    decision = [item.produced_s - a for (item, _), a in zip(timed, ack, strict=True)]
+    publish = [a - t for a, t in zip(ack, ts, strict=True)]
+    created = [item.produced_s - t for (item, _), t in zip(timed, ts, strict=True)]
+    e2e = [item.consumed_s - t for (item, _), t in zip(timed, ts, strict=True)]
     policy = [d["decision_latency_s"] for _, d in timed]
+    _log(f"{run}: {len(timed)} of {len(acked)} routed; {latency_cpu}")
     return RunFigures(
         publish_per_s=publish_per_s,
         routed_per_s=routed_per_s,
         routed=len(decisions),
         duplicates=duplicates,
         mean_batch=mean_batch,
+        throughput_cpu=throughput_cpu,
+        worker_cpu_us_per_request=1e6 * throughput_cpu.worker * (last - first) / len(decisions),
         rate_target_per_s=rate,
-        rate_achieved_per_s=sent / max(elapsed, 1e-9),
-        latency_sent=sent,
+        rate_achieved_per_s=len(acked) / max(elapsed, 1e-9),
+        latency_sent=len(acked),
         latency_routed=len(timed),
-        worker_cpu_share=cpu_used / max(last - first, 1e-9),
-        worker_cpu_us_per_request=1e6 * cpu_used / len(decisions),
+        latency_cpu=latency_cpu,
+        decision_p50_ms=1e3 * percentile(decision, 0.50),
+        decision_p99_ms=1e3 * percentile(decision, 0.99),
+        publish_p50_ms=1e3 * percentile(publish, 0.50),
+        publish_p99_ms=1e3 * percentile(publish, 0.99),
+        created_p50_ms=1e3 * percentile(created, 0.50),
+        created_p99_ms=1e3 * percentile(created, 0.99),
         e2e_p50_ms=1e3 * percentile(e2e, 0.50),
         e2e_p99_ms=1e3 * percentile(e2e, 0.99),
-        e2e_max_ms=1e3 * max(e2e, default=float("nan")),
-        produced_p50_ms=1e3 * percentile(produced, 0.50),
-        produced_p99_ms=1e3 * percentile(produced, 0.99),
+        e2e_max_ms=1e3 * max(e2e, default=math.nan),
         policy_p50_us=1e6 * percentile(policy, 0.50),
         policy_p99_us=1e6 * percentile(policy, 0.99),
     )
@@ -447,7 +567,11 @@ async def wait_ready(marker: Path, worker: subprocess.Popen[bytes], timeout_s: f
 
 
 async def orchestrate(
-    args: argparse.Namespace, bootstrap: str, settings: Settings, worker: subprocess.Popen[bytes]
+    args: argparse.Namespace,
+    bootstrap: str,
+    settings: Settings,
+    worker: subprocess.Popen[bytes],
+    runs: range,
 ) -> list[RunFigures]:
     counter = DecisionCounter(bootstrap)
     stop_beats = asyncio.Event()
@@ -470,7 +594,7 @@ async def orchestrate(
                 f"warm-up: {len(counter.received)} of {args.warmup} requests routed (see the worker log)"
             )
         results = []
-        for i in range(args.repeat):
+        for i in runs:
             if worker.poll() is not None:
                 raise RuntimeError(f"the worker exited with code {worker.returncode}")
             results.append(await one_run(f"run{i}", args, bootstrap, counter, factory, worker.pid))
@@ -487,18 +611,22 @@ def format_run(index: int, f: RunFigures) -> str:
     return (
         f"run {index}: publish {f.publish_per_s:,.0f} msg/s | routed {f.routed_per_s:,.0f} req/s "
         f"({f.routed} routed, {f.duplicates} duplicates, {f.mean_batch:.0f} requests per policy call, "
-        f"worker CPU {f.worker_cpu_share:.0%}, {f.worker_cpu_us_per_request:.0f} us per request)\n"
+        f"{f.worker_cpu_us_per_request:.0f} us worker CPU per request; {f.throughput_cpu})\n"
         f"       at {f.rate_target_per_s:,.0f} req/s (sent {f.rate_achieved_per_s:,.0f}/s, "
-        f"{f.latency_routed}/{f.latency_sent} routed): ts -> consumed p50 {f.e2e_p50_ms:.1f} ms, "
-        f"p99 {f.e2e_p99_ms:.1f} ms, max {f.e2e_max_ms:.1f} ms; ts -> decision sent "
-        f"p50 {f.produced_p50_ms:.1f} ms, p99 {f.produced_p99_ms:.1f} ms; "
-        f"in-policy p50 {f.policy_p50_us:.1f} us, p99 {f.policy_p99_us:.1f} us per request"
+        f"{f.latency_routed}/{f.latency_sent} routed; {f.latency_cpu}):\n"
+        f"       decision latency (request in the log -> decision created) p50 {f.decision_p50_ms:.1f} ms, "
+        f"p99 {f.decision_p99_ms:.1f} ms; ts -> request in the log p50 {f.publish_p50_ms:.1f} ms, "
+        f"p99 {f.publish_p99_ms:.1f} ms;\n"
+        f"       ts -> decision created p50 {f.created_p50_ms:.1f} ms, p99 {f.created_p99_ms:.1f} ms; "
+        f"ts -> decision consumed p50 {f.e2e_p50_ms:.1f} ms, p99 {f.e2e_p99_ms:.1f} ms, "
+        f"max {f.e2e_max_ms:.1f} ms; in-policy p50 {f.policy_p50_us:.1f} us, p99 {f.policy_p99_us:.1f} us "
+        f"per request"
     )
 
 
 def format_summary(args: argparse.Namespace, results: Sequence[RunFigures]) -> str:
     def med(name: str) -> float:
-        return float(statistics.median(getattr(r, name) for r in results))
+        return float(statistics.median(_figure(r, name) for r in results))
 
     label = f"median of {len(results)} runs" if len(results) > 1 else "measured"
     rows = [
@@ -511,18 +639,34 @@ def format_summary(args: argparse.Namespace, results: Sequence[RunFigures]) -> s
         ("", "", "minimal Faust relay ~4 900 msg/s"),
         ("worker CPU while routing", f"{med('worker_cpu_us_per_request'):,.0f} us/req", ""),
         (
+            "CPU worker / broker / bench, throughput",
+            f"{med('throughput_cpu.worker'):.0%} / {med('throughput_cpu.broker'):.0%} / "
+            f"{med('throughput_cpu.bench'):.0%}",
+            f"of {os.cpu_count()} CPUs",
+        ),
+        (
             "latency phase rate",
             f"{med('rate_achieved_per_s'):,.0f} req/s",
             f"{args.rate_share:.0%} of routed",
         ),
-        ("latency p50, request ts -> decision consumed", f"{med('e2e_p50_ms'):.1f} ms", ""),
         (
-            "latency p99, request ts -> decision consumed",
-            f"{med('e2e_p99_ms'):.1f} ms",
+            "CPU worker / broker / bench, latency",
+            f"{med('latency_cpu.worker'):.0%} / {med('latency_cpu.broker'):.0%} / "
+            f"{med('latency_cpu.bench'):.0%}",
+            "",
+        ),
+        ("decision latency p50, request in log -> decided", f"{med('decision_p50_ms'):.1f} ms", ""),
+        (
+            "decision latency p99, request in log -> decided",
+            f"{med('decision_p99_ms'):.1f} ms",
             "target p99 <= 20 ms",
         ),
-        ("latency p50, request ts -> decision sent", f"{med('produced_p50_ms'):.1f} ms", ""),
-        ("latency p99, request ts -> decision sent", f"{med('produced_p99_ms'):.1f} ms", ""),
+        ("publisher p50, request ts -> request in log", f"{med('publish_p50_ms'):.1f} ms", ""),
+        ("publisher p99, request ts -> request in log", f"{med('publish_p99_ms'):.1f} ms", ""),
+        ("latency p50, request ts -> decision created", f"{med('created_p50_ms'):.1f} ms", ""),
+        ("latency p99, request ts -> decision created", f"{med('created_p99_ms'):.1f} ms", ""),
+        ("latency p50, request ts -> decision consumed", f"{med('e2e_p50_ms'):.1f} ms", ""),
+        ("latency p99, request ts -> decision consumed", f"{med('e2e_p99_ms'):.1f} ms", ""),
         ("in-policy decision latency p50 (per request)", f"{med('policy_p50_us'):.1f} us", ""),
         ("in-policy decision latency p99 (per request)", f"{med('policy_p99_us'):.1f} us", ""),
         ("requests per policy call (batch), mean", f"{med('mean_batch'):.0f}", ""),
@@ -530,41 +674,34 @@ def format_summary(args: argparse.Namespace, results: Sequence[RunFigures]) -> s
     lines = [
         "",
         f"streaming benchmark: policy {args.policy}, {args.requests} requests per run, "
-        f"feedback {'on' if args.feedback else 'off'}, {os.cpu_count()} CPUs",
-        f"{'':46}{label:>18}   reference (issue 3)",
-        *(f"{name:46}{value:>18}   {ref}".rstrip() for name, value, ref in rows),
+        f"feedback {'on' if args.feedback else 'off'}, publisher linger {args.publisher_linger_ms} ms "
+        f"in the latency phase, {'a new' if args.fresh_broker else 'one'} broker and worker "
+        f"{'per run' if args.fresh_broker else 'for all runs'}, {os.cpu_count()} CPUs",
+        f"{'':48}{label:>18}   reference (issue 3)",
+        *(f"{name:48}{value:>18}   {ref}".rstrip() for name, value, ref in rows),
     ]
     return "\n".join(lines)
 
 
+def _figure(figures: RunFigures, name: str) -> float:
+    """A figure by (dotted) name, e.g. ``latency_cpu.worker``."""
+    value: Any = figures
+    for part in name.split("."):
+        value = getattr(value, part)
+    return float(value)
+
+
 def run(args: argparse.Namespace) -> int:
+    """All runs on one broker and worker, or (``--fresh-broker``) each run on new ones."""
     data_dir = Path(tempfile.mkdtemp(prefix="tokenfleet-bench-"))
-    settings = Settings(
-        data_dir=data_dir,
-        policy=args.policy,
-        app_id=f"bench-{os.getpid()}-{time.time_ns()}",
-        worker_web_port=free_port(),
-        clickhouse_dsn="" if args.feedback else "off",
-    )
+    sessions = [range(i, i + 1) for i in range(args.repeat)] if args.fresh_broker else [range(args.repeat)]
+    results: list[RunFigures] = []
     try:
-        with embedded_broker(log_path=data_dir / "tansu.log") as bootstrap:
-            ensure_topics(bootstrap, settings.topic_partitions)
-            _log(f"broker {bootstrap}; worker {settings.app_id} (policy {args.policy}), data {data_dir}")
-            worker = start_worker(bootstrap, settings, args.feedback, args.worker_env)
-            profiler = None
-            try:
-                if args.profile:
-                    profiler = _start_profiler(worker.pid, args.profile)
-                results = asyncio.run(orchestrate(args, bootstrap, settings, worker))
-            except Exception as exc:
-                _log(f"failed: {exc}")
-                _log("worker log tail:\n" + _tail(data_dir / "worker.log"))
+        for runs in sessions:
+            figures = session(args, data_dir, runs)
+            if figures is None:
                 return 1
-            finally:
-                code = stop_worker(worker)
-                if profiler is not None:
-                    profiler.wait(timeout=30)
-                _log(f"worker stopped (exit code {code})")
+            results += figures
         print(format_summary(args, results))
         return 0
     finally:
@@ -572,6 +709,35 @@ def run(args: argparse.Namespace) -> int:
             _log(f"kept {data_dir}")
         else:
             shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def session(args: argparse.Namespace, data_dir: Path, runs: range) -> list[RunFigures] | None:
+    """Start a broker and a worker, measure ``runs`` on them, stop both; None if it failed."""
+    settings = Settings(
+        data_dir=data_dir,
+        policy=args.policy,
+        app_id=f"bench-{os.getpid()}-{time.time_ns()}",
+        worker_web_port=free_port(),
+        clickhouse_dsn="" if args.feedback else "off",
+    )
+    with embedded_broker(log_path=data_dir / "tansu.log") as bootstrap:
+        ensure_topics(bootstrap, settings.topic_partitions)
+        _log(f"broker {bootstrap}; worker {settings.app_id} (policy {args.policy}), data {data_dir}")
+        worker = start_worker(bootstrap, settings, args.feedback, args.worker_env)
+        profiler = None
+        try:
+            if args.profile:
+                profiler = _start_profiler(worker.pid, args.profile)
+            return asyncio.run(orchestrate(args, bootstrap, settings, worker, runs))
+        except Exception as exc:
+            _log(f"failed: {exc}")
+            _log("worker log tail:\n" + _tail(data_dir / "worker.log"))
+            return None
+        finally:
+            code = stop_worker(worker)
+            if profiler is not None:
+                profiler.wait(timeout=30)
+            _log(f"worker stopped (exit code {code})")
 
 
 def _start_profiler(pid: int, out: str) -> subprocess.Popen[bytes]:
@@ -610,12 +776,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policy", default="round-robin", help="routing policy of the worker")
     parser.add_argument("--feedback", action="store_true", help="ClickHouse feedback sink on (tmp dir)")
     parser.add_argument("--repeat", type=int, default=1, help="runs; figures are their median")
+    parser.add_argument(
+        "--fresh-broker",
+        action="store_true",
+        help="each run on a new broker and worker (the embedded broker slows down as its log grows)",
+    )
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the latency phase")
     parser.add_argument("--rate-share", type=float, default=0.5, help="latency rate / measured rate")
+    parser.add_argument(
+        "--publisher-linger-ms",
+        type=int,
+        default=5,
+        help="the latency phase's producer linger (0: a produce request per request; see above)",
+    )
     parser.add_argument("--warmup", type=int, default=1000, help="requests routed before measuring")
     parser.add_argument("--stall", type=float, default=15.0, help="give up after this long with no decision")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--profile", metavar="SVG", help="py-spy the worker into SVG (.txt: raw stacks)")
+    parser.add_argument(
+        "--profile", metavar="SVG", help="py-spy the (last) worker into SVG (.txt: raw stacks)"
+    )
     parser.add_argument(
         "--worker-env",
         action="append",
@@ -627,6 +806,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.requests < 1 or args.repeat < 1 or args.seconds <= 0 or not 0 < args.rate_share <= 1:
         parser.error("--requests and --repeat must be >= 1, --seconds > 0, 0 < --rate-share <= 1")
+    if args.publisher_linger_ms < 0:
+        parser.error("--publisher-linger-ms must be >= 0")
     if any("=" not in item for item in args.worker_env):
         parser.error("--worker-env takes KEY=VALUE")
     return run(args)

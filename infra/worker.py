@@ -7,6 +7,7 @@ directory: the engine locks it, so readers query through this process or after i
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import socket
@@ -16,7 +17,6 @@ from typing import Any
 
 import faust
 
-from agents.ports import NoTelemetry
 from agents.routing import Router
 from agents.streaming import register_agents
 from infra import metrics
@@ -40,18 +40,20 @@ def kafka_bootstrap(settings: Settings) -> Iterator[str]:
 
 
 def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) -> tuple[faust.App, Any]:
-    """The Faust app with every agent registered; returns (app, feedback store or None)."""
+    """The Faust app with every agent registered; returns (app, feedback store or None).
+
+    ``feedback=False`` turns off the ClickHouse sink only: Prometheus telemetry is always on.
+    """
     web_port = settings.worker_web_port or free_port()
     app, channels = create_app(settings, bootstrap, web_port=web_port)
     store = ClickHouseFeedback(settings.clickhouse_url, settings.slo()) if feedback else None
-    telemetry = metrics.PrometheusTelemetry() if feedback else NoTelemetry()
     register_agents(
         app,
         bootstrap,
         channels,
         Router(settings.policy, worker=f"{socket.gethostname()}:{os.getpid()}"),
         store,
-        telemetry,
+        metrics.PrometheusTelemetry(),
         batch_size=settings.route_batch_size,
         batch_window_s=settings.route_batch_window_s,
         request_fetch_max_wait_ms=settings.request_fetch_max_wait_ms,
@@ -92,12 +94,22 @@ def run_worker(settings: Settings, loglevel: str = "warn") -> None:
 
 
 class ReadyMarkingWorker(faust.Worker):
-    """A Faust worker that writes ``ready_file`` once partitions are assigned and tables recovered."""
+    """A Faust worker that writes ``ready_file`` once partitions are assigned and tables recovered.
+
+    It also moves everything alive at that point (~100 000 objects: modules, Faust, aiokafka,
+    pydantic schemas) out of the garbage collector's reach with ``gc.freeze()``. Routing
+    allocates fast, so full collections come every few seconds, and each one walked all of that
+    while every request in the worker waited: measured in a 3-run benchmark on a busy 2-core
+    machine, 32 full collections of 35-270 ms (3.6 s in all) before, 2-130 ms (1.1 s) after.
+    """
 
     ready_file: Path
 
     async def on_startup_finished(self) -> None:
         await super().on_startup_finished()
+        gc.collect()
+        gc.freeze()
+        log.info("worker ready; %d objects frozen out of garbage collection", gc.get_freeze_count())
         self.ready_file.write_text(f"{os.getpid()}\n")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,7 +32,14 @@ def unique(prefix: str) -> str:
 class WorkerProcess:
     """``tokenfleet worker`` as a subprocess with its own app id (consumer group) and data dir."""
 
-    def __init__(self, bootstrap: str, app_id: str, data_dir: Path, clickhouse: str = "off") -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        app_id: str,
+        data_dir: Path,
+        clickhouse: str = "off",
+        settings: dict[str, str] | None = None,
+    ) -> None:
         self.ready_file = data_dir / f"{app_id}.worker.ready"
         self.log_path = data_dir / f"{app_id}-{time.time_ns()}.log"
         env = {
@@ -42,6 +50,7 @@ class WorkerProcess:
             "TOKENFLEET_CLICKHOUSE_DSN": clickhouse,
             "TOKENFLEET_WORKER_WEB_PORT": "0",
             "TOKENFLEET_POLICY": "least-request",
+            **(settings or {}),
         }
         data_dir.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("wb")
@@ -73,6 +82,13 @@ class WorkerProcess:
         self._log.close()
         if kill:
             self.ready_file.unlink(missing_ok=True)
+
+    def metrics_url(self) -> str:
+        """The worker's ``/metrics`` address, from the line it logs at start-up."""
+        found = re.search(r"metrics (http://\S+/metrics)", self.log_path.read_text(errors="replace"))
+        if found is None:
+            raise AssertionError(f"the worker logged no metrics address:\n{self.log()}")
+        return found.group(1)
 
     def log(self) -> str:
         if not self._log.closed:

@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+import urllib.request
 from pathlib import Path
+
+from aiokafka import AIOKafkaProducer
+from prometheus_client.parser import text_string_to_metric_families
 
 from infra.clickhouse.client import connect
 from schemas.events import AdmissionDecision, Completion, DeadLetter, RoutingDecision
@@ -199,3 +203,62 @@ def test_two_workers_share_partitions_and_rebalance(broker: str, tmp_path: Path)
     assert len(shared) == 2, shared  # the partitions were split between the two workers
     assert set().union(*shared.values()) == set(pools)
     assert len(alone) == 1 and next(iter(alone.values())) == set(pools), one.log()
+
+
+def test_prometheus_metrics_are_served_with_the_clickhouse_sink_off(broker: str, tmp_path: Path) -> None:
+    pool = unique("pool")
+    worker = WorkerProcess(broker, unique("app"), tmp_path, clickhouse="off")
+    try:
+        worker.wait_ready()
+
+        async def scenario() -> None:
+            async with Collector(broker, DECISIONS, pool.encode()) as routed:
+                await publish(broker, HEARTBEATS, [heartbeat(pool, "i-1")])
+                await asyncio.sleep(1.0)
+                await publish(broker, REQUESTS, [request(pool, "r-1"), request(pool, "r-2")])
+                await routed.wait_for(2)
+
+        asyncio.run(scenario())
+        with urllib.request.urlopen(worker.metrics_url(), timeout=10) as response:
+            text = response.read().decode()
+    finally:
+        worker.stop()
+    admitted = {
+        sample.labels["policy"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "tokenfleet_decisions_total" and sample.labels.get("outcome") == "admit"
+    }
+    assert admitted.get("least-request", 0) >= 2, text[:2000]
+
+
+def test_a_pools_decisions_keep_the_order_of_its_requests(broker: str, tmp_path: Path) -> None:
+    """Small lane batches, many of them awaiting delivery at once: the order holds across them."""
+    pool = unique("pool")
+    ids = [f"r{i:04d}" for i in range(400)]
+    worker = WorkerProcess(broker, unique("app"), tmp_path, settings={"TOKENFLEET_REQUEST_BATCH_MAX": "7"})
+    try:
+        worker.wait_ready()
+
+        async def scenario() -> list[bytes]:
+            async with Collector(broker, DECISIONS, pool.encode()) as routed:
+                await publish(broker, HEARTBEATS, [heartbeat(pool, "i-1"), heartbeat(pool, "i-2")])
+                await asyncio.sleep(1.0)
+                producer = AIOKafkaProducer(bootstrap_servers=broker, linger_ms=20)
+                await producer.start()
+                try:  # one burst: the lane reads it in batches of 7
+                    sent = [
+                        await producer.send(
+                            REQUESTS.name, request(pool, r).model_dump_json().encode(), key=pool.encode()
+                        )
+                        for r in ids
+                    ]
+                    await asyncio.gather(*sent)
+                finally:
+                    await producer.stop()
+                return await routed.wait_for(len(ids))
+
+        routed = decisions(asyncio.run(scenario()))
+    finally:
+        worker.stop()
+    assert [d.request_id for d in routed] == ids
