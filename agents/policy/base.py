@@ -43,6 +43,7 @@ class RoutingPolicy:
     def __init__(self, seed: int = 0) -> None:
         self.rng = np.random.default_rng(seed)
         self.in_flight = InFlight()
+        self._candidates_cache: tuple[ClusterView, str, BoolArray] | None = None
 
     def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Pick:
         raise NotImplementedError
@@ -50,7 +51,7 @@ class RoutingPolicy:
     def decide(self, requests: Sequence[RequestView], view: ClusterView, now_s: float) -> list[Decision]:
         decisions = []
         for request in requests:
-            mask = view.candidates(request)
+            mask = self._candidates(request, view)
             if not mask.any():
                 decisions.append(
                     Decision(
@@ -75,6 +76,16 @@ class RoutingPolicy:
                 )
             )
         return decisions
+
+    def _candidates(self, request: RequestView, view: ClusterView) -> BoolArray:
+        """``view.candidates(request)``, computed once per snapshot and model (string compares
+        over the whole pool are among the costliest steps of a decision on a large pool)."""
+        cached = self._candidates_cache
+        if cached is not None and cached[0] is view and cached[1] == request.model:
+            return cached[2]
+        mask = view.candidates(request)
+        self._candidates_cache = (view, request.model, mask)
+        return mask
 
     def on_routed(self, request: RequestView, view: ClusterView, row: int) -> None:
         """Hook after a request was sent to ``row`` (e.g. remember its prefix there)."""

@@ -96,6 +96,11 @@ class OnlineLinearModel:
         return self._n
 
     @property
+    def theta(self) -> FloatArray:
+        """Current ``theta`` as an array in feature order (read-only: do not modify)."""
+        return self._theta
+
+    @property
     def coefficients(self) -> dict[str, float]:
         """Current ``theta`` by feature name, in raw feature units."""
         return dict(zip(self.feature_names, self._theta.tolist(), strict=True))

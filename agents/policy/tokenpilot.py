@@ -60,6 +60,7 @@ FEATURES = (
     "kv_shortfall_blocks",
 )
 PRIOR = (0.01, 4e-5, 8e-8, 3e-5, 1.5e-9, 0.01)
+_PREFILL_TOKENS = FEATURES.index("prefill_tokens")
 """A generic H100 7-8B engine, as a soft starting point; calibration replaces it within minutes."""
 
 
@@ -87,24 +88,30 @@ class _Chosen:
 class PrefillQueues:
     """Per instance: prefill tokens and token pairs queued ahead, draining with time.
 
-    Kept by instance id, and as arrays aligned with the rows of the latest view (realigned once
-    per snapshot, O(n); each decision is O(n) numpy, with no per-instance Python loop).
+    Kept per instance slot (a stable small integer per instance id), and as arrays aligned with
+    the rows of the latest view: realigned once per snapshot (one gather, one scatter), then
+    each decision is O(n) numpy, with no per-instance Python loop.
     """
 
     def __init__(self) -> None:
-        self._by_id: dict[str, tuple[float, float, float]] = {}  # tokens, pairs, as of time
+        self._slot_of: dict[str, int] = {}
+        self._state = np.zeros((3, 16))  # tokens, pairs, as-of time, by slot
         self._view: ClusterView | None = None
+        self._slots = np.zeros(0, dtype=np.int64)  # slot of each row of _view
         self.tokens = np.zeros(0)
         self.pairs = np.zeros(0)
         self.as_of = np.zeros(0)
+
+    def aligned_to(self, view: ClusterView) -> bool:
+        return self._view is view
 
     def align(self, view: ClusterView, idle: BoolArray) -> None:
         """Rows of ``view``; ``idle`` rows (idle at their heartbeat, nothing sent since) are empty."""
         if self._view is view:
             return
         self._save()
-        state = np.array([self._by_id.get(i, (0.0, 0.0, 0.0)) for i in view.instance_ids]).reshape(-1, 3)
-        self.tokens, self.pairs, self.as_of = state[:, 0].copy(), state[:, 1].copy(), state[:, 2].copy()
+        self._slots = np.fromiter((self._slot(i) for i in view.instance_ids), dtype=np.int64, count=len(view))
+        self.tokens, self.pairs, self.as_of = self._state[:, self._slots]
         self.tokens[idle] = 0.0
         self.pairs[idle] = 0.0
         self._view = view
@@ -127,18 +134,21 @@ class PrefillQueues:
         if row is not None:
             self.tokens[row] = max(self.tokens[row] - tokens, 0.0)
             self.pairs[row] = max(self.pairs[row] - pairs, 0.0)
-        elif instance_id in self._by_id:
-            queued, queued_pairs, as_of = self._by_id[instance_id]
-            self._by_id[instance_id] = (max(queued - tokens, 0.0), max(queued_pairs - pairs, 0.0), as_of)
+        elif instance_id in self._slot_of:
+            state = self._state[:2, self._slot_of[instance_id]]
+            np.maximum(state - (tokens, pairs), 0.0, out=state)
+
+    def _slot(self, instance_id: str) -> int:
+        slot = self._slot_of.get(instance_id)
+        if slot is None:
+            slot = self._slot_of[instance_id] = len(self._slot_of)
+            if slot >= self._state.shape[1]:
+                self._state = np.concatenate([self._state, np.zeros_like(self._state)], axis=1)
+        return slot
 
     def _save(self) -> None:
         if self._view is not None:
-            for row, instance_id in enumerate(self._view.instance_ids):
-                self._by_id[instance_id] = (
-                    float(self.tokens[row]),
-                    float(self.pairs[row]),
-                    float(self.as_of[row]),
-                )
+            self._state[:, self._slots] = (self.tokens, self.pairs, self.as_of)
 
 
 class TokenPilot(RoutingPolicy):
@@ -161,17 +171,22 @@ class TokenPilot(RoutingPolicy):
         self.queues = PrefillQueues()
         self._sent: dict[tuple[str, int], _Sent] = {}
         self._chosen = _Chosen(0.0, np.zeros(len(FEATURES)), 0.0, 0.0, 0.0)
+        self._groups_of: ClusterView | None = None
+        self._groups: list[tuple[str, slice | IntArray]] = []
 
     # --- deciding -----------------------------------------------------------------------------
 
     def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Pick:
         self.index.size_like(view)
         features, own_tokens, own_pairs = self._features(request, view, now_s)
-        predicted = np.full(len(view), np.inf)
-        for profile in set(view.profile[mask].tolist()):
-            rows = mask & (view.profile == profile)
-            predicted[rows] = self.model_for(profile).predict(features[rows])
-        score = predicted + self.spare_others * self._delay_to_others(features, own_tokens, view)
+        predicted = np.empty(len(view))
+        delay = np.empty(len(view))
+        chunk = self._first_chunk_joining(features, own_tokens)
+        for profile, rows in self._profile_rows(view):
+            theta = self.model_for(profile).theta
+            predicted[rows] = features[rows] @ theta
+            delay[rows] = chunk[rows] * theta[_PREFILL_TOKENS]
+        score = predicted + self.spare_others * delay
         row = self._pick_near_min(score, mask)
         self._chosen = _Chosen(now_s, features[row], float(predicted[row]), own_tokens[row], own_pairs[row])
         return Pick(row, "min predicted TTFT", float(predicted[row]))
@@ -189,60 +204,69 @@ class TokenPilot(RoutingPolicy):
         new = request.input_tokens - cached
         own_pairs = new * (cached + new / 2)
         sent, sent_tokens = self.in_flight.since_heartbeat(view)
-        batch = (view.running + sent).astype(np.float64)
-        context = (view.tokens_in_flight + sent_tokens).astype(np.float64)
+        batch = view.running + sent
+        context = view.tokens_in_flight + sent_tokens
         queued, queued_pairs = self._queued(view, now_s, sent, batch, context)
-        total = queued + new
-        steps = np.ceil(total / self.prefill_budget)
+        features = np.empty((len(view), len(FEATURES)))
+        total = np.add(queued, new, out=features[:, 3])
+        steps = np.ceil(total / self.prefill_budget, out=features[:, 0])
+        np.multiply(steps, batch, out=features[:, 1])
+        np.multiply(steps, context, out=features[:, 2])
+        np.add(queued_pairs, own_pairs, out=features[:, 4])
+        # KV blocks short: what the request needs beyond what is free, less the reservations of
+        # own sends the heartbeat does not show yet (their budgets taken as ours).
         need = blocks_for(request.input_tokens + request.output_budget) - matched
-        # Reservations of own sends the heartbeat does not show yet (their budgets taken as ours).
         unseen = (sent_tokens + sent * request.output_budget) / BLOCK_TOKENS
-        free = view.kv_total - view.kv_used - unseen
-        shortfall = np.maximum(need - free, 0).astype(np.float64)
-        features = np.column_stack(
-            [steps, steps * batch, steps * context, total, queued_pairs + own_pairs, shortfall]
-        )
+        np.maximum(need - (view.kv_total - view.kv_used) + unseen, 0.0, out=features[:, 5])
         return features, new, own_pairs
 
     def _queued(
-        self, view: ClusterView, now_s: float, sent: IntArray, batch: FloatArray, context: FloatArray
+        self, view: ClusterView, now_s: float, sent: IntArray, batch: IntArray, context: IntArray
     ) -> tuple[FloatArray, FloatArray]:
         """Prefill tokens and pairs queued ahead per row, drained to ``now_s`` at the predicted
         rate: one full step, ``T0 + c·B + d·C + a·budget + b·budget·(R/Q)``, per ``budget``."""
         queues = self.queues
-        queues.align(view, (view.running == 0) & (view.waiting == 0) & (sent == 0))
+        if not queues.aligned_to(view):
+            queues.align(view, (view.running == 0) & (view.waiting == 0) & (sent == 0))
         budget = self.prefill_budget
-        pairs_per_token = queues.pairs / np.maximum(queues.tokens, 1.0)
-        full_step = np.column_stack(
-            [np.ones(len(view)), batch, context, np.full(len(view), budget), budget * pairs_per_token]
-        )
-        step_s = np.zeros(len(view))
-        for profile in set(view.profile.tolist()):
-            rows = view.profile == profile
-            theta = self.model_for(profile).coefficients
-            law = np.array([theta[name] for name in FEATURES[:5]])
-            step_s[rows] = full_step[rows] @ law
+        pairs_per_step = budget * queues.pairs / np.maximum(queues.tokens, 1.0)
+        step_s = np.empty(len(view))
+        for profile, rows in self._profile_rows(view):
+            t0, per_seq, per_context, per_token, per_pair = self.model_for(profile).theta[:5]
+            step_s[rows] = (
+                (t0 + per_token * budget)
+                + per_seq * batch[rows]
+                + per_context * context[rows]
+                + per_pair * pairs_per_step[rows]
+            )
         queues.drain(now_s, step_s, budget)
-        return queues.tokens.copy(), queues.pairs.copy()
+        return queues.tokens, queues.pairs
 
-    def _delay_to_others(self, features: FloatArray, own_tokens: FloatArray, view: ClusterView) -> FloatArray:
-        """Seconds the request's first chunk adds to the step that ends the prefill queued last on
-        each row (chunked prefill runs both in one step, so that first token waits for ours)."""
+    def _first_chunk_joining(self, features: FloatArray, own_tokens: FloatArray) -> FloatArray:
+        """Tokens of the request's first chunk that would run in the step ending the prefill
+        queued last on each row (chunked prefill runs both in one step, so that first token
+        waits for ours): 0 where nothing is queued or the queue ends on a full step."""
         queued = features[:, 3] - own_tokens
         tail = np.mod(queued, self.prefill_budget)
-        joins = (queued > 0) & (tail > 0)
-        chunk = np.where(joins, np.minimum(own_tokens, self.prefill_budget - tail), 0.0)
-        delay = np.zeros(len(view))
-        for profile in set(view.profile.tolist()):
-            rows = view.profile == profile
-            delay[rows] = self.model_for(profile).coefficients["prefill_tokens"] * chunk[rows]
-        return delay
+        room = np.where(tail > 0, self.prefill_budget - tail, 0.0)
+        return np.minimum(own_tokens, room)
 
-    def _pick_near_min(self, predicted: FloatArray, mask: BoolArray) -> int:
-        """Lowest prediction; rows within ``tie_tolerance`` of it are equally good (random pick)."""
-        best = float(np.min(predicted[mask]))
-        near = np.flatnonzero(mask & (predicted <= best * (1 + self.tie_tolerance) + 1e-9))
-        return int(near[0] if len(near) == 1 else self.rng.choice(near))
+    def _profile_rows(self, view: ClusterView) -> list[tuple[str, slice | IntArray]]:
+        """Rows of each engine profile in ``view``, once per snapshot (one slice if uniform)."""
+        if self._groups_of is not view:
+            names, inverse = np.unique(view.profile, return_inverse=True)
+            if len(names) == 1:
+                self._groups = [(str(names[0]), slice(None))]
+            else:
+                self._groups = [(str(name), np.flatnonzero(inverse == k)) for k, name in enumerate(names)]
+            self._groups_of = view
+        return self._groups
+
+    def _pick_near_min(self, score: FloatArray, mask: BoolArray) -> int:
+        """Lowest score; rows within ``tie_tolerance`` of it are equally good (random pick)."""
+        masked = np.where(mask, score, np.inf)
+        near = np.flatnonzero(masked <= masked.min() * (1 + self.tie_tolerance) + 1e-9)
+        return int(near[0] if len(near) == 1 else near[self.rng.integers(len(near))])
 
     def on_routed(self, request: RequestView, view: ClusterView, row: int) -> None:
         instance_id = view.instance_ids[row]
