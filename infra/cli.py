@@ -260,7 +260,13 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="broker + ClickHouse + worker + emulated fleet + load, end to end"
     )
     demo.add_argument("--duration", type=float, default=60.0, help="seconds of load")
-    demo.add_argument("--policy", dest="policy_name", default="round-robin", choices=list(POLICIES))
+    demo.add_argument(
+        "--policy",
+        dest="policy_names",
+        action="append",
+        choices=list(POLICIES),
+        help="routing policy (default round-robin); repeat to run the demo once per policy and compare",
+    )
     demo.add_argument("--workload", default=DEMO_TRACE, help="trace file or 'synthetic[:k=v,...]'")
     demo.add_argument("--rate-scale", type=float, default=1.0)
     demo.add_argument("--fleet", default="8xllama3-8b-h100")

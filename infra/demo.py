@@ -171,15 +171,29 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def run_demo(settings: Settings, args: argparse.Namespace) -> int:
+    """One demo per ``--policy`` (one after another, same load); with two or more, a comparison.
+
+    The JSON is one run's summary, or ``{"runs": {policy: summary}}`` for several."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    policies = args.policy_names or ["round-robin"]
+    results = {policy: _run_once(settings, args, policy) for policy in policies}
+    if len(results) > 1:
+        print(_compare(results))
+    print(f"data: {settings.clickhouse_url} (query it with `tokenfleet sql`, see README)", file=sys.stderr)
+    if args.json:
+        document = next(iter(results.values())) if len(results) == 1 else {"runs": results}
+        Path(args.json).write_text(json.dumps(document, indent=2) + "\n")
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0 if all(r["decisions"] and r["completions"] for r in results.values()) else 1
+
+
+def _run_once(settings: Settings, args: argparse.Namespace, policy: str) -> dict[str, Any]:
     since = time.time()
-    print(
-        f"demo: policy {args.policy_name}, fleet {args.fleet}, {args.duration:.0f} s of load", file=sys.stderr
-    )
+    print(f"demo: policy {policy}, fleet {args.fleet}, {args.duration:.0f} s of load", file=sys.stderr)
     with embedded_broker(log_path=settings.data_dir / "tansu.log") as bootstrap:
         ensure_topics(bootstrap, settings.topic_partitions)
         print(f"demo: embedded Kafka (Tansu) on {bootstrap}", file=sys.stderr)
-        worker = _start_worker(bootstrap, settings, args.policy_name)
+        worker = _start_worker(bootstrap, settings, policy)
         try:
             counts = asyncio.run(_orchestrate(bootstrap, settings, args))
         finally:
@@ -189,12 +203,23 @@ def run_demo(settings: Settings, args: argparse.Namespace) -> int:
         result = {**counts, **summary(client, since_ts=since)}
     finally:
         client.close()
-    print(_format(result, args.policy_name))
-    print(f"data: {settings.clickhouse_url} (query it with `tokenfleet sql`, see README)", file=sys.stderr)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}", file=sys.stderr)
-    return 0 if result["decisions"] and result["completions"] else 1
+    print(_format(result, policy))
+    return result
+
+
+def _compare(results: dict[str, dict[str, Any]]) -> str:
+    """Per class, each policy's TTFT p50 / p95 side by side."""
+    lines = ["", "comparison (TTFT p50 / p95 s, read back from ClickHouse)"]
+    classes = sorted({c for r in results.values() for c in r["per_class"]})
+    lines.append(f"{'class':<14}" + "".join(f"{policy:>22}" for policy in results))
+    for name in classes:
+        cells = []
+        for r in results.values():
+            row = r["per_class"].get(name, {})
+            p50, p95 = row.get("ttft_p50_s"), row.get("ttft_p95_s")
+            cells.append(f"{'-' if p50 is None else f'{p50:.3f}'} / {'-' if p95 is None else f'{p95:.3f}'}")
+        lines.append(f"{name:<14}" + "".join(f"{cell:>22}" for cell in cells))
+    return "\n".join(lines)
 
 
 def _format(result: dict[str, Any], policy: str) -> str:
