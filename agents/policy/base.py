@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from agents.policy.slots import SlotRows
 from agents.policy.types import BLOCK_TOKENS, ClusterView, Completion, Decision, KvEvent, RequestView
 
 FloatArray = npt.NDArray[np.float64]
@@ -130,10 +131,7 @@ class InFlight:
         self._recent_tokens = np.zeros(size, dtype=np.int64)
         self._last_sent = np.full(size, -np.inf)  # newest send per slot
         self._applied = np.full(size, -np.inf)  # cut-off ``_recent`` was last trimmed to
-        self._rows_key: dict[str, int] | None = None
-        self._rows_nslots = -1
-        self._rows_slots: IntArray = np.zeros(0, dtype=np.int64)
-        self._rows_rows: IntArray = np.zeros(0, dtype=np.int64)
+        self._slot_rows = SlotRows()
 
     def add(self, request: RequestView, instance_id: str, now_s: float) -> None:
         blocks = blocks_for(request.input_tokens)
@@ -219,22 +217,8 @@ class InFlight:
         return slot
 
     def _rows(self, view: ClusterView) -> tuple[IntArray, IntArray]:
-        """(slots, rows) of the instances both sent to and present in ``view``: rebuilt once per
-        snapshot, extended (not rebuilt) when an instance gets its first send."""
-        index_of = view.index_of
-        n = len(self._slot_ids)
-        if index_of is not self._rows_key:
-            self._rows_key, self._rows_nslots = index_of, 0
-            self._rows_slots = self._rows_rows = np.zeros(0, dtype=np.int64)
-        if self._rows_nslots != n:
-            get = index_of.get
-            new = self._slot_ids[self._rows_nslots :]
-            row_of_slot = np.fromiter((get(i, -1) for i in new), dtype=np.int64, count=len(new))
-            present = np.flatnonzero(row_of_slot >= 0)
-            self._rows_slots = np.concatenate([self._rows_slots, present + self._rows_nslots])
-            self._rows_rows = np.concatenate([self._rows_rows, row_of_slot[present]])
-            self._rows_nslots = n
-        return self._rows_slots, self._rows_rows
+        """(slots, rows) of the instances both sent to and present in ``view``."""
+        return self._slot_rows.of(view.index_of, self._slot_ids)
 
 
 def pick_min(scores: FloatArray, mask: BoolArray, rng: np.random.Generator) -> int:

@@ -46,6 +46,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from agents.policy.slots import SlotRows
 from agents.policy.types import ClusterView
 
 EPOCHS_PER_CAPACITY = 64
@@ -131,11 +132,8 @@ class PrefixIndex:
         # Bulk loads whose holder bits are not set yet: (slot, view of its ring), blocks dropped.
         self._pending: list[tuple[int, npt.NDArray[np.int32]]] = []
         self._pending_dropped: list[npt.NDArray[np.int32]] = []
-        # Cached alignment of slots with the rows of one view (keyed by its ``index_of``).
-        self._rows_key: dict[str, int] | None = None
-        self._rows_nslots = -1
-        self._rows_slots: npt.NDArray[np.intp] = np.zeros(0, dtype=np.intp)
-        self._rows_rows: npt.NDArray[np.intp] = np.zeros(0, dtype=np.intp)
+        self._slot_ids: list[str] = []  # instance id by slot, for aligning slots with view rows
+        self._slot_rows = SlotRows()
 
     # --- sizing -------------------------------------------------------------------------------
 
@@ -295,7 +293,7 @@ class PrefixIndex:
         depth = self._depth_by_slot(blocks)
         if depth is None:
             return out
-        slots, rows = self._rows(index_of)
+        slots, rows = self._slot_rows.of(index_of, self._slot_ids)
         out[rows] = depth[slots]
         return out
 
@@ -330,23 +328,6 @@ class PrefixIndex:
             _deposit(planes, live, depth)
         return _decode(planes, len(self._by_slot))
 
-    def _rows(self, index_of: dict[str, int]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
-        """(slots, rows) of the instances both known here and present in ``index_of``: rebuilt
-        once per snapshot, extended when new instances appear."""
-        n = len(self._by_slot)
-        if index_of is not self._rows_key:
-            self._rows_key, self._rows_nslots = index_of, 0
-            self._rows_slots = self._rows_rows = np.zeros(0, dtype=np.intp)
-        if self._rows_nslots != n:
-            get = index_of.get
-            new = self._by_slot[self._rows_nslots :]
-            row_of_slot = np.fromiter((get(i.instance_id, -1) for i in new), dtype=np.intp, count=len(new))
-            present = np.flatnonzero(row_of_slot >= 0)
-            self._rows_slots = np.concatenate([self._rows_slots, present + self._rows_nslots])
-            self._rows_rows = np.concatenate([self._rows_rows, row_of_slot[present]])
-            self._rows_nslots = n
-        return self._rows_slots, self._rows_rows
-
     # --- internals ----------------------------------------------------------------------------
 
     def _instance(self, instance_id: str) -> _Instance:
@@ -355,6 +336,7 @@ class PrefixIndex:
             inst = _Instance(instance_id, len(self._by_slot), self._default_capacity)
             self._instances[instance_id] = inst
             self._by_slot.append(inst)
+            self._slot_ids.append(instance_id)
         return inst
 
     def _append(self, inst: _Instance, bids: list[int]) -> None:
