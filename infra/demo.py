@@ -217,7 +217,7 @@ def _compare(results: dict[str, dict[str, Any]]) -> str:
         for r in results.values():
             row = r["per_class"].get(name, {})
             p50, p95 = row.get("ttft_p50_s"), row.get("ttft_p95_s")
-            cells.append(f"{'-' if p50 is None else f'{p50:.3f}'} / {'-' if p95 is None else f'{p95:.3f}'}")
+            cells.append(f"{_seconds(p50)} / {_seconds(p95)}")
         lines.append(f"{name:<14}" + "".join(f"{cell:>22}" for cell in cells))
     return "\n".join(lines)
 
@@ -236,7 +236,11 @@ def _format(result: dict[str, Any], policy: str) -> str:
         p50, p95 = row.get("ttft_p50_s"), row.get("ttft_p95_s")
         lines.append(
             f"{name:<14}{row.get('completed', 0):>10}"
-            f"{'-' if p50 is None else f'{p50:.3f}':>10}{'-' if p95 is None else f'{p95:.3f}':>10}"
+            f"{_seconds(p50):>10}{_seconds(p95):>10}"
             f"{row.get('goodput_tokens_per_s', 0.0):>15.1f}{row.get('compliant_share', 0.0):>11.1%}"
         )
     return "\n".join(lines)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
