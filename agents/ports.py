@@ -26,7 +26,9 @@ class FeedbackStore(Protocol):
 
 
 class Telemetry(Protocol):
-    def decided_batch(self, policy: str, outcomes: Sequence[Routed]) -> None: ...
+    def decided_batch(self, policy: str, outcomes: Sequence[Routed], latency_s: float) -> None:
+        """``outcomes`` of one batch, decided and handed to the producer ``latency_s`` seconds
+        after the batch reached the worker."""
 
     def dead_lettered(self, topic: str) -> None: ...
 
@@ -34,7 +36,7 @@ class Telemetry(Protocol):
 
 
 class NoTelemetry:
-    def decided_batch(self, policy: str, outcomes: Sequence[Routed]) -> None:
+    def decided_batch(self, policy: str, outcomes: Sequence[Routed], latency_s: float) -> None:
         pass
 
     def dead_lettered(self, topic: str) -> None:

@@ -79,6 +79,7 @@ def register_agents(
     async def route(messages: Sequence[RawMessage]) -> Awaitable[object]:
         """Route one batch of raw request messages (called by the request lane); returns the
         delivery of its decisions, which the lane awaits before committing the batch."""
+        arrived = time.perf_counter()
         requests = await decoded(InferenceRequest, topics.REQUESTS, [_Raw(k, v) for k, v in messages])
         outcomes = []
         for pool, group in _by_pool(requests).items():
@@ -94,7 +95,7 @@ def register_agents(
                 topics.DECISIONS.name, [(topics.key_of(topics.DECISIONS, e), encode(e)) for e in routings]
             ),
         )
-        telemetry.decided_batch(router.policy_name, outcomes)
+        telemetry.decided_batch(router.policy_name, outcomes, time.perf_counter() - arrived)
         if store is not None:
             await store.requests(requests)
             await store.admissions(admissions)

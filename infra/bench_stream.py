@@ -55,12 +55,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from infra.broker import embedded_broker, ensure_topics, free_port
 from infra.fleet_process import start_client
@@ -119,6 +121,8 @@ class RunFigures:
     latency_sent: int
     latency_routed: int
     latency_cpu: CpuShares
+    worker_p50_ms: float  # the worker's own histogram: request batch fetched -> decisions sent
+    worker_p99_ms: float
     decision_p50_ms: float  # broker ack of the request -> decision created (the decision latency)
     decision_p99_ms: float
     publish_p50_ms: float  # request ts -> broker ack (the publisher's own queueing and round trip)
@@ -345,6 +349,42 @@ def percentile(values: Sequence[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
 
 
+WORKER_HISTOGRAM = "tokenfleet_decision_latency_seconds"
+
+
+def scrape_buckets(url: str, histogram: str) -> dict[float, float]:
+    """The cumulative bucket counts (upper bound -> count) of ``histogram`` at ``url``."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        float(sample.labels["le"]): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == f"{histogram}_bucket"
+    }
+
+
+def bucket_delta(after: dict[float, float], before: dict[float, float]) -> dict[float, float]:
+    return {le: count - before.get(le, 0.0) for le, count in after.items()}
+
+
+def histogram_quantile(buckets: dict[float, float], share: float) -> float:
+    """Prometheus's estimate: linear inside the bucket the rank falls in (nan when empty)."""
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]] if bounds else 0.0
+    if total <= 0:
+        return math.nan
+    rank, lower, below = share * total, 0.0, 0.0
+    for upper in bounds:
+        count = buckets[upper]
+        if count >= rank:
+            if math.isinf(upper):
+                return lower  # beyond the largest finite bound: report that bound
+            return lower + (upper - lower) * (rank - below) / max(count - below, 1e-12)
+        lower, below = upper, count
+    return lower
+
+
 def _parsed(received: Sequence[Received]) -> tuple[list[tuple[Received, dict[str, Any]]], int]:
     """(how it arrived, decision) per distinct request, in arrival order; and the duplicates."""
     seen: set[str] = set()
@@ -434,6 +474,7 @@ async def one_run(
     counter: DecisionCounter,
     factory: RequestFactory,
     worker_pid: int,
+    metrics_url: str,
 ) -> RunFigures:
     fast_payloads = factory.encoded(f"{run}a", args.requests)
     meter = CpuMeter(worker_pid)
@@ -474,9 +515,13 @@ async def one_run(
         _log(f"{run}: latency at {rate:,.0f} requests/s for {args.seconds:.0f} s")
         with paused_gc():
             meter.start()
+            histogram_before = await asyncio.to_thread(scrape_buckets, metrics_url, WORKER_HISTOGRAM)
             acked, elapsed = await publish_at_rate(producer, slow_payloads, rate, args.seconds)
             latency_cpu = meter.stop()
             await counter.wait_for(len(acked), stall_s=args.stall, limit_s=30)
+            histogram = bucket_delta(
+                await asyncio.to_thread(scrape_buckets, metrics_url, WORKER_HISTOGRAM), histogram_before
+            )
         timed, _ = _parsed(counter.received)
     finally:
         await producer.stop()
@@ -502,6 +547,8 @@ async def one_run(
         latency_sent=len(acked),
         latency_routed=len(timed),
         latency_cpu=latency_cpu,
+        worker_p50_ms=1e3 * histogram_quantile(histogram, 0.50),
+        worker_p99_ms=1e3 * histogram_quantile(histogram, 0.99),
         decision_p50_ms=1e3 * percentile(decision, 0.50),
         decision_p99_ms=1e3 * percentile(decision, 0.99),
         publish_p50_ms=1e3 * percentile(publish, 0.50),
@@ -597,7 +644,8 @@ async def orchestrate(
         for i in runs:
             if worker.poll() is not None:
                 raise RuntimeError(f"the worker exited with code {worker.returncode}")
-            results.append(await one_run(f"run{i}", args, bootstrap, counter, factory, worker.pid))
+            metrics = f"http://127.0.0.1:{settings.worker_web_port}/metrics"
+            results.append(await one_run(f"run{i}", args, bootstrap, counter, factory, worker.pid, metrics))
             print(format_run(i, results[-1]), flush=True)
         return results
     finally:
@@ -614,6 +662,8 @@ def format_run(index: int, f: RunFigures) -> str:
         f"{f.worker_cpu_us_per_request:.0f} us worker CPU per request; {f.throughput_cpu})\n"
         f"       at {f.rate_target_per_s:,.0f} req/s (sent {f.rate_achieved_per_s:,.0f}/s, "
         f"{f.latency_routed}/{f.latency_sent} routed; {f.latency_cpu}):\n"
+        f"       in the worker (batch fetched -> decisions sent) p50 {f.worker_p50_ms:.1f} ms, "
+        f"p99 {f.worker_p99_ms:.1f} ms;\n"
         f"       decision latency (request in the log -> decision created) p50 {f.decision_p50_ms:.1f} ms, "
         f"p99 {f.decision_p99_ms:.1f} ms; ts -> request in the log p50 {f.publish_p50_ms:.1f} ms, "
         f"p99 {f.publish_p99_ms:.1f} ms;\n"
@@ -655,6 +705,8 @@ def format_summary(args: argparse.Namespace, results: Sequence[RunFigures]) -> s
             f"{med('latency_cpu.bench'):.0%}",
             "",
         ),
+        ("in the worker p50, batch fetched -> decisions sent", f"{med('worker_p50_ms'):.1f} ms", ""),
+        ("in the worker p99, batch fetched -> decisions sent", f"{med('worker_p99_ms'):.1f} ms", ""),
         ("decision latency p50, request in log -> decided", f"{med('decision_p50_ms'):.1f} ms", ""),
         (
             "decision latency p99, request in log -> decided",

@@ -105,6 +105,13 @@ class ReadyMarkingWorker(faust.Worker):
 
     ready_file: Path
 
+    def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
+        # Faust's terminal spinner sets the root logger to DEBUG so that it spins on every
+        # record: then every debug call in aiokafka and Faust builds a LogRecord (4 % of the
+        # worker's CPU while routing). A service needs no spinner; keep the level asked for.
+        self.spinner = None
+        super().on_setup_root_logger(logger, level)
+
     async def on_startup_finished(self) -> None:
         await super().on_startup_finished()
         gc.collect()

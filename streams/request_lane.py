@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -41,11 +42,13 @@ class RequestLane:
         max_batch: int = 256,
         max_in_flight: int = 8,
         fetch_max_wait_ms: int = 10,
+        commit_interval_s: float = 0.1,
     ) -> None:
         self.topic, self.follows_topic = topic, follows_topic
         self.handler = handler
         self.max_batch = max_batch
         self.max_in_flight = max_in_flight
+        self.commit_interval_s = commit_interval_s
         self._consumer_options = {
             "bootstrap_servers": bootstrap,
             "group_id": group_id,  # for committed offsets only: partitions are assigned by hand
@@ -59,13 +62,17 @@ class RequestLane:
         self._partitioner = DefaultPartitioner()
         self._partition_cache: dict[tuple[bytes, int], int] = {}
         self._lock: asyncio.Lock | None = None  # held while a batch is in flight; rebalances wait
+        self._send_order: asyncio.Lock | None = None  # hands batches to the producer in order
         self._task: asyncio.Task[None] | None = None
         self._wanted: set[int] = set()  # what Faust assigned us (set from its rebalance signals)
         self._assigned: set[int] = set()  # what the consumer reads now
+        self._delivered: dict[Any, int] = {}  # offsets delivered, not yet committed
+        self._committed_at = 0.0
 
     async def start(self) -> None:
         """Create and start the consumer and producer (inside the worker's event loop)."""
         self._lock = asyncio.Lock()
+        self._send_order = asyncio.Lock()
         self._consumer = AIOKafkaConsumer(**self._consumer_options)
         await self._consumer.start()
         # Our own producer for the lane's output: Faust's per-message send path costs ~3x more.
@@ -81,21 +88,32 @@ class RequestLane:
         Kafka client does); the returned awaitable completes when the broker has them all.
 
         Per-message ``send`` costs ~25 µs of Python each; filling batches directly is far cheaper.
+        The batches are built (and their records time-stamped) now, and handed to the producer
+        by a task: aiokafka's ``send_batch`` waits while the partition's previous batch is still
+        queued (one produce request in flight per broker), and the lane must not wait with it,
+        or requests pile up behind every round trip. Tasks hand over in creation order (a FIFO
+        lock), so a partition's decisions keep their order.
         """
         partitions = sorted(await self._producer.partitions_for(topic))
         by_partition: dict[int, list[tuple[bytes, bytes]]] = {}
         for key, value in messages:
             by_partition.setdefault(self._partition_of(key, partitions), []).append((key, value))
-        delivered = []
+        batches = []
         for partition, items in by_partition.items():
             batch = self._producer.create_batch()
             for key, value in items:
-                if batch.append(timestamp=None, key=key, value=value) is None:  # full: ship it
-                    delivered.append(await self._producer.send_batch(batch, topic, partition=partition))
+                if batch.append(timestamp=None, key=key, value=value) is None:  # full: start another
+                    batches.append((partition, batch))
                     batch = self._producer.create_batch()
                     batch.append(timestamp=None, key=key, value=value)
-            delivered.append(await self._producer.send_batch(batch, topic, partition=partition))
-        return asyncio.gather(*delivered)
+            batches.append((partition, batch))
+        return asyncio.ensure_future(self._hand_over(topic, batches))
+
+    async def _hand_over(self, topic: str, batches: Sequence[tuple[int, Any]]) -> None:
+        assert self._send_order is not None
+        async with self._send_order:
+            delivered = [await self._producer.send_batch(b, topic, partition=p) for p, b in batches]
+        await asyncio.gather(*delivered)
 
     def _partition_of(self, key: bytes, partitions: list[int]) -> int:
         cached = self._partition_cache.get((key, len(partitions)))
@@ -120,6 +138,7 @@ class RequestLane:
         self._wanted -= gone
         if self._lock is not None:
             async with self._lock:
+                await self._commit()
                 if self._wanted != self._assigned:
                     self._assign(self._wanted)
 
@@ -163,10 +182,25 @@ class RequestLane:
                 await asyncio.sleep(0.005 if self._assigned else 0.05)
 
     async def _settle(self, in_flight: deque[tuple[Awaitable[object], dict[Any, int]]], keep: int) -> None:
-        """Commit delivered batches in order; wait for the oldest until at most ``keep`` remain."""
+        """Take delivered batches in order, waiting for the oldest until at most ``keep`` remain;
+        commit their offsets every ``commit_interval_s``, and always when nothing stays in flight.
+
+        Why not one commit per batch: at a few thousand requests per second batches are small,
+        and a commit round trip per batch cost the broker and the worker more CPU than the
+        routing did. A worker that dies re-routes at most one interval of requests (at least
+        once, as before)."""
         while in_flight and (len(in_flight) > keep or _done(in_flight[0][0])):
             delivered, ends = in_flight.popleft()
             await delivered
+            self._delivered.update(ends)
+        if keep == 0 or time.monotonic() - self._committed_at >= self.commit_interval_s:
+            await self._commit()
+
+    async def _commit(self) -> None:
+        """Commit the offsets of every batch delivered so far."""
+        if self._delivered:
+            ends, self._delivered = self._delivered, {}
+            self._committed_at = time.monotonic()
             await self._consumer.commit(ends)
 
     async def _rewind(self, batches: dict[Any, list[Any]], size: int) -> None:

@@ -265,6 +265,7 @@ def exported_series() -> dict[str, set[str]]:
     """Sample name -> label names, after every metric has been touched once."""
     metrics.decisions_total.labels(policy="dashboards-test", outcome="routed").inc()
     metrics.decision_latency_seconds.observe(0.001)
+    metrics.policy_latency_seconds.observe(20e-6)
     metrics.queue_depth.labels(pool="dashboards-test").set(0)
     metrics.dlq_total.labels(topic="dashboards-test").inc()
     metrics.feedback_rows_total.labels(table="dashboards-test").inc()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import urllib.request
 
+from agents.routing import Routed
 from infra import metrics
+from schemas.events import AdmissionDecision, InferenceRequest, RoutingDecision
 
 
 def test_render_shows_every_metric_after_use() -> None:
@@ -15,8 +17,8 @@ def test_render_shows_every_metric_after_use() -> None:
     metrics.feedback_rows_total.labels(table="completions").inc(3)
     text = metrics.render().decode()
     assert 'tokenfleet_decisions_total{outcome="routed",policy="round-robin"}' in text
-    assert 'tokenfleet_decision_latency_seconds_bucket{le="5e-05"}' in text
     assert 'tokenfleet_decision_latency_seconds_bucket{le="0.0005"}' in text
+    assert 'tokenfleet_decision_latency_seconds_bucket{le="0.02"}' in text
     assert 'tokenfleet_queue_depth{pool="llama3-8b"} 7.0' in text
     assert 'tokenfleet_dlq_total{topic="tf.requests"}' in text
     assert 'tokenfleet_feedback_rows_total{table="completions"}' in text
@@ -28,3 +30,28 @@ def test_serve_metrics_answers_on_the_bound_port() -> None:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         body = response.read().decode()
     assert 'tokenfleet_dlq_total{topic="tf.completions"}' in body
+
+
+def test_decided_batch_records_batch_latency_and_policy_time_per_routed_request() -> None:
+    request = InferenceRequest(request_id="r1", model="m", input_tokens=10, output_budget=5)
+    common = {"request_id": "r1", "model": "m", "slo_class": "interactive", "policy": "p"}
+    routed = Routed(
+        request,
+        AdmissionDecision(**common, action="admit"),
+        RoutingDecision(**common, dc="dc1", instance_id="i1", decision_latency_s=15e-6, request=request),
+    )
+    queued = Routed(request, AdmissionDecision(**common, action="queue"), None)
+
+    def sample(name: str, le: str) -> float:
+        value = metrics.REGISTRY.get_sample_value(f"tokenfleet_{name}_bucket", {"le": le})
+        assert value is not None
+        return value
+
+    before = (sample("decision_latency_seconds", "0.015"), sample("decision_latency_seconds", "0.01"))
+    policy_before = sample("policy_latency_seconds", "2e-05")
+    metrics.PrometheusTelemetry().decided_batch("p", [routed, queued], latency_s=0.012)
+    # one routed request: one sample of 12 ms (in the 15 ms bucket, not the 10 ms one) ...
+    assert sample("decision_latency_seconds", "0.015") == before[0] + 1
+    assert sample("decision_latency_seconds", "0.01") == before[1]
+    # ... and one of its 15 µs in the policy
+    assert sample("policy_latency_seconds", "2e-05") == policy_before + 1
