@@ -35,7 +35,7 @@ def register_agents(
     store: FeedbackStore | None,
     telemetry: Telemetry,
     batch_size: int = 512,
-    batch_window_s: float = 0.005,
+    batch_window_s: float = 0.05,
     request_fetch_max_wait_ms: int = 10,
     request_batch_max: int = 256,
 ) -> None:

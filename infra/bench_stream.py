@@ -852,7 +852,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="extra worker setting, e.g. TOKENFLEET_ROUTE_BATCH_WINDOW_S=0.005 (repeatable)",
+        help="extra worker setting, e.g. TOKENFLEET_REQUEST_FETCH_MAX_WAIT_MS=5 (repeatable)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the data dir (worker and broker logs)")
     args = parser.parse_args(argv)

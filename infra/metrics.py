@@ -93,6 +93,19 @@ def serve_metrics(port: int, addr: str = "127.0.0.1") -> int:
     return bound
 
 
+def observe_many(histogram: Histogram, value: float, count: int) -> None:
+    """``count`` observations of one ``value`` for the price of one: every request of a batch
+    shares the batch's latency, and ``observe`` per request cost ~4 us of the worker's ~100 us
+    per request. Reaches into prometheus_client's histogram (its ``_sum``, ``_upper_bounds``,
+    ``_buckets``, as ``observe`` uses them); tests/unit/test_metrics.py checks it against
+    ``observe``."""
+    histogram._sum.inc(value * count)
+    for bound, bucket in zip(histogram._upper_bounds, histogram._buckets, strict=True):
+        if value <= bound:
+            bucket.inc(count)
+            return
+
+
 class PrometheusTelemetry:
     """The agents' ``Telemetry`` port, recorded in the metrics above."""
 
@@ -101,10 +114,12 @@ class PrometheusTelemetry:
         (its batch's arrival -> decisions sent) and one of its policy time."""
         for outcome, count in collections.Counter(o.admission.action for o in outcomes).items():
             decisions_total.labels(policy=policy, outcome=outcome).inc(count)
-        for routed in outcomes:
-            if routed.routing is not None:
-                decision_latency_seconds.observe(latency_s)
-                policy_latency_seconds.observe(routed.routing.decision_latency_s)
+        routed = [o.routing for o in outcomes if o.routing is not None]
+        if routed:
+            observe_many(decision_latency_seconds, latency_s, len(routed))
+            # The router gives every request of a batch the same policy time (batch time / size).
+            for value, count in collections.Counter(r.decision_latency_s for r in routed).items():
+                observe_many(policy_latency_seconds, value, count)
 
     def dead_lettered(self, topic: str) -> None:
         dlq_total.labels(topic=topic).inc()

@@ -54,8 +54,8 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
         Router(settings.policy, worker=f"{socket.gethostname()}:{os.getpid()}"),
         store,
         metrics.PrometheusTelemetry(),
-        batch_size=settings.route_batch_size,
-        batch_window_s=settings.route_batch_window_s,
+        batch_size=settings.event_batch_size,
+        batch_window_s=settings.event_batch_window_s,
         request_fetch_max_wait_ms=settings.request_fetch_max_wait_ms,
         request_batch_max=settings.request_batch_max,
     )

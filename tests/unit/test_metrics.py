@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import urllib.request
 
+from prometheus_client import CollectorRegistry, Histogram
+
 from agents.routing import Routed
 from infra import metrics
 from schemas.events import AdmissionDecision, InferenceRequest, RoutingDecision
@@ -55,3 +57,27 @@ def test_decided_batch_records_batch_latency_and_policy_time_per_routed_request(
     assert sample("decision_latency_seconds", "0.01") == before[1]
     # ... and one of its 15 µs in the policy
     assert sample("policy_latency_seconds", "2e-05") == policy_before + 1
+
+
+def test_observe_many_equals_repeated_observe() -> None:
+    def histogram(name: str) -> Histogram:
+        return Histogram(name, "test", buckets=(0.001, 0.01, 0.1), registry=CollectorRegistry())
+
+    one_by_one, at_once = histogram("one_by_one"), histogram("at_once")
+    for value, count in ((0.0005, 3), (0.005, 2), (0.05, 4), (5.0, 1), (0.01, 2)):
+        for _ in range(count):
+            one_by_one.observe(value)
+        metrics.observe_many(at_once, value, count)
+
+    def samples(h: Histogram, name: str) -> list[tuple[str, str, float]]:
+        """(suffix, labels, value) of every sample but the creation time."""
+        return [
+            (s.name.removeprefix(name), str(s.labels), round(s.value, 9))
+            for family in h.collect()
+            for s in family.samples
+            if not s.name.endswith("_created")
+        ]
+
+    assert samples(at_once, "at_once") == samples(one_by_one, "one_by_one")
+    assert ("_count", "{}", 12.0) in samples(at_once, "at_once")
+    assert ("_bucket", "{'le': '0.01'}", 7.0) in samples(at_once, "at_once")  # 3 + 2 + 2 (le)
