@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MOONCAKE := sim/traces/mooncake/conversation_trace.jsonl
 
-.PHONY: install demo simulate test lint bench bench-stream bench-decision scoreboard clean
+.PHONY: install demo simulate test lint bench bench-stream bench-broker bench-decision scoreboard clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,9 @@ bench: install
 
 bench-stream: install
 	$(PY) -m infra.bench_stream --repeat 3 --fresh-broker
+
+bench-broker: install
+	$(PY) -m infra.bench_broker
 
 bench-decision: install
 	$(PY) -m sim.bench_decision --instances 16,256,4096 --blocks-per-instance 100000
