@@ -23,14 +23,14 @@ The embedded broker (Tansu 0.6, memory storage) lists every record batch ever wr
 partition on each fetch that returns data, so its fetch cost grows with the number of batches
 in ``tf.requests``. A publisher sending one request per produce request (``linger_ms=0`` at a
 few thousand per second) writes tens of thousands of batches per run and slows every later
-fetch; the latency phase's publisher lingers ``--publisher-linger-ms`` (default 5 ms, the
-Kafka 4 producer's default, like a gateway batching its clients' requests). That linger is part
-of the ts -> figures, not of the decision latency. Even so, the broker's CPU per request grows
+fetch; the latency phase's publisher sends what is due every ``--publisher-linger-ms`` (default
+5 ms, the Kafka 4 producer's default linger, like a gateway batching its clients' requests) as
+one record batch, stamping ``ts`` when it sends. Even so, the broker's CPU per request grows
 run after run on one broker; ``--fresh-broker`` gives each run a new broker and worker.
 
 The decision latency is bracketed, not exact: the acknowledgement comes after the broker
 appended the request (so ack -> decision created may be a little short by up to the produce
-round trip), and ts comes before the publisher's linger (so ts -> decision created is long).
+round trip), and ts comes before the produce round trip (so ts -> decision created is long).
 
 A run's decisions are recognised by a request-id prefix unique to the run, so earlier runs and
 the warm-up never count. Every wait is bounded; the script always ends and stops what it began.
@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.partitioner import DefaultPartitioner
 from prometheus_client.parser import text_string_to_metric_families
 
 from infra.broker import embedded_broker, ensure_topics, free_port
@@ -302,14 +303,19 @@ async def publish_all(producer: Any, payloads: Sequence[tuple[bytes, bytes]]) ->
 
 
 async def publish_at_rate(
-    producer: Any, payloads: Sequence[tuple[bytes, bytes]], rate_per_s: float, seconds: float
+    producer: Any, payloads: Sequence[tuple[bytes, bytes]], rate_per_s: float, seconds: float, tick_s: float
 ) -> tuple[list[float], float]:
-    """Publish request i at start + i / rate (never early) until ``seconds``.
+    """Publish request i at start + i / rate until ``seconds``: every ``tick_s``, the requests
+    due are stamped and sent as one record batch (what a producer lingering ``tick_s`` sends,
+    for a fraction of the CPU of one ``send`` per request: the load generator shares the
+    machine with the system it measures).
 
     Returns the time.time() of each sent request's broker acknowledgement (nan if none came)
     and the seconds spent sending.
     """
     key = MODEL.encode()
+    partitions = sorted(await producer.partitions_for(REQUESTS.name))
+    partition = DefaultPartitioner()(key, partitions, partitions)
     acked: list[float] = []
     pending: list[asyncio.Future[Any]] = []
     start = time.monotonic()
@@ -320,22 +326,24 @@ async def publish_at_rate(
             break
         due = min(len(payloads), int(elapsed * rate_per_s) + 1)
         while sent < due:
-            delivery = await producer.send(REQUESTS.name, stamp(payloads[sent], time.time()), key=key)
-            acked.append(math.nan)
-            delivery.add_done_callback(functools.partial(_record_ack, acked, sent))
+            first, batch, now = sent, producer.create_batch(), time.time()
+            while sent < due and batch.append(timestamp=None, key=key, value=stamp(payloads[sent], now)):
+                sent += 1
+            acked.extend([math.nan] * (sent - first))
+            delivery = await producer.send_batch(batch, REQUESTS.name, partition=partition)
+            delivery.add_done_callback(functools.partial(_record_acks, acked, first, sent))
             pending.append(delivery)
-            sent += 1
         if len(pending) >= _IN_FLIGHT:
             await asyncio.gather(*pending)
             pending.clear()
-        await asyncio.sleep(max(0.0, start + sent / rate_per_s - time.monotonic()))
+        await asyncio.sleep(tick_s)
     await asyncio.gather(*pending)
     return acked, time.monotonic() - start
 
 
-def _record_ack(acked: list[float], index: int, delivery: asyncio.Future[Any]) -> None:
+def _record_acks(acked: list[float], first: int, end: int, delivery: asyncio.Future[Any]) -> None:
     if not delivery.cancelled() and delivery.exception() is None:
-        acked[index] = time.time()
+        acked[first:end] = [time.time()] * (end - first)
 
 
 # ---------------------------------------------------------------- one run
@@ -506,7 +514,7 @@ async def one_run(
     rate = max(1.0, args.rate_share * routed_per_s)
     slow_payloads = factory.encoded(f"{run}b", int(rate * args.seconds) + 1)
     producer = await start_client(
-        lambda: AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=args.publisher_linger_ms, acks=1),
+        lambda: AIOKafkaProducer(bootstrap_servers=bootstrap, acks=1),
         "bench producer",
     )
     try:
@@ -516,7 +524,8 @@ async def one_run(
         with paused_gc():
             meter.start()
             histogram_before = await asyncio.to_thread(scrape_buckets, metrics_url, WORKER_HISTOGRAM)
-            acked, elapsed = await publish_at_rate(producer, slow_payloads, rate, args.seconds)
+            tick_s = max(args.publisher_linger_ms, 1) / 1000
+            acked, elapsed = await publish_at_rate(producer, slow_payloads, rate, args.seconds, tick_s)
             latency_cpu = meter.stop()
             await counter.wait_for(len(acked), stall_s=args.stall, limit_s=30)
             histogram = bucket_delta(
@@ -839,7 +848,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--publisher-linger-ms",
         type=int,
         default=5,
-        help="the latency phase's producer linger (0: a produce request per request; see above)",
+        help="the latency phase sends what is due every N ms (at least 1) as one batch; see above",
     )
     parser.add_argument("--warmup", type=int, default=1000, help="requests routed before measuring")
     parser.add_argument("--stall", type=float, default=15.0, help="give up after this long with no decision")
