@@ -115,9 +115,14 @@ class Simulation:
                     self._ended(instance.finish_step(now), now)
                     self._after(instance, index, now)
             elif kind == _ARRIVAL:
-                self._arrive(cast(Attempt, payload), now)
-                done += 1
-                if progress is not None and done % 256 == 0:
+                # Arrivals at one instant reach the router together (a real router reads its
+                # input in batches too), so a policy may decide a burst as a whole.
+                burst = [cast(Attempt, payload)]
+                while self._heap and self._heap[0][0] == now and self._heap[0][1] == _ARRIVAL:
+                    burst.append(cast(Attempt, heapq.heappop(self._heap)[3]))
+                self._arrive(burst, now)
+                done += len(burst)
+                if progress is not None and done // 256 > (done - len(burst)) // 256:
                     progress(done)
             elif kind == _WINDOW_END:
                 self._close_window(now)
@@ -131,15 +136,16 @@ class Simulation:
 
     # --- event handlers -----------------------------------------------------------------------
 
-    def _arrive(self, attempt: Attempt, now: float) -> None:
-        if attempt.attempt == 1:
-            self._arrivals_left -= 1
-        self._attempts.append(attempt)
-        self._open += 1
-        timeout = self._timeout_at(attempt)
-        if timeout is not None:
-            self._push(timeout, _TIMEOUT, attempt)
-        self._offer([attempt], now)
+    def _arrive(self, attempts: list[Attempt], now: float) -> None:
+        for attempt in attempts:
+            if attempt.attempt == 1:
+                self._arrivals_left -= 1
+            self._attempts.append(attempt)
+            self._open += 1
+            timeout = self._timeout_at(attempt)
+            if timeout is not None:
+                self._push(timeout, _TIMEOUT, attempt)
+        self._offer(attempts, now)
 
     def _offer(self, attempts: list[Attempt], now: float) -> None:
         views = [self._request_view(a) for a in attempts]

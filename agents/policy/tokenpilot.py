@@ -35,6 +35,11 @@ last chunk (chunked prefill runs them together, so that first token waits for ou
 at the calibrated per-token cost. With ``spare_others = 1`` the pick minimises the sum of the
 first-token times it changes; a long prompt no longer lands on a short one just queued.
 
+A burst (requests decided in one call, as the streaming worker and the simulator hand over
+simultaneous arrivals) is predicted as a whole: when a later request's first chunk joins the
+step that ends an earlier one's prefill on a busy instance, the earlier prediction (and the
+features calibration records for it) includes that chunk.
+
 A cache-warm but busy instance wins only when the prefill it saves outweighs the queue ahead;
 a burst cannot pile onto one instance because each decision immediately adds its work to that
 instance's queue and in-flight counts, and near-ties are broken at random.
@@ -42,14 +47,15 @@ instance's queue and in-flight counts, and near-ties are broken at random.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from agents.policy.base import BoolArray, FloatArray, IntArray, Pick, RoutingPolicy, blocks_for
 from agents.policy.predictor import OnlineLinearModel
 from agents.policy.prefix_index import PrefixIndex
-from agents.policy.types import BLOCK_TOKENS, ClusterView, Completion, KvEvent, RequestView
+from agents.policy.types import BLOCK_TOKENS, ClusterView, Completion, Decision, KvEvent, RequestView
 
 FEATURES = (
     "steps",
@@ -60,8 +66,9 @@ FEATURES = (
     "kv_shortfall_blocks",
 )
 PRIOR = (0.01, 4e-5, 8e-8, 3e-5, 1.5e-9, 0.01)
-_PREFILL_TOKENS = FEATURES.index("prefill_tokens")
 """A generic H100 7-8B engine, as a soft starting point; calibration replaces it within minutes."""
+_PREFILL_TOKENS = FEATURES.index("prefill_tokens")
+_PREFILL_PAIRS = FEATURES.index("prefill_pairs")
 
 
 @dataclass(slots=True)
@@ -72,6 +79,7 @@ class _Sent:
     tokens: float  # its uncached prompt tokens and their pairs, as added to the queue
     pairs: float
     due_s: float  # predicted first token
+    waits_for_step: bool  # sent to a busy instance: it starts at the next step boundary
 
 
 @dataclass(slots=True)
@@ -83,6 +91,9 @@ class _Chosen:
     predicted_s: float
     tokens: float
     pairs: float
+    busy: bool  # the chosen instance is running or has prefill queued
+    joined_tokens: float  # of its first chunk, run in the step that ends the last queued request
+    joined_pairs: float
 
 
 class PrefillQueues:
@@ -170,11 +181,31 @@ class TokenPilot(RoutingPolicy):
         self.models: dict[str, OnlineLinearModel] = {}
         self.queues = PrefillQueues()
         self._sent: dict[tuple[str, int], _Sent] = {}
-        self._chosen = _Chosen(0.0, np.zeros(len(FEATURES)), 0.0, 0.0, 0.0)
+        self._chosen = _Chosen(0.0, np.zeros(len(FEATURES)), 0.0, 0.0, 0.0, False, 0.0, 0.0)
+        self._last_queued: dict[str, tuple[str, int]] = {}  # instance id -> last request sent there
+        self._batch_keys: set[tuple[str, int]] = set()  # the requests of the batch being decided
+        self._revised: dict[tuple[str, int], float] = {}  # of those: seconds others' chunks add
         self._groups_of: ClusterView | None = None
         self._groups: list[tuple[str, slice | IntArray]] = []
 
     # --- deciding -----------------------------------------------------------------------------
+
+    def decide(self, requests: Sequence[RequestView], view: ClusterView, now_s: float) -> list[Decision]:
+        """Decide in order; then raise the prediction of a request of this batch whose first
+        prefill step a later request of the batch joins (chunked prefill runs them together, so
+        its first token also waits for the joining chunk): a burst is known as a whole."""
+        self._revised, self._batch_keys = {}, {(r.request_id, r.attempt) for r in requests}
+        decisions = super().decide(requests, view, now_s)
+        if self._revised:
+            revised = self._revised
+            decisions = [
+                replace(d, predicted_ttft_s=d.predicted_ttft_s + revised[(d.request_id, d.attempt)])
+                if d.predicted_ttft_s is not None and (d.request_id, d.attempt) in revised
+                else d
+                for d in decisions
+            ]
+        self._revised, self._batch_keys = {}, set()
+        return decisions
 
     def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Pick:
         self.index.size_like(view)
@@ -188,7 +219,18 @@ class TokenPilot(RoutingPolicy):
             delay[rows] = chunk[rows] * theta[_PREFILL_TOKENS]
         score = predicted + self.spare_others * delay
         row = self._pick_near_min(score, mask)
-        self._chosen = _Chosen(now_s, features[row], float(predicted[row]), own_tokens[row], own_pairs[row])
+        joined = float(chunk[row])
+        cached = request.input_tokens - float(own_tokens[row])
+        self._chosen = _Chosen(
+            now_s,
+            features[row].copy(),  # a view would keep the whole n x features matrix alive
+            float(predicted[row]),
+            own_tokens[row],
+            own_pairs[row],
+            bool(features[row, 1] > 0 or features[row, 3] > own_tokens[row]),
+            joined,
+            joined * (cached + joined / 2),
+        )
         return Pick(row, "min predicted TTFT", float(predicted[row]))
 
     def features(self, request: RequestView, view: ClusterView, now_s: float) -> FloatArray:
@@ -279,9 +321,33 @@ class TokenPilot(RoutingPolicy):
             chosen.tokens,
             chosen.pairs,
             chosen.now_s + chosen.predicted_s,
+            chosen.busy,
         )
+        key = (request.request_id, request.attempt)
+        if chosen.joined_tokens > 0:
+            self._joined(self._last_queued.get(instance_id), chosen)
+        self._last_queued[instance_id] = key
         # Credit: the instance will hold these blocks once it prefills them (KV events confirm).
         self.index.add(instance_id, request.block_hashes)
+
+    def _joined(self, key: tuple[str, int] | None, chosen: _Chosen) -> None:
+        """``chosen``'s first chunk runs in the step that ends the prefill of ``key``, the
+        request queued last on that instance. If that request is in the batch being decided
+        and waits for a step boundary (an idle instance starts it at once, alone), its first
+        token waits for the joining chunk too: its prediction and its recorded features grow by
+        that work. Later joiners are not added: the model is calibrated on what was known when
+        each prediction went out."""
+        if key is None or key not in self._batch_keys:
+            return
+        sent = self._sent.get(key)
+        if sent is None or not sent.waits_for_step:
+            return
+        theta = self.model_for(sent.profile).theta
+        extra = chosen.joined_tokens * theta[_PREFILL_TOKENS] + chosen.joined_pairs * theta[_PREFILL_PAIRS]
+        sent.features[_PREFILL_TOKENS] += chosen.joined_tokens
+        sent.features[_PREFILL_PAIRS] += chosen.joined_pairs
+        sent.due_s += extra
+        self._revised[key] = self._revised.get(key, 0.0) + extra
 
     # --- learning -----------------------------------------------------------------------------
 

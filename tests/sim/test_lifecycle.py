@@ -25,9 +25,11 @@ class Recording:
         self.completions: list[Completion] = []
         self.kv_events: list[KvEvent] = []
         self.seen: list[RequestView] = []
+        self.batches: list[list[str]] = []
 
     def decide(self, requests: Sequence[RequestView], view: ClusterView, now_s: float) -> list[Decision]:
         self.seen.extend(requests)
+        self.batches.append([r.request_id for r in requests])
         return self.inner.decide(requests, view, now_s)
 
     def observe(self, event: KvEvent | Completion) -> None:
@@ -119,3 +121,10 @@ def test_request_the_engine_refuses_is_reported_back_to_the_router() -> None:
     result = Simulation(workload(too_big), fleet_of(1), policy, SimConfig()).run()
     assert result.attempts[0].status == "rejected"
     assert policy.in_flight.requests == {"i0": 0}  # type: ignore[attr-defined]
+
+
+def test_arrivals_at_one_instant_reach_the_router_as_one_batch() -> None:
+    w = workload(*(request(rid, at, 600, 4) for rid, at in (("a", 0.0), ("b", 0.0), ("c", 0.0), ("d", 0.5))))
+    policy = Recording("round-robin")
+    Simulation(w, fleet_of(2), policy, SimConfig()).run()  # type: ignore[arg-type]
+    assert policy.batches == [["a", "b", "c"], ["d"]]

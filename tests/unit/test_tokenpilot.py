@@ -122,3 +122,25 @@ def test_a_long_prompt_does_not_join_the_step_of_a_short_one_just_queued() -> No
             picks.add(long.instance != short.instance)
     assert spared == {True}
     assert tossed == {True, False}
+
+
+def test_a_burst_raises_the_prediction_of_a_request_whose_step_a_later_one_joins() -> None:
+    # One busy instance: a short prompt and then a long one, decided as one burst. Both wait
+    # for the next step boundary; chunked prefill then runs the short prompt and the long one's
+    # first chunk (the rest of the 8192-token budget) in one step, so the short prompt's first
+    # token waits for that chunk too. An idle instance starts the short prompt at once, alone.
+    for running, joins in ((4, True), (0, False)):
+        v = view([running], [running * 1000])
+        alone = TokenPilot(seed=0).decide([cold("short", 512)], v, 1.0)[0].predicted_ttft_s
+        pilot = TokenPilot(seed=0)
+        short, long = pilot.decide([cold("short", 512), cold("long", 20_000)], v, 1.0)
+        assert alone is not None and short.predicted_ttft_s is not None and long.predicted_ttft_s is not None
+        theta = pilot.model_for("p").theta
+        chunk = 8192 - 512  # the long prompt's first chunk fills the short prompt's step
+        extra = (
+            chunk * theta[FEATURES.index("prefill_tokens")]
+            + chunk * (chunk / 2) * theta[FEATURES.index("prefill_pairs")]
+        )
+        expected = alone + extra if joins else alone
+        assert abs(short.predicted_ttft_s - expected) < 1e-9
+        assert long.predicted_ttft_s > short.predicted_ttft_s
