@@ -735,7 +735,7 @@ def format_summary(args: argparse.Namespace, results: Sequence[RunFigures]) -> s
     lines = [
         "",
         f"streaming benchmark: policy {args.policy}, {args.requests} requests per run, "
-        f"feedback {'on' if args.feedback else 'off'}, publisher linger {args.publisher_linger_ms} ms "
+        f"feedback {'on' if args.feedback else 'off'}, publisher batches every {args.publisher_linger_ms} ms "
         f"in the latency phase, {'a new' if args.fresh_broker else 'one'} broker and worker "
         f"{'per run' if args.fresh_broker else 'for all runs'}, {os.cpu_count()} CPUs",
         f"{'':48}{label:>18}   reference (issue 3)",
