@@ -185,9 +185,9 @@ class RequestLane:
         """Take delivered batches in order, waiting for the oldest until at most ``keep`` remain;
         commit their offsets every ``commit_interval_s``, and always when nothing stays in flight.
 
-        Why not one commit per batch: at a few thousand requests per second batches are small,
-        and a commit round trip per batch cost the broker and the worker more CPU than the
-        routing did. A worker that dies re-routes at most one interval of requests (at least
+        Why not one commit per batch: at a few thousand requests per second batches are small
+        (tens of requests), and each commit is a broker request and a round trip the lane
+        waits for. A worker that dies re-routes at most one interval of requests (at least
         once, as before)."""
         while in_flight and (len(in_flight) > keep or _done(in_flight[0][0])):
             delivered, ends = in_flight.popleft()
