@@ -55,6 +55,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agents.policy import make_policy
+from agents.policy.prefix_index import sorted_distinct
 from agents.policy.types import BLOCK_TOKENS, ClusterView, Completion, KvEvent, Policy, RequestView
 
 IntArray = npt.NDArray[np.int64]
@@ -150,7 +151,7 @@ def instance_content(universe: Universe, blocks: int, rng: np.random.Generator) 
         partial = rng.integers(1, full + 1)
         lengths = np.where(rng.random(batch) < 0.5, full, partial)
         parts.append(universe.prefixes(chains, lengths))
-        seen = np.unique(np.concatenate([seen, parts[-1]]))
+        seen = sorted_distinct(np.concatenate([seen, parts[-1]]))
         if len(seen) >= blocks:
             break
     touches = np.concatenate(parts)
@@ -391,7 +392,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     universe = build_universe(args.conversations, rng)
     print(
         f"universe: {args.conversations:,} conversations, {len(universe.blocks):,} chain blocks "
-        f"({len(np.unique(universe.blocks)):,} distinct) in {time.perf_counter() - t0:.1f} s; "
+        f"({len(sorted_distinct(universe.blocks)):,} distinct) in {time.perf_counter() - t0:.1f} s; "
         f"policy {args.policy}"
     )
     header = (

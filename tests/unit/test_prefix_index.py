@@ -7,7 +7,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from agents.policy.prefix_index import EPOCHS_PER_CAPACITY, PrefixIndex
+from agents.policy.prefix_index import EPOCHS_PER_CAPACITY, PrefixIndex, sorted_distinct
 
 
 def test_match_counts_leading_blocks_per_holder() -> None:
@@ -215,3 +215,9 @@ def test_blocks_nobody_holds_are_forgotten() -> None:
     assert index.blocks_held("a") == 4
     assert len(index._ids) == 4  # only what "a" still holds has an id
     assert index.match([396, 397, 398, 399]) == {"a": 4}
+
+
+def test_sorted_distinct_equals_numpy_unique() -> None:
+    values = np.random.default_rng(0).integers(-50, 50, 1_000)
+    assert np.array_equal(sorted_distinct(values), np.unique(values))
+    assert len(sorted_distinct(np.array([], dtype=np.int64))) == 0
