@@ -67,6 +67,7 @@ FEATURES = (
 )
 PRIOR = (0.01, 4e-5, 8e-8, 3e-5, 1.5e-9, 0.01)
 """A generic H100 7-8B engine, as a soft starting point; calibration replaces it within minutes."""
+_STEPS_X_BATCH = FEATURES.index("steps_x_batch")
 _PREFILL_TOKENS = FEATURES.index("prefill_tokens")
 _PREFILL_PAIRS = FEATURES.index("prefill_pairs")
 
@@ -91,7 +92,6 @@ class _Chosen:
     predicted_s: float
     tokens: float
     pairs: float
-    busy: bool  # the chosen instance is running or has prefill queued
     joined_tokens: float  # of its first chunk, run in the step that ends the last queued request
     joined_pairs: float
 
@@ -181,7 +181,7 @@ class TokenPilot(RoutingPolicy):
         self.models: dict[str, OnlineLinearModel] = {}
         self.queues = PrefillQueues()
         self._sent: dict[tuple[str, int], _Sent] = {}
-        self._chosen = _Chosen(0.0, np.zeros(len(FEATURES)), 0.0, 0.0, 0.0, False, 0.0, 0.0)
+        self._chosen = _Chosen(0.0, np.zeros(len(FEATURES)), 0.0, 0.0, 0.0, 0.0, 0.0)
         self._last_queued: dict[str, tuple[str, int]] = {}  # instance id -> last request sent there
         self._batch_keys: set[tuple[str, int]] = set()  # the requests of the batch being decided
         self._revised: dict[tuple[str, int], float] = {}  # of those: seconds others' chunks add
@@ -227,7 +227,6 @@ class TokenPilot(RoutingPolicy):
             float(predicted[row]),
             own_tokens[row],
             own_pairs[row],
-            bool(features[row, 1] > 0 or features[row, 3] > own_tokens[row]),
             joined,
             joined * (cached + joined / 2),
         )
@@ -313,17 +312,19 @@ class TokenPilot(RoutingPolicy):
     def on_routed(self, request: RequestView, view: ClusterView, row: int) -> None:
         instance_id = view.instance_ids[row]
         chosen = self._chosen
+        key = (request.request_id, request.attempt)
         self.queues.add(row, chosen.tokens, chosen.pairs)
-        self._sent[(request.request_id, request.attempt)] = _Sent(
+        # Busy (a decode batch, or prefill queued ahead of it): it starts at the next step boundary.
+        busy = chosen.features[_STEPS_X_BATCH] > 0 or chosen.features[_PREFILL_TOKENS] > chosen.tokens
+        self._sent[key] = _Sent(
             instance_id,
             str(view.profile[row]),
             chosen.features,
             chosen.tokens,
             chosen.pairs,
             chosen.now_s + chosen.predicted_s,
-            chosen.busy,
+            bool(busy),
         )
-        key = (request.request_id, request.attempt)
         if chosen.joined_tokens > 0:
             self._joined(self._last_queued.get(instance_id), chosen)
         self._last_queued[instance_id] = key
