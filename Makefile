@@ -37,19 +37,19 @@ test: lint
 	$(PY) -m pytest -q
 
 bench: install
-	$(PY) -m sim.bench
+	$(PY) -m bench.simulator
 
 bench-stream: install
-	$(PY) -m infra.bench_stream --repeat 3 --fresh-broker
+	$(PY) -m bench.stream --repeat 3 --fresh-broker
 
 bench-broker: install
-	$(PY) -m infra.bench_broker
+	$(PY) -m bench.broker
 
 bench-decision: install
-	$(PY) -m sim.bench_decision --instances 16,256,4096 --blocks-per-instance 100000
+	$(PY) -m bench.decision --instances 16,256,4096 --blocks-per-instance 100000
 
 scoreboard: install
-	$(PY) -m sim.scoreboard
+	$(PY) -m sim.evaluation.scoreboard
 
 clean:
 	rm -rf $(VENV) out .tokenfleet

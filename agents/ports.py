@@ -1,6 +1,6 @@
 """What the streaming agents need from the outside, as small interfaces the bootstrap fills in.
 
-The worker bootstrap (``infra.worker``) provides a ClickHouse-backed ``FeedbackStore`` and a
+The worker bootstrap (``infra.entrypoints.worker``) provides a ClickHouse-backed ``FeedbackStore`` and a
 Prometheus-backed ``Telemetry``; tests inject fakes.
 """
 

@@ -19,9 +19,9 @@ from agents.batch import expand_batch_job
 from agents.ports import FeedbackStore, Telemetry
 from agents.routing import Router
 from schemas import topics
+from schemas.codec import DecodeError, dead_letter, decode, encode
 from schemas.events import BatchJob, Completion, Event, Heartbeat, InferenceRequest, KvEvent
 from streams.app import Channels
-from streams.codec import DecodeError, dead_letter, decode, encode
 from streams.request_lane import RawMessage, RequestLane
 
 E = TypeVar("E", bound=Event)

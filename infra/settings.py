@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from agents.policy.slo import DEFAULT_SLO_CLASSES, SloClass
+from agents.policy.common.slo import DEFAULT_SLO_CLASSES, SloClass
 
 
 class SloClassSetting(BaseSettings):

@@ -1,6 +1,6 @@
 """The Faust app factory and its topic / table bindings.
 
-All topics carry raw bytes: decoding is ours (``streams.codec``), so an undecodable message
+All topics carry raw bytes: decoding is ours (``schemas.codec``), so an undecodable message
 becomes a dead letter with its reason instead of an exception inside Faust.
 
 Settings for the embedded broker: Tansu holds a consumer-group join for half the client's

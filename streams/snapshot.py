@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from agents.policy import types as policy
-from agents.policy.slo import classify
+from agents.policy.common.slo import classify
 from schemas.events import Completion, Heartbeat, InferenceRequest, KvEvent
 
 

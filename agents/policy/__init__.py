@@ -5,10 +5,10 @@
 
 from __future__ import annotations
 
-from agents.policy.base import RoutingPolicy
 from agents.policy.baselines import LeastRequest, LeastTokens, RandomChoice, RoundRobin
+from agents.policy.common.selector import RoutingPolicy
 from agents.policy.peers import DynamoKv, LlmdDefault, SglangCacheAware
-from agents.policy.tokenpilot import TokenPilot
+from agents.policy.tokenpilot.router import TokenPilot
 from agents.policy.types import Policy
 
 POLICIES: dict[str, type[RoutingPolicy]] = {

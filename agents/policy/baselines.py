@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.policy.base import BoolArray, Pick, RoutingPolicy, pick_min
+from agents.policy.common.selector import BoolArray, Pick, RoutingPolicy, pick_min
 from agents.policy.types import ClusterView, RequestView
 
 

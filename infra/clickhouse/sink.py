@@ -31,7 +31,7 @@ from clickhouse_connect.driver.exceptions import (
 )
 from tenacity import Retrying, before_sleep_log, retry_if_exception, stop_after_delay, wait_random_exponential
 
-from agents.policy.slo import SloClass, meets_slo
+from agents.policy.common.slo import SloClass, meets_slo
 from schemas.events import AdmissionDecision, Completion, Event, InferenceRequest, RoutingDecision
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.broker import embedded_broker, ensure_topics
+from infra.kafka.broker import embedded_broker, ensure_topics
 
 
 @pytest.fixture(scope="session")

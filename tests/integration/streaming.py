@@ -55,7 +55,7 @@ class WorkerProcess:
         data_dir.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "infra.cli", "worker", "--loglevel", "info"],
+            [sys.executable, "-m", "infra.entrypoints.cli", "worker", "--loglevel", "info"],
             cwd=ROOT,
             env=env,
             stdout=self._log,

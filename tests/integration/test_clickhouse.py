@@ -10,7 +10,7 @@ import pytest
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import OperationalError
 
-from agents.policy.slo import DEFAULT_SLO_CLASSES
+from agents.policy.common.slo import DEFAULT_SLO_CLASSES
 from infra.clickhouse import FeedbackSink, connect, migrate, summary
 from infra.clickhouse.client import split_database
 from infra.clickhouse.migrate import load_migrations

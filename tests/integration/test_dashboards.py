@@ -180,7 +180,7 @@ def demo_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     command = [
         sys.executable,
         "-m",
-        "infra.cli",
+        "infra.entrypoints.cli",
         "demo",
         "--duration",
         str(DEMO_SECONDS),

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from infra.fleet_process import run_fleet
-from infra.loadgen import parse_duration, publish_workload, submit_batch
+from infra.entrypoints.fleet import run_fleet
+from infra.entrypoints.loadgen import parse_duration, publish_workload, submit_batch
 from schemas.events import BatchJob, Completion, Event, Heartbeat, InferenceRequest, RoutingDecision
 from schemas.topics import BATCH_JOBS, COMPLETIONS, DECISIONS, HEARTBEATS, REQUESTS, key_of
-from sim.sources import open_workload
+from sim.workloads.sources import open_workload
 
 TIMEOUT_S = 30.0
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import zlib
 from dataclasses import replace
 
-from sim.fleet import FleetSpec, InstanceSpec
-from sim.profiles import PROFILES, EngineProfile
-from sim.workload import TraceRequest, Workload, make_request
+from sim.engine.fleet import FleetSpec, InstanceSpec
+from sim.engine.profiles import PROFILES, EngineProfile
+from sim.workloads.trace import TraceRequest, Workload, make_request
 
 LLAMA = PROFILES["llama3-8b-h100"]
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infra.cli import main
+from infra.entrypoints.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 MOONCAKE = str(ROOT / "sim" / "traces" / "mooncake" / "conversation_trace.jsonl")
@@ -41,7 +41,7 @@ def test_same_seed_same_json_across_processes(tmp_path: Path) -> None:
     for hash_seed in ("1", "2"):
         out = tmp_path / f"run{hash_seed}.json"
         env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-        cmd = [sys.executable, "-m", "infra.cli", *ARGS, "--policy", "random", "--json", str(out)]
+        cmd = [sys.executable, "-m", "infra.entrypoints.cli", *ARGS, "--policy", "random", "--json", str(out)]
         subprocess.run(cmd, check=True, cwd=ROOT, env=env, capture_output=True)
         outputs.append(out.read_bytes())
     assert outputs[0] == outputs[1]
@@ -55,7 +55,7 @@ def test_bad_input_is_reported_with_exit_code_2(capsys) -> None:  # type: ignore
 
 
 def test_fleet_yaml_with_data_centres(tmp_path: Path) -> None:
-    from sim.fleet import parse_fleet
+    from sim.engine.fleet import parse_fleet
 
     spec = tmp_path / "fleet.yaml"
     spec.write_text(

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from agents.policy.types import BLOCK_TOKENS, ClusterView, Decision, RequestView
-from sim.runner import SimConfig, Simulation, simulate
+from sim.loop.runner import SimConfig, Simulation, simulate
 from tests.sim.helpers import LLAMA, fleet_of, request, with_budget, workload
 
 

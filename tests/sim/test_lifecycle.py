@@ -9,9 +9,9 @@ import pytest
 
 from agents.policy import POLICIES, make_policy
 from agents.policy.types import ClusterView, Completion, Decision, KvEvent, RequestView
-from sim.runner import SimConfig, Simulation
-from sim.sources import open_workload
-from sim.workload import Workload
+from sim.loop.runner import SimConfig, Simulation
+from sim.workloads.sources import open_workload
+from sim.workloads.trace import Workload
 from tests.sim.helpers import fleet_of, request, workload
 
 

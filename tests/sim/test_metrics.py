@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from agents.policy.slo import DEFAULT_SLO_CLASSES
-from sim.engine import Attempt
-from sim.metrics import percentile, prediction_mape, report
+from agents.policy.common.slo import DEFAULT_SLO_CLASSES
+from sim.engine.instance import Attempt
+from sim.evaluation.metrics import percentile, prediction_mape, report
 from tests.sim.helpers import request
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.scoreboard import verdict, verdict_table
+from sim.evaluation.scoreboard import verdict, verdict_table
 
 
 def result(

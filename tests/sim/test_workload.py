@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from sim.sources import open_workload
-from sim.synthetic import SyntheticMix
-from sim.workload import chain_hashes, load_workload
+from sim.workloads.sources import open_workload
+from sim.workloads.synthetic import SyntheticMix
+from sim.workloads.trace import chain_hashes, load_workload
 
 TRACES = Path(__file__).resolve().parents[2] / "sim" / "traces"
 

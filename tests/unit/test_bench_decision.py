@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.bench_decision import build_universe, instance_content, main
+from bench.decision import build_universe, instance_content, main
 
 
 def test_instances_hold_exactly_their_share_of_a_skewed_universe() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.demo import _compare
+from infra.entrypoints.demo import _compare
 
 
 def test_comparison_lists_every_class_of_every_policy() -> None:

@@ -7,7 +7,7 @@ from collections import deque
 
 import numpy as np
 
-from agents.policy.base import InFlight, blocks_for
+from agents.policy.common.selector import InFlight, blocks_for
 from agents.policy.types import ClusterView, Completion, RequestView
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sim.kv_cache import PrefixKvCache
+from sim.engine.kv_cache import PrefixKvCache
 
 
 def invariant(cache: PrefixKvCache) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from schemas.events import Completion, InferenceRequest, KvEvent, RoutingDecision
-from sim.live import LiveFleet
+from sim.loop.live import LiveFleet
 from tests.sim.helpers import fleet_of
 
 START = 1_000.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agents.policy.predictor import OnlineLinearModel
+from agents.policy.tokenpilot.predictor import OnlineLinearModel
 
 NAMES = ("queued", "prefill_tokens", "prefill_x_context", "running", "tokens_ahead")
 # Seconds per unit: per queued request, per uncached prompt token, per prompt x context token

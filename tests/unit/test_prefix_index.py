@@ -7,7 +7,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from agents.policy.prefix_index import EPOCHS_PER_CAPACITY, PrefixIndex, sorted_distinct
+from agents.policy.common.prefix_index import EPOCHS_PER_CAPACITY, PrefixIndex, sorted_distinct
 
 
 def test_match_counts_leading_blocks_per_holder() -> None:

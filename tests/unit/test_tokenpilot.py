@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.policy.predictor import OnlineLinearModel
-from agents.policy.tokenpilot import FEATURES, PRIOR, TokenPilot
+from agents.policy.tokenpilot.predictor import OnlineLinearModel
+from agents.policy.tokenpilot.router import FEATURES, PRIOR, TokenPilot
 from agents.policy.types import BLOCK_TOKENS, ClusterView, Completion, KvEvent, RequestView
 
 

@@ -1,0 +1,382 @@
+"""TokenPilot: pick the instance with the lowest *predicted* time to first token.
+
+For a request with ``input`` prompt tokens on candidate instance i:
+
+    cached_i  = prompt tokens instance i holds (prefix index: own routing + KV events)
+    P_i       = input - cached_i                  uncached tokens to prefill
+    Q_i, R_i  = prefill tokens (and their attention token pairs) queued ahead on i
+    steps_i   = ceil((Q_i + P_i) / prefill_budget)  engine steps until its prefill is done
+    B_i, C_i  = requests and their context tokens on i (heartbeat + own sends since)
+    pairs_i   = R_i + P_i·(cached_i + P_i/2)      attention token pairs of those prefills
+    short_i   = KV blocks the request needs (prompt + output budget, less its cached prefix)
+                beyond what i has free (heartbeat, less blocks of own sends since): it waits
+                for running requests to finish and free them
+
+    TTFT_i ≈ θ · [steps_i, steps_i·B_i, steps_i·C_i, Q_i + P_i, pairs_i, short_i]
+
+Prefill is FCFS inside the engine, so a request's first token comes once everything queued ahead
+of it is prefilled, plus its own prefill: the engine's step-time law (T0, c, d per step; a, b per
+prefill token and token pair) summed over those steps.
+
+The queue ahead is the router's own bookkeeping (it sends every request of the pool): each send
+adds its uncached tokens and pairs to ``Q_i, R_i``; between decisions the queue drains at the
+engine's prefill rate, ``prefill_budget`` tokens per step of the predicted step time; an abort
+before the first token removes what the request had left; and an instance idle at its heartbeat
+with nothing sent since has an empty queue. Only token counts enter the queue, never predicted
+seconds, so a prediction error cannot compound from one decision to the next.
+
+θ is not hand-tuned: one ``OnlineLinearModel`` per engine profile is calibrated online from
+completions (the features recorded at decision time against the TTFT the completion reports),
+so a heterogeneous pool is compared in seconds, not counts.
+
+The pick minimises ``TTFT_i + spare_others · delay_i``: ``delay_i`` is what the request does to
+the request queued last on i when its first chunk lands in the same engine step as that one's
+last chunk (chunked prefill runs them together, so that first token waits for ours too), priced
+at the calibrated per-token cost. With ``spare_others = 1`` the pick minimises the sum of the
+first-token times it changes; a long prompt no longer lands on a short one just queued.
+
+A burst (requests decided in one call, as the streaming worker and the simulator hand over
+simultaneous arrivals) is predicted as a whole: when a later request's first chunk joins the
+step that ends an earlier one's prefill on a busy instance, the earlier prediction (and the
+features calibration records for it) includes that chunk.
+
+A cache-warm but busy instance wins only when the prefill it saves outweighs the queue ahead;
+a burst cannot pile onto one instance because each decision immediately adds its work to that
+instance's queue and in-flight counts, and near-ties are broken at random.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from agents.policy.common.prefix_index import PrefixIndex
+from agents.policy.common.selector import BoolArray, FloatArray, IntArray, Pick, RoutingPolicy, blocks_for
+from agents.policy.tokenpilot.predictor import OnlineLinearModel
+from agents.policy.types import BLOCK_TOKENS, ClusterView, Completion, Decision, KvEvent, RequestView
+
+FEATURES = (
+    "steps",
+    "steps_x_batch",
+    "steps_x_context",
+    "prefill_tokens",
+    "prefill_pairs",
+    "kv_shortfall_blocks",
+)
+PRIOR = (0.01, 4e-5, 8e-8, 3e-5, 1.5e-9, 0.01)
+"""A generic H100 7-8B engine, as a soft starting point; calibration replaces it within minutes."""
+_STEPS_X_BATCH = FEATURES.index("steps_x_batch")
+_PREFILL_TOKENS = FEATURES.index("prefill_tokens")
+_PREFILL_PAIRS = FEATURES.index("prefill_pairs")
+
+
+@dataclass(slots=True)
+class _Sent:
+    instance_id: str
+    profile: str
+    features: FloatArray
+    tokens: float  # its uncached prompt tokens and their pairs, as added to the queue
+    pairs: float
+    due_s: float  # predicted first token
+    waits_for_step: bool  # sent to a busy instance: it starts at the next step boundary
+
+
+@dataclass(slots=True)
+class _Chosen:
+    """What ``pick`` decided, for ``on_routed`` to record (computed once, used twice)."""
+
+    now_s: float
+    features: FloatArray
+    predicted_s: float
+    tokens: float
+    pairs: float
+    joined_tokens: float  # of its first chunk, run in the step that ends the last queued request
+    joined_pairs: float
+
+
+class PrefillQueues:
+    """Per instance: prefill tokens and token pairs queued ahead, draining with time.
+
+    Kept per instance slot (a stable small integer per instance id), and as arrays aligned with
+    the rows of the latest view: realigned once per snapshot (one gather, one scatter), then
+    each decision is O(n) numpy, with no per-instance Python loop.
+    """
+
+    def __init__(self) -> None:
+        self._slot_of: dict[str, int] = {}
+        self._state = np.zeros((3, 16))  # tokens, pairs, as-of time, by slot
+        self._view: ClusterView | None = None
+        self._slots = np.zeros(0, dtype=np.int64)  # slot of each row of _view
+        self.tokens = np.zeros(0)
+        self.pairs = np.zeros(0)
+        self.as_of = np.zeros(0)
+
+    def aligned_to(self, view: ClusterView) -> bool:
+        return self._view is view
+
+    def align(self, view: ClusterView, idle: BoolArray) -> None:
+        """Rows of ``view``; ``idle`` rows (idle at their heartbeat, nothing sent since) are empty."""
+        if self._view is view:
+            return
+        self._save()
+        self._slots = np.fromiter((self._slot(i) for i in view.instance_ids), dtype=np.int64, count=len(view))
+        self.tokens, self.pairs, self.as_of = self._state[:, self._slots]
+        self.tokens[idle] = 0.0
+        self.pairs[idle] = 0.0
+        self._view = view
+
+    def drain(self, now_s: float, step_s: FloatArray, budget: int) -> None:
+        """Advance every row to ``now_s``: ``budget`` tokens prefilled per ``step_s`` seconds."""
+        done = np.maximum(now_s - self.as_of, 0.0) * budget / np.maximum(step_s, 1e-6)
+        left = np.clip(1.0 - done / np.maximum(self.tokens, 1e-9), 0.0, 1.0)
+        self.tokens *= left
+        self.pairs *= left
+        np.maximum(self.as_of, now_s, out=self.as_of)
+
+    def add(self, row: int, tokens: float, pairs: float) -> None:
+        self.tokens[row] += tokens
+        self.pairs[row] += pairs
+
+    def remove(self, instance_id: str, tokens: float, pairs: float) -> None:
+        """Take out what an aborted request had left at most (not below empty)."""
+        row = None if self._view is None else self._view.index_of.get(instance_id)
+        if row is not None:
+            self.tokens[row] = max(self.tokens[row] - tokens, 0.0)
+            self.pairs[row] = max(self.pairs[row] - pairs, 0.0)
+        elif instance_id in self._slot_of:
+            state = self._state[:2, self._slot_of[instance_id]]
+            np.maximum(state - (tokens, pairs), 0.0, out=state)
+
+    def _slot(self, instance_id: str) -> int:
+        slot = self._slot_of.get(instance_id)
+        if slot is None:
+            slot = self._slot_of[instance_id] = len(self._slot_of)
+            if slot >= self._state.shape[1]:
+                self._state = np.concatenate([self._state, np.zeros_like(self._state)], axis=1)
+        return slot
+
+    def _save(self) -> None:
+        if self._view is not None:
+            self._state[:, self._slots] = (self.tokens, self.pairs, self.as_of)
+
+
+class TokenPilot(RoutingPolicy):
+    name = "tokenpilot"
+    wants_kv_events = True
+
+    def __init__(
+        self,
+        seed: int = 0,
+        prefill_budget: int = 8192,
+        tie_tolerance: float = 0.02,
+        spare_others: float = 1.0,
+    ) -> None:
+        super().__init__(seed)
+        self.prefill_budget = prefill_budget
+        self.tie_tolerance = tie_tolerance
+        self.spare_others = spare_others
+        self.index = PrefixIndex()
+        self.models: dict[str, OnlineLinearModel] = {}
+        self.queues = PrefillQueues()
+        self._sent: dict[tuple[str, int], _Sent] = {}
+        self._chosen = _Chosen(0.0, np.zeros(len(FEATURES)), 0.0, 0.0, 0.0, 0.0, 0.0)
+        self._last_queued: dict[str, tuple[str, int]] = {}  # instance id -> last request sent there
+        self._batch_keys: set[tuple[str, int]] = set()  # the requests of the batch being decided
+        self._revised: dict[tuple[str, int], float] = {}  # of those: seconds others' chunks add
+        self._groups_of: ClusterView | None = None
+        self._groups: list[tuple[str, slice | IntArray]] = []
+
+    # --- deciding -----------------------------------------------------------------------------
+
+    def decide(self, requests: Sequence[RequestView], view: ClusterView, now_s: float) -> list[Decision]:
+        """Decide in order; then raise the prediction of a request of this batch whose first
+        prefill step a later request of the batch joins (chunked prefill runs them together, so
+        its first token also waits for the joining chunk): a burst is known as a whole."""
+        self._revised, self._batch_keys = {}, {(r.request_id, r.attempt) for r in requests}
+        decisions = super().decide(requests, view, now_s)
+        if self._revised:
+            revised = self._revised
+            decisions = [
+                replace(d, predicted_ttft_s=d.predicted_ttft_s + revised[(d.request_id, d.attempt)])
+                if d.predicted_ttft_s is not None and (d.request_id, d.attempt) in revised
+                else d
+                for d in decisions
+            ]
+        self._revised, self._batch_keys = {}, set()
+        return decisions
+
+    def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Pick:
+        self.index.size_like(view)
+        features, own_tokens, own_pairs = self._features(request, view, now_s)
+        predicted = np.empty(len(view))
+        delay = np.empty(len(view))
+        chunk = self._first_chunk_joining(features, own_tokens)
+        for profile, rows in self._profile_rows(view):
+            theta = self.model_for(profile).theta
+            predicted[rows] = features[rows] @ theta
+            delay[rows] = chunk[rows] * theta[_PREFILL_TOKENS]
+        score = predicted + self.spare_others * delay
+        row = self._pick_near_min(score, mask)
+        joined = float(chunk[row])
+        cached = request.input_tokens - float(own_tokens[row])
+        self._chosen = _Chosen(
+            now_s,
+            features[row].copy(),  # a view would keep the whole n x features matrix alive
+            float(predicted[row]),
+            own_tokens[row],
+            own_pairs[row],
+            joined,
+            joined * (cached + joined / 2),
+        )
+        return Pick(row, "min predicted TTFT", float(predicted[row]))
+
+    def features(self, request: RequestView, view: ClusterView, now_s: float) -> FloatArray:
+        """The model's features of ``request`` on every row of ``view`` (n x len(FEATURES))."""
+        return self._features(request, view, now_s)[0]
+
+    def _features(
+        self, request: RequestView, view: ClusterView, now_s: float
+    ) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """Features, and per row the request's own uncached tokens and their attention pairs."""
+        matched = self.index.match_array(request.block_hashes, view.index_of, len(view))
+        cached = np.minimum(matched * BLOCK_TOKENS, request.input_tokens - 1).astype(np.float64)
+        new = request.input_tokens - cached
+        own_pairs = new * (cached + new / 2)
+        sent, sent_tokens = self.in_flight.since_heartbeat(view)
+        batch = view.running + sent
+        context = view.tokens_in_flight + sent_tokens
+        queued, queued_pairs = self._queued(view, now_s, sent, batch, context)
+        features = np.empty((len(view), len(FEATURES)))
+        total = np.add(queued, new, out=features[:, 3])
+        steps = np.ceil(total / self.prefill_budget, out=features[:, 0])
+        np.multiply(steps, batch, out=features[:, 1])
+        np.multiply(steps, context, out=features[:, 2])
+        np.add(queued_pairs, own_pairs, out=features[:, 4])
+        # KV blocks short: what the request needs beyond what is free, less the reservations of
+        # own sends the heartbeat does not show yet (their budgets taken as ours).
+        need = blocks_for(request.input_tokens + request.output_budget) - matched
+        unseen = (sent_tokens + sent * request.output_budget) / BLOCK_TOKENS
+        np.maximum(need - (view.kv_total - view.kv_used) + unseen, 0.0, out=features[:, 5])
+        return features, new, own_pairs
+
+    def _queued(
+        self, view: ClusterView, now_s: float, sent: IntArray, batch: IntArray, context: IntArray
+    ) -> tuple[FloatArray, FloatArray]:
+        """Prefill tokens and pairs queued ahead per row, drained to ``now_s`` at the predicted
+        rate: one full step, ``T0 + c·B + d·C + a·budget + b·budget·(R/Q)``, per ``budget``."""
+        queues = self.queues
+        if not queues.aligned_to(view):
+            queues.align(view, (view.running == 0) & (view.waiting == 0) & (sent == 0))
+        budget = self.prefill_budget
+        pairs_per_step = budget * queues.pairs / np.maximum(queues.tokens, 1.0)
+        step_s = np.empty(len(view))
+        for profile, rows in self._profile_rows(view):
+            t0, per_seq, per_context, per_token, per_pair = self.model_for(profile).theta[:5]
+            step_s[rows] = (
+                (t0 + per_token * budget)
+                + per_seq * batch[rows]
+                + per_context * context[rows]
+                + per_pair * pairs_per_step[rows]
+            )
+        queues.drain(now_s, step_s, budget)
+        return queues.tokens, queues.pairs
+
+    def _first_chunk_joining(self, features: FloatArray, own_tokens: FloatArray) -> FloatArray:
+        """Tokens of the request's first chunk that would run in the step ending the prefill
+        queued last on each row (chunked prefill runs both in one step, so that first token
+        waits for ours): 0 where nothing is queued or the queue ends on a full step."""
+        steps_queued = (features[:, 3] - own_tokens) / self.prefill_budget
+        filled = steps_queued - np.floor(steps_queued)  # share of the last queued step used
+        room = np.where(filled > 0, (1.0 - filled) * self.prefill_budget, 0.0)
+        return np.minimum(own_tokens, room)  # (np.mod is ~6x slower on float arrays)
+
+    def _profile_rows(self, view: ClusterView) -> list[tuple[str, slice | IntArray]]:
+        """Rows of each engine profile in ``view``, once per snapshot (one slice if uniform)."""
+        if self._groups_of is not view:
+            names, inverse = np.unique(view.profile, return_inverse=True)
+            if len(names) == 1:
+                self._groups = [(str(names[0]), slice(None))]
+            else:
+                self._groups = [(str(name), np.flatnonzero(inverse == k)) for k, name in enumerate(names)]
+            self._groups_of = view
+        return self._groups
+
+    def _pick_near_min(self, score: FloatArray, mask: BoolArray) -> int:
+        """Lowest score; rows within ``tie_tolerance`` of it are equally good (random pick)."""
+        masked = np.where(mask, score, np.inf)
+        near = np.flatnonzero(masked <= masked.min() * (1 + self.tie_tolerance) + 1e-9)
+        return int(near[0] if len(near) == 1 else near[self.rng.integers(len(near))])
+
+    def on_routed(self, request: RequestView, view: ClusterView, row: int) -> None:
+        instance_id = view.instance_ids[row]
+        chosen = self._chosen
+        key = (request.request_id, request.attempt)
+        self.queues.add(row, chosen.tokens, chosen.pairs)
+        # Busy (a decode batch, or prefill queued ahead of it): it starts at the next step boundary.
+        busy = chosen.features[_STEPS_X_BATCH] > 0 or chosen.features[_PREFILL_TOKENS] > chosen.tokens
+        self._sent[key] = _Sent(
+            instance_id,
+            str(view.profile[row]),
+            chosen.features,
+            chosen.tokens,
+            chosen.pairs,
+            chosen.now_s + chosen.predicted_s,
+            bool(busy),
+        )
+        if chosen.joined_tokens > 0:
+            self._joined(self._last_queued.get(instance_id), chosen)
+        self._last_queued[instance_id] = key
+        # Credit: the instance will hold these blocks once it prefills them (KV events confirm).
+        self.index.add(instance_id, request.block_hashes)
+
+    def _joined(self, key: tuple[str, int] | None, chosen: _Chosen) -> None:
+        """``chosen``'s first chunk runs in the step that ends the prefill of ``key``, the
+        request queued last on that instance. If that request is in the batch being decided
+        and waits for a step boundary (an idle instance starts it at once, alone), its first
+        token waits for the joining chunk too: its prediction and its recorded features grow by
+        that work. Later joiners are not added: the model is calibrated on what was known when
+        each prediction went out."""
+        if key is None or key not in self._batch_keys:
+            return
+        sent = self._sent.get(key)
+        if sent is None or not sent.waits_for_step:
+            return
+        theta = self.model_for(sent.profile).theta
+        extra = chosen.joined_tokens * theta[_PREFILL_TOKENS] + chosen.joined_pairs * theta[_PREFILL_PAIRS]
+        sent.features[_PREFILL_TOKENS] += chosen.joined_tokens
+        sent.features[_PREFILL_PAIRS] += chosen.joined_pairs
+        sent.due_s += extra
+        self._revised[key] = self._revised.get(key, 0.0) + extra
+
+    # --- learning -----------------------------------------------------------------------------
+
+    def on_kv_event(self, event: KvEvent) -> None:
+        if event.kind == "stored":
+            self.index.add(event.instance_id, event.block_hashes)
+        else:
+            self.index.remove(event.instance_id, event.block_hashes)
+
+    def observe(self, event: KvEvent | Completion) -> None:
+        super().observe(event)
+        if not isinstance(event, Completion):
+            return
+        sent = self._sent.pop((event.request_id, event.attempt), None)
+        if sent is None:
+            return
+        if event.status == "ok" and event.ttft_s is not None:
+            self.model_for(sent.profile).update(sent.features, event.ttft_s)
+        elif event.ttft_s is None and event.time_s < sent.due_s:
+            # Gone before its first token: what it had left to prefill leaves the queue.
+            self.queues.remove(sent.instance_id, sent.tokens, sent.pairs)
+
+    def model_for(self, profile: str) -> OnlineLinearModel:
+        model = self.models.get(profile)
+        if model is None:
+            model = self.models[profile] = OnlineLinearModel(FEATURES, PRIOR)
+        return model
+
+    def prediction_error(self) -> dict[str, float | None]:
+        """Rolling TTFT MAPE per engine profile."""
+        return {profile: model.mape() for profile, model in self.models.items()}

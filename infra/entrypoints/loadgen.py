@@ -1,0 +1,157 @@
+"""The load generator: a workload's requests onto ``tf.requests``, a batch file onto ``tf.batch.jobs``.
+
+Requests carry ``true_output_tokens`` (the trace's output length) so the emulated fleet knows
+how long to generate; policies never read it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+from collections.abc import Awaitable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from infra.entrypoints.fleet import send_event, start_client
+from schemas.events import BatchJob, InferenceRequest
+from schemas.topics import BATCH_JOBS, REQUESTS
+from sim.workloads.trace import DEFAULT_OUTPUT_BUDGET, TraceRequest, Workload, load_workload
+
+# Deliveries awaited at once when publishing as fast as possible: bounds memory, keeps batching.
+_IN_FLIGHT = 5000
+# A batch job is one message; the broker must accept it (Kafka's default limit is 1 MiB).
+_MAX_JOB_BYTES = 16 * 1024 * 1024
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*$", re.IGNORECASE)
+_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``"90s"``, ``"30m"``, ``"2h"``, ``"1d"`` or ``"45"`` (seconds); must be > 0."""
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError(
+            f"invalid duration {text!r}: expected a number with an optional unit s, m, h or d "
+            "(e.g. 90s, 30m, 2h)"
+        )
+    seconds = float(match.group(1)) * _UNIT_S[match.group(2).lower()]
+    if seconds <= 0:
+        raise ValueError(f"invalid duration {text!r}: must be > 0")
+    return seconds
+
+
+def to_inference_request(
+    request: TraceRequest, model: str, now: float, request_id: str | None = None
+) -> InferenceRequest:
+    """The wire form of a trace request arriving at ``now`` (its deadline counted from then)."""
+    return InferenceRequest(
+        ts=now,
+        request_id=request_id or request.request_id,
+        tenant=request.tenant,
+        model=request.model or model,
+        task_type=request.task_type,
+        prompt_block_hashes=request.block_hashes,
+        input_tokens=request.input_tokens,
+        output_budget=request.max_tokens or DEFAULT_OUTPUT_BUDGET,
+        slo_class=request.slo_class,
+        deadline_ts=None if request.deadline_s is None else now + request.deadline_s,
+        true_output_tokens=request.output_tokens,
+    )
+
+
+async def publish_workload(
+    bootstrap: str,
+    workload: Workload,
+    rate_scale: float = 1.0,
+    model: str = "llama3-8b",
+    limit: int | None = None,
+    duration_s: float | None = None,
+    realtime: bool = True,
+) -> int:
+    """Publish the workload's requests (arrivals ``rate_scale`` times as fast) to ``tf.requests``,
+    keyed by model; return how many were sent (all delivered).
+
+    ``realtime``: each at its arrival time after the start; else as fast as possible. Stops after
+    ``limit`` requests or at the first arrival after ``duration_s`` (scaled seconds).
+    """
+    requests = workload.scaled(rate_scale).requests
+    producer = await start_client(
+        lambda: AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5), "loadgen"
+    )
+    try:
+        pending: list[Awaitable[Any]] = []
+        start = time.monotonic()
+        sent = 0
+        for request in requests:
+            if (limit is not None and sent >= limit) or (
+                duration_s is not None and request.arrival_s > duration_s
+            ):
+                break
+            if realtime and start + request.arrival_s > time.monotonic():
+                await _delivered(pending)  # deliver what is due before idling
+                await asyncio.sleep(max(0.0, start + request.arrival_s - time.monotonic()))
+            event = to_inference_request(request, model, time.time())
+            pending.append(await send_event(producer, REQUESTS, event))
+            sent += 1
+            if len(pending) >= _IN_FLIGHT:
+                await _delivered(pending)
+        await _delivered(pending)
+        return sent
+    finally:
+        await producer.stop()
+
+
+async def submit_batch(
+    bootstrap: str, path: Path, deadline_s: float, model: str = "llama3-8b", job_id: str | None = None
+) -> BatchJob:
+    """Publish the requests of a Mooncake-style JSONL file as one batch job to ``tf.batch.jobs``
+    (keyed by job id), every request of class ``batch`` due ``deadline_s`` from now; returns it.
+
+    Request ids become ``JOB/ID`` so two jobs from the same file never share one.
+    ``ValueError``: unreadable file, bad deadline, or a job too large for one message.
+    """
+    if deadline_s <= 0:
+        raise ValueError("the deadline must be > 0")
+    workload = load_workload(path)
+    job_id = job_id or f"job-{uuid.uuid4().hex[:12]}"
+    now = time.time()
+    requests = tuple(
+        to_inference_request(
+            replace(r, slo_class="batch", deadline_s=deadline_s), model, now, f"{job_id}/{r.request_id}"
+        )
+        for r in workload.requests
+    )
+    tenants = {r.tenant for r in requests}
+    job = BatchJob(
+        ts=now,
+        job_id=job_id,
+        tenant=tenants.pop() if len(tenants) == 1 else "default",
+        deadline_s=deadline_s,
+        requests=requests,
+    )
+    value = job.model_dump_json().encode()
+    if len(value) > _MAX_JOB_BYTES:
+        raise ValueError(
+            f"{path}: the job is {len(value)} bytes as one message (limit {_MAX_JOB_BYTES}); split the file"
+        )
+    producer = await start_client(
+        lambda: AIOKafkaProducer(bootstrap_servers=bootstrap, max_request_size=_MAX_JOB_BYTES + 4096),
+        "batch submit",
+    )
+    try:
+        await (await send_event(producer, BATCH_JOBS, job))
+    finally:
+        await producer.stop()
+    return job
+
+
+async def _delivered(pending: list[Awaitable[Any]]) -> None:
+    """Wait for every queued delivery (raises the first failure) and clear the list."""
+    if pending:
+        await asyncio.gather(*pending)
+        pending.clear()

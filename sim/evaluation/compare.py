@@ -1,0 +1,75 @@
+"""Several policies side by side on one workload and one fleet: same seed, same clients."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from agents.policy import POLICIES
+from agents.policy.types import BLOCK_TOKENS
+from sim.engine.fleet import FleetSpec
+from sim.evaluation.ideal import ideal_attempts
+from sim.evaluation.metrics import report
+from sim.loop.runner import SimConfig, simulate
+from sim.workloads.trace import Workload
+
+IDEAL = "ideal"
+IDEAL_FLEET_CACHE = "ideal-fleet-cache"
+
+
+def known_policies() -> list[str]:
+    return [*POLICIES, IDEAL, IDEAL_FLEET_CACHE]
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    policy: str
+    wall_s: float
+    requests: int
+
+
+ProgressFactory = Callable[[str, int], Callable[[int], None]]
+
+
+def compare(
+    workload: Workload,
+    fleet: FleetSpec,
+    policies: Sequence[str],
+    config: SimConfig,
+    rate_scale: float = 1.0,
+    progress: ProgressFactory | None = None,
+) -> tuple[dict[str, object], list[Timing]]:
+    """The simulate JSON document and, separately, wall-clock timings (not part of the JSON,
+    so the same seed gives byte-identical JSON)."""
+    unknown = [p for p in policies if p not in known_policies()]
+    if unknown:
+        raise ValueError(f"unknown policy {', '.join(unknown)}; known: {', '.join(known_policies())}")
+    scaled = workload.scaled(rate_scale)
+    results: dict[str, object] = {}
+    timings = []
+    for name in policies:
+        started = time.perf_counter()
+        if name in (IDEAL, IDEAL_FLEET_CACHE):
+            window = (scaled.requests[0].arrival_s, scaled.requests[-1].arrival_s)
+            blocks = sum(spec.profile.kv_tokens // BLOCK_TOKENS for spec in fleet.instances)
+            cache = blocks if name == IDEAL_FLEET_CACHE else None
+            attempts = ideal_attempts(scaled, fleet, config.budget_for, window[1], cache)
+            results[name] = report(attempts, window, config.slo_classes, None)
+        else:
+            tick = progress(name, len(scaled.requests)) if progress else None
+            run = simulate(scaled, fleet, name, config, tick)
+            results[name] = report(run.attempts, run.window, config.slo_classes, run.busy_s)
+        timings.append(Timing(name, time.perf_counter() - started, len(scaled.requests)))
+    document = {
+        "workload": workload.name,
+        "fleet": fleet.name,
+        "instances": len(fleet.instances),
+        "rate_scale": rate_scale,
+        "seed": config.seed,
+        "heartbeat_s": config.heartbeat_s,
+        "requests": len(scaled.requests),
+        "window_s": round(scaled.requests[-1].arrival_s - scaled.requests[0].arrival_s, 6),
+        "results": results,
+    }
+    return document, timings

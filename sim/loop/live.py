@@ -1,0 +1,290 @@
+"""The simulator's instance engines driven in (scaled) wall-clock time, for the emulated fleet.
+
+Pure: no Kafka, no clock reads. The caller passes wall times (``time.time()``); emulated time is
+``(wall - start_wall) * speed``, where ``start_wall`` is fixed at construction or at the first
+call. Every wall time of the outside world (a request's arrival ``ts``, its ``deadline_ts``) maps
+through the same affine map, so at ``speed`` X the instances run X times faster than the clock
+and a delay in the pipeline in front of the fleet costs X emulated seconds of TTFT.
+
+Reported durations (TTFT, TPOT, E2E) are emulated seconds, measured from the request's arrival at
+the scheduler (its ``ts``). Event timestamps (``ts``) are the wall time the event happened at.
+
+Clients are emulated as in ``sim/runner.py``: without a first token within the class's
+``client_timeout_s`` (or, for deadline classes, by the deadline) the attempt is aborted where it
+is and its completion says ``timeout``. Retries are not emulated here: they are the client's.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from itertools import count
+from typing import Literal
+
+from agents.policy.common.slo import DEFAULT_SLO_CLASSES, SloClass, classify
+from agents.policy.types import BLOCK_TOKENS
+from schemas.events import Completion, Heartbeat, KvEvent, RoutingDecision
+from sim.engine.fleet import FleetSpec
+from sim.engine.instance import Attempt, Instance
+from sim.workloads.trace import TraceRequest
+
+FleetEvent = Completion | KvEvent
+
+CompletionStatus = Literal["ok", "timeout", "aborted", "error"]
+_STATUS: dict[str, CompletionStatus] = {"ok": "ok", "aborted": "timeout"}
+_STEP_END, _TIMEOUT = 0, 1
+_Entry = tuple[float, int, int, Instance | Attempt, int]  # time, kind, tie-break, payload, version
+# Converting an emulated time to wall time and back may land a hair before it; a caller that
+# slept until ``next_wakeup`` must still see that event processed.
+_EPSILON_S = 1e-6
+# Redeliveries come soon after the original (a rebalance), so a bounded memory suffices.
+_REMEMBERED_DECISIONS = 100_000
+
+
+class LiveFleet:
+    """The fleet's engines in real time. Call ``submit`` for decisions, ``advance`` when woken.
+
+    ``submit`` and ``heartbeats`` first catch up to their ``now_wall``; events produced meanwhile
+    are returned by the next ``advance``. Wall times passed in must not go backwards.
+    """
+
+    def __init__(
+        self,
+        fleet: FleetSpec,
+        speed: float = 1.0,
+        start_wall: float | None = None,
+        slo_classes: dict[str, SloClass] | None = None,
+    ) -> None:
+        if speed <= 0:
+            raise ValueError("speed must be > 0")
+        self.fleet = fleet
+        self.speed = speed
+        self.start_wall = start_wall
+        self.slo_classes = dict(DEFAULT_SLO_CLASSES if slo_classes is None else slo_classes)
+        window = (0.0, float("inf"))
+        self.instances = {
+            spec.instance_id: Instance(spec, window, kv_events=True) for spec in fleet.instances
+        }
+        self._heap: list[_Entry] = []
+        self._seq = count()
+        self._pending: list[FleetEvent] = []
+        self._open: dict[Attempt, RoutingDecision] = {}  # attempts submitted and not yet ended
+        self._seen: set[str] = set()
+        self._seen_order: deque[str] = deque()
+
+    # --- clock ----------------------------------------------------------------------------------
+
+    def sim_time(self, wall: float) -> float:
+        """Emulated seconds at wall time ``wall`` (starts the clock on first use)."""
+        if self.start_wall is None:
+            self.start_wall = wall
+        return (wall - self.start_wall) * self.speed
+
+    def wall_time(self, sim_s: float) -> float:
+        start = 0.0 if self.start_wall is None else self.start_wall
+        return start + sim_s / self.speed
+
+    # --- inputs ---------------------------------------------------------------------------------
+
+    def submit(self, decision: RoutingDecision, now_wall: float) -> bool:
+        """Run the decision's request on the named instance (unknown or too big: an error
+        completion; already past its client timeout: a timeout completion, never enqueued).
+
+        Returns False, doing nothing, for a decision seen before (same ``event_id``): the bus
+        delivers at least once, and running a request twice would report it twice.
+        """
+        if decision.event_id in self._seen:
+            return False
+        self._seen.add(decision.event_id)
+        self._seen_order.append(decision.event_id)
+        if len(self._seen_order) > _REMEMBERED_DECISIONS:
+            self._seen.discard(self._seen_order.popleft())
+        now = self.sim_time(now_wall)
+        self._catch_up(now)
+        request = decision.request
+        attempt = Attempt(
+            self._trace_request(decision),
+            decision.attempt,
+            self.sim_time(request.ts),
+            request.output_budget,
+        )
+        instance = self.instances.get(decision.instance_id)
+        if instance is None or not instance.fits_ever(attempt):
+            attempt.status = "rejected"
+            self._pending.append(self._completion(attempt, decision, now))
+            return True
+        give_up = self._timeout_at(attempt, request.deadline_ts)
+        if give_up is not None and give_up <= now:
+            attempt.status = "aborted"
+            self._pending.append(self._completion(attempt, decision, now))
+            return True
+        self._open[attempt] = decision
+        instance.enqueue(attempt, now)
+        self._after(instance, now)
+        if give_up is not None:
+            self._push(give_up, _TIMEOUT, attempt, 0)
+        return True
+
+    def advance(self, now_wall: float) -> list[FleetEvent]:
+        """Process every step end and client give-up up to ``now_wall``; return the completions
+        and KV events produced since the last call, in time order."""
+        self._catch_up(self.sim_time(now_wall))
+        events, self._pending = self._pending, []
+        return events
+
+    # --- observation ----------------------------------------------------------------------------
+
+    def heartbeats(self, now_wall: float) -> list[Heartbeat]:
+        """Every instance's report at ``now_wall`` (mid macro-step counts included)."""
+        now = self.sim_time(now_wall)
+        self._catch_up(now)
+        beats = []
+        for instance in self.instances.values():
+            waiting, running, tokens, kv_used = instance.heartbeat(now)
+            spec = instance.spec
+            beats.append(
+                Heartbeat(
+                    ts=now_wall,
+                    instance_id=spec.instance_id,
+                    dc=spec.dc,
+                    model=spec.model,
+                    model_version=spec.version,
+                    profile=spec.profile.name,
+                    waiting=waiting,
+                    running=running,
+                    tokens_in_flight=tokens,
+                    kv_blocks_used=kv_used,
+                    kv_blocks_total=instance.cache.capacity,
+                )
+            )
+        return beats
+
+    def next_wakeup(self, now_wall: float) -> float | None:
+        """Wall time of the next step end or give-up (never before ``now_wall``); None if idle."""
+        heap = self._heap
+        while heap and self._stale(heap[0][3], heap[0][4]):
+            heapq.heappop(heap)
+        if not heap:
+            return None
+        return max(self.wall_time(heap[0][0]), now_wall)
+
+    @property
+    def open_attempts(self) -> int:
+        """Attempts submitted and not yet ended."""
+        return len(self._open)
+
+    # --- the event loop -------------------------------------------------------------------------
+
+    def _catch_up(self, now: float) -> None:
+        heap = self._heap
+        while heap and heap[0][0] <= now + _EPSILON_S:
+            time_s, kind, _, payload, version = heapq.heappop(heap)
+            if self._stale(payload, version):
+                continue
+            if kind == _STEP_END:
+                assert isinstance(payload, Instance)
+                for attempt in payload.finish_step(time_s):
+                    self._end(attempt, time_s)
+                self._after(payload, time_s)
+            else:
+                assert isinstance(payload, Attempt)
+                self._give_up(payload, time_s)
+
+    def _stale(self, payload: Instance | Attempt, version: int) -> bool:
+        """A step end superseded by a later plan, or a give-up that no longer applies."""
+        if isinstance(payload, Instance):
+            return not payload.scheduled or payload.version != version
+        if payload.status != "pending" or payload.abort_requested:
+            return True
+        slo = self.slo_classes[payload.request.slo_class]
+        return payload.first_token_s is not None and not slo.deadline  # streaming: it waits
+
+    def _give_up(self, attempt: Attempt, now: float) -> None:
+        instance = attempt.instance
+        assert instance is not None
+        if instance.abort(attempt, now):  # was waiting: gone now; running: ends at the step end
+            attempt.status = "aborted"
+            self._end(attempt, now)
+        self._after(instance, now)
+
+    def _after(self, instance: Instance, now: float) -> None:
+        """Schedule the instance's next step end and collect its KV events."""
+        if instance.scheduled:
+            self._push(instance.step_end_s, _STEP_END, instance, instance.version)
+        if instance.cache.events:
+            spec = instance.spec
+            ts = self.wall_time(now)
+            for kind, blocks in instance.cache.events:
+                self._pending.append(
+                    KvEvent(
+                        ts=ts, instance_id=spec.instance_id, model=spec.model, kind=kind, block_hashes=blocks
+                    )
+                )
+            instance.cache.events.clear()
+
+    def _end(self, attempt: Attempt, now: float) -> None:
+        attempt.end_s = now
+        decision = self._open.pop(attempt)
+        self._pending.append(self._completion(attempt, decision, now))
+
+    def _push(self, time_s: float, kind: int, payload: Instance | Attempt, version: int) -> None:
+        heapq.heappush(self._heap, (time_s, kind, next(self._seq), payload, version))
+
+    # --- conversions ----------------------------------------------------------------------------
+
+    def _trace_request(self, decision: RoutingDecision) -> TraceRequest:
+        request = decision.request
+        deadline_s = None
+        if request.deadline_ts is not None:
+            deadline_s = (request.deadline_ts - request.ts) * self.speed
+        return TraceRequest(
+            request_id=request.request_id,
+            arrival_s=self.sim_time(request.ts),
+            input_tokens=request.input_tokens,
+            output_tokens=request.true_output_tokens or request.output_budget,
+            # Already chained by the client; never more than the prompt's full blocks, or the
+            # engine's KV reservation (prompt + budget) would not cover them.
+            block_hashes=request.prompt_block_hashes[: request.input_tokens // BLOCK_TOKENS],
+            tenant=request.tenant,
+            slo_class=decision.slo_class or classify(request.input_tokens, request.slo_class),
+            deadline_s=deadline_s,
+            max_tokens=request.output_budget,
+            task_type=request.task_type,
+            model=request.model,
+        )
+
+    def _timeout_at(self, attempt: Attempt, deadline_ts: float | None) -> float | None:
+        """Emulated time the client gives up at (None: it waits for ever)."""
+        slo = self.slo_classes.get(attempt.request.slo_class)
+        if slo is None:
+            return None
+        deadline = None if deadline_ts is None else self.sim_time(deadline_ts)
+        return slo.give_up_at(attempt.arrival_s, deadline)
+
+    def _completion(self, attempt: Attempt, decision: RoutingDecision, now: float) -> Completion:
+        request = decision.request
+        ran = attempt.instance is not None and attempt.status != "rejected"
+        first = attempt.first_token_s
+        ttft = tpot = None
+        if first is not None:
+            ttft = max(0.0, first - attempt.arrival_s)
+            if attempt.generated > 1:
+                tpot = max(0.0, (now - first) / (attempt.generated - 1))
+        return Completion(
+            ts=self.wall_time(now),
+            request_id=request.request_id,
+            attempt=decision.attempt,
+            instance_id=decision.instance_id,
+            model=request.model,
+            tenant=request.tenant,
+            slo_class=attempt.request.slo_class,
+            status=_STATUS.get(attempt.status, "error"),
+            arrival_ts=request.ts,
+            ttft_s=ttft,
+            tpot_s=tpot,
+            e2e_s=max(0.0, now - attempt.arrival_s) if ran else None,
+            input_tokens=request.input_tokens,
+            cached_tokens=attempt.cached_tokens,
+            output_tokens=attempt.generated,
+            deadline_ts=request.deadline_ts,
+        )

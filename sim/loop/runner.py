@@ -1,0 +1,304 @@
+"""The discrete-event runner: one policy, one workload, one fleet, simulated to the end.
+
+Events, in time order (ties: step ends, then arrivals, then client timeouts, then heartbeats):
+- arrival of a request attempt: the policy decides (route / queue / reject) on the latest
+  heartbeat snapshot; a routed attempt joins its instance;
+- step end of an instance: tokens are produced, finished attempts complete;
+- client timeout: the client gives up (no first token in time, or batch deadline passed); the
+  attempt is aborted where it is; a share of interactive give-ups is retried once;
+- heartbeat: every instance reports; the policy's next decisions see this snapshot; attempts
+  the policy queued are offered again.
+
+The policy sees request views, snapshots, its own decisions, completions and (if it asks) KV
+events; never the true output length.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import count
+from typing import cast
+
+import numpy as np
+
+from agents.policy import make_policy
+from agents.policy.common.slo import DEFAULT_SLO_CLASSES, SloClass
+from agents.policy.types import (
+    ClusterView,
+    Completion,
+    CompletionStatus,
+    Decision,
+    KvEvent,
+    Policy,
+    RequestView,
+)
+from sim.engine.fleet import FleetSpec
+from sim.engine.instance import Attempt, Instance
+from sim.workloads.trace import DEFAULT_OUTPUT_BUDGET, TraceRequest, Workload
+
+_COMPLETION_STATUS: dict[str, CompletionStatus] = {"ok": "ok", "aborted": "timeout"}
+_STEP_END, _WINDOW_END, _ARRIVAL, _TIMEOUT, _HEARTBEAT = 0, 1, 2, 3, 4
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Knobs that are the same for every policy in one comparison."""
+
+    seed: int = 0
+    heartbeat_s: float = 0.25
+    retry_share: float = 0.5
+    output_budget: int | None = None
+    slo_classes: dict[str, SloClass] = field(default_factory=lambda: dict(DEFAULT_SLO_CLASSES))
+
+    def budget_for(self, request: TraceRequest) -> int:
+        """What the client allows (``max_tokens``): fixed if configured, else the request's own
+        ``max_tokens``, else 2048."""
+        if self.output_budget is not None:
+            return self.output_budget
+        return request.max_tokens or DEFAULT_OUTPUT_BUDGET
+
+    def retries(self, request_id: str) -> bool:
+        """Whether this client retries a given-up interactive request: a fixed property of the
+        request (seeded), so it is the same under every policy."""
+        digest = hashlib.blake2b(f"{self.seed}:{request_id}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") / 2**64 < self.retry_share
+
+
+@dataclass(slots=True)
+class RunResult:
+    policy: str
+    attempts: list[Attempt]
+    window: tuple[float, float]
+    busy_s: list[float]
+
+
+ProgressFn = Callable[[int], None]
+
+
+class Simulation:
+    def __init__(self, workload: Workload, fleet: FleetSpec, policy: Policy, config: SimConfig) -> None:
+        self.workload = workload
+        self.fleet = fleet
+        self.policy = policy
+        self.config = config
+        arrivals = [r.arrival_s for r in workload.requests]
+        self.window = (min(arrivals), max(arrivals))
+        self.instances = [Instance(spec, self.window, policy.wants_kv_events) for spec in fleet.instances]
+        self._heap: list[tuple[float, int, int, object]] = []
+        self._seq = count()
+        self._attempts: list[Attempt] = []
+        self._open = 0
+        self._arrivals_left = 0
+        self._held: list[Attempt] = []
+        self._view = self._snapshot(0.0)
+
+    def run(self, progress: ProgressFn | None = None) -> RunResult:
+        for request in self.workload.requests:
+            self._push(
+                request.arrival_s,
+                _ARRIVAL,
+                Attempt(request, 1, request.arrival_s, self.config.budget_for(request)),
+            )
+        self._arrivals_left = len(self.workload.requests)
+        self._push(self.window[0], _HEARTBEAT, None)
+        self._push(self.window[1], _WINDOW_END, None)
+        done = 0
+        while self._heap:
+            now, kind, _, payload = heapq.heappop(self._heap)
+            if kind == _STEP_END:
+                index, version = cast(tuple[int, int], payload)
+                instance = self.instances[index]
+                if instance.version == version and instance.scheduled:
+                    self._ended(instance.finish_step(now), now)
+                    self._after(instance, index, now)
+            elif kind == _ARRIVAL:
+                # Arrivals at one instant reach the router together (a real router reads its
+                # input in batches too), so a policy may decide a burst as a whole.
+                burst = [cast(Attempt, payload)]
+                while self._heap and self._heap[0][0] == now and self._heap[0][1] == _ARRIVAL:
+                    burst.append(cast(Attempt, heapq.heappop(self._heap)[3]))
+                self._arrive(burst, now)
+                done += len(burst)
+                if progress is not None and done // 256 > (done - len(burst)) // 256:
+                    progress(done)
+            elif kind == _WINDOW_END:
+                self._close_window(now)
+            elif kind == _TIMEOUT:
+                self._give_up(cast(Attempt, payload), now)
+            else:
+                self._heartbeat(now)
+        if progress is not None:
+            progress(done)
+        return RunResult(self.policy.name, self._attempts, self.window, [i.busy_s for i in self.instances])
+
+    # --- event handlers -----------------------------------------------------------------------
+
+    def _arrive(self, attempts: list[Attempt], now: float) -> None:
+        for attempt in attempts:
+            if attempt.attempt == 1:
+                self._arrivals_left -= 1
+            self._attempts.append(attempt)
+            self._open += 1
+            timeout = self._timeout_at(attempt)
+            if timeout is not None:
+                self._push(timeout, _TIMEOUT, attempt)
+        self._offer(attempts, now)
+
+    def _offer(self, attempts: list[Attempt], now: float) -> None:
+        views = [self._request_view(a) for a in attempts]
+        decisions = self.policy.decide(views, self._view, now)
+        for attempt, decision in zip(attempts, decisions, strict=True):
+            self._apply(attempt, decision, now)
+
+    def _apply(self, attempt: Attempt, decision: Decision, now: float) -> None:
+        attempt.predicted_ttft_s = decision.predicted_ttft_s
+        if decision.action == "queue":
+            self._held.append(attempt)
+            return
+        if decision.action == "route":
+            index = decision.instance
+            instance = self.instances[index]
+            if instance.fits_ever(attempt):
+                instance.enqueue(attempt, now)
+                self._after(instance, index, now)
+                return
+            attempt.instance = instance  # the engine refuses it; the router sees an error
+        attempt.status = "rejected"
+        self._end(attempt, now)
+
+    def _give_up(self, attempt: Attempt, now: float) -> None:
+        if attempt.status != "pending":
+            return
+        slo = self.config.slo_classes[attempt.request.slo_class]
+        if attempt.first_token_s is not None and not slo.deadline:
+            return  # streaming has started; this client waits for the rest
+        if attempt in self._held:
+            self._held.remove(attempt)
+            attempt.status = "aborted"
+            self._end(attempt, now)
+        elif attempt.instance is not None:
+            index = self.instances.index(attempt.instance)
+            if attempt.instance.abort(attempt, now):
+                attempt.status = "aborted"
+                self._end(attempt, now)
+            self._after(attempt.instance, index, now)
+        if (
+            attempt.attempt == 1
+            and attempt.request.slo_class == "interactive"
+            and self.config.retries(attempt.request.request_id)
+        ):
+            retry = Attempt(attempt.request, attempt.attempt + 1, now, attempt.output_budget)
+            self._push(now, _ARRIVAL, retry)
+
+    def _close_window(self, now: float) -> None:
+        """Record how many tokens each attempt still running has generated inside the window."""
+        for attempt in self._attempts:
+            if attempt.status == "pending":
+                instance = attempt.instance
+                attempt.tokens_in_window = 0 if instance is None else instance.tokens_so_far(attempt, now)
+
+    def _heartbeat(self, now: float) -> None:
+        self._view = self._snapshot(now)
+        if self._held:
+            held, self._held = self._held, []
+            self._offer(held, now)
+        if self._open > 0 or self._arrivals_left > 0:
+            self._push(now + self.config.heartbeat_s, _HEARTBEAT, None)
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _after(self, instance: Instance, index: int, now: float) -> None:
+        """Schedule the instance's next step end and forward its KV events."""
+        if instance.scheduled:
+            self._push(instance.step_end_s, _STEP_END, (index, instance.version))
+        if instance.cache.events:
+            iid = instance.spec.instance_id
+            for kind, blocks in instance.cache.events:
+                self.policy.observe(KvEvent(iid, kind, blocks, now))
+            instance.cache.events.clear()
+
+    def _ended(self, attempts: list[Attempt], now: float) -> None:
+        for attempt in attempts:
+            self._end(attempt, now)
+
+    def _end(self, attempt: Attempt, now: float) -> None:
+        attempt.end_s = now
+        self._open -= 1
+        if attempt.instance is None:
+            return
+        ttft = None if attempt.first_token_s is None else attempt.first_token_s - attempt.arrival_s
+        tpot = None
+        if attempt.first_token_s is not None and attempt.generated > 1:
+            tpot = (now - attempt.first_token_s) / (attempt.generated - 1)
+        status = _COMPLETION_STATUS.get(attempt.status, "error")
+        self.policy.observe(
+            Completion(
+                request_id=attempt.request.request_id,
+                attempt=attempt.attempt,
+                instance_id=attempt.instance.spec.instance_id,
+                status=status,
+                input_tokens=attempt.request.input_tokens,
+                cached_tokens=attempt.cached_tokens,
+                output_tokens=attempt.generated,
+                ttft_s=ttft,
+                tpot_s=tpot,
+                time_s=now,
+            )
+        )
+
+    def _timeout_at(self, attempt: Attempt) -> float | None:
+        request = attempt.request
+        deadline = None if request.deadline_s is None else request.arrival_s + request.deadline_s
+        return self.config.slo_classes[request.slo_class].give_up_at(attempt.arrival_s, deadline)
+
+    def _request_view(self, attempt: Attempt) -> RequestView:
+        request = attempt.request
+        return RequestView(
+            request_id=request.request_id,
+            attempt=attempt.attempt,
+            tenant=request.tenant,
+            model=request.model or self.fleet.default_model,
+            slo_class=request.slo_class,
+            input_tokens=request.input_tokens,
+            output_budget=attempt.output_budget,
+            block_hashes=request.block_hashes,
+            arrival_s=attempt.arrival_s,
+            deadline_s=None if request.deadline_s is None else request.arrival_s + request.deadline_s,
+            task_type=request.task_type,
+        )
+
+    def _snapshot(self, now: float) -> ClusterView:
+        rows = [instance.heartbeat(now) for instance in self.instances]
+        specs = self.fleet.instances
+        return ClusterView(
+            instance_ids=tuple(s.instance_id for s in specs),
+            dc=np.array([s.dc for s in specs]),
+            model=np.array([s.model for s in specs]),
+            version=np.array([s.version for s in specs]),
+            profile=np.array([s.profile.name for s in specs]),
+            ready=np.ones(len(specs), dtype=bool),
+            waiting=np.array([r[0] for r in rows], dtype=np.int64),
+            running=np.array([r[1] for r in rows], dtype=np.int64),
+            tokens_in_flight=np.array([r[2] for r in rows], dtype=np.int64),
+            kv_used=np.array([r[3] for r in rows], dtype=np.int64),
+            kv_total=np.array([i.cache.capacity for i in self.instances], dtype=np.int64),
+            last_heartbeat_s=np.full(len(specs), now),
+        )
+
+    def _push(self, time_s: float, kind: int, payload: object) -> None:
+        heapq.heappush(self._heap, (time_s, kind, next(self._seq), payload))
+
+
+def simulate(
+    workload: Workload,
+    fleet: FleetSpec,
+    policy_name: str,
+    config: SimConfig,
+    progress: ProgressFn | None = None,
+) -> RunResult:
+    """Run one policy (a fresh instance seeded with ``config.seed``) over the workload."""
+    policy = make_policy(policy_name, seed=config.seed)
+    return Simulation(workload, fleet, policy, config).run(progress)

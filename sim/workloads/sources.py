@@ -1,0 +1,24 @@
+"""Resolve a ``--workload`` argument: a trace file or ``synthetic[:key=value,...]``."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from sim.workloads.synthetic import SyntheticMix
+from sim.workloads.trace import Workload, load_records, load_workload
+
+_NUMERIC = {f.name: f.type for f in fields(SyntheticMix) if f.type in ("float", "int")}
+
+
+def open_workload(spec: str, seed: int = 0) -> Workload:
+    """``synthetic`` takes keys of ``SyntheticMix`` (e.g. ``synthetic:duration_s=300,rate_per_s=6``)."""
+    if spec != "synthetic" and not spec.startswith("synthetic:"):
+        return load_workload(spec)
+    options: dict[str, float | int] = {"seed": seed}
+    for item in filter(None, spec.partition(":")[2].split(",")):
+        key, _, value = item.partition("=")
+        if key not in _NUMERIC:
+            raise ValueError(f"unknown synthetic option {key!r}; known: {', '.join(_NUMERIC)}")
+        options[key] = int(value) if _NUMERIC[key] == "int" else float(value)
+    mix = SyntheticMix(**options)  # type: ignore[arg-type]
+    return load_records(mix.generate(), name=spec)
