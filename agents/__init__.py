@@ -1,1 +1,2 @@
-"""TokenFleet agents: the pure policy core (``agents.policy``) and, later, thin Faust agents."""
+"""The scheduler service: the pure policy core (``agents.policy``), the routing service that
+drives it from wire events, the stream handlers and the ports the bootstrap fills."""

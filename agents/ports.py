@@ -1,16 +1,38 @@
 """What the streaming agents need from the outside, as small interfaces the bootstrap fills in.
 
-The worker bootstrap (``infra.entrypoints.worker``) provides a ClickHouse-backed ``FeedbackStore`` and a
-Prometheus-backed ``Telemetry``; tests inject fakes.
+The worker bootstrap (``infra/bootstrap.py``) provides the Faust-table-backed ``InstanceState``
+(``streams/snapshot.py``), the Kafka ``Publisher`` (``streams/binding.py``), a ClickHouse-backed
+``FeedbackStore`` and a Prometheus-backed ``Telemetry``; the functional tests inject fakes
+(``tests/functional/fakes.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
+from agents.policy.types import ClusterView
 from agents.routing import Routed
-from schemas.events import AdmissionDecision, Completion, InferenceRequest, RoutingDecision
+from schemas.events import AdmissionDecision, Completion, Event, Heartbeat, InferenceRequest, RoutingDecision
+from schemas.topics import TopicSpec
+
+
+class InstanceState(Protocol):
+    """The instance-state table: each instance's latest heartbeat, per model pool."""
+
+    def record(self, beat: Heartbeat) -> None:
+        """Keep ``beat`` as its instance's latest state (durably: the table has a changelog).
+        Called from the heartbeat agent, one event at a time."""
+
+    def view(self, pool: str) -> ClusterView | None:
+        """The pool's snapshot, ``None`` if no instance of it has reported. The same object (and
+        ``version``) until a heartbeat changes the pool."""
+
+
+class Publisher(Protocol):
+    async def send(self, spec: TopicSpec, events: Sequence[Event]) -> Awaitable[object]:
+        """Queue ``events`` on ``spec``'s topic (keyed per the spec); the result completes when
+        the broker has them all. Events of one call keep their order per partition."""
 
 
 class FeedbackStore(Protocol):

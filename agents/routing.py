@@ -1,24 +1,31 @@
-"""The routing service: admission (pass-through until SLOMax) and instance choice per model pool.
+"""The routing service: wire events in, the ``Scheduler`` decides, decision events out.
 
-Knows nothing of Kafka: it takes decoded requests and the pool's instance-state entries and
-returns decision events. One policy object per model pool, so a pool's routing state (its own
-in-flight accounting, prefix index) lives with the worker that owns the pool's partition.
+Knows nothing of Kafka or Faust. One ``Scheduler`` per model pool, so a pool's scheduling state
+(queue pools, in-flight accounting, prefix index, predictor) lives with the worker that owns
+the pool's partition. It drives the scheduler exactly as the simulator does: ``route`` offers
+new requests, ``tick`` offers held ones again on a new snapshot (called on every heartbeat that
+changes the pool's view), ``observe_*`` forwards what a proxying router sees.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from agents.policy import make_policy
-from agents.policy.types import Policy
-from schemas.events import AdmissionDecision, Completion, InferenceRequest, KvEvent, RoutingDecision
-from streams.snapshot import cluster_view, policy_completion, policy_kv_event, request_view
-
-InstanceStates = Mapping[str, Mapping[str, Any]]
-"""instance id -> its last Heartbeat (as a dict), for one model pool."""
+from agents.convert import blocks_changed, finished, first_token, request_view
+from agents.policy import Scheduler, build_scheduler
+from agents.policy.registry import StageParams
+from agents.policy.types import ClusterView, Outcome, empty_view
+from schemas.events import (
+    AdmissionDecision,
+    Completion,
+    InferenceRequest,
+    KvEvent,
+    ResponseStarted,
+    RoutingDecision,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,96 +37,120 @@ class Routed:
     routing: RoutingDecision | None
 
 
-class Router:
-    def __init__(self, policy_name: str, seed: int = 0, worker: str = "") -> None:
-        make_policy(policy_name, seed)  # fail fast on an unknown name
-        self.policy_name = policy_name
-        self.worker = worker
+@dataclass(slots=True)
+class _Pool:
+    scheduler: Scheduler
+    requests: dict[tuple[str, int], InferenceRequest] = field(default_factory=dict)  # offered, unsettled
+
+
+class RoutingService:
+    def __init__(
+        self, policy: str, seed: int = 0, params: StageParams | None = None, worker: str = ""
+    ) -> None:
+        build_scheduler(policy, seed, params)  # fail fast on an unknown name or parameter
+        self.policy_name = policy
         self.seed = seed
-        self._policies: dict[str, Policy] = {}
-        self._held: dict[str, list[InferenceRequest]] = {}
+        self.params = params
+        self.worker = worker
+        self._pools: dict[str, _Pool] = {}
 
-    def policy_for(self, pool: str) -> Policy:
-        policy = self._policies.get(pool)
-        if policy is None:
-            policy = self._policies[pool] = make_policy(self.policy_name, self.seed)
-        return policy
+    def scheduler_for(self, pool: str) -> Scheduler:
+        return self._pool(pool).scheduler
 
-    def route(self, requests: Sequence[InferenceRequest], states: InstanceStates, now: float) -> list[Routed]:
-        """Decide for a batch of one pool's requests on the snapshot ``states`` at ``now``.
+    def route(
+        self, pool: str, requests: Sequence[InferenceRequest], view: ClusterView | None, now: float
+    ) -> list[Routed]:
+        """New requests of ``pool`` on its snapshot ``view`` (None: no instance reported yet).
 
-        Requests held earlier (no instance had reported yet, or the policy said "queue") are
-        offered again first. A held request gets a "queue" admission decision once, when first
-        held; it gets its routing decision when it is routed.
-        """
-        if not requests:
-            return []
-        pool = requests[0].model
-        held = self._held.pop(pool, [])
-        batch = [*held, *requests]
-        first_time = {id(r) for r in requests}
-        if not states:
-            self._held[pool] = batch
-            reason = "no instance of this model has reported yet"
-            return [self._queued(r, reason) for r in requests]
-        view = cluster_view(states)
-        views = [request_view(r) for r in batch]
-        started = time.perf_counter()
-        decisions = self.policy_for(pool).decide(views, view, now)
-        latency = (time.perf_counter() - started) / len(batch)
-        out = []
-        for request, seen, decision in zip(batch, views, decisions, strict=True):
-            if decision.action == "queue":
-                self._held.setdefault(pool, []).append(request)
-                if id(request) in first_time:
-                    out.append(self._queued(request, decision.reason))
+        A request whose (id, attempt) is already held here, or comes twice in one batch, is a
+        redelivery: it is skipped, so a held request is decided once."""
+        state = self._pool(pool)
+        views = []
+        for request in requests:
+            seen = request_view(request)
+            if seen.key in state.requests:
                 continue
-            common = _common(request, seen.slo_class)
-            if decision.action == "reject":
+            state.requests[seen.key] = request
+            views.append(seen)
+        started = time.perf_counter()
+        outcomes = state.scheduler.submit(views, view if view is not None else empty_view(), now)
+        return self._events(state, outcomes, (time.perf_counter() - started) / max(len(views), 1))
+
+    def tick(self, pool: str, view: ClusterView, now: float) -> list[Routed]:
+        """Offer ``pool``'s held requests again on ``view`` (nothing if none is held or the view
+        is one they were already offered on)."""
+        state = self._pools.get(pool)
+        if state is None or not state.scheduler.held_total:
+            return []
+        started = time.perf_counter()
+        outcomes = state.scheduler.tick(view, now)
+        return self._events(state, outcomes, (time.perf_counter() - started) / max(len(outcomes), 1))
+
+    def held(self, pool: str) -> int:
+        state = self._pools.get(pool)
+        return 0 if state is None else state.scheduler.held_total
+
+    def observe_completion(self, event: Completion) -> None:
+        self._pool(event.model).scheduler.observe(finished(event))
+
+    def observe_first_token(self, event: ResponseStarted) -> None:
+        self._pool(event.model).scheduler.observe(first_token(event))
+
+    def observe_kv(self, event: KvEvent) -> None:
+        scheduler = self._pool(event.model).scheduler
+        if scheduler.wants_kv_events:
+            scheduler.observe(blocks_changed(event))
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _pool(self, pool: str) -> _Pool:
+        state = self._pools.get(pool)
+        if state is None:
+            state = self._pools[pool] = _Pool(build_scheduler(self.policy_name, self.seed, self.params))
+        return state
+
+    def _events(self, state: _Pool, outcomes: list[Outcome], latency_s: float) -> list[Routed]:
+        routed = []
+        for outcome in outcomes:
+            key = outcome.request.key
+            request = state.requests[key] if outcome.action == "queue" else state.requests.pop(key)
+            common = self._common(request, outcome)
+            if outcome.action == "queue":
+                if not outcome.first_hold:
+                    continue
                 admission = AdmissionDecision(
-                    **common, action="reject", reason=decision.reason, policy=self.policy_name
+                    **common, action="queue", reason=outcome.reason, queue_pool=outcome.pool
                 )
-                out.append(Routed(request, admission, None))
+                routed.append(Routed(request, admission, None))
                 continue
             admission = AdmissionDecision(
-                **common, action="admit", reason="pass-through", policy=self.policy_name
+                **common,
+                action=outcome.action,
+                reason=outcome.admission_reason,
+                predicted_ttft_s=outcome.predicted_ttft_s if outcome.action == "reject" else None,
             )
+            if outcome.action == "reject":
+                routed.append(Routed(request, admission, None))
+                continue
             routing = RoutingDecision(
                 **common,
-                dc=str(view.dc[decision.instance]),
-                instance_id=view.instance_ids[decision.instance],
-                policy=self.policy_name,
-                reason=decision.reason,
-                predicted_ttft_s=decision.predicted_ttft_s,
-                decision_latency_s=latency,
+                dc=outcome.dc,
+                instance_id=outcome.instance_id,
+                reason=outcome.reason,
+                predicted_ttft_s=outcome.predicted_ttft_s,
+                decision_latency_s=latency_s,
                 worker=self.worker,
                 request=request,
             )
-            out.append(Routed(request, admission, routing))
-        return out
+            routed.append(Routed(request, admission, routing))
+        return routed
 
-    def held(self) -> int:
-        return sum(len(v) for v in self._held.values())
-
-    def _queued(self, request: InferenceRequest, reason: str) -> Routed:
-        common = _common(request, request_view(request).slo_class)
-        admission = AdmissionDecision(**common, action="queue", reason=reason, policy=self.policy_name)
-        return Routed(request, admission, None)
-
-    def observe_completion(self, event: Completion) -> None:
-        self.policy_for(event.model).observe(policy_completion(event))
-
-    def observe_kv(self, event: KvEvent) -> None:
-        policy = self.policy_for(event.model)
-        if policy.wants_kv_events:
-            policy.observe(policy_kv_event(event))
-
-
-def _common(request: InferenceRequest, slo_class: str) -> dict[str, Any]:
-    return {
-        "request_id": request.request_id,
-        "attempt": request.attempt,
-        "tenant": request.tenant,
-        "model": request.model,
-        "slo_class": slo_class,
-    }
+    def _common(self, request: InferenceRequest, outcome: Outcome) -> dict[str, Any]:
+        return {
+            "request_id": request.request_id,
+            "attempt": request.attempt,
+            "tenant": request.tenant,
+            "model": request.model,
+            "slo_class": outcome.request.slo_class,
+            "policy": self.policy_name,
+        }

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import time
 from collections.abc import Sequence
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from bench.stream import percentile
 from infra.kafka.broker import embedded_broker, ensure_topics
+from sim.evaluation.metrics import percentile
 
 PARTITIONS = 4
 PAYLOAD = b"x" * 900
@@ -88,9 +89,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             topic = f"lag-{wait_ms}"
             ensure_topics(bootstrap, PARTITIONS, [topic])
             delays = asyncio.run(measure(bootstrap, topic, args.rate, args.seconds, wait_ms))
-            p50, p99 = (1e3 * percentile(delays, q) for q in (0.50, 0.99))
+            p50, p99 = (1e3 * _or_nan(percentile(delays, q)) for q in (50, 99))
             print(f"{wait_ms:>18} {p50:>17.1f} ms {p99:>5.1f} ms", flush=True)
     return 0
+
+
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else value
 
 
 if __name__ == "__main__":

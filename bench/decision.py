@@ -2,7 +2,7 @@
 
 For each pool size it builds one model pool of N llama3-8b-h100 instances, fills the policy's
 prefix index so every instance holds ``--blocks-per-instance`` cached blocks, and then times
-``policy.decide([request], view, now)`` (``time.perf_counter_ns``) for ``--decisions`` requests,
+``scheduler.submit([request], view, now)`` (``time.perf_counter_ns``) for ``--decisions`` requests,
 with everything a real router does between two decisions fed to the policy too (untimed, but
 reported separately): the KV events of the instance the previous requests went to (its new
 blocks stored, as many of its old ones removed), the completions of requests sent about half
@@ -10,6 +10,14 @@ a second earlier, and a fresh heartbeat snapshot every N decisions (each instanc
 requests/s, heartbeats every 0.25 s). Printed per pool: p50 / p99 / max decision latency,
 decisions per second (1 / mean latency), the per-decision update cost, index build time and
 memory (RSS growth while building the index).
+
+Views come through the streaming worker's own view builder (``streams.snapshot.SnapshotCache``):
+every heartbeat round updates the cache one heartbeat at a time, and every decision asks it for
+the pool's view, as the worker does per request batch. Printed: the view cost per batch when no
+heartbeat arrived since the previous one (``view p50`` / ``view p99``; target <= 1 ms at 4 096),
+the first view after a heartbeat round (``rebuild``, us), the cost of one heartbeat update
+(``beat us``) and the very first view, built from the instance-state table (``table ms``, what
+a worker pays once per pool after a start or a rebalance).
 
 Cache content (what a large pool serving one model holds; deliberately not easy):
 
@@ -54,9 +62,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from agents.policy import make_policy
+from agents.policy import build_scheduler
 from agents.policy.common.prefix_index import sorted_distinct
-from agents.policy.types import BLOCK_TOKENS, ClusterView, Completion, KvEvent, Policy, RequestView
+from agents.policy.types import BLOCK_TOKENS, BlocksChanged, ClusterView, Finished, RequestView
+from schemas.events import Heartbeat
+from streams.snapshot import SnapshotCache
 
 IntArray = npt.NDArray[np.int64]
 PROFILE = "llama3-8b-h100"
@@ -195,23 +205,55 @@ class Requests:
         )
 
 
-def snapshot(ids: tuple[str, ...], blocks: int, now_s: float, rng: np.random.Generator) -> ClusterView:
+def heartbeats(ids: tuple[str, ...], blocks: int, now_s: float, rng: np.random.Generator) -> list[Heartbeat]:
+    """One heartbeat round of the pool (random load, as a busy pool reports it)."""
     n = len(ids)
-    running = rng.integers(0, 64, n)
-    return ClusterView(
-        instance_ids=ids,
-        dc=np.full(n, "dc-1"),
-        model=np.full(n, MODEL),
-        version=np.full(n, "1"),
-        profile=np.full(n, PROFILE),
-        ready=np.ones(n, dtype=bool),
-        waiting=rng.integers(0, 4, n),
-        running=running,
-        tokens_in_flight=running * rng.integers(1_000, 12_000, n),
-        kv_used=rng.integers(blocks // 2, blocks, n),
-        kv_total=np.full(n, blocks, dtype=np.int64),
-        last_heartbeat_s=np.full(n, now_s),
-    )
+    running = rng.integers(0, 64, n).tolist()
+    waiting = rng.integers(0, 4, n).tolist()
+    tokens = (np.array(running) * rng.integers(1_000, 12_000, n)).tolist()
+    used = rng.integers(blocks // 2, blocks, n).tolist()
+    return [
+        Heartbeat(
+            ts=now_s, instance_id=iid, dc="dc-1", model=MODEL, model_version="1", profile=PROFILE,
+            waiting=waiting[k], running=running[k], tokens_in_flight=tokens[k],
+            kv_blocks_used=used[k], kv_blocks_total=blocks,
+        )
+        for k, iid in enumerate(ids)
+    ]  # fmt: skip
+
+
+class ViewSource:
+    """The streaming path's view builder over a pool's heartbeats, with its costs recorded."""
+
+    def __init__(self, beats: list[Heartbeat]) -> None:
+        self.cache = SnapshotCache()
+        self.table = {MODEL: {b.instance_id: b.model_dump(mode="json") for b in beats}}
+        self.update_ns: list[int] = []
+        self.rebuild_ns: list[int] = []
+        self.cached_ns: list[int] = []
+        self.table_build_ns = 0  # the first view: every heartbeat validated from the table
+        self._fresh = False
+
+    def beat(self, beats: list[Heartbeat]) -> None:
+        for b in beats:
+            t = time.perf_counter_ns()
+            self.cache.update(b)
+            self.update_ns.append(time.perf_counter_ns() - t)
+        self._fresh = True
+
+    def view(self, record: bool) -> ClusterView:
+        t = time.perf_counter_ns()
+        view = self.cache.view(MODEL, self.table.__getitem__)
+        elapsed = time.perf_counter_ns() - t
+        assert view is not None
+        if not self.table_build_ns:
+            self.table_build_ns = elapsed
+        elif self._fresh:  # recorded in warm-up too: a large pool may beat only once per run
+            self.rebuild_ns.append(elapsed)
+        elif record:
+            self.cached_ns.append(elapsed)
+        self._fresh = False
+        return view
 
 
 def rss_bytes() -> int:
@@ -238,13 +280,15 @@ def run_pool(
     profile: int = 0,
 ) -> dict[str, Any]:
     rng = np.random.default_rng(seed + instances)
-    policy: Policy = make_policy(policy_name, seed=seed)
-    index = getattr(policy, "index", None) or getattr(policy, "tree", None)
+    scheduler = build_scheduler(policy_name, seed=seed)
+    router = scheduler.instance_selection
+    index = getattr(router, "index", None) or getattr(router, "tree", None)
     if index is None:
         raise SystemExit(f"policy {policy_name!r} has no prefix index")
     ids = tuple(f"i{k:04d}" for k in range(instances))
     now = 0.0
-    view = snapshot(ids, blocks, now, rng)
+    views = ViewSource(heartbeats(ids, blocks, now, rng))
+    view = views.view(record=False)
 
     gc.collect()
     rss0 = rss_bytes()
@@ -284,10 +328,11 @@ def run_pool(
     for k in range(warmup + decisions):
         now += dt
         if k % per_heartbeat == 0:
-            view = snapshot(ids, blocks, now, rng)
+            views.beat(heartbeats(ids, blocks, now, rng))
+        view = views.view(record=k >= warmup)
         request = source.next(now)
         m0 = time.perf_counter_ns()
-        matched = index.match_array(request.block_hashes, view.index_of, len(view))
+        matched = index.match_array(request.block_hashes, view)
         match_ns = time.perf_counter_ns() - m0
         if k >= warmup:
             depths.append(int(matched.max()))
@@ -295,25 +340,25 @@ def run_pool(
             match_times.append(match_ns)
         c = time.thread_time_ns()
         t = time.perf_counter_ns()
-        decision = policy.decide([request], view, now)[0]
+        decision = scheduler.submit([request], view, now)[0]
         elapsed = time.perf_counter_ns() - t
         cpu = time.thread_time_ns() - c
         # What the router receives before the next decision (untimed above, timed here).
         u0 = time.perf_counter_ns()
-        iid = ids[decision.instance]
+        iid = decision.instance_id
         stored = request.block_hashes
-        policy.observe(KvEvent(iid, "stored", stored, now))
+        scheduler.observe(BlocksChanged(iid, "stored", stored, now))
         # The instance evicts as many of its least recent blocks.
         start = evicted[iid]
         victims = tuple(oldest[iid][start : start + len(stored)].tolist())
         evicted[iid] = start + len(stored)
-        policy.observe(KvEvent(iid, "removed", victims, now))
+        scheduler.observe(BlocksChanged(iid, "removed", victims, now))
         pending.append((now + COMPLETION_DELAY_S, request, iid))
         while pending and pending[0][0] <= now:
             _, done, where = pending.popleft()
             ttft = 0.05 + 1e-5 * done.input_tokens * float(rng.random())
-            policy.observe(
-                Completion(done.request_id, 1, where, "ok", done.input_tokens, 0, 64, ttft, 0.01, now)
+            scheduler.observe(
+                Finished(done.request_id, 1, where, "ok", done.input_tokens, 0, 64, ttft, 0.01, now)
             )
         update = time.perf_counter_ns() - u0
         if k >= warmup:
@@ -327,15 +372,17 @@ def run_pool(
             now += dt
             request = source.next(now)
             profiler.enable()
-            decision = policy.decide([request], view, now)[0]
+            decision = scheduler.submit([request], view, now)[0]
             profiler.disable()
-            policy.observe(KvEvent(ids[decision.instance], "stored", request.block_hashes, now))
+            scheduler.observe(BlocksChanged(decision.instance_id, "stored", request.block_hashes, now))
         print(f"--- profile of {profile} decisions at {instances} instances (by own time) ---")
         pstats.Stats(profiler).sort_stats("tottime").print_stats(14)
     lat = np.array(latencies, dtype=np.float64) / 1e3
     upd = np.array(updates, dtype=np.float64) / 1e3
     cpu_us = np.array(cpu_times, dtype=np.float64) / 1e3
     match_us = np.array(match_times, dtype=np.float64) / 1e3
+    cached_view_us = np.array(views.cached_ns, dtype=np.float64) / 1e3
+    rebuild_us = np.array(views.rebuild_ns or [0], dtype=np.float64) / 1e3
     return {
         "policy": policy_name,
         "instances": instances,
@@ -353,6 +400,11 @@ def run_pool(
         "update_p99_us": float(np.percentile(upd, 99)),
         "match_p50_us": float(np.percentile(match_us, 50)),
         "match_p99_us": float(np.percentile(match_us, 99)),
+        "view_p50_us": float(np.percentile(cached_view_us, 50)),
+        "view_p99_us": float(np.percentile(cached_view_us, 99)),
+        "view_rebuild_p50_us": float(np.percentile(rebuild_us, 50)),
+        "view_from_table_ms": views.table_build_ns / 1e6,
+        "heartbeat_update_p50_us": float(np.percentile(np.array(views.update_ns) / 1e3, 50)),
         "median_holders_matched": float(statistics.median(holders)),
         "hit_share": float(np.mean(np.array(depths) > 0)),
         "median_match_depth": float(statistics.median(depths)),
@@ -398,8 +450,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     header = (
         f"{'instances':>9} {'p50 us':>8} {'p99 us':>8} {'max us':>8} {'dec/s':>8} {'upd p50':>8} "
         f"{'upd p99':>8} {'cpu p99':>8} {'idx p50':>8} {'idx p99':>8} {'hit':>5} {'depth':>6} {'holders':>7} "
-        f"{'build s':>8} {'index MiB':>10} "
-        f"{'peak MiB':>9}"
+        f"{'build s':>8} {'index MiB':>10} {'peak MiB':>9} {'view p50':>8} {'view p99':>8} "
+        f"{'rebuild':>8} {'beat us':>7} {'table ms':>8}"
     )
     print(header)
     results = []
@@ -421,7 +473,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             f"{r['cpu_p99_us']:>8.0f} {r['match_p50_us']:>8.0f} {r['match_p99_us']:>8.0f} "
             f"{r['hit_share']:>5.0%} {r['median_match_depth']:>6.0f} "
             f"{r['median_holders_matched']:>7.0f} {r['build_s']:>8.1f} "
-            f"{r['index_rss_mib']:>10,.0f} {r['peak_rss_mib']:>9,.0f}",
+            f"{r['index_rss_mib']:>10,.0f} {r['peak_rss_mib']:>9,.0f} {r['view_p50_us']:>8.1f} "
+            f"{r['view_p99_us']:>8.1f} {r['view_rebuild_p50_us']:>8.0f} {r['heartbeat_update_p50_us']:>7.1f} "
+            f"{r['view_from_table_ms']:>8.1f}",
             flush=True,
         )
         gc.collect()

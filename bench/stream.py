@@ -49,7 +49,6 @@ import math
 import os
 import random
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -65,13 +64,14 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 from prometheus_client.parser import text_string_to_metric_families
 
-from infra.entrypoints.fleet import start_client
-from infra.entrypoints.worker import ready_marker
+from infra.entrypoints.worker_process import WorkerProcess
 from infra.kafka.broker import embedded_broker, ensure_topics, free_port
+from infra.kafka.clients import start_client
 from infra.settings import Settings
 from schemas.codec import decode, encode
 from schemas.events import Heartbeat, InferenceRequest
 from schemas.topics import DECISIONS, HEARTBEATS, REQUESTS, key_of
+from sim.evaluation.metrics import percentile
 
 MODEL = "llama3-8b"
 INSTANCES = 8
@@ -349,12 +349,10 @@ def _record_acks(acked: list[float], first: int, end: int, delivery: asyncio.Fut
 # ---------------------------------------------------------------- one run
 
 
-def percentile(values: Sequence[float], share: float) -> float:
-    """The ``share`` quantile (nearest rank) of the values that are not nan."""
-    ordered = sorted(v for v in values if not math.isnan(v))
-    if not ordered:
-        return math.nan
-    return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
+def percentile_ms(values: Sequence[float], share: float) -> float:
+    """The ``share`` quantile (nearest rank, NaN skipped) of seconds, in ms (NaN when empty)."""
+    value = percentile(values, 100 * share)
+    return math.nan if value is None else 1e3 * value
 
 
 WORKER_HISTOGRAM = "tokenfleet_decision_latency_seconds"
@@ -558,17 +556,17 @@ async def one_run(
         latency_cpu=latency_cpu,
         worker_p50_ms=1e3 * histogram_quantile(histogram, 0.50),
         worker_p99_ms=1e3 * histogram_quantile(histogram, 0.99),
-        decision_p50_ms=1e3 * percentile(decision, 0.50),
-        decision_p99_ms=1e3 * percentile(decision, 0.99),
-        publish_p50_ms=1e3 * percentile(publish, 0.50),
-        publish_p99_ms=1e3 * percentile(publish, 0.99),
-        created_p50_ms=1e3 * percentile(created, 0.50),
-        created_p99_ms=1e3 * percentile(created, 0.99),
-        e2e_p50_ms=1e3 * percentile(e2e, 0.50),
-        e2e_p99_ms=1e3 * percentile(e2e, 0.99),
+        decision_p50_ms=percentile_ms(decision, 0.50),
+        decision_p99_ms=percentile_ms(decision, 0.99),
+        publish_p50_ms=percentile_ms(publish, 0.50),
+        publish_p99_ms=percentile_ms(publish, 0.99),
+        created_p50_ms=percentile_ms(created, 0.50),
+        created_p99_ms=percentile_ms(created, 0.99),
+        e2e_p50_ms=percentile_ms(e2e, 0.50),
+        e2e_p99_ms=percentile_ms(e2e, 0.99),
         e2e_max_ms=1e3 * max(e2e, default=math.nan),
-        policy_p50_us=1e6 * percentile(policy, 0.50),
-        policy_p99_us=1e6 * percentile(policy, 0.99),
+        policy_p50_us=1e3 * percentile_ms(policy, 0.50),
+        policy_p99_us=1e3 * percentile_ms(policy, 0.99),
     )
 
 
@@ -581,52 +579,27 @@ def _log(text: str) -> None:
 
 def start_worker(
     bootstrap: str, settings: Settings, feedback: bool, extra_env: Sequence[str] = ()
-) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "TOKENFLEET_KAFKA_BOOTSTRAP": bootstrap,
-        "TOKENFLEET_POLICY": settings.policy,
-        "TOKENFLEET_DATA_DIR": str(settings.data_dir),
-        "TOKENFLEET_CLICKHOUSE_DSN": settings.clickhouse_url if feedback else "off",
-        "TOKENFLEET_WORKER_WEB_PORT": str(settings.worker_web_port),
-        "TOKENFLEET_APP_ID": settings.app_id,
-        "TOKENFLEET_TOPIC_PARTITIONS": str(settings.topic_partitions),
-        **dict(item.split("=", 1) for item in extra_env),
-    }
-    log = (settings.data_dir / "worker.log").open("ab")
-    try:
-        return subprocess.Popen(
-            [sys.executable, "-m", "infra.entrypoints.cli", "worker"], env=env, stdout=log, stderr=log
-        )
-    finally:
-        log.close()
-
-
-def stop_worker(process: subprocess.Popen[bytes]) -> int:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    try:
-        return process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        return process.wait(timeout=10)
-
-
-async def wait_ready(marker: Path, worker: subprocess.Popen[bytes], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not marker.exists():
-        if worker.poll() is not None:
-            raise RuntimeError(f"the worker exited with code {worker.returncode} before it was ready")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the worker was not ready within {timeout_s:.0f} s")
-        await asyncio.sleep(0.1)
+) -> WorkerProcess:
+    return WorkerProcess(
+        bootstrap,
+        settings.data_dir,
+        {
+            "TOKENFLEET_POLICY": settings.policy,
+            "TOKENFLEET_CLICKHOUSE_DSN": settings.clickhouse_url if feedback else "off",
+            "TOKENFLEET_WORKER_WEB_PORT": str(settings.worker_web_port),
+            "TOKENFLEET_APP_ID": settings.app_id,
+            "TOKENFLEET_TOPIC_PARTITIONS": str(settings.topic_partitions),
+            **dict(item.split("=", 1) for item in extra_env),
+        },
+        log_path=settings.data_dir / "worker.log",
+    )
 
 
 async def orchestrate(
     args: argparse.Namespace,
     bootstrap: str,
     settings: Settings,
-    worker: subprocess.Popen[bytes],
+    worker: WorkerProcess,
     runs: range,
 ) -> list[RunFigures]:
     counter = DecisionCounter(bootstrap)
@@ -635,7 +608,7 @@ async def orchestrate(
     factory = RequestFactory(seed=args.seed)
     try:
         await counter.start()
-        await wait_ready(ready_marker(settings), worker, timeout_s=90)
+        await worker.wait_ready_async(timeout_s=90)
         await asyncio.sleep(2.0)  # heartbeats reached the instance-state table
         _log("worker ready; warm-up")
         counter.begin("warmup")
@@ -651,8 +624,8 @@ async def orchestrate(
             )
         results = []
         for i in runs:
-            if worker.poll() is not None:
-                raise RuntimeError(f"the worker exited with code {worker.returncode}")
+            if worker.process.poll() is not None:
+                raise RuntimeError(f"the worker exited with code {worker.process.returncode}")
             metrics = f"http://127.0.0.1:{settings.worker_web_port}/metrics"
             results.append(await one_run(f"run{i}", args, bootstrap, counter, factory, worker.pid, metrics))
             print(format_run(i, results[-1]), flush=True)
@@ -792,10 +765,10 @@ def session(args: argparse.Namespace, data_dir: Path, runs: range) -> list[RunFi
             return asyncio.run(orchestrate(args, bootstrap, settings, worker, runs))
         except Exception as exc:
             _log(f"failed: {exc}")
-            _log("worker log tail:\n" + _tail(data_dir / "worker.log"))
+            _log("worker log tail:\n" + worker.log())
             return None
         finally:
-            code = stop_worker(worker)
+            code = worker.stop()
             if profiler is not None:
                 profiler.wait(timeout=30)
             _log(f"worker stopped (exit code {code})")
@@ -822,13 +795,6 @@ def _start_profiler(pid: int, out: str) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError as exc:
-        return f"(no log: {exc})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,1 +1,2 @@
-"""Everything that touches the outside: the CLI (composition root), later settings and I/O."""
+"""Everything that touches the outside: the settings object, the one bootstrap, the adapters
+(``kafka/``, ``clickhouse/``, ``engines/``, ``metrics``) and the entry points (``entrypoints/``)."""

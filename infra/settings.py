@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -42,7 +43,13 @@ class Settings(BaseSettings):
     data_dir: Path = Path(".tokenfleet")
     topic_partitions: int = Field(default=4, ge=1)
     heartbeat_interval_s: float = Field(default=0.25, gt=0)
-    policy: str = "round-robin"
+    policy: str = Field(default="round-robin", description="a policy name of agents/policy/registry.py")
+    policy_params: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="stage name -> its parameters, e.g. {'tokenpilot': {...}}"
+    )
+    dc_rtt_ms: dict[str, float] = Field(
+        default_factory=dict, description="data centre -> round trip from the ingress, ms"
+    )
     app_id: str = "tokenfleet"
     worker_web_port: int = Field(default=6066, ge=0, description="Faust web + /metrics; 0 = any free port")
     # Tansu holds a consumer-group join for half the rebalance timeout: keep these low there.

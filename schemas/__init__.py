@@ -10,6 +10,7 @@ from schemas.events import (
     Heartbeat,
     InferenceRequest,
     KvEvent,
+    ResponseStarted,
     RoutingDecision,
 )
 
@@ -23,5 +24,6 @@ __all__ = [
     "Heartbeat",
     "InferenceRequest",
     "KvEvent",
+    "ResponseStarted",
     "RoutingDecision",
 ]

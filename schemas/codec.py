@@ -11,6 +11,9 @@ from schemas.events import DeadLetter, Event
 
 E = TypeVar("E", bound=Event)
 
+RawMessage = tuple[bytes | None, bytes | None]
+"""(key, value) of one message as the broker delivered it."""
+
 
 class DecodeError(ValueError):
     """The bytes are not a valid event of the expected kind; ``reason`` says why, briefly."""

@@ -39,7 +39,8 @@ class InferenceRequest(Event):
     ``prompt_block_hashes``: chained hashes of the prompt's full 512-token blocks (equal hash at
     position i = equal prefix up to block i). ``attempt`` > 1 marks a client retry of the same
     ``request_id``. ``deadline_ts``: absolute deadline (batch). ``allowed_regions``: data
-    centres the tenant's residency rules allow (empty = any).
+    centres the tenant's residency rules allow (empty = any). ``home_dc``: the data centre the
+    request entered the fleet at (empty = no preference).
     """
 
     request_id: str = Field(min_length=1, max_length=256)
@@ -53,6 +54,7 @@ class InferenceRequest(Event):
     slo_class: str | None = None
     deadline_ts: float | None = None
     allowed_regions: tuple[str, ...] = ()
+    home_dc: str = Field(default="", max_length=128)
     true_output_tokens: int | None = Field(
         default=None,
         ge=1,
@@ -95,6 +97,16 @@ class KvEvent(Event):
     block_hashes: tuple[int, ...]
 
 
+class ResponseStarted(Event):
+    """The first token of one request attempt left its instance (what a proxy sees first)."""
+
+    request_id: str = Field(min_length=1)
+    attempt: int = Field(default=1, ge=1)
+    instance_id: str
+    model: str
+    ttft_s: float = Field(ge=0, description="arrival at the scheduler -> this first token")
+
+
 class Completion(Event):
     """The end of one request attempt on an instance."""
 
@@ -116,7 +128,8 @@ class Completion(Event):
 
 
 class AdmissionDecision(Event):
-    """SLOMax's answer: admit now, hold in a queue pool, or reject (with the reason)."""
+    """The admission stage's answer: admit now, hold in ``queue_pool``, or reject, with the
+    reason and the predicted TTFT it was based on (if the stage predicts one)."""
 
     request_id: str
     attempt: int = 1
@@ -126,6 +139,8 @@ class AdmissionDecision(Event):
     action: Literal["admit", "queue", "reject"]
     reason: str = ""
     policy: str
+    queue_pool: str = ""
+    predicted_ttft_s: float | None = None
 
 
 class RoutingDecision(Event):
@@ -160,6 +175,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     BatchJob,
     Heartbeat,
     KvEvent,
+    ResponseStarted,
     Completion,
     AdmissionDecision,
     RoutingDecision,

@@ -13,6 +13,7 @@ from schemas.events import (
     Heartbeat,
     InferenceRequest,
     KvEvent,
+    ResponseStarted,
     RoutingDecision,
 )
 
@@ -29,13 +30,24 @@ class TopicSpec:
 REQUESTS = TopicSpec("tf.requests", InferenceRequest, "model")
 HEARTBEATS = TopicSpec("tf.heartbeats", Heartbeat, "model")
 KV_EVENTS = TopicSpec("tf.kv-events", KvEvent, "model")
+FIRST_TOKENS = TopicSpec("tf.first-tokens", ResponseStarted, "model")
 COMPLETIONS = TopicSpec("tf.completions", Completion, "model")
 ADMISSION = TopicSpec("tf.admission", AdmissionDecision, "model")
 DECISIONS = TopicSpec("tf.decisions", RoutingDecision, "model")
 BATCH_JOBS = TopicSpec("tf.batch.jobs", BatchJob, "job_id")
 DLQ = TopicSpec("tf.dlq", DeadLetter, "source_topic")
 
-ALL_TOPICS = (REQUESTS, HEARTBEATS, KV_EVENTS, COMPLETIONS, ADMISSION, DECISIONS, BATCH_JOBS, DLQ)
+ALL_TOPICS = (
+    REQUESTS,
+    HEARTBEATS,
+    KV_EVENTS,
+    FIRST_TOKENS,
+    COMPLETIONS,
+    ADMISSION,
+    DECISIONS,
+    BATCH_JOBS,
+    DLQ,
+)
 
 
 def key_of(spec: TopicSpec, event: Event) -> bytes:

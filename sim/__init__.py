@@ -1,1 +1,2 @@
-"""The fleet simulator: instance engine model, workloads, the discrete-event runner, metrics."""
+"""The fleet simulator: engine model (``engine/``), workloads, event loops (``loop/``: discrete-event
+and real-time) and evaluation (metrics, bounds, reports, the scoreboard)."""

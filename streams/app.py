@@ -1,21 +1,21 @@
-"""The Faust app factory and its topic / table bindings.
+"""The Faust app factory and its topics and tables. Takes plain arguments (no settings object).
 
 All topics carry raw bytes: decoding is ours (``schemas.codec``), so an undecodable message
 becomes a dead letter with its reason instead of an exception inside Faust.
 
-Settings for the embedded broker: Tansu holds a consumer-group join for half the client's
-rebalance timeout, so Faust's 60 s default would stall every start by 30 s. Rebalance and session
-timeouts of 6 s and a 1 s heartbeat make a join take about 3 s (``infra.settings``).
+For the embedded broker: Tansu holds a consumer-group join for half the client's rebalance
+timeout, so Faust's 60 s default would stall every start by 30 s; the bootstrap passes 6 s
+rebalance and session timeouts and a 1 s heartbeat (a join takes about 3 s).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import faust
 
-from infra.settings import Settings
 from schemas import topics
 from streams.transport import TokenFleetApp
 
@@ -27,6 +27,7 @@ class Channels:
     requests: Any
     heartbeats: Any
     kv_events: Any
+    first_tokens: Any
     completions: Any
     admission: Any
     decisions: Any
@@ -35,46 +36,49 @@ class Channels:
     instance_state: Any
 
 
-def create_app(settings: Settings, bootstrap: str, web_port: int | None = None) -> tuple[faust.App, Channels]:
+def create_app(
+    app_id: str,
+    bootstrap: str,
+    *,
+    partitions: int,
+    data_dir: Path,
+    web_port: int,
+    rebalance_timeout_s: float,
+    session_timeout_s: float,
+    heartbeat_interval_s: float,
+    fetch_max_wait_ms: int,
+) -> tuple[faust.App, Channels]:
     app = TokenFleetApp(
-        settings.app_id,
+        app_id,
         broker=f"kafka://{bootstrap}",
         store="memory://",
-        topic_partitions=settings.topic_partitions,
+        topic_partitions=partitions,
         topic_replication_factor=1,
-        broker_rebalance_timeout=settings.broker_rebalance_timeout_s,
-        broker_session_timeout=settings.broker_session_timeout_s,
-        broker_heartbeat_interval=settings.broker_heartbeat_interval_s,
+        broker_rebalance_timeout=rebalance_timeout_s,
+        broker_session_timeout=session_timeout_s,
+        broker_heartbeat_interval=heartbeat_interval_s,
         consumer_auto_offset_reset="earliest",
         producer_linger=0.002,  # a few ms of batching: far fewer, larger produce requests
         web_enabled=True,
-        web_port=settings.worker_web_port if web_port is None else web_port,
+        web_port=web_port,
         web_bind="127.0.0.1",
-        datadir=str(settings.data_dir / "faust"),
-        fetch_max_wait_ms=settings.consumer_fetch_max_wait_ms,
+        datadir=str(data_dir / "faust"),
+        fetch_max_wait_ms=fetch_max_wait_ms,
     )
 
     def raw_topic(spec: topics.TopicSpec) -> Any:
-        return app.topic(
-            spec.name,
-            key_serializer="raw",
-            value_serializer="raw",
-            partitions=settings.topic_partitions,
-        )
+        return app.topic(spec.name, key_serializer="raw", value_serializer="raw", partitions=partitions)
 
     channels = Channels(
         requests=raw_topic(topics.REQUESTS),
         heartbeats=raw_topic(topics.HEARTBEATS),
         kv_events=raw_topic(topics.KV_EVENTS),
+        first_tokens=raw_topic(topics.FIRST_TOKENS),
         completions=raw_topic(topics.COMPLETIONS),
         admission=raw_topic(topics.ADMISSION),
         decisions=raw_topic(topics.DECISIONS),
         batch_jobs=raw_topic(topics.BATCH_JOBS),
         dlq=raw_topic(topics.DLQ),
-        instance_state=app.Table(
-            "instance-state",
-            default=dict,
-            partitions=settings.topic_partitions,
-        ),
+        instance_state=app.Table("instance-state", default=dict, partitions=partitions),
     )
     return app, channels

@@ -24,9 +24,10 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
+from schemas.codec import RawMessage
+
 log = logging.getLogger(__name__)
 
-RawMessage = tuple[bytes | None, bytes | None]  # (key, value)
 Handler = Callable[[Sequence[RawMessage]], Awaitable[Awaitable[object]]]
 """Decides on a batch and sends the results; returns an awaitable that completes on delivery."""
 
@@ -82,6 +83,11 @@ class RequestLane:
         await self._producer.start()
         self._task = asyncio.create_task(self._run())
         self._task.add_done_callback(_report_crash)
+
+    @property
+    def running(self) -> bool:
+        """Started and not stopped (its producer can take messages)."""
+        return self._task is not None and not self._task.done()
 
     async def send_many(self, topic: str, messages: Sequence[tuple[bytes, bytes]]) -> Awaitable[object]:
         """Queue ``(key, value)`` messages, one record batch per partition (keys hashed as every

@@ -1,71 +1,150 @@
-"""Adapters between wire events / table contents and what the pure policy core reads."""
+"""The snapshot cache: a pool's ``ClusterView``, rebuilt only when a heartbeat changed it.
+
+The instance-state table (model pool -> {instance id: Heartbeat dict}, changelog-backed) is the
+durable truth; validating every entry of a 4 096-instance pool into a view took 17.9 ms, far too
+much per request batch. ``SnapshotCache`` keeps, per pool, the columns of the view as numpy
+arrays and updates one row in place per heartbeat (O(1)); ``view(pool)`` returns the same view
+object, with the same ``version``, until a heartbeat changes the pool, and otherwise copies the
+columns into a new view with a new version (a view handed out is never mutated). A heartbeat
+that adds an instance or changes its identity (DC, model, version, profile) rebuilds the pool's
+columns, rows sorted by instance id so the same table contents always give the same row order.
+A pool not in the cache (after a restart or a rebalance) is built once from the table.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from itertools import count
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from agents.policy import types as policy
-from agents.policy.common.slo import classify
-from schemas.events import Completion, Heartbeat, InferenceRequest, KvEvent
+from agents.policy.types import ClusterView, DcView
+from schemas.events import Heartbeat
+
+TableReader = Callable[[str], Mapping[str, Mapping[str, Any]]]
+"""pool -> {instance id: Heartbeat dict} as stored in the instance-state table."""
+
+_NUMBERS = ("waiting", "running", "tokens_in_flight", "kv_blocks_used", "kv_blocks_total")
+_VERSIONS = count(1)  # process-wide: a rebuilt pool never reuses an older snapshot's version
 
 
-def cluster_view(states: Mapping[str, Mapping[str, Any]]) -> policy.ClusterView:
-    """A struct-of-arrays snapshot from a pool's instance-state entries (Heartbeat dicts).
+@dataclass(slots=True)
+class _Columns:
+    """A pool's view columns, staged for the next view (rows sorted by instance id)."""
 
-    Rows are sorted by instance id so the same table contents always give the same view.
-    """
-    beats = [Heartbeat.model_validate(states[iid]) for iid in sorted(states)]
-    return policy.ClusterView(
-        instance_ids=tuple(b.instance_id for b in beats),
-        dc=np.array([b.dc for b in beats], dtype=str),
-        model=np.array([b.model for b in beats], dtype=str),
-        version=np.array([b.model_version for b in beats], dtype=str),
-        profile=np.array([b.profile for b in beats], dtype=str),
-        ready=np.array([b.endpoint_ready for b in beats], dtype=bool),
-        waiting=np.array([b.waiting for b in beats], dtype=np.int64),
-        running=np.array([b.running for b in beats], dtype=np.int64),
-        tokens_in_flight=np.array([b.tokens_in_flight for b in beats], dtype=np.int64),
-        kv_used=np.array([b.kv_blocks_used for b in beats], dtype=np.int64),
-        kv_total=np.array([b.kv_blocks_total for b in beats], dtype=np.int64),
-        last_heartbeat_s=np.array([b.ts for b in beats], dtype=np.float64),
+    instance_ids: tuple[str, ...]
+    row_of: dict[str, int]
+    identity: list[tuple[str, str, str, str]]  # (dc, model, model version, profile) per row
+    dc: npt.NDArray[np.str_]
+    model: npt.NDArray[np.str_]
+    model_version: npt.NDArray[np.str_]
+    profile: npt.NDArray[np.str_]
+    ready: npt.NDArray[np.bool_]
+    numbers: npt.NDArray[np.int64]  # rows x _NUMBERS
+    last_heartbeat_s: npt.NDArray[np.float64]
+    view: ClusterView | None = None  # the latest view built; None = changed since
+    beats: dict[str, Heartbeat] = field(default_factory=dict)
+
+
+class SnapshotCache:
+    """Per-pool views over heartbeats; see the module docstring. ``dcs``: the static DC view
+    (round trips from the ingress), attached to every view."""
+
+    def __init__(self, dcs: DcView | None = None) -> None:
+        self.dcs = dcs or DcView()
+        self._pools: dict[str, _Columns] = {}
+
+    def update(self, beat: Heartbeat) -> None:
+        """Take ``beat`` as its instance's latest state (one row written in place)."""
+        pool = self._pools.get(beat.model)
+        if pool is None:
+            return  # built from the table when first asked for
+        row = pool.row_of.get(beat.instance_id)
+        identity = (beat.dc, beat.model, beat.model_version, beat.profile)
+        pool.beats[beat.instance_id] = beat
+        if row is None or pool.identity[row] != identity:
+            self._pools[beat.model] = _columns(pool.beats)
+            return
+        pool.ready[row] = beat.endpoint_ready
+        pool.numbers[row] = [getattr(beat, name) for name in _NUMBERS]
+        pool.last_heartbeat_s[row] = beat.ts
+        pool.view = None
+
+    def view(self, pool: str, table: TableReader) -> ClusterView | None:
+        """The pool's current view (None if no instance reported); ``table`` is read only for a
+        pool this cache has not seen since it was created or ``clear``-ed."""
+        columns = self._pools.get(pool)
+        if columns is None:
+            states = table(pool)
+            if not states:
+                return None
+            beats = {iid: Heartbeat.model_validate(state) for iid, state in states.items()}
+            columns = self._pools[pool] = _columns(beats)
+        if columns.view is None:
+            columns.view = self._build(columns)
+        return columns.view
+
+    def clear(self) -> None:
+        """Forget every pool (partitions were reassigned: the table is the truth again)."""
+        self._pools.clear()
+
+    def _build(self, c: _Columns) -> ClusterView:
+        numbers = c.numbers.T.copy()
+        return ClusterView(
+            version=next(_VERSIONS),
+            instance_ids=c.instance_ids,
+            dc=c.dc,
+            model=c.model,
+            model_version=c.model_version,
+            profile=c.profile,
+            ready=c.ready.copy(),
+            waiting=numbers[0],
+            running=numbers[1],
+            tokens_in_flight=numbers[2],
+            kv_used=numbers[3],
+            kv_total=numbers[4],
+            last_heartbeat_s=c.last_heartbeat_s.copy(),
+            dcs=self.dcs,
+        )
+
+
+def _columns(beats: dict[str, Heartbeat]) -> _Columns:
+    """Fresh columns for a pool from its latest heartbeats (the string columns are shared by
+    every view until the pool's membership or identities change, and never written)."""
+    ordered = [beats[iid] for iid in sorted(beats)]
+    ids = tuple(b.instance_id for b in ordered)
+    return _Columns(
+        instance_ids=ids,
+        row_of={iid: row for row, iid in enumerate(ids)},
+        identity=[(b.dc, b.model, b.model_version, b.profile) for b in ordered],
+        dc=np.array([b.dc for b in ordered], dtype=str),
+        model=np.array([b.model for b in ordered], dtype=str),
+        model_version=np.array([b.model_version for b in ordered], dtype=str),
+        profile=np.array([b.profile for b in ordered], dtype=str),
+        ready=np.array([b.endpoint_ready for b in ordered], dtype=bool),
+        numbers=np.array([[getattr(b, n) for n in _NUMBERS] for b in ordered], dtype=np.int64).reshape(
+            len(ordered), len(_NUMBERS)
+        ),
+        last_heartbeat_s=np.array([b.ts for b in ordered], dtype=np.float64),
+        beats=dict(beats),
     )
 
 
-def request_view(request: InferenceRequest) -> policy.RequestView:
-    """What a policy may know of a request: never ``true_output_tokens`` (emulation only)."""
-    return policy.RequestView(
-        request_id=request.request_id,
-        attempt=request.attempt,
-        tenant=request.tenant,
-        model=request.model,
-        slo_class=classify(request.input_tokens, request.slo_class),
-        input_tokens=request.input_tokens,
-        output_budget=request.output_budget,
-        block_hashes=request.prompt_block_hashes,
-        arrival_s=request.ts,
-        deadline_s=request.deadline_ts,
-        task_type=request.task_type,
-    )
+class TableState:
+    """``agents.ports.InstanceState`` over the Faust instance-state table and a snapshot cache."""
 
+    def __init__(self, table: Any, cache: SnapshotCache) -> None:
+        self.table = table
+        self.cache = cache
 
-def policy_completion(event: Completion) -> policy.Completion:
-    status: policy.CompletionStatus = event.status
-    return policy.Completion(
-        request_id=event.request_id,
-        attempt=event.attempt,
-        instance_id=event.instance_id,
-        status=status,
-        input_tokens=event.input_tokens,
-        cached_tokens=event.cached_tokens,
-        output_tokens=event.output_tokens,
-        ttft_s=event.ttft_s,
-        tpot_s=event.tpot_s,
-        time_s=event.ts,
-    )
+    def record(self, beat: Heartbeat) -> None:
+        states = dict(self.table[beat.model])
+        states[beat.instance_id] = beat.model_dump(mode="json")
+        self.table[beat.model] = states  # a new value: Faust writes changed keys to the changelog
+        self.cache.update(beat)
 
-
-def policy_kv_event(event: KvEvent) -> policy.KvEvent:
-    return policy.KvEvent(event.instance_id, event.kind, event.block_hashes, event.ts)
+    def view(self, pool: str) -> ClusterView | None:
+        return self.cache.view(pool, lambda p: self.table.get(p, {}))

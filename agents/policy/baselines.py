@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.policy.common.selector import BoolArray, Pick, RoutingPolicy, pick_min
-from agents.policy.types import ClusterView, RequestView
+from agents.policy.common.numeric import BoolArray, pick_min
+from agents.policy.common.selector import InstanceSelector
+from agents.policy.types import ClusterView, Placement, RequestView
 
 
-class RoundRobin(RoutingPolicy):
+class RoundRobin(InstanceSelector):
     """Cycle through the candidate instances in view order."""
 
     name = "round-robin"
@@ -17,39 +18,39 @@ class RoundRobin(RoutingPolicy):
         super().__init__(seed)
         self._next = 0
 
-    def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Pick:
+    def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Placement:
         rows = np.flatnonzero(mask)
         row = int(rows[self._next % len(rows)])
         self._next += 1
-        return Pick(row, "round-robin")
+        return Placement(row, "round-robin")
 
 
-class RandomChoice(RoutingPolicy):
+class RandomChoice(InstanceSelector):
     """Uniformly random candidate (seeded)."""
 
     name = "random"
 
-    def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Pick:
-        return Pick(int(self.rng.choice(np.flatnonzero(mask))), "random")
+    def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Placement:
+        return Placement(int(self.rng.choice(np.flatnonzero(mask))), "random")
 
 
-class LeastRequest(RoutingPolicy):
+class LeastRequest(InstanceSelector):
     """Fewest requests: load = heartbeat (waiting + running) + requests sent since that heartbeat."""
 
     name = "least-request"
 
-    def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Pick:
+    def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Placement:
         sent, _ = self.in_flight.since_heartbeat(view)
         load = (view.waiting + view.running + sent).astype(np.float64)
-        return Pick(pick_min(load, mask, self.rng), "least requests")
+        return Placement(pick_min(load, mask, self.rng), "least requests")
 
 
-class LeastTokens(RoutingPolicy):
+class LeastTokens(InstanceSelector):
     """Fewest tokens in flight: heartbeat tokens_in_flight + input tokens sent since then."""
 
     name = "least-tokens"
 
-    def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Pick:
+    def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Placement:
         _, sent_tokens = self.in_flight.since_heartbeat(view)
         load = (view.tokens_in_flight + sent_tokens).astype(np.float64)
-        return Pick(pick_min(load, mask, self.rng), "least tokens in flight")
+        return Placement(pick_min(load, mask, self.rng), "least tokens in flight")

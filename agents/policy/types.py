@@ -1,19 +1,23 @@
-"""The policy seam: what a policy reads, what it returns, what it may observe.
+"""The seam of the pure core: what the scheduler's stages read, return and observe.
 
-Everything here is plain data. The simulator (`sim/`) and the streaming agents build the same
-objects, so a policy cannot tell which of them is driving it.
+Everything here is plain data. The simulator (``sim/``) and the streaming service (``agents/``)
+build the same objects, so no stage can tell which of them is driving it.
 
-What a policy may see is exactly what a real router sees: the request as the client sent it
+What a stage may see is exactly what a real router sees: the request as the client sent it
 (never its true output length), heartbeat snapshots of the instances (stale by up to one
-heartbeat interval), its own past decisions, completion events as responses stream back through
-the router, and, if it sets ``wants_kv_events``, the instances' KV-cache events.
+heartbeat interval, each with an explicit ``version``), its own past decisions, and the
+observations a proxying router gets: the first token of each response, the end of each
+response, and, for stages that set ``wants_kv_events``, the instances' KV-cache events.
+
+Names: these are the *policy-side* views. The wire events they are made from live in
+``schemas.events`` (``Heartbeat``, ``Completion``, ``KvEvent``, ...) and have other names, so a
+reader always knows which side of the seam a value is on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -21,17 +25,21 @@ import numpy.typing as npt
 BLOCK_TOKENS = 512
 """KV-cache block size in tokens; prompt block hashes are computed per full block of this size."""
 
-Action = Literal["route", "queue", "reject"]
-CompletionStatus = Literal["ok", "timeout", "aborted", "error", "rejected"]
+AdmissionAction = Literal["admit", "queue", "reject"]
+OutcomeStatus = Literal["ok", "timeout", "aborted", "error", "rejected"]
+BoolArray = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True, slots=True)
 class RequestView:
-    """One attempt of a request, as the router receives it.
+    """One attempt of a request, as the scheduler receives it.
 
     ``block_hashes`` are chained hashes of the prompt's full 512-token blocks: equal hash at
     position i means the whole prefix up to block i is equal. ``output_budget`` is the client's
-    ``max_tokens`` cap, not the (unknowable) true output length.
+    ``max_tokens`` cap, not the (unknowable) true output length. ``arrival_s`` and
+    ``deadline_s`` are absolute times on the driver's clock (seconds). ``allowed_regions``: the
+    data centres the request may run in (empty = any); ``home_dc``: where it entered the fleet
+    (empty = no preference).
     """
 
     request_id: str
@@ -45,30 +53,64 @@ class RequestView:
     arrival_s: float
     deadline_s: float | None = None
     task_type: str = "chat"
+    allowed_regions: tuple[str, ...] = ()
+    home_dc: str = ""
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """(request id, attempt): one attempt's identity everywhere in the scheduler."""
+        return (self.request_id, self.attempt)
+
+
+@dataclass(frozen=True, slots=True)
+class DcView:
+    """The data centres as seen from the scheduler's ingress, one entry per DC name.
+
+    ``rtt_s``: network round trip from the ingress (seconds; 0 for the ingress itself);
+    ``reachable``: False once contact is lost (the DC's instances are then not candidates).
+    """
+
+    names: tuple[str, ...] = ()
+    rtt_s: tuple[float, ...] = ()
+    reachable: tuple[bool, ...] = ()
+
+    def rtt(self, dc: str) -> float:
+        """Round trip to ``dc`` (0 when unknown)."""
+        return self.rtt_s[self.names.index(dc)] if dc in self.names else 0.0
+
+    def is_reachable(self, dc: str) -> bool:
+        """Unknown DCs count as reachable: the scheduler has no evidence against them."""
+        return self.reachable[self.names.index(dc)] if dc in self.names else True
 
 
 @dataclass(frozen=True, slots=True)
 class ClusterView:
     """Struct-of-arrays snapshot of the instances, one row per instance, built from heartbeats.
 
-    Counts are as of each instance's last heartbeat (``last_heartbeat_s``); requests routed since
-    then are not in them, which is why policies keep their own in-flight accounting.
-    ``kv_used`` / ``kv_total`` are in blocks of ``BLOCK_TOKENS``. ``profile`` names the engine
-    profile (hardware + model), so heterogeneous pools can be compared by predicted latency.
+    ``version`` identifies the snapshot: two views with the same version have the same contents,
+    and a newer snapshot always has a higher version. Stages key their once-per-snapshot work
+    on it (never on object identity). Counts are as of each instance's last heartbeat
+    (``last_heartbeat_s``); requests routed since then are not in them, which is why stages keep
+    their own in-flight accounting. ``kv_used`` / ``kv_total`` are in blocks of
+    ``BLOCK_TOKENS``. ``profile`` names the engine profile (hardware + model), so heterogeneous
+    pools can be compared by predicted latency; ``dc`` and ``version_of_model`` say where each
+    instance is and which model version it serves.
     """
 
+    version: int
     instance_ids: tuple[str, ...]
     dc: npt.NDArray[np.str_]
     model: npt.NDArray[np.str_]
-    version: npt.NDArray[np.str_]
+    model_version: npt.NDArray[np.str_]
     profile: npt.NDArray[np.str_]
-    ready: npt.NDArray[np.bool_]
+    ready: BoolArray
     waiting: npt.NDArray[np.int64]
     running: npt.NDArray[np.int64]
     tokens_in_flight: npt.NDArray[np.int64]
     kv_used: npt.NDArray[np.int64]
     kv_total: npt.NDArray[np.int64]
     last_heartbeat_s: npt.NDArray[np.float64]
+    dcs: DcView = field(default_factory=DcView)
     index_of: dict[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -77,32 +119,110 @@ class ClusterView:
     def __len__(self) -> int:
         return len(self.instance_ids)
 
-    def candidates(self, request: RequestView) -> npt.NDArray[np.bool_]:
-        """Filter: instances that are ready and serve the request's model."""
-        mask: npt.NDArray[np.bool_] = self.ready & (self.model == request.model)
-        return mask
-
 
 @dataclass(frozen=True, slots=True)
-class Decision:
-    """A policy's answer for one request attempt.
+class Admission:
+    """The admission stage's answer for one request.
 
-    ``instance`` is an index into the ``ClusterView`` the decision was made on (``-1`` unless
-    ``action == "route"``). ``predicted_ttft_s`` is the prediction the decision was based on, if
-    the policy makes one, so feedback can measure prediction error.
+    ``queue`` holds the request in the named ``pool`` until a later snapshot; ``reject`` ends
+    it with ``reason``; ``predicted_ttft_s`` is the prediction the answer was based on, if any.
     """
 
-    request_id: str
-    attempt: int
-    action: Action
-    instance: int = -1
+    action: AdmissionAction
     reason: str = ""
+    pool: str = ""
     predicted_ttft_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class KvEvent:
-    """Blocks stored in or removed from one instance's prefix cache."""
+class DcChoice:
+    """The DC-selection stage's answer: the candidate rows for instance selection.
+
+    ``candidates`` is a mask over the view's rows (ready instances of the request's model in the
+    chosen data centre(s)); it is shared and must not be mutated. An empty mask means no
+    allowed DC can serve the request now (it is held until a snapshot shows capacity).
+    """
+
+    dc: str
+    candidates: BoolArray
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """The instance-selection stage's answer: a row of the view, why, and its prediction."""
+
+    instance: int
+    reason: str
+    predicted_ttft_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The scheduler's decision for one request attempt (one per offer that settles it, or the
+    first time it is held).
+
+    ``action`` ``admit`` comes with the ``dc``, the view row ``instance`` and ``instance_id`` it
+    runs on; ``queue`` says which ``pool`` holds it (``first_hold`` is False when an already-held
+    request stays held, so callers report a hold once); ``reject`` ends it. ``reason`` and
+    ``predicted_ttft_s`` are from the stage that settled it (``admission_reason`` from admission).
+    """
+
+    request: RequestView
+    action: AdmissionAction
+    reason: str
+    admission_reason: str = ""
+    pool: str = ""
+    dc: str = ""
+    instance: int = -1
+    instance_id: str = ""
+    predicted_ttft_s: float | None = None
+    first_hold: bool = True
+
+
+def empty_view(version: int = 0) -> ClusterView:
+    """A snapshot with no instance (nothing has reported yet): every request is held."""
+    none = np.zeros(0, dtype=np.int64)
+    names = np.zeros(0, dtype=str)
+    return ClusterView(
+        version, (), names, names, names, names, np.zeros(0, dtype=bool),
+        none, none, none, none, none, np.zeros(0),
+    )  # fmt: skip
+
+
+# --- observations: what a proxying router sees of a response ----------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FirstToken:
+    """The first byte of a response reached the router (its prefill is done)."""
+
+    request_id: str
+    attempt: int
+    instance_id: str
+    ttft_s: float
+    time_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The end of one request attempt, as the router sees the response stream close."""
+
+    request_id: str
+    attempt: int
+    instance_id: str
+    status: OutcomeStatus
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    ttft_s: float | None
+    tpot_s: float | None
+    time_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class BlocksChanged:
+    """Blocks stored in or removed from one instance's prefix cache (a KV-cache event)."""
 
     instance_id: str
     kind: Literal["stored", "removed"]
@@ -110,39 +230,4 @@ class KvEvent:
     time_s: float
 
 
-@dataclass(frozen=True, slots=True)
-class Completion:
-    """The end of one request attempt, as the router sees the response stream close."""
-
-    request_id: str
-    attempt: int
-    instance_id: str
-    status: CompletionStatus
-    input_tokens: int
-    cached_tokens: int
-    output_tokens: int
-    ttft_s: float | None
-    tpot_s: float | None
-    time_s: float
-    extra: dict[str, float] = field(default_factory=dict)
-
-
-@runtime_checkable
-class Policy(Protocol):
-    """A routing / admission policy.
-
-    Contract:
-    - ``decide`` is called with a batch of request attempts, the latest snapshot and the current
-      time; it returns exactly one ``Decision`` per request, in the same order. It may mutate the
-      policy's own state (own in-flight accounting) but never the view.
-    - ``observe`` is called, in time order, with every completion and, when ``wants_kv_events``
-      is true, every KV event. It must be cheap and must not raise on unknown instances.
-    - A policy never reads the true output length: it is not in any of its inputs.
-    """
-
-    name: str
-    wants_kv_events: bool
-
-    def decide(self, requests: Sequence[RequestView], view: ClusterView, now_s: float) -> list[Decision]: ...
-
-    def observe(self, event: KvEvent | Completion) -> None: ...
+Observation = FirstToken | Finished | BlocksChanged

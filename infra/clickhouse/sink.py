@@ -44,11 +44,11 @@ DEFAULT_RETRY_FOR_S = 30.0
 REQUEST_COLUMNS = (
     "event_id", "ts", "schema_version", "request_id", "attempt", "tenant", "model", "task_type",
     "slo_class", "input_tokens", "output_budget", "prompt_blocks", "deadline_ts", "allowed_regions",
-    "true_output_tokens",
+    "true_output_tokens", "home_dc",
 )  # fmt: skip
 ADMISSION_COLUMNS = (
     "event_id", "ts", "schema_version", "request_id", "attempt", "tenant", "model", "slo_class",
-    "action", "reason", "policy",
+    "action", "reason", "policy", "queue_pool", "predicted_ttft_s",
 )  # fmt: skip
 ROUTING_COLUMNS = (
     "event_id", "ts", "schema_version", "request_id", "attempt", "tenant", "model", "slo_class", "dc",
@@ -172,14 +172,14 @@ def _request_row(r: InferenceRequest) -> Row:
     return [
         r.event_id, _time(r.ts), r.schema_version, r.request_id, r.attempt, r.tenant, r.model, r.task_type,
         r.slo_class or "", r.input_tokens, r.output_budget, len(r.prompt_block_hashes), _time(r.deadline_ts),
-        list(r.allowed_regions), r.true_output_tokens,
+        list(r.allowed_regions), r.true_output_tokens, r.home_dc,
     ]  # fmt: skip
 
 
 def _admission_row(a: AdmissionDecision) -> Row:
     return [
         a.event_id, _time(a.ts), a.schema_version, a.request_id, a.attempt, a.tenant, a.model, a.slo_class,
-        a.action, a.reason, a.policy,
+        a.action, a.reason, a.policy, a.queue_pool, a.predicted_ttft_s,
     ]  # fmt: skip
 
 

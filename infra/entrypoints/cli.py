@@ -1,162 +1,320 @@
 """``tokenfleet`` command line: the composition root that wires workloads, fleets and policies.
 
-Errors in what the user passed (unknown policy, bad fleet, unreadable trace) print one line
-naming the problem and exit with status 2.
+Errors in what the user passed (unknown flag or policy, bad fleet, unreadable trace or policy
+config) print one line naming the problem and exit with status 2. Commands import what they
+need when they run, so start-up (and ``--help``) stays fast.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
 import sys
 from collections.abc import Sequence
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
+
+try:  # recent typer carries its own copy of click
+    from typer._click.exceptions import ClickException, UsageError
+except ImportError:  # older typer runs on click itself
+    from click.exceptions import ClickException, UsageError  # type: ignore[assignment]
 
 from sim.workloads import MOONCAKE
 
 DEMO_TRACE = str(MOONCAKE)
+DEFAULT_FLEET = "8xllama3-8b-h100"
+
+app = typer.Typer(
+    name="tokenfleet",
+    help="TokenFleet LLM fleet scheduler",
+    add_completion=False,
+    rich_markup_mode=None,  # plain click help and errors: main() prints errors as one line
+    pretty_exceptions_enable=False,
+)
+batch_app = typer.Typer(help="offline batch jobs", rich_markup_mode=None)
+schemas_app = typer.Typer(help="event contracts", rich_markup_mode=None)
+db_app = typer.Typer(help="the ClickHouse store", rich_markup_mode=None)
+app.add_typer(batch_app, name="batch")
+app.add_typer(schemas_app, name="schemas")
+app.add_typer(db_app, name="db")
+
+POLICY_HELP = (
+    "a router (round-robin, least-tokens, dynamo-kv, tokenpilot, ...) or stages joined with '+' "
+    "(an unknown name lists them all)"
+)
+WORKLOAD_HELP = "trace file (Mooncake JSONL, Azure CSV) or 'synthetic[:k=v,...]'"
+FLEET_HELP = "COUNTxPROFILE[+...] or a fleet YAML file"
 
 
-def _simulate(args: argparse.Namespace) -> int:
+class LogLevel(StrEnum):
+    crit = "crit"
+    error = "error"
+    warn = "warn"
+    info = "info"
+    debug = "debug"
+
+
+@app.command()
+def simulate(
+    workload: Annotated[str, typer.Option("--workload", metavar="PATH", help=WORKLOAD_HELP)],
+    policy: Annotated[
+        list[str], typer.Option("--policy", metavar="NAME", help=f"{POLICY_HELP}; repeat to compare several")
+    ],
+    fleet: Annotated[str, typer.Option("--fleet", metavar="SPEC", help=FLEET_HELP)] = DEFAULT_FLEET,
+    rate_scale: Annotated[
+        float, typer.Option("--rate-scale", metavar="X", help="X times the trace's arrival rate")
+    ] = 1.0,
+    seed: Annotated[int, typer.Option("--seed", metavar="N")] = 0,
+    heartbeat: Annotated[
+        float, typer.Option("--heartbeat", metavar="S", help="heartbeat interval in seconds")
+    ] = 0.25,
+    retry_share: Annotated[
+        float,
+        typer.Option("--retry-share", metavar="P", help="share of given-up interactive requests retried"),
+    ] = 0.5,
+    output_budget: Annotated[
+        int | None, typer.Option("--output-budget", metavar="N", help="fixed max_tokens for every request")
+    ] = None,
+    json_out: Annotated[
+        str | None, typer.Option("--json", metavar="OUT", help="write the results as JSON")
+    ] = None,
+    policy_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--policy-config",
+            metavar="FILE",
+            help="YAML mapping stage name -> parameters, e.g. 'tokenpilot: {tie_tolerance: 0.05}'",
+        ),
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="no progress bar")] = False,
+) -> None:
+    """Compare routing policies on a trace in simulation."""
+    from rich.console import Console
+
+    from agents.policy import PolicyError, build_scheduler
+    from agents.policy.registry import params_for
     from sim.engine.fleet import parse_fleet
-    from sim.evaluation.compare import compare
-    from sim.evaluation.report import format_table, progress_bar
+    from sim.evaluation.compare import BOUNDS, check_policies, compare
+    from sim.evaluation.report import TABLE_WIDTH, comparison, progress_bar
     from sim.loop.runner import SimConfig
     from sim.workloads.sources import open_workload
 
-    workload = open_workload(args.workload, seed=args.seed)
-    fleet = parse_fleet(args.fleet)
-    config = SimConfig(
-        seed=args.seed,
-        heartbeat_s=args.heartbeat,
-        retry_share=args.retry_share,
-        output_budget=args.output_budget,
-    )
-    progress = None if args.quiet else progress_bar()
-    document, timings = compare(workload, fleet, args.policy, config, args.rate_scale, progress)
-    print(format_table(document))
+    # Names and parameters are checked before the trace is read and any policy has run.
+    params = _load_policy_config(policy_config) if policy_config is not None else None
+    try:
+        check_policies(policy, params)
+    except PolicyError as exc:
+        raise PolicyError(f"{exc}; bounds: {', '.join(BOUNDS)}") from None
+    for name in policy:
+        if name not in BOUNDS:
+            build_scheduler(name, seed=seed, params=params_for(name, params))
+    spec = parse_fleet(fleet)
+    trace = open_workload(workload, seed=seed)
+    config = SimConfig(seed=seed, heartbeat_s=heartbeat, retry_share=retry_share, output_budget=output_budget)
+    if quiet:
+        document, timings = compare(trace, spec, policy, config, rate_scale, None, params)
+    else:
+        with progress_bar() as progress:
+            document, timings = compare(trace, spec, policy, config, rate_scale, progress, params)
+    Console(width=TABLE_WIDTH, highlight=False).print(comparison(document))
     for timing in timings:
         rate = timing.requests / timing.wall_s if timing.wall_s > 0 else float("inf")
         print(
             f"  {timing.policy}: {timing.wall_s:.2f} s wall, {rate:,.0f} simulated requests/s",
             file=sys.stderr,
         )
-    if args.json:
-        Path(args.json).write_text(json.dumps(document, indent=2, sort_keys=False) + "\n")
-        print(f"wrote {args.json}", file=sys.stderr)
-    return 0
+    if json_out:
+        Path(json_out).write_text(json.dumps(document, indent=2, sort_keys=False) + "\n")
+        print(f"wrote {json_out}", file=sys.stderr)
 
 
-def _generate(args: argparse.Namespace) -> int:
+def _load_policy_config(path: Path) -> dict[str, dict[str, Any]]:
+    """Stage parameters from a YAML file (stage name -> keyword parameters); ValueError with
+    one line saying what is wrong if the file is missing, not YAML or not that shape."""
+    import yaml
+
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"policy config {str(path)!r}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else ""
+        raise ValueError(f"policy config {str(path)!r} is not valid YAML{line}") from None
+    shape = "must map stage names to parameter mappings, e.g. 'tokenpilot: {tie_tolerance: 0.05}'"
+    if not isinstance(data, dict):
+        raise ValueError(f"policy config {str(path)!r} {shape}")
+    for stage, kwargs in data.items():
+        if (
+            not isinstance(stage, str)
+            or not isinstance(kwargs, dict)
+            or not all(isinstance(k, str) for k in kwargs)
+        ):
+            raise ValueError(f"policy config {str(path)!r}: stage {stage!r} {shape}")
+    return data
+
+
+@app.command()
+def generate(
+    out: Annotated[str, typer.Option("--out", metavar="FILE")],
+    duration: Annotated[float, typer.Option("--duration", metavar="S", help="seconds of traffic")] = 600.0,
+    rate: Annotated[float, typer.Option("--rate", metavar="R", help="mean requests per second")] = 4.0,
+    seed: Annotated[int, typer.Option("--seed", metavar="N")] = 0,
+) -> None:
+    """Write a synthetic multi-tenant workload (Mooncake JSONL)."""
     from sim.workloads.synthetic import SyntheticMix, write_jsonl
 
-    mix = SyntheticMix(duration_s=args.duration, rate_per_s=args.rate, seed=args.seed)
-    count = write_jsonl(mix.generate(), Path(args.out))
-    print(f"wrote {count} requests to {args.out}")
-    return 0
+    mix = SyntheticMix(duration_s=duration, rate_per_s=rate, seed=seed)
+    count = write_jsonl(mix.generate(), Path(out))
+    print(f"wrote {count} requests to {out}")
 
 
-def _settings(args: argparse.Namespace) -> Any:
+def _settings(policy: str | None = None) -> Any:
     from infra.settings import Settings
 
-    overrides = {k: v for k, v in {"policy": getattr(args, "policy_name", None)}.items() if v is not None}
-    return Settings(**overrides)
+    if policy is None:
+        return Settings()
+    from agents.policy.registry import parse_policy
+
+    parse_policy(policy)  # an unknown name is a one-line error here, not deep in the worker
+    return Settings(policy=policy)
 
 
-def _worker(args: argparse.Namespace) -> int:
+@app.command()
+def worker(
+    policy: Annotated[
+        str | None, typer.Option("--policy", metavar="NAME", help=f"routing policy: {POLICY_HELP}")
+    ] = None,
+    loglevel: Annotated[LogLevel, typer.Option("--loglevel")] = LogLevel.warn,
+) -> None:
+    """Run the streaming scheduler (Faust worker)."""
     from infra.entrypoints.worker import run_worker
 
+    settings = _settings(policy)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    run_worker(_settings(args), loglevel=args.loglevel)
-    return 0
+    run_worker(settings, loglevel=loglevel.value)
 
 
-def _fleet(args: argparse.Namespace) -> int:
+@app.command("fleet")
+def fleet_command(
+    fleet: Annotated[str, typer.Option("--fleet", metavar="SPEC", help=FLEET_HELP)] = (DEFAULT_FLEET),
+    speed: Annotated[
+        float, typer.Option("--speed", metavar="X", help="emulated time runs X times faster")
+    ] = 1.0,
+) -> None:
+    """Run emulated inference instances in real time."""
+    from infra.bootstrap import kafka_bootstrap
     from infra.entrypoints.fleet import run_fleet
-    from infra.entrypoints.worker import kafka_bootstrap
     from sim.engine.fleet import parse_fleet
 
-    parse_fleet(args.fleet)  # fail fast on a bad spec
-    settings = _settings(args)
+    parse_fleet(fleet)  # fail fast on a bad spec
+    settings = _settings()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     with kafka_bootstrap(settings) as bootstrap:
         counts = _run_until_interrupted(
-            run_fleet(bootstrap, args.fleet, speed=args.speed, heartbeat_s=settings.heartbeat_interval_s)
+            run_fleet(bootstrap, fleet, speed=speed, heartbeat_s=settings.heartbeat_interval_s)
         )
     print(f"fleet stopped: {counts}")
-    return 0
 
 
-def _loadgen(args: argparse.Namespace) -> int:
+@app.command()
+def loadgen(
+    workload: Annotated[str, typer.Option("--workload", metavar="PATH", help=WORKLOAD_HELP)],
+    rate_scale: Annotated[float, typer.Option("--rate-scale", metavar="X")] = 1.0,
+    model: Annotated[
+        str, typer.Option("--model", metavar="NAME", help="model pool the requests are for")
+    ] = "llama3-8b",
+    limit: Annotated[int | None, typer.Option("--limit", metavar="N", help="stop after N requests")] = None,
+    duration: Annotated[
+        float | None,
+        typer.Option("--duration", metavar="S", help="stop after S seconds of (scaled) arrivals"),
+    ] = None,
+    fast: Annotated[
+        bool, typer.Option("--fast", help="publish as fast as possible, not in real time")
+    ] = False,
+    seed: Annotated[int, typer.Option("--seed", metavar="N")] = 0,
+) -> None:
+    """Publish a workload to tf.requests."""
+    from infra.bootstrap import kafka_bootstrap
     from infra.entrypoints.loadgen import publish_workload
-    from infra.entrypoints.worker import kafka_bootstrap
     from sim.workloads.sources import open_workload
 
-    workload = open_workload(args.workload, seed=args.seed)
-    settings = _settings(args)
+    trace = open_workload(workload, seed=seed)
+    settings = _settings()
     with kafka_bootstrap(settings) as bootstrap:
         sent = asyncio.run(
             publish_workload(
                 bootstrap,
-                workload,
-                rate_scale=args.rate_scale,
-                model=args.model,
-                limit=args.limit,
-                duration_s=args.duration,
-                realtime=not args.fast,
+                trace,
+                rate_scale=rate_scale,
+                model=model,
+                limit=limit,
+                duration_s=duration,
+                realtime=not fast,
             )
         )
     print(f"published {sent} requests to tf.requests")
-    return 0
 
 
-def _batch_submit(args: argparse.Namespace) -> int:
+@batch_app.command("submit")
+def batch_submit(
+    file: Annotated[str, typer.Argument(metavar="FILE")],
+    deadline: Annotated[str, typer.Option("--deadline", metavar="DURATION", help="e.g. 30m, 2h, 900s")],
+    model: Annotated[str, typer.Option("--model", metavar="NAME")] = "llama3-8b",
+) -> None:
+    """Publish a JSONL file of requests as one batch job."""
+    from infra.bootstrap import kafka_bootstrap
     from infra.entrypoints.loadgen import parse_duration, submit_batch
-    from infra.entrypoints.worker import kafka_bootstrap
 
-    deadline_s = parse_duration(args.deadline)
-    settings = _settings(args)
+    deadline_s = parse_duration(deadline)
+    settings = _settings()
     with kafka_bootstrap(settings) as bootstrap:
-        job = asyncio.run(submit_batch(bootstrap, Path(args.file), deadline_s, model=args.model))
+        job = asyncio.run(submit_batch(bootstrap, Path(file), deadline_s, model=model))
     print(f"submitted batch job {job.job_id}: {len(job.requests)} requests, deadline in {deadline_s:.0f} s")
-    return 0
 
 
-def _schemas_export(args: argparse.Namespace) -> int:
+@schemas_app.command("export")
+def schemas_export(directory: Annotated[str, typer.Argument(metavar="DIR")]) -> None:
+    """Write JSON Schema files for every event."""
     from schemas.export import export_json_schemas
 
-    for path in export_json_schemas(Path(args.dir)):
+    for path in export_json_schemas(Path(directory)):
         print(path)
-    return 0
 
 
-def _db_migrate(args: argparse.Namespace) -> int:
+@db_app.command("migrate")
+def db_migrate() -> None:
+    """Apply pending migrations."""
     from infra.clickhouse.client import connect
     from infra.clickhouse.migrate import migrate
 
-    settings = _settings(args)
+    settings = _settings()
     client = connect(settings.clickhouse_url)
     try:
         applied = migrate(client)
     finally:
         client.close()
     print("\n".join(applied) if applied else "database is up to date")
-    return 0
 
 
-def _sql(args: argparse.Namespace) -> int:
+@app.command()
+def sql(query: Annotated[str, typer.Argument(metavar="QUERY")]) -> None:
+    """Run a ClickHouse SQL query on the store (tab-separated output)."""
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
     from infra.clickhouse.client import connect
 
-    settings = _settings(args)
+    settings = _settings()
     client = connect(settings.clickhouse_url)
     try:
         try:
-            result = client.query(args.query)
+            result = client.query(query)
         except ClickHouseError as exc:
             raise ValueError(str(exc).splitlines()[0]) from None
         print("\t".join(result.column_names))
@@ -164,13 +322,44 @@ def _sql(args: argparse.Namespace) -> int:
             print("\t".join("" if v is None else str(v) for v in row))
     finally:
         client.close()
-    return 0
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from infra.entrypoints.demo import run_demo
+@app.command()
+def demo(
+    duration: Annotated[float, typer.Option("--duration", metavar="S", help="seconds of load")] = 60.0,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--policy",
+            metavar="NAME",
+            help=f"routing policy (default round-robin): {POLICY_HELP}; "
+            "repeat to run the demo once per policy and compare",
+        ),
+    ] = None,
+    workload: Annotated[str, typer.Option("--workload", metavar="PATH", help=WORKLOAD_HELP)] = DEMO_TRACE,
+    rate_scale: Annotated[float, typer.Option("--rate-scale", metavar="X")] = 1.0,
+    fleet: Annotated[str, typer.Option("--fleet", metavar="SPEC", help=FLEET_HELP)] = DEFAULT_FLEET,
+    json_out: Annotated[
+        str | None, typer.Option("--json", metavar="OUT", help="write the summary as JSON")
+    ] = None,
+) -> None:
+    """Broker + ClickHouse + worker + emulated fleet + load, end to end."""
+    from agents.policy.registry import parse_policy
+    from infra.entrypoints.demo import DemoOptions, run_demo
 
-    return run_demo(_settings(args), args)
+    for name in policy or []:
+        parse_policy(name)
+    options = DemoOptions(
+        workload=workload,
+        fleet=fleet,
+        duration=duration,
+        policy_names=tuple(policy or ()),
+        rate_scale=rate_scale,
+        json_path=Path(json_out) if json_out is not None else None,
+    )
+    code = run_demo(_settings(), options)
+    if code:
+        raise typer.Exit(code)
 
 
 def _run_until_interrupted(coro: Any) -> Any:
@@ -181,108 +370,30 @@ def _run_until_interrupted(coro: Any) -> Any:
         return None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from agents.policy import POLICIES
-    from sim.evaluation.compare import known_policies
-
-    parser = argparse.ArgumentParser(prog="tokenfleet", description="TokenFleet LLM fleet scheduler")
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    sim = commands.add_parser("simulate", help="compare routing policies on a trace in simulation")
-    sim.add_argument(
-        "--workload", required=True, help="trace file (Mooncake JSONL, Azure CSV) or 'synthetic[:k=v,...]'"
-    )
-    sim.add_argument(
-        "--policy", action="append", required=True, choices=known_policies(), help="repeat to compare several"
-    )
-    sim.add_argument("--fleet", default="8xllama3-8b-h100", help="COUNTxPROFILE[+...] or a fleet YAML file")
-    sim.add_argument("--rate-scale", type=float, default=1.0, help="X times the trace's arrival rate")
-    sim.add_argument("--seed", type=int, default=0)
-    sim.add_argument("--heartbeat", type=float, default=0.25, help="heartbeat interval in seconds")
-    sim.add_argument(
-        "--retry-share", type=float, default=0.5, help="share of given-up interactive requests retried"
-    )
-    sim.add_argument("--output-budget", type=int, default=None, help="fixed max_tokens for every request")
-    sim.add_argument("--json", metavar="OUT", help="write the results as JSON")
-    sim.add_argument("--quiet", action="store_true", help="no progress bar")
-    sim.set_defaults(run=_simulate)
-
-    gen = commands.add_parser("generate", help="write a synthetic multi-tenant workload (Mooncake JSONL)")
-    gen.add_argument("--out", required=True)
-    gen.add_argument("--duration", type=float, default=600.0, help="seconds of traffic")
-    gen.add_argument("--rate", type=float, default=4.0, help="mean requests per second")
-    gen.add_argument("--seed", type=int, default=0)
-    gen.set_defaults(run=_generate)
-
-    worker = commands.add_parser("worker", help="run the streaming scheduler (Faust worker)")
-    worker.add_argument("--policy", dest="policy_name", choices=list(POLICIES), help="routing policy")
-    worker.add_argument("--loglevel", default="warn", choices=["crit", "error", "warn", "info", "debug"])
-    worker.set_defaults(run=_worker)
-
-    fleet = commands.add_parser("fleet", help="run emulated inference instances in real time")
-    fleet.add_argument("--fleet", default="8xllama3-8b-h100", help="COUNTxPROFILE[+...] or a fleet YAML file")
-    fleet.add_argument("--speed", type=float, default=1.0, help="emulated time runs X times faster")
-    fleet.set_defaults(run=_fleet)
-
-    load = commands.add_parser("loadgen", help="publish a workload to tf.requests")
-    load.add_argument("--workload", required=True, help="trace file or 'synthetic[:k=v,...]'")
-    load.add_argument("--rate-scale", type=float, default=1.0)
-    load.add_argument("--model", default="llama3-8b", help="model pool the requests are for")
-    load.add_argument("--limit", type=int, help="stop after N requests")
-    load.add_argument("--duration", type=float, help="stop after S seconds of (scaled) arrivals")
-    load.add_argument("--fast", action="store_true", help="publish as fast as possible, not in real time")
-    load.add_argument("--seed", type=int, default=0)
-    load.set_defaults(run=_loadgen)
-
-    batch = commands.add_parser("batch", help="offline batch jobs")
-    batch_commands = batch.add_subparsers(dest="batch_command", required=True)
-    submit = batch_commands.add_parser("submit", help="publish a JSONL file of requests as one batch job")
-    submit.add_argument("file")
-    submit.add_argument("--deadline", required=True, help="e.g. 30m, 2h, 900s")
-    submit.add_argument("--model", default="llama3-8b")
-    submit.set_defaults(run=_batch_submit)
-
-    schemas = commands.add_parser("schemas", help="event contracts")
-    schema_commands = schemas.add_subparsers(dest="schemas_command", required=True)
-    export = schema_commands.add_parser("export", help="write JSON Schema files for every event")
-    export.add_argument("dir")
-    export.set_defaults(run=_schemas_export)
-
-    db = commands.add_parser("db", help="the ClickHouse store")
-    db_commands = db.add_subparsers(dest="db_command", required=True)
-    db_commands.add_parser("migrate", help="apply pending migrations").set_defaults(run=_db_migrate)
-
-    sql = commands.add_parser("sql", help="run a ClickHouse SQL query on the store (tab-separated output)")
-    sql.add_argument("query")
-    sql.set_defaults(run=_sql)
-
-    demo = commands.add_parser(
-        "demo", help="broker + ClickHouse + worker + emulated fleet + load, end to end"
-    )
-    demo.add_argument("--duration", type=float, default=60.0, help="seconds of load")
-    demo.add_argument(
-        "--policy",
-        dest="policy_names",
-        action="append",
-        choices=list(POLICIES),
-        help="routing policy (default round-robin); repeat to run the demo once per policy and compare",
-    )
-    demo.add_argument("--workload", default=DEMO_TRACE, help="trace file or 'synthetic[:k=v,...]'")
-    demo.add_argument("--rate-scale", type=float, default=1.0)
-    demo.add_argument("--fleet", default="8xllama3-8b-h100")
-    demo.add_argument("--json", metavar="OUT", help="write the summary as JSON")
-    demo.set_defaults(run=_demo)
-    return parser
+def _error(prog: str, message: str) -> None:
+    """One line on stderr, however many lines ``message`` has."""
+    print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run the CLI on ``argv`` (default: the process arguments) and return the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = typer.main.get_command(app)
     try:
-        code: int = args.run(args)
+        # standalone_mode=False: click raises its errors instead of printing usage and a box.
+        result = command.main(args, prog_name="tokenfleet", standalone_mode=False)
+    except ClickException as exc:
+        ctx = exc.ctx if isinstance(exc, UsageError) else None
+        _error(ctx.command_path if ctx is not None else "tokenfleet", exc.format_message())
+        return exc.exit_code
     except (ValueError, KeyError, OSError) as exc:
-        print(f"tokenfleet {args.command}: error: {exc}", file=sys.stderr)
+        # The top-level group takes no options, so args[0] is the command that failed.
+        _error(f"tokenfleet {args[0]}", str(exc))
         return 2
-    return code
+    except typer.Abort:
+        print("Aborted!", file=sys.stderr)
+        return 130
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":

@@ -8,31 +8,56 @@ the worker stopped, since the embedded engine admits one process at a time).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from rich import box
+from rich.console import Console, Group
+from rich.progress import BarColumn, Progress, TaskID, TextColumn
+from rich.table import Table
+from rich.text import Text
 
 from infra.clickhouse.client import connect
 from infra.clickhouse.summary import summary
 from infra.entrypoints.fleet import run_fleet
 from infra.entrypoints.loadgen import publish_workload
-from infra.entrypoints.worker import ready_marker
+from infra.entrypoints.worker_process import WorkerProcess
 from infra.kafka.broker import embedded_broker, ensure_topics
 from infra.settings import Settings
 from schemas.topics import COMPLETIONS, DECISIONS, DLQ, REQUESTS
+from sim.evaluation.report import TABLE_WIDTH
 from sim.workloads.sources import open_workload
 
 _MALFORMED = (b"{not json", b'{"request_id": "bad-1", "model": "llama3-8b", "input_tokens": -5}')
+_LOG_EVERY_S = 10.0
+"""Off a terminal (a log file, CI), one progress line this often instead of a redrawn bar."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoOptions:
+    """What ``tokenfleet demo`` was asked for; the CLI owns the defaults of workload and fleet."""
+
+    workload: str
+    """A trace file or ``synthetic[:k=v,...]``."""
+    fleet: str
+    """``COUNTxPROFILE[+...]`` or a fleet YAML file."""
+    duration: float = 60.0
+    """Seconds of load."""
+    policy_names: tuple[str, ...] = ()
+    """One demo per policy, one after another; empty: round-robin."""
+    rate_scale: float = 1.0
+    json_path: Path | None = None
+    """Where to write the summary as JSON, if anywhere."""
 
 
 class Counter:
@@ -62,8 +87,10 @@ class Counter:
             await consumer.stop()
 
 
-async def _orchestrate(bootstrap: str, settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
-    workload = open_workload(args.workload, seed=0)
+async def _orchestrate(
+    bootstrap: str, settings: Settings, options: DemoOptions, worker: WorkerProcess
+) -> dict[str, Any]:
+    workload = open_workload(options.workload, seed=0)
     counter = Counter(bootstrap)
     stop_counter, stop_fleet = asyncio.Event(), asyncio.Event()
     counter_task = asyncio.create_task(counter.run(stop_counter))
@@ -71,7 +98,7 @@ async def _orchestrate(bootstrap: str, settings: Settings, args: argparse.Namesp
     fleet_task = asyncio.create_task(
         run_fleet(
             bootstrap,
-            args.fleet,
+            options.fleet,
             speed=1.0,
             heartbeat_s=settings.heartbeat_interval_s,
             stop=stop_fleet,
@@ -81,42 +108,35 @@ async def _orchestrate(bootstrap: str, settings: Settings, args: argparse.Namesp
     # Traffic starts when everyone listens: the monitor ("latest" offsets), the fleet and the
     # worker (partitions assigned, tables recovered), so TTFT measures scheduling, not start-up.
     await asyncio.wait_for(fleet_ready.wait(), timeout=60)
-    await _wait_for(ready_marker(settings), timeout_s=90)
+    await worker.wait_ready_async(timeout_s=90)
     await asyncio.sleep(2 * settings.heartbeat_interval_s + 3)  # heartbeats reached the worker
     await _send_malformed(bootstrap)
     load_task = asyncio.create_task(
-        publish_workload(bootstrap, workload, rate_scale=args.rate_scale, duration_s=args.duration)
+        publish_workload(bootstrap, workload, rate_scale=options.rate_scale, duration_s=options.duration)
     )
     started = time.monotonic()
-    while not load_task.done():
-        await asyncio.wait({load_task}, timeout=2.0)
-        _progress(time.monotonic() - started, args.duration, counter.counts)
-    published = load_task.result()
-    # Drain: give running requests time to finish (bounded by the longest client timeout).
-    drain_until = time.monotonic() + 60
-    while counter.counts[COMPLETIONS.name] < published and time.monotonic() < drain_until:
-        await asyncio.sleep(1.0)
-        _progress(time.monotonic() - started, args.duration, counter.counts)
-    await asyncio.sleep(settings.feedback_flush_s + 1)  # last completions reach the worker's sink
+    with LoadProgress(options.duration) as progress:
+        while not load_task.done():
+            await asyncio.wait({load_task}, timeout=0.5)
+            progress.update(time.monotonic() - started, counter.counts)
+        published = load_task.result()
+        # Drain: give running requests time to finish (bounded by the longest client timeout).
+        drain_until = time.monotonic() + 60
+        while counter.counts[COMPLETIONS.name] < published and time.monotonic() < drain_until:
+            await asyncio.sleep(0.5)
+            progress.update(time.monotonic() - started, counter.counts, phase="drain")
+        await asyncio.sleep(settings.feedback_flush_s + 1)  # last completions reach the worker's sink
+        progress.update(time.monotonic() - started, counter.counts, phase="done")
     stop_fleet.set()
     await fleet_task
     stop_counter.set()
     await counter_task
-    print(file=sys.stderr)
     return {
         "requests_published": published,
         "decisions": counter.counts[DECISIONS.name],
         "completions": counter.counts[COMPLETIONS.name],
         "dlq": counter.counts[DLQ.name],
     }
-
-
-async def _wait_for(path: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the worker did not become ready within {timeout_s:.0f} s (see worker.log)")
-        await asyncio.sleep(0.2)
 
 
 async def _send_malformed(bootstrap: str) -> None:
@@ -130,31 +150,86 @@ async def _send_malformed(bootstrap: str) -> None:
         await producer.stop()
 
 
-def _progress(elapsed: float, duration: float, counts: dict[str, int]) -> None:
-    share = min(elapsed / max(duration, 1e-9), 1.0)
-    bar = "#" * int(share * 30)
-    sys.stderr.write(
-        f"\r[demo] {bar:<30} {elapsed:5.0f}s  decisions {counts[DECISIONS.name]}"
-        f"  completions {counts[COMPLETIONS.name]}  dlq {counts[DLQ.name]}   "
-    )
-    sys.stderr.flush()
+class LoadProgress:
+    """Live progress on stderr: on a terminal a rich bar over the load duration with the output
+    topics' counts; elsewhere (a log file, CI) a line every ``_LOG_EVERY_S`` seconds and one at
+    the end, so a log is not flooded with redraws. ``console``: stderr by default."""
+
+    def __init__(self, duration_s: float, console: Console | None = None) -> None:
+        self.duration_s = duration_s
+        self.console = console or Console(stderr=True, highlight=False)
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+        self._last: tuple[float, str, Mapping[str, int]] | None = None
+        self._logged_at = float("-inf")
+
+    def __enter__(self) -> LoadProgress:
+        if self.console.is_terminal:
+            self._progress = Progress(
+                TextColumn("[demo] {task.description:<5}", markup=False),
+                BarColumn(bar_width=30),
+                TextColumn("{task.fields[elapsed]:>4.0f}s", markup=False),
+                TextColumn(
+                    "decisions {task.fields[decisions]}  completions {task.fields[completions]}"
+                    "  dlq {task.fields[dlq]}",
+                    markup=False,
+                ),
+                console=self.console,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task(
+                "load", total=max(self.duration_s, 1e-9), elapsed=0.0, decisions=0, completions=0, dlq=0
+            )
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+        elif self._last is not None and self._logged_at != self._last[0]:
+            self._log(*self._last)  # the final counts, whenever the last periodic line was
+
+    def update(self, elapsed_s: float, counts: Mapping[str, int], phase: str = "load") -> None:
+        """``phase``: ``load`` while requests are published, then ``drain``, then ``done``."""
+        self._last = (elapsed_s, phase, dict(counts))
+        if self._progress is not None and self._task is not None:
+            self._progress.update(
+                self._task,
+                description=phase,
+                completed=min(elapsed_s, self.duration_s),
+                elapsed=elapsed_s,
+                decisions=counts[DECISIONS.name],
+                completions=counts[COMPLETIONS.name],
+                dlq=counts[DLQ.name],
+            )
+        elif elapsed_s - self._logged_at >= _LOG_EVERY_S:
+            self._log(elapsed_s, phase, counts)
+
+    def _log(self, elapsed_s: float, phase: str, counts: Mapping[str, int]) -> None:
+        self._logged_at = elapsed_s
+        clock = f"{elapsed_s:.0f}/{self.duration_s:.0f} s" if phase == "load" else f"{elapsed_s:.0f} s"
+        self.console.print(
+            Text(
+                f"[demo] {phase} {clock}: decisions {counts[DECISIONS.name]},"
+                f" completions {counts[COMPLETIONS.name]}, dlq {counts[DLQ.name]}"
+            )
+        )
 
 
-def _start_worker(bootstrap: str, settings: Settings, policy: str) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "TOKENFLEET_KAFKA_BOOTSTRAP": bootstrap,
-        "TOKENFLEET_POLICY": policy,
-        "TOKENFLEET_DATA_DIR": str(settings.data_dir),
-        "TOKENFLEET_CLICKHOUSE_DSN": settings.clickhouse_url,
-        # The configured metrics port if it is free, else any free one (see worker.log).
-        "TOKENFLEET_WORKER_WEB_PORT": str(
-            settings.worker_web_port if _port_free(settings.worker_web_port) else 0
-        ),
-    }
-    log = (settings.data_dir / "worker.log").open("ab")
-    return subprocess.Popen(
-        [sys.executable, "-m", "infra.entrypoints.cli", "worker"], env=env, stdout=log, stderr=log
+def _start_worker(bootstrap: str, settings: Settings, policy: str) -> WorkerProcess:
+    return WorkerProcess(
+        bootstrap,
+        settings.data_dir,
+        {
+            "TOKENFLEET_POLICY": policy,
+            "TOKENFLEET_CLICKHOUSE_DSN": settings.clickhouse_url,
+            # The configured metrics port if it is free, else any free one (see worker.log).
+            "TOKENFLEET_WORKER_WEB_PORT": str(
+                settings.worker_web_port if _port_free(settings.worker_web_port) else 0
+            ),
+        },
+        log_path=settings.data_dir / "worker.log",
     )
 
 
@@ -163,85 +238,95 @@ def _port_free(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) != 0
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-def run_demo(settings: Settings, args: argparse.Namespace) -> int:
-    """One demo per ``--policy`` (one after another, same load); with two or more, a comparison.
+def run_demo(settings: Settings, options: DemoOptions) -> int:
+    """One demo per policy (one after another, same load); with two or more, a comparison.
 
     The JSON is one run's summary, or ``{"runs": {policy: summary}}`` for several."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    policies = args.policy_names or ["round-robin"]
-    results = {policy: _run_once(settings, args, policy) for policy in policies}
+    policies = options.policy_names or ("round-robin",)
+    results = {policy: _run_once(settings, options, policy) for policy in policies}
     if len(results) > 1:
-        print(_compare(results))
+        print()
+        _stdout().print(comparison(results))
     print(f"data: {settings.clickhouse_url} (query it with `tokenfleet sql`, see README)", file=sys.stderr)
-    if args.json:
+    if options.json_path is not None:
         document = next(iter(results.values())) if len(results) == 1 else {"runs": results}
-        Path(args.json).write_text(json.dumps(document, indent=2) + "\n")
-        print(f"wrote {args.json}", file=sys.stderr)
+        options.json_path.write_text(json.dumps(document, indent=2) + "\n")
+        print(f"wrote {options.json_path}", file=sys.stderr)
     return 0 if all(r["decisions"] and r["completions"] for r in results.values()) else 1
 
 
-def _run_once(settings: Settings, args: argparse.Namespace, policy: str) -> dict[str, Any]:
+def _run_once(settings: Settings, options: DemoOptions, policy: str) -> dict[str, Any]:
     since = time.time()
-    print(f"demo: policy {policy}, fleet {args.fleet}, {args.duration:.0f} s of load", file=sys.stderr)
+    print(f"demo: policy {policy}, fleet {options.fleet}, {options.duration:.0f} s of load", file=sys.stderr)
     with embedded_broker(log_path=settings.data_dir / "tansu.log") as bootstrap:
         ensure_topics(bootstrap, settings.topic_partitions)
         print(f"demo: embedded Kafka (Tansu) on {bootstrap}", file=sys.stderr)
         worker = _start_worker(bootstrap, settings, policy)
         try:
-            counts = asyncio.run(_orchestrate(bootstrap, settings, args))
+            counts = asyncio.run(_orchestrate(bootstrap, settings, options, worker))
         finally:
-            _stop(worker)
+            worker.stop()
     client = connect(settings.clickhouse_url)
     try:
         result = {**counts, **summary(client, since_ts=since)}
     finally:
         client.close()
-    print(_format(result, policy))
+    print(summary_line(result, policy))
+    print()
+    _stdout().print(summary_table(result))
     return result
 
 
-def _compare(results: dict[str, dict[str, Any]]) -> str:
-    """Per class, each policy's TTFT p50 / p95 side by side."""
-    lines = ["", "comparison (TTFT p50 / p95 s, read back from ClickHouse)"]
-    classes = sorted({c for r in results.values() for c in r["per_class"]})
-    lines.append(f"{'class':<14}" + "".join(f"{policy:>22}" for policy in results))
-    for name in classes:
-        cells = []
-        for r in results.values():
-            row = r["per_class"].get(name, {})
-            p50, p95 = row.get("ttft_p50_s"), row.get("ttft_p95_s")
-            cells.append(f"{_seconds(p50)} / {_seconds(p95)}")
-        lines.append(f"{name:<14}" + "".join(f"{cell:>22}" for cell in cells))
-    return "\n".join(lines)
+def _stdout() -> Console:
+    # Wide enough that rich never wraps a cell however many policies are compared; a table
+    # still takes only its natural width.
+    return Console(width=TABLE_WIDTH, highlight=False)
 
 
-def _format(result: dict[str, Any], policy: str) -> str:
-    header = ("class", "completed", "TTFT p50", "TTFT p95", "goodput tok/s", "compliant")
-    lines = [
+def _table(first: str, *others: str) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    table.add_column(Text(first), justify="left", no_wrap=True)
+    for name in others:
+        table.add_column(Text(name), justify="right", no_wrap=True)
+    return table
+
+
+def summary_line(result: Mapping[str, Any], policy: str) -> str:
+    """The counts of one run, as one plain line."""
+    return (
         f"policy {policy}: published {result['requests_published']}, decisions {result['decisions']}, "
         f"completions {result['completions']}, dlq {result['dlq']}, "
-        f"clickhouse rows {result['clickhouse_rows']}",
-        "",
-        f"{header[0]:<14}"
-        + "".join(f"{h:>{w}}" for h, w in zip(header[1:], (10, 10, 10, 15, 11), strict=True)),
-    ]
+        f"clickhouse rows {result['clickhouse_rows']}"
+    )
+
+
+def summary_table(result: Mapping[str, Any]) -> Table:
+    """One run, a row per SLO class."""
+    table = _table("class", "completed", "TTFT p50", "TTFT p95", "goodput tok/s", "compliant")
     for name, row in result["per_class"].items():
-        p50, p95 = row.get("ttft_p50_s"), row.get("ttft_p95_s")
-        lines.append(
-            f"{name:<14}{row.get('completed', 0):>10}"
-            f"{_seconds(p50):>10}{_seconds(p95):>10}"
-            f"{row.get('goodput_tokens_per_s', 0.0):>15.1f}{row.get('compliant_share', 0.0):>11.1%}"
+        cells = (
+            name,
+            str(row.get("completed", 0)),
+            _seconds(row.get("ttft_p50_s")),
+            _seconds(row.get("ttft_p95_s")),
+            f"{row.get('goodput_tokens_per_s', 0.0):.1f}",
+            f"{row.get('compliant_share', 0.0):.1%}",
         )
-    return "\n".join(lines)
+        table.add_row(*(Text(c) for c in cells))  # Text: a name is never read as rich markup
+    return table
+
+
+def comparison(results: Mapping[str, Mapping[str, Any]]) -> Group:
+    """A heading, then per class each policy's TTFT p50 / p95 side by side."""
+    table = _table("class", *results)
+    for name in sorted({c for r in results.values() for c in r["per_class"]}):
+        cells = [name]
+        for r in results.values():
+            row = r["per_class"].get(name, {})
+            cells.append(f"{_seconds(row.get('ttft_p50_s'))} / {_seconds(row.get('ttft_p95_s'))}")
+        table.add_row(*(Text(c) for c in cells))
+    return Group(Text("comparison (TTFT p50 / p95 s, read back from ClickHouse)"), table)
 
 
 def _seconds(value: float | None) -> str:

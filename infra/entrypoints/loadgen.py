@@ -17,7 +17,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from infra.entrypoints.fleet import send_event, start_client
+from infra.kafka.clients import send_event, start_client
+from schemas.codec import encode
 from schemas.events import BatchJob, InferenceRequest
 from schemas.topics import BATCH_JOBS, REQUESTS
 from sim.workloads.trace import DEFAULT_OUTPUT_BUDGET, TraceRequest, Workload, load_workload
@@ -134,7 +135,7 @@ async def submit_batch(
         deadline_s=deadline_s,
         requests=requests,
     )
-    value = job.model_dump_json().encode()
+    value = encode(job)
     if len(value) > _MAX_JOB_BYTES:
         raise ValueError(
             f"{path}: the job is {len(value)} bytes as one message (limit {_MAX_JOB_BYTES}); split the file"

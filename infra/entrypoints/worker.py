@@ -1,4 +1,4 @@
-"""``tokenfleet worker``: the bootstrap that wires broker, app, agents, policy and feedback store.
+"""``tokenfleet worker``: runs the worker the bootstrap (``infra/bootstrap.py``) wires, until stopped.
 
 In embedded mode (no ClickHouse server configured) this process owns the ClickHouse data
 directory: the engine locks it, so readers query through this process or after it stops.
@@ -6,65 +6,18 @@ directory: the engine locks it, so readers query through this process or after i
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import os
-import socket
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import faust
 
-from agents.routing import Router
-from agents.streaming import register_agents
-from infra import metrics
-from infra.clickhouse.feedback import ClickHouseFeedback
-from infra.kafka.broker import embedded_broker, ensure_topics, free_port
+from infra.bootstrap import build_worker_app, kafka_bootstrap
+from infra.kafka.broker import ensure_topics
 from infra.settings import Settings
-from streams.app import create_app
 
 log = logging.getLogger(__name__)
-
-
-@contextlib.contextmanager
-def kafka_bootstrap(settings: Settings) -> Iterator[str]:
-    """The configured Kafka, or an embedded Tansu broker for the duration of the block."""
-    if settings.kafka_bootstrap:
-        yield settings.kafka_bootstrap
-        return
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    with embedded_broker(log_path=settings.data_dir / "tansu.log") as bootstrap:
-        yield bootstrap
-
-
-def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) -> tuple[faust.App, Any]:
-    """The Faust app with every agent registered; returns (app, feedback store or None).
-
-    ``feedback=False`` turns off the ClickHouse sink only: Prometheus telemetry is always on.
-    """
-    web_port = settings.worker_web_port or free_port()
-    app, channels = create_app(settings, bootstrap, web_port=web_port)
-    store = ClickHouseFeedback(settings.clickhouse_url, settings.slo()) if feedback else None
-    register_agents(
-        app,
-        bootstrap,
-        channels,
-        Router(settings.policy, worker=f"{socket.gethostname()}:{os.getpid()}"),
-        store,
-        metrics.PrometheusTelemetry(),
-        batch_size=settings.event_batch_size,
-        batch_window_s=settings.event_batch_window_s,
-        request_fetch_max_wait_ms=settings.request_fetch_max_wait_ms,
-        request_batch_max=settings.request_batch_max,
-    )
-
-    @app.page("/metrics")
-    async def prometheus(web: Any, request: Any) -> Any:
-        return web.bytes(metrics.render(), content_type="text/plain; version=0.0.4")
-
-    return app, store
 
 
 def run_worker(settings: Settings, loglevel: str = "warn") -> None:
@@ -122,4 +75,8 @@ class ReadyMarkingWorker(faust.Worker):
 
 def ready_marker(settings: Settings) -> Path:
     """A file that exists while the worker is ready (consuming, tables recovered)."""
-    return settings.data_dir / f"{settings.app_id}.worker.ready"
+    return ready_file(settings.data_dir, settings.app_id)
+
+
+def ready_file(data_dir: Path, app_id: str) -> Path:
+    return data_dir / f"{app_id}.worker.ready"

@@ -1,0 +1,1 @@
+"""Kafka adapters: the embedded Tansu broker, topic creation, client start-up with retries."""

@@ -86,6 +86,7 @@ class Instance:
         self._beta = 0.0
         self._decoders: list[Attempt] = []
         self._chunks: list[tuple[Attempt, int]] = []
+        self.first_tokens: list[Attempt] = []  # got their first token since the caller last took them
 
     # --- inputs -------------------------------------------------------------------------------
 
@@ -146,6 +147,7 @@ class Instance:
                 attempt.context += 1  # context = prompt + generated tokens from now on
                 if not attempt.abort_requested:  # a client that gave up never sees it
                     attempt.first_token_s = now_s
+                    self.first_tokens.append(attempt)
                 self.tokens_in_flight += 1
         steps = self._steps
         for attempt in self._decoders:

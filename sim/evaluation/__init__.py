@@ -1,0 +1,1 @@
+"""Evaluation: metrics, the ``ideal`` bounds, policies side by side, reports, the TokenPilot scoreboard."""

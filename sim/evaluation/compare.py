@@ -6,7 +6,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agents.policy import POLICIES
+from agents.policy import policy_names
+from agents.policy.registry import PolicyError, StageParams, params_for, parse_policy
 from agents.policy.types import BLOCK_TOKENS
 from sim.engine.fleet import FleetSpec
 from sim.evaluation.ideal import ideal_attempts
@@ -16,10 +17,25 @@ from sim.workloads.trace import Workload
 
 IDEAL = "ideal"
 IDEAL_FLEET_CACHE = "ideal-fleet-cache"
+BOUNDS = (IDEAL, IDEAL_FLEET_CACHE)
+"""Latency floors reported beside the policies; not policies (``sim/evaluation/ideal.py``)."""
 
 
 def known_policies() -> list[str]:
-    return [*POLICIES, IDEAL, IDEAL_FLEET_CACHE]
+    """Every router by its own name, then the bounds (composed names are accepted too)."""
+    return [*policy_names(), *BOUNDS]
+
+
+def check_policies(policies: Sequence[str], params: StageParams | None = None) -> None:
+    """``PolicyError`` (a ``ValueError``) naming the known stages if a name is not a policy, or
+    if ``params`` configures a stage none of the policies uses."""
+    used: set[str] = set()
+    for name in policies:
+        if name not in BOUNDS:
+            used.update(parse_policy(name))
+    unused = sorted(set(params or {}) - used)
+    if unused:
+        raise PolicyError(f"parameters for {', '.join(unused)}, which no policy compared here uses")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,18 +55,17 @@ def compare(
     config: SimConfig,
     rate_scale: float = 1.0,
     progress: ProgressFactory | None = None,
+    params: StageParams | None = None,
 ) -> tuple[dict[str, object], list[Timing]]:
     """The simulate JSON document and, separately, wall-clock timings (not part of the JSON,
-    so the same seed gives byte-identical JSON)."""
-    unknown = [p for p in policies if p not in known_policies()]
-    if unknown:
-        raise ValueError(f"unknown policy {', '.join(unknown)}; known: {', '.join(known_policies())}")
+    so the same seed gives byte-identical JSON). ``params``: stage parameters (registry)."""
+    check_policies(policies, params)
     scaled = workload.scaled(rate_scale)
     results: dict[str, object] = {}
     timings = []
     for name in policies:
         started = time.perf_counter()
-        if name in (IDEAL, IDEAL_FLEET_CACHE):
+        if name in BOUNDS:
             window = (scaled.requests[0].arrival_s, scaled.requests[-1].arrival_s)
             blocks = sum(spec.profile.kv_tokens // BLOCK_TOKENS for spec in fleet.instances)
             cache = blocks if name == IDEAL_FLEET_CACHE else None
@@ -58,7 +73,7 @@ def compare(
             results[name] = report(attempts, window, config.slo_classes, None)
         else:
             tick = progress(name, len(scaled.requests)) if progress else None
-            run = simulate(scaled, fleet, name, config, tick)
+            run = simulate(scaled, fleet, name, config, tick, params_for(name, params))
             results[name] = report(run.attempts, run.window, config.slo_classes, run.busy_s)
         timings.append(Timing(name, time.perf_counter() - started, len(scaled.requests)))
     document = {

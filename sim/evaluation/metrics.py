@@ -101,10 +101,13 @@ def tokens_in_window(attempt: Attempt, window_end: float) -> int:
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile; None for no values or an infinite result."""
-    if not values:
+    """Nearest-rank ``q``-th percentile (0-100) of the values that are not NaN; None for no such
+    values or an infinite result. The one percentile of the project (simulator, benchmarks)."""
+    array = np.asarray(values, dtype=np.float64)
+    array = array[~np.isnan(array)]
+    if len(array) == 0:
         return None
-    value = float(np.percentile(np.asarray(values, dtype=np.float64), q, method="inverted_cdf"))
+    value = float(np.percentile(array, q, method="inverted_cdf"))
     return None if math.isinf(value) else value
 
 

@@ -1,11 +1,23 @@
-"""Human-readable output of a comparison: a progress bar on stderr and a table."""
+"""Human-readable output of a comparison, drawn with rich: progress bars on stderr and tables."""
 
 from __future__ import annotations
 
-import sys
-import time
-from collections.abc import Callable, Mapping
-from typing import Any, TextIO
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+if TYPE_CHECKING:
+    from sim.evaluation.compare import ProgressFactory
+
+TABLE_WIDTH = 10_000
+"""Width of a console the tables are printed on: so wide that rich never wraps or truncates a
+cell, while a table itself takes only its natural width (17 columns do not fit 80)."""
 
 _COLUMNS = (
     ("policy", "{}"),
@@ -48,72 +60,90 @@ _KEYS = (
 
 
 def _cell(fmt: str, value: Any) -> str:
+    # A missing latency is one no request reached (infinite, ``null`` in JSON); a missing share
+    # or count is "not measured".
     if value is None:
         return "inf" if "." in fmt and "%" not in fmt else "-"
     return fmt.format(value)
 
 
-def format_table(document: Mapping[str, Any]) -> str:
-    """One row per policy (totals), then one block per SLO class, as aligned text."""
+def comparison(document: Mapping[str, Any]) -> Group:
+    """A header line, then one table per section: every policy's totals, then one per SLO class
+    (when there are several), a row per policy."""
     results: Mapping[str, Mapping[str, Any]] = document["results"]
-    sections = [("all requests", {name: r for name, r in results.items()})]
+    sections = [("all requests", dict(results))]
     classes = sorted({c for r in results.values() for c in r.get("per_class", {})})
     if len(classes) > 1:
         for cls in classes:
             sections.append(
                 (cls, {n: r["per_class"][cls] for n, r in results.items() if cls in r["per_class"]})
             )
-    lines = [
+    header = (
         f"workload {document['workload']} | fleet {document['fleet']} | rate x{document['rate_scale']}"
         f" | seed {document['seed']} | {document['requests']} requests over {document['window_s']:.0f} s"
-    ]
+    )
+    parts: list[RenderableType] = [Text(header)]
     for title, rows in sections:
-        ideal_p50 = rows.get("ideal", {}).get("ttft_p50_s")
-        table = [[title] + [c for c, _ in _COLUMNS[1:]]]
-        for name, metrics in rows.items():
-            cells = [name]
-            for (_, fmt), key in zip(_COLUMNS[1:], _KEYS[1:], strict=True):
-                if key is None:
-                    p50 = metrics.get("ttft_p50_s")
-                    ratio = p50 / ideal_p50 if p50 is not None and ideal_p50 else None
-                    cells.append(_cell(fmt, ratio) if ratio is not None else "-")
-                else:
-                    cells.append(_cell(fmt, metrics.get(key)))
-            table.append(cells)
-        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-        lines.append("")
-        for row in table:
-            lines.append(
-                "  ".join(
-                    c.ljust(w) if i == 0 else c.rjust(w)
-                    for i, (c, w) in enumerate(zip(row, widths, strict=True))
-                )
-            )
-    return "\n".join(lines)
+        parts += [Text(""), _section(title, rows)]
+    return Group(*parts)
 
 
-def progress_bar(stream: TextIO = sys.stderr) -> Callable[[str, int], Callable[[int], None]]:
-    """A factory of per-policy progress callbacks drawing ``[policy] ####---- n/total``."""
+def _section(title: str, rows: Mapping[str, Mapping[str, Any]]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    table.add_column(Text(title), justify="left", no_wrap=True)
+    for name, _ in _COLUMNS[1:]:
+        table.add_column(Text(name), justify="right", no_wrap=True)
+    ideal_p50 = rows.get("ideal", {}).get("ttft_p50_s")
+    for name, metrics in rows.items():
+        cells = [name]
+        for (_, fmt), key in zip(_COLUMNS[1:], _KEYS[1:], strict=True):
+            if key is None:
+                p50 = metrics.get("ttft_p50_s")
+                ratio = p50 / ideal_p50 if p50 is not None and ideal_p50 else None
+                cells.append(_cell(fmt, ratio) if ratio is not None else "-")
+            else:
+                cells.append(_cell(fmt, metrics.get(key)))
+        table.add_row(*(Text(c) for c in cells))  # Text: a name is never read as rich markup
+    return table
 
-    def factory(policy: str, total: int) -> Callable[[int], None]:
-        started = time.perf_counter()
-        interactive = stream.isatty()
-        last_decile = -1
 
-        def tick(done: int) -> None:
-            nonlocal last_decile
-            share = done / max(total, 1)
-            decile = int(share * 10)
-            if not interactive and decile == last_decile:
-                return
-            last_decile = decile
-            bar = "#" * int(share * 30)
-            text = f"[{policy:>18}] {bar:<30} {done}/{total} arrivals  {time.perf_counter() - started:.1f}s"
-            stream.write(("\r" + text) if interactive else text + "\n")
-            if interactive and done >= total:
-                stream.write("\n")
-            stream.flush()
+def format_table(document: Mapping[str, Any]) -> str:
+    """The comparison (see ``comparison``) as plain aligned text, without colours."""
+    console = Console(width=TABLE_WIDTH, color_system=None, highlight=False)
+    with console.capture() as captured:
+        console.print(comparison(document))
+    return "\n".join(line.rstrip() for line in captured.get().splitlines())
 
-        return tick
 
-    return factory
+@contextmanager
+def progress_bar(console: Console | None = None) -> Iterator[ProgressFactory]:
+    """A factory of per-policy progress callbacks (``compare``'s ``progress``), valid inside
+    the ``with``. On a terminal, one rich bar per policy; otherwise (a log file, CI) one line as
+    each policy starts, so a log is not flooded with redraws. ``console``: stderr by default."""
+    console = console or Console(stderr=True, highlight=False)
+    if not console.is_terminal:
+
+        def announce(policy: str, total: int) -> Callable[[int], None]:
+            console.print(Text(f"simulating {policy}: {total} arrivals"))
+            return lambda done: None
+
+        yield announce
+        return
+    columns = (
+        TextColumn("{task.description:>18}", markup=False),
+        BarColumn(bar_width=30),
+        MofNCompleteColumn(),
+        TextColumn("arrivals"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console) as progress:
+
+        def factory(policy: str, total: int) -> Callable[[int], None]:
+            task = progress.add_task(policy, total=total)
+
+            def tick(done: int) -> None:
+                progress.update(task, completed=done)
+
+            return tick
+
+        yield factory

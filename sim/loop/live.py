@@ -9,9 +9,14 @@ and a delay in the pipeline in front of the fleet costs X emulated seconds of TT
 Reported durations (TTFT, TPOT, E2E) are emulated seconds, measured from the request's arrival at
 the scheduler (its ``ts``). Event timestamps (``ts``) are the wall time the event happened at.
 
-Clients are emulated as in ``sim/runner.py``: without a first token within the class's
-``client_timeout_s`` (or, for deadline classes, by the deadline) the attempt is aborted where it
-is and its completion says ``timeout``. Retries are not emulated here: they are the client's.
+Each attempt that runs reports its first token (a ``ResponseStarted``, as a proxy sees the
+response start streaming) before its ``Completion``.
+
+Clients follow the rules of ``sim/loop/clients.py``, as in ``sim/loop/runner.py``: without a
+first token within the class's ``client_timeout_s`` (or, for deadline classes, by the deadline)
+the attempt is aborted where it is and its completion says ``timeout``. Retries are not
+emulated here: they are the client's. An explicit ``abort`` (the client hung up) ends the
+attempt the same way, as ``aborted``.
 """
 
 from __future__ import annotations
@@ -23,12 +28,13 @@ from typing import Literal
 
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES, SloClass, classify
 from agents.policy.types import BLOCK_TOKENS
-from schemas.events import Completion, Heartbeat, KvEvent, RoutingDecision
+from schemas.events import Completion, Heartbeat, KvEvent, ResponseStarted, RoutingDecision
 from sim.engine.fleet import FleetSpec
 from sim.engine.instance import Attempt, Instance
+from sim.loop.clients import ClientRules
 from sim.workloads.trace import TraceRequest
 
-FleetEvent = Completion | KvEvent
+FleetEvent = ResponseStarted | Completion | KvEvent
 
 CompletionStatus = Literal["ok", "timeout", "aborted", "error"]
 _STATUS: dict[str, CompletionStatus] = {"ok": "ok", "aborted": "timeout"}
@@ -42,10 +48,11 @@ _REMEMBERED_DECISIONS = 100_000
 
 
 class LiveFleet:
-    """The fleet's engines in real time. Call ``submit`` for decisions, ``advance`` when woken.
+    """The fleet's engines in real time. Call ``submit`` for decisions, ``abort`` for clients
+    that hang up, ``advance`` when woken.
 
-    ``submit`` and ``heartbeats`` first catch up to their ``now_wall``; events produced meanwhile
-    are returned by the next ``advance``. Wall times passed in must not go backwards.
+    ``submit``, ``abort`` and ``heartbeats`` first catch up to their ``now_wall``; events produced
+    meanwhile are returned by the next ``advance``. Wall times passed in must not go backwards.
     """
 
     def __init__(
@@ -61,6 +68,7 @@ class LiveFleet:
         self.speed = speed
         self.start_wall = start_wall
         self.slo_classes = dict(DEFAULT_SLO_CLASSES if slo_classes is None else slo_classes)
+        self.clients = ClientRules(self.slo_classes)  # no retries: those are the real client's
         window = (0.0, float("inf"))
         self.instances = {
             spec.instance_id: Instance(spec, window, kv_events=True) for spec in fleet.instances
@@ -69,6 +77,10 @@ class LiveFleet:
         self._seq = count()
         self._pending: list[FleetEvent] = []
         self._open: dict[Attempt, RoutingDecision] = {}  # attempts submitted and not yet ended
+        # Open attempts by (request id, attempt number), for ``abort``. A list: two decisions
+        # (event ids) for the same attempt both run, and a client that hangs up ends both.
+        self._by_key: dict[tuple[str, int], list[Attempt]] = {}
+        self._cancelled: set[Attempt] = set()  # open attempts ``abort`` is ending
         self._seen: set[str] = set()
         self._seen_order: deque[str] = deque()
 
@@ -119,15 +131,36 @@ class LiveFleet:
             self._pending.append(self._completion(attempt, decision, now))
             return True
         self._open[attempt] = decision
+        self._by_key.setdefault((request.request_id, decision.attempt), []).append(attempt)
         instance.enqueue(attempt, now)
         self._after(instance, now)
         if give_up is not None:
             self._push(give_up, _TIMEOUT, attempt, 0)
         return True
 
+    def abort(self, request_id: str, attempt: int, now_wall: float) -> bool:
+        """The client hangs up on attempt ``attempt`` of ``request_id``: waiting, it leaves at
+        once; running, it ends at the end of the step in progress (a first token not yet seen is
+        never reported). Its completion says ``aborted``.
+
+        Returns False, doing nothing, when no such attempt is open: never submitted, ended by
+        ``now_wall``, or already being given up on (that one's completion says ``timeout``).
+        """
+        now = self.sim_time(now_wall)
+        self._catch_up(now)
+        found = False
+        for open_attempt in list(self._by_key.get((request_id, attempt), ())):
+            if open_attempt.abort_requested:
+                continue
+            found = True
+            self._cancelled.add(open_attempt)
+            self._give_up(open_attempt, now)
+        return found
+
     def advance(self, now_wall: float) -> list[FleetEvent]:
-        """Process every step end and client give-up up to ``now_wall``; return the completions
-        and KV events produced since the last call, in time order."""
+        """Process every step end and client give-up up to ``now_wall``; return the first
+        tokens, completions and KV events produced since the last call, in time order (an
+        attempt's first token before its completion)."""
         self._catch_up(self.sim_time(now_wall))
         events, self._pending = self._pending, []
         return events
@@ -183,7 +216,9 @@ class LiveFleet:
                 continue
             if kind == _STEP_END:
                 assert isinstance(payload, Instance)
-                for attempt in payload.finish_step(time_s):
+                ended = payload.finish_step(time_s)
+                self._first_tokens(payload, time_s)  # a one-token response starts and ends at once
+                for attempt in ended:
                     self._end(attempt, time_s)
                 self._after(payload, time_s)
             else:
@@ -196,10 +231,10 @@ class LiveFleet:
             return not payload.scheduled or payload.version != version
         if payload.status != "pending" or payload.abort_requested:
             return True
-        slo = self.slo_classes[payload.request.slo_class]
-        return payload.first_token_s is not None and not slo.deadline  # streaming: it waits
+        return not self.clients.still_gives_up(payload)
 
     def _give_up(self, attempt: Attempt, now: float) -> None:
+        """The client stops waiting for ``attempt`` (its timeout, or ``abort``)."""
         instance = attempt.instance
         assert instance is not None
         if instance.abort(attempt, now):  # was waiting: gone now; running: ends at the step end
@@ -222,10 +257,33 @@ class LiveFleet:
                 )
             instance.cache.events.clear()
 
+    def _first_tokens(self, instance: Instance, now: float) -> None:
+        """Report the attempts that got their first token in the step just ended."""
+        ts = self.wall_time(now)
+        for attempt in instance.first_tokens:
+            decision = self._open[attempt]
+            self._pending.append(
+                ResponseStarted(
+                    ts=ts,
+                    request_id=decision.request.request_id,
+                    attempt=decision.attempt,
+                    instance_id=decision.instance_id,
+                    model=decision.request.model,
+                    ttft_s=max(0.0, now - attempt.arrival_s),
+                )
+            )
+        instance.first_tokens.clear()
+
     def _end(self, attempt: Attempt, now: float) -> None:
         attempt.end_s = now
         decision = self._open.pop(attempt)
+        key = (decision.request.request_id, decision.attempt)
+        same = self._by_key[key]
+        same.remove(attempt)
+        if not same:
+            del self._by_key[key]
         self._pending.append(self._completion(attempt, decision, now))
+        self._cancelled.discard(attempt)
 
     def _push(self, time_s: float, kind: int, payload: Instance | Attempt, version: int) -> None:
         heapq.heappush(self._heap, (time_s, kind, next(self._seq), payload, version))
@@ -255,11 +313,8 @@ class LiveFleet:
 
     def _timeout_at(self, attempt: Attempt, deadline_ts: float | None) -> float | None:
         """Emulated time the client gives up at (None: it waits for ever)."""
-        slo = self.slo_classes.get(attempt.request.slo_class)
-        if slo is None:
-            return None
         deadline = None if deadline_ts is None else self.sim_time(deadline_ts)
-        return slo.give_up_at(attempt.arrival_s, deadline)
+        return self.clients.give_up_at(attempt, deadline)
 
     def _completion(self, attempt: Attempt, decision: RoutingDecision, now: float) -> Completion:
         request = decision.request
@@ -278,7 +333,7 @@ class LiveFleet:
             model=request.model,
             tenant=request.tenant,
             slo_class=attempt.request.slo_class,
-            status=_STATUS.get(attempt.status, "error"),
+            status="aborted" if attempt in self._cancelled else _STATUS.get(attempt.status, "error"),
             arrival_ts=request.ts,
             ttft_s=ttft,
             tpot_s=tpot,

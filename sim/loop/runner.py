@@ -1,21 +1,20 @@
 """The discrete-event runner: one policy, one workload, one fleet, simulated to the end.
 
 Events, in time order (ties: step ends, then arrivals, then client timeouts, then heartbeats):
-- arrival of a request attempt: the policy decides (route / queue / reject) on the latest
-  heartbeat snapshot; a routed attempt joins its instance;
+- arrival of a request attempt: the scheduler decides (admit / queue / reject) on the latest
+  heartbeat snapshot; an admitted attempt joins the instance it was placed on;
 - step end of an instance: tokens are produced, finished attempts complete;
 - client timeout: the client gives up (no first token in time, or batch deadline passed); the
   attempt is aborted where it is; a share of interactive give-ups is retried once;
-- heartbeat: every instance reports; the policy's next decisions see this snapshot; attempts
-  the policy queued are offered again.
+- heartbeat: every instance reports; the scheduler's next decisions see this snapshot (a new
+  version); the requests it holds are offered again (``Scheduler.tick``).
 
-The policy sees request views, snapshots, its own decisions, completions and (if it asks) KV
-events; never the true output length.
+The scheduler sees request views, snapshots, its own decisions, first tokens, completions and
+(if a stage asks) KV events; never the true output length.
 """
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,22 +23,25 @@ from typing import cast
 
 import numpy as np
 
-from agents.policy import make_policy
+from agents.policy import Scheduler, build_scheduler
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES, SloClass
+from agents.policy.registry import StageParams
 from agents.policy.types import (
+    BlocksChanged,
     ClusterView,
-    Completion,
-    CompletionStatus,
-    Decision,
-    KvEvent,
-    Policy,
+    DcView,
+    Finished,
+    FirstToken,
+    Outcome,
+    OutcomeStatus,
     RequestView,
 )
 from sim.engine.fleet import FleetSpec
 from sim.engine.instance import Attempt, Instance
+from sim.loop.clients import ClientRules
 from sim.workloads.trace import DEFAULT_OUTPUT_BUDGET, TraceRequest, Workload
 
-_COMPLETION_STATUS: dict[str, CompletionStatus] = {"ok": "ok", "aborted": "timeout"}
+_COMPLETION_STATUS: dict[str, OutcomeStatus] = {"ok": "ok", "aborted": "timeout"}
 _STEP_END, _WINDOW_END, _ARRIVAL, _TIMEOUT, _HEARTBEAT = 0, 1, 2, 3, 4
 
 
@@ -60,11 +62,9 @@ class SimConfig:
             return self.output_budget
         return request.max_tokens or DEFAULT_OUTPUT_BUDGET
 
-    def retries(self, request_id: str) -> bool:
-        """Whether this client retries a given-up interactive request: a fixed property of the
-        request (seeded), so it is the same under every policy."""
-        digest = hashlib.blake2b(f"{self.seed}:{request_id}".encode(), digest_size=8).digest()
-        return int.from_bytes(digest, "big") / 2**64 < self.retry_share
+    def clients(self) -> ClientRules:
+        """The emulated clients' give-up and retry rules (``sim/loop/clients.py``)."""
+        return ClientRules(self.slo_classes, self.seed, self.retry_share)
 
 
 @dataclass(slots=True)
@@ -79,20 +79,24 @@ ProgressFn = Callable[[int], None]
 
 
 class Simulation:
-    def __init__(self, workload: Workload, fleet: FleetSpec, policy: Policy, config: SimConfig) -> None:
+    def __init__(self, workload: Workload, fleet: FleetSpec, scheduler: Scheduler, config: SimConfig) -> None:
         self.workload = workload
         self.fleet = fleet
-        self.policy = policy
+        self.scheduler = scheduler
         self.config = config
+        self.clients = config.clients()
         arrivals = [r.arrival_s for r in workload.requests]
         self.window = (min(arrivals), max(arrivals))
-        self.instances = [Instance(spec, self.window, policy.wants_kv_events) for spec in fleet.instances]
+        kv_events = scheduler.wants_kv_events
+        self.instances = [Instance(spec, self.window, kv_events) for spec in fleet.instances]
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = count()
         self._attempts: list[Attempt] = []
         self._open = 0
         self._arrivals_left = 0
-        self._held: list[Attempt] = []
+        self._offered: dict[tuple[str, int], Attempt] = {}  # attempts the scheduler holds or decides
+        self._versions = count(1)
+        self._dcs = _dc_view(fleet)
         self._view = self._snapshot(0.0)
 
     def run(self, progress: ProgressFn | None = None) -> RunResult:
@@ -112,7 +116,9 @@ class Simulation:
                 index, version = cast(tuple[int, int], payload)
                 instance = self.instances[index]
                 if instance.version == version and instance.scheduled:
-                    self._ended(instance.finish_step(now), now)
+                    ended = instance.finish_step(now)
+                    self._first_tokens(instance, now)
+                    self._ended(ended, now)
                     self._after(instance, index, now)
             elif kind == _ARRIVAL:
                 # Arrivals at one instant reach the router together (a real router reads its
@@ -132,7 +138,8 @@ class Simulation:
                 self._heartbeat(now)
         if progress is not None:
             progress(done)
-        return RunResult(self.policy.name, self._attempts, self.window, [i.busy_s for i in self.instances])
+        busy = [i.busy_s for i in self.instances]
+        return RunResult(self.scheduler.name, self._attempts, self.window, busy)
 
     # --- event handlers -----------------------------------------------------------------------
 
@@ -148,18 +155,22 @@ class Simulation:
         self._offer(attempts, now)
 
     def _offer(self, attempts: list[Attempt], now: float) -> None:
-        views = [self._request_view(a) for a in attempts]
-        decisions = self.policy.decide(views, self._view, now)
-        for attempt, decision in zip(attempts, decisions, strict=True):
-            self._apply(attempt, decision, now)
+        views = []
+        for attempt in attempts:
+            view = self._request_view(attempt)
+            self._offered[view.key] = attempt
+            views.append(view)
+        self._apply(self.scheduler.submit(views, self._view, now), now)
 
-    def _apply(self, attempt: Attempt, decision: Decision, now: float) -> None:
-        attempt.predicted_ttft_s = decision.predicted_ttft_s
-        if decision.action == "queue":
-            self._held.append(attempt)
-            return
-        if decision.action == "route":
-            index = decision.instance
+    def _apply(self, outcomes: list[Outcome], now: float) -> None:
+        for outcome in outcomes:
+            if outcome.action != "queue":
+                self._settle(self._offered.pop(outcome.request.key), outcome, now)
+
+    def _settle(self, attempt: Attempt, outcome: Outcome, now: float) -> None:
+        attempt.predicted_ttft_s = outcome.predicted_ttft_s
+        if outcome.action == "admit":
+            index = outcome.instance
             instance = self.instances[index]
             if instance.fits_ever(attempt):
                 instance.enqueue(attempt, now)
@@ -170,13 +181,10 @@ class Simulation:
         self._end(attempt, now)
 
     def _give_up(self, attempt: Attempt, now: float) -> None:
-        if attempt.status != "pending":
+        if attempt.status != "pending" or not self.clients.still_gives_up(attempt):
             return
-        slo = self.config.slo_classes[attempt.request.slo_class]
-        if attempt.first_token_s is not None and not slo.deadline:
-            return  # streaming has started; this client waits for the rest
-        if attempt in self._held:
-            self._held.remove(attempt)
+        if self.scheduler.withdraw(attempt.request.request_id, attempt.attempt):
+            del self._offered[(attempt.request.request_id, attempt.attempt)]
             attempt.status = "aborted"
             self._end(attempt, now)
         elif attempt.instance is not None:
@@ -185,11 +193,7 @@ class Simulation:
                 attempt.status = "aborted"
                 self._end(attempt, now)
             self._after(attempt.instance, index, now)
-        if (
-            attempt.attempt == 1
-            and attempt.request.slo_class == "interactive"
-            and self.config.retries(attempt.request.request_id)
-        ):
+        if self.clients.retries(attempt):
             retry = Attempt(attempt.request, attempt.attempt + 1, now, attempt.output_budget)
             self._push(now, _ARRIVAL, retry)
 
@@ -202,9 +206,7 @@ class Simulation:
 
     def _heartbeat(self, now: float) -> None:
         self._view = self._snapshot(now)
-        if self._held:
-            held, self._held = self._held, []
-            self._offer(held, now)
+        self._apply(self.scheduler.tick(self._view, now), now)
         if self._open > 0 or self._arrivals_left > 0:
             self._push(now + self.config.heartbeat_s, _HEARTBEAT, None)
 
@@ -217,8 +219,16 @@ class Simulation:
         if instance.cache.events:
             iid = instance.spec.instance_id
             for kind, blocks in instance.cache.events:
-                self.policy.observe(KvEvent(iid, kind, blocks, now))
+                self.scheduler.observe(BlocksChanged(iid, kind, blocks, now))
             instance.cache.events.clear()
+
+    def _first_tokens(self, instance: Instance, now: float) -> None:
+        """The first byte of each response that started streaming in the step just ended."""
+        iid = instance.spec.instance_id
+        for attempt in instance.first_tokens:
+            ttft = now - attempt.arrival_s
+            self.scheduler.observe(FirstToken(attempt.request.request_id, attempt.attempt, iid, ttft, now))
+        instance.first_tokens.clear()
 
     def _ended(self, attempts: list[Attempt], now: float) -> None:
         for attempt in attempts:
@@ -234,8 +244,8 @@ class Simulation:
         if attempt.first_token_s is not None and attempt.generated > 1:
             tpot = (now - attempt.first_token_s) / (attempt.generated - 1)
         status = _COMPLETION_STATUS.get(attempt.status, "error")
-        self.policy.observe(
-            Completion(
+        self.scheduler.observe(
+            Finished(
                 request_id=attempt.request.request_id,
                 attempt=attempt.attempt,
                 instance_id=attempt.instance.spec.instance_id,
@@ -252,7 +262,7 @@ class Simulation:
     def _timeout_at(self, attempt: Attempt) -> float | None:
         request = attempt.request
         deadline = None if request.deadline_s is None else request.arrival_s + request.deadline_s
-        return self.config.slo_classes[request.slo_class].give_up_at(attempt.arrival_s, deadline)
+        return self.clients.give_up_at(attempt, deadline)
 
     def _request_view(self, attempt: Attempt) -> RequestView:
         request = attempt.request
@@ -274,10 +284,11 @@ class Simulation:
         rows = [instance.heartbeat(now) for instance in self.instances]
         specs = self.fleet.instances
         return ClusterView(
+            version=next(self._versions),
             instance_ids=tuple(s.instance_id for s in specs),
             dc=np.array([s.dc for s in specs]),
             model=np.array([s.model for s in specs]),
-            version=np.array([s.version for s in specs]),
+            model_version=np.array([s.version for s in specs]),
             profile=np.array([s.profile.name for s in specs]),
             ready=np.ones(len(specs), dtype=bool),
             waiting=np.array([r[0] for r in rows], dtype=np.int64),
@@ -286,6 +297,7 @@ class Simulation:
             kv_used=np.array([r[3] for r in rows], dtype=np.int64),
             kv_total=np.array([i.cache.capacity for i in self.instances], dtype=np.int64),
             last_heartbeat_s=np.full(len(specs), now),
+            dcs=self._dcs,
         )
 
     def _push(self, time_s: float, kind: int, payload: object) -> None:
@@ -298,7 +310,15 @@ def simulate(
     policy_name: str,
     config: SimConfig,
     progress: ProgressFn | None = None,
+    params: StageParams | None = None,
 ) -> RunResult:
-    """Run one policy (a fresh instance seeded with ``config.seed``) over the workload."""
-    policy = make_policy(policy_name, seed=config.seed)
-    return Simulation(workload, fleet, policy, config).run(progress)
+    """Run one policy (a fresh scheduler seeded with ``config.seed``) over the workload."""
+    scheduler = build_scheduler(policy_name, seed=config.seed, params=params)
+    return Simulation(workload, fleet, scheduler, config).run(progress)
+
+
+def _dc_view(fleet: FleetSpec) -> DcView:
+    """The fleet's data centres seen from its ingress, the first DC of the spec."""
+    names = tuple(dict.fromkeys(spec.dc for spec in fleet.instances))
+    ingress = names[0]
+    return DcView(names, tuple(fleet.rtt(ingress, dc) for dc in names), (True,) * len(names))

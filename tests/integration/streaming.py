@@ -7,11 +7,6 @@ request ids of its own and filters what it reads by them.
 from __future__ import annotations
 
 import asyncio
-import os
-import re
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterable
@@ -19,6 +14,8 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from infra.entrypoints.worker_process import WorkerProcess
+from schemas.codec import encode
 from schemas.events import Event, Heartbeat, InferenceRequest
 from schemas.topics import TopicSpec, key_of
 
@@ -29,71 +26,26 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-class WorkerProcess:
-    """``tokenfleet worker`` as a subprocess with its own app id (consumer group) and data dir."""
-
-    def __init__(
-        self,
-        bootstrap: str,
-        app_id: str,
-        data_dir: Path,
-        clickhouse: str = "off",
-        settings: dict[str, str] | None = None,
-    ) -> None:
-        self.ready_file = data_dir / f"{app_id}.worker.ready"
-        self.log_path = data_dir / f"{app_id}-{time.time_ns()}.log"
-        env = {
-            **os.environ,
-            "TOKENFLEET_KAFKA_BOOTSTRAP": bootstrap,
+def worker(
+    bootstrap: str,
+    app_id: str,
+    data_dir: Path,
+    clickhouse: str = "off",
+    settings: dict[str, str] | None = None,
+) -> WorkerProcess:
+    """A worker subprocess with its own app id (consumer group) and data dir, any free port."""
+    return WorkerProcess(
+        bootstrap,
+        data_dir,
+        {
             "TOKENFLEET_APP_ID": app_id,
-            "TOKENFLEET_DATA_DIR": str(data_dir),
             "TOKENFLEET_CLICKHOUSE_DSN": clickhouse,
             "TOKENFLEET_WORKER_WEB_PORT": "0",
             "TOKENFLEET_POLICY": "least-request",
             **(settings or {}),
-        }
-        data_dir.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("wb")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "infra.entrypoints.cli", "worker", "--loglevel", "info"],
-            cwd=ROOT,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not self.ready_file.exists():
-            if self.process.poll() is not None:
-                raise AssertionError(f"worker exited early:\n{self.log()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"worker not ready in {timeout_s} s:\n{self.log()}")
-            time.sleep(0.1)
-
-    def stop(self, kill: bool = False) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._log.close()
-        if kill:
-            self.ready_file.unlink(missing_ok=True)
-
-    def metrics_url(self) -> str:
-        """The worker's ``/metrics`` address, from the line it logs at start-up."""
-        found = re.search(r"metrics (http://\S+/metrics)", self.log_path.read_text(errors="replace"))
-        if found is None:
-            raise AssertionError(f"the worker logged no metrics address:\n{self.log()}")
-        return found.group(1)
-
-    def log(self) -> str:
-        if not self._log.closed:
-            self._log.flush()
-        return self.log_path.read_text(errors="replace")[-4000:]
+        },
+        loglevel="info",
+    )
 
 
 def heartbeat(pool: str, instance: str, waiting: int = 0) -> Heartbeat:
@@ -126,7 +78,7 @@ async def publish(bootstrap: str, spec: TopicSpec, events: Iterable[Event | tupl
             if isinstance(event, tuple):
                 key, value = event
             else:
-                key, value = key_of(spec, event), event.model_dump_json().encode()
+                key, value = key_of(spec, event), encode(event)
             await producer.send_and_wait(spec.name, value, key=key)
     finally:
         await producer.stop()

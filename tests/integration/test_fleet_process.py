@@ -14,8 +14,17 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from infra.entrypoints.fleet import run_fleet
 from infra.entrypoints.loadgen import parse_duration, publish_workload, submit_batch
-from schemas.events import BatchJob, Completion, Event, Heartbeat, InferenceRequest, RoutingDecision
-from schemas.topics import BATCH_JOBS, COMPLETIONS, DECISIONS, HEARTBEATS, REQUESTS, key_of
+from schemas.codec import encode
+from schemas.events import (
+    BatchJob,
+    Completion,
+    Event,
+    Heartbeat,
+    InferenceRequest,
+    ResponseStarted,
+    RoutingDecision,
+)
+from schemas.topics import BATCH_JOBS, COMPLETIONS, DECISIONS, FIRST_TOKENS, HEARTBEATS, REQUESTS, key_of
 from sim.workloads.sources import open_workload
 
 TIMEOUT_S = 30.0
@@ -77,13 +86,18 @@ def test_the_fleet_executes_a_decision_and_reports_it(broker: str) -> None:
         if topic == COMPLETIONS.name:
             completion = Completion.model_validate_json(value)
             return completion if completion.request_id == rid else None
+        if topic == FIRST_TOKENS.name:
+            first = ResponseStarted.model_validate_json(value)
+            return first if first.request_id == rid else None
         beat = Heartbeat.model_validate_json(value)
         return beat if beat.ts >= started else None
 
     def seen_all(events: list[Event]) -> bool:
-        return any(isinstance(e, Completion) for e in events) and any(
-            isinstance(e, Heartbeat) for e in events
+        return all(
+            any(isinstance(e, kind) for e in events) for kind in (ResponseStarted, Completion, Heartbeat)
         )
+
+    topics = [FIRST_TOKENS.name, COMPLETIONS.name, HEARTBEATS.name]
 
     async def scenario() -> None:
         stop, ready = asyncio.Event(), asyncio.Event()
@@ -99,13 +113,11 @@ def test_the_fleet_executes_a_decision_and_reports_it(broker: str) -> None:
                 await producer.send_and_wait(DECISIONS.name, b"{not json", key=b"llama3-8b")
                 decision = a_decision(rid)
                 await producer.send_and_wait(
-                    DECISIONS.name, decision.model_dump_json().encode(), key=key_of(DECISIONS, decision)
+                    DECISIONS.name, encode(decision), key=key_of(DECISIONS, decision)
                 )
             finally:
                 await producer.stop()
-            events = await asyncio.wait_for(
-                collect(broker, [COMPLETIONS.name, HEARTBEATS.name], parse, seen_all), TIMEOUT_S
-            )
+            events = await asyncio.wait_for(collect(broker, topics, parse, seen_all), TIMEOUT_S)
             await asyncio.sleep(0.5)  # no second completion for the same request
             stop.set()
             counts = await asyncio.wait_for(fleet, TIMEOUT_S)
@@ -114,13 +126,14 @@ def test_the_fleet_executes_a_decision_and_reports_it(broker: str) -> None:
             if not fleet.done():
                 fleet.cancel()
         assert counts.decisions >= 1 and counts.invalid >= 1 and counts.completions >= 1
-        assert counts.heartbeats >= 2  # one per instance per beat
-        events = await asyncio.wait_for(
-            collect(broker, [COMPLETIONS.name, HEARTBEATS.name], parse, seen_all), TIMEOUT_S
-        )
+        assert counts.first_tokens >= 1 and counts.heartbeats >= 2  # one per instance per beat
+        events = await asyncio.wait_for(collect(broker, topics, parse, seen_all), TIMEOUT_S)
         [completion] = [e for e in events if isinstance(e, Completion)]
         assert (completion.status, completion.instance_id, completion.output_tokens) == ("ok", "i001", 40)
         assert completion.model == "llama3-8b" and completion.ttft_s is not None
+        [first] = [e for e in events if isinstance(e, ResponseStarted)]  # once, on its own topic
+        assert (first.instance_id, first.model, first.attempt) == ("i001", "llama3-8b", 1)
+        assert first.ttft_s == pytest.approx(completion.ttft_s) and first.ts <= completion.ts
         beats = [e for e in events if isinstance(e, Heartbeat)]
         assert {b.instance_id for b in beats} <= {"i000", "i001"} and beats[0].kv_blocks_total > 0
 

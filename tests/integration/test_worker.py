@@ -12,20 +12,22 @@ from aiokafka import AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 
 from infra.clickhouse.client import connect
+from schemas.codec import encode
 from schemas.events import AdmissionDecision, Completion, DeadLetter, RoutingDecision
 from schemas.topics import ADMISSION, COMPLETIONS, DECISIONS, DLQ, HEARTBEATS, REQUESTS
-from tests.integration.streaming import Collector, WorkerProcess, heartbeat, publish, request, unique
+from tests.integration.streaming import Collector, heartbeat, publish, request, unique
+from tests.integration.streaming import worker as worker_process
 
 
 def decisions(raw: list[bytes]) -> list[RoutingDecision]:
     return [RoutingDecision.model_validate_json(v) for v in raw]
 
 
-def test_request_yields_exactly_one_routing_decision_and_heartbeats_fill_the_table(
+def test_held_request_is_routed_on_the_first_heartbeat_and_each_request_decided_once(
     broker: str, tmp_path: Path
 ) -> None:
     pool = unique("pool")
-    worker = WorkerProcess(broker, unique("app"), tmp_path)
+    worker = worker_process(broker, unique("app"), tmp_path)
     try:
         worker.wait_ready()
 
@@ -38,9 +40,9 @@ def test_request_yields_exactly_one_routing_decision_and_heartbeats_fill_the_tab
                 await publish(broker, REQUESTS, [request(pool, "early")])
                 await admitted.wait_for(1)
                 assert routed.values == []
-                # The heartbeat changes the instance-state table: the held request is routed.
+                # Only a heartbeat arrives, no further request: the held request is routed.
                 await publish(broker, HEARTBEATS, [heartbeat(pool, "i-1")])
-                await asyncio.sleep(1.0)
+                await routed.wait_for(1, timeout_s=15.0)
                 await publish(broker, REQUESTS, [request(pool, "r-1")])
                 await routed.wait_for(2)
                 await asyncio.sleep(2.0)  # anything extra would show up now
@@ -52,8 +54,9 @@ def test_request_yields_exactly_one_routing_decision_and_heartbeats_fill_the_tab
     routed = decisions(routed_raw)
     assert sorted(d.request_id for d in routed) == ["early", "r-1"]
     assert all(d.instance_id == "i-1" and d.dc == "dc-1" for d in routed)
-    actions = [(a.request_id, a.action) for a in map(AdmissionDecision.model_validate_json, admitted_raw)]
-    assert actions == [("early", "queue"), ("early", "admit"), ("r-1", "admit")]
+    answers = [AdmissionDecision.model_validate_json(v) for v in admitted_raw]
+    actions = [(a.request_id, a.action, a.queue_pool) for a in answers]
+    assert actions == [("early", "queue", "no_capacity"), ("early", "admit", ""), ("r-1", "admit", "")]
 
 
 def test_bad_events_go_to_the_dlq_and_the_stream_goes_on(broker: str, tmp_path: Path) -> None:
@@ -61,7 +64,7 @@ def test_bad_events_go_to_the_dlq_and_the_stream_goes_on(broker: str, tmp_path: 
     key = pool.encode()
     not_json = b"{not json " + key
     invalid = b'{"request_id": "x", "model": "' + key + b'", "input_tokens": -1, "output_budget": 5}'
-    worker = WorkerProcess(broker, unique("app"), tmp_path)
+    worker = worker_process(broker, unique("app"), tmp_path)
     try:
         worker.wait_ready()
 
@@ -106,7 +109,7 @@ def test_redelivered_completions_reach_clickhouse_once(broker: str, tmp_path: Pa
         input_tokens=1000,
         output_tokens=85,
     )
-    worker = WorkerProcess(broker, unique("app"), tmp_path, clickhouse=store)
+    worker = worker_process(broker, unique("app"), tmp_path, clickhouse=store)
     try:
         worker.wait_ready()
         asyncio.run(publish(broker, COMPLETIONS, [completion, completion]))  # redelivered
@@ -133,7 +136,7 @@ def test_redelivered_completions_reach_clickhouse_once(broker: str, tmp_path: Pa
 def test_restarted_worker_recovers_its_tables_and_loses_no_request(broker: str, tmp_path: Path) -> None:
     pool = unique("pool")
     app_id = unique("app")
-    first = WorkerProcess(broker, app_id, tmp_path)
+    first = worker_process(broker, app_id, tmp_path)
     ids = [f"r{i}" for i in range(60)]
 
     async def scenario() -> list[bytes]:
@@ -148,7 +151,7 @@ def test_restarted_worker_recovers_its_tables_and_loses_no_request(broker: str, 
             first.stop(kill=True)
             await sender
             # The new worker gets no heartbeat: it can route only if it recovered the table.
-            second = WorkerProcess(broker, app_id, tmp_path)
+            second = worker_process(broker, app_id, tmp_path)
             try:
                 await asyncio.to_thread(second.wait_ready)
                 await routed.wait_for(len(ids), timeout_s=40)
@@ -166,7 +169,7 @@ def test_restarted_worker_recovers_its_tables_and_loses_no_request(broker: str, 
 def test_two_workers_share_partitions_and_rebalance(broker: str, tmp_path: Path) -> None:
     app_id = unique("app")
     pools = [unique("pool") for _ in range(12)]  # spread over the 4 partitions
-    one, two = WorkerProcess(broker, app_id, tmp_path / "a"), WorkerProcess(broker, app_id, tmp_path / "b")
+    one, two = worker_process(broker, app_id, tmp_path / "a"), worker_process(broker, app_id, tmp_path / "b")
 
     async def routed_by(round_id: str) -> dict[str, set[str]]:
         """Which worker routed each pool's request in this round."""
@@ -207,7 +210,7 @@ def test_two_workers_share_partitions_and_rebalance(broker: str, tmp_path: Path)
 
 def test_prometheus_metrics_are_served_with_the_clickhouse_sink_off(broker: str, tmp_path: Path) -> None:
     pool = unique("pool")
-    worker = WorkerProcess(broker, unique("app"), tmp_path, clickhouse="off")
+    worker = worker_process(broker, unique("app"), tmp_path, clickhouse="off")
     try:
         worker.wait_ready()
 
@@ -236,7 +239,7 @@ def test_a_pools_decisions_keep_the_order_of_its_requests(broker: str, tmp_path:
     """Small lane batches, many of them awaiting delivery at once: the order holds across them."""
     pool = unique("pool")
     ids = [f"r{i:04d}" for i in range(400)]
-    worker = WorkerProcess(broker, unique("app"), tmp_path, settings={"TOKENFLEET_REQUEST_BATCH_MAX": "7"})
+    worker = worker_process(broker, unique("app"), tmp_path, settings={"TOKENFLEET_REQUEST_BATCH_MAX": "7"})
     try:
         worker.wait_ready()
 
@@ -248,9 +251,7 @@ def test_a_pools_decisions_keep_the_order_of_its_requests(broker: str, tmp_path:
                 await producer.start()
                 try:  # one burst: the lane reads it in batches of 7
                     sent = [
-                        await producer.send(
-                            REQUESTS.name, request(pool, r).model_dump_json().encode(), key=pool.encode()
-                        )
+                        await producer.send(REQUESTS.name, encode(request(pool, r)), key=pool.encode())
                         for r in ids
                     ]
                     await asyncio.gather(*sent)

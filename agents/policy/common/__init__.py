@@ -1,0 +1,1 @@
+"""Parts every stage may share: in-flight accounting, the prefix index, pickers, SLO classes."""

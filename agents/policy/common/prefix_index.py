@@ -131,7 +131,7 @@ class PrefixIndex:
         self._instances: dict[str, _Instance] = {}
         self._by_slot: list[_Instance] = []
         self._default_capacity = default_capacity_blocks
-        self._sized_for: ClusterView | None = None
+        self._sized_for = -1  # view version the capacities were last set from
         # Bulk loads whose holder bits are not set yet: (slot, view of its ring), blocks dropped.
         self._pending: list[tuple[int, npt.NDArray[np.int32]]] = []
         self._pending_dropped: list[npt.NDArray[np.int32]] = []
@@ -142,7 +142,7 @@ class PrefixIndex:
 
     def size_like(self, view: ClusterView) -> None:
         """Bound every instance of ``view`` to its reported KV capacity (once per snapshot)."""
-        if self._sized_for is view:
+        if self._sized_for == view.version:
             return
         instances = self._instances
         kv_total = view.kv_total.tolist()
@@ -151,7 +151,7 @@ class PrefixIndex:
             inst = instances.get(instance_id)
             if inst is None or inst.capacity != blocks:
                 self.set_capacity(instance_id, blocks)
-        self._sized_for = view
+        self._sized_for = view.version
 
     def set_capacity(self, instance_id: str, blocks: int) -> None:
         """Bound an instance's entry count (e.g. its reported KV capacity); evicts if shrunk."""
@@ -288,15 +288,13 @@ class PrefixIndex:
         by_slot = self._by_slot
         return {by_slot[slot].instance_id: int(depth[slot]) for slot in np.flatnonzero(depth).tolist()}
 
-    def match_array(
-        self, blocks: Sequence[int], index_of: dict[str, int], size: int
-    ) -> npt.NDArray[np.int64]:
-        """``match`` as an array aligned with a view's rows (instances not in it are skipped)."""
-        out = np.zeros(size, dtype=np.int64)
+    def match_array(self, blocks: Sequence[int], view: ClusterView) -> npt.NDArray[np.int64]:
+        """``match`` as an array aligned with the rows of ``view`` (instances not in it skipped)."""
+        out = np.zeros(len(view), dtype=np.int64)
         depth = self._depth_by_slot(blocks)
         if depth is None:
             return out
-        slots, rows = self._slot_rows.of(index_of, self._slot_ids)
+        slots, rows = self._slot_rows.of(view, self._slot_ids)
         out[rows] = depth[slots]
         return out
 

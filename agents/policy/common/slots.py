@@ -6,31 +6,31 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import numpy.typing as npt
 
-IntArray = npt.NDArray[np.int64]
+from agents.policy.common.numeric import IntArray
+from agents.policy.types import ClusterView
 
 
 class SlotRows:
-    """(slots, rows) of the instances that have a slot and are present in a view's ``index_of``.
+    """(slots, rows) of the instances that have a slot and are present in a view.
 
-    Rebuilt when a new snapshot arrives (a different ``index_of`` object), extended (not rebuilt)
+    Rebuilt when a new snapshot arrives (a different ``view.version``), extended (not rebuilt)
     when slots were added since: O(new slots) per call, one numpy pass each.
     """
 
     def __init__(self) -> None:
-        self._key: dict[str, int] | None = None
-        self._done = 0  # slots already looked up in _key
+        self._version = -1
+        self._done = 0  # slots already looked up in the view
         self._slots: IntArray = np.zeros(0, dtype=np.int64)
         self._rows: IntArray = np.zeros(0, dtype=np.int64)
 
-    def of(self, index_of: dict[str, int], slot_ids: Sequence[str]) -> tuple[IntArray, IntArray]:
+    def of(self, view: ClusterView, slot_ids: Sequence[str]) -> tuple[IntArray, IntArray]:
         """``slot_ids[s]`` is the instance id of slot ``s`` (slots only ever get appended)."""
-        if index_of is not self._key:
-            self._key, self._done = index_of, 0
+        if view.version != self._version:
+            self._version, self._done = view.version, 0
             self._slots = self._rows = np.zeros(0, dtype=np.int64)
         if self._done != len(slot_ids):
-            get = index_of.get
+            get = view.index_of.get
             new = slot_ids[self._done :]
             row_of_slot = np.fromiter((get(i, -1) for i in new), dtype=np.int64, count=len(new))
             present = np.flatnonzero(row_of_slot >= 0)

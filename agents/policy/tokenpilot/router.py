@@ -52,10 +52,19 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from agents.policy.common.numeric import BoolArray, FloatArray, IntArray, blocks_for
 from agents.policy.common.prefix_index import PrefixIndex
-from agents.policy.common.selector import BoolArray, FloatArray, IntArray, Pick, RoutingPolicy, blocks_for
+from agents.policy.common.selector import InstanceSelector
 from agents.policy.tokenpilot.predictor import OnlineLinearModel
-from agents.policy.types import BLOCK_TOKENS, ClusterView, Completion, Decision, KvEvent, RequestView
+from agents.policy.types import (
+    BLOCK_TOKENS,
+    BlocksChanged,
+    ClusterView,
+    Finished,
+    Observation,
+    Placement,
+    RequestView,
+)
 
 FEATURES = (
     "steps",
@@ -107,18 +116,18 @@ class PrefillQueues:
     def __init__(self) -> None:
         self._slot_of: dict[str, int] = {}
         self._state = np.zeros((3, 16))  # tokens, pairs, as-of time, by slot
-        self._view: ClusterView | None = None
+        self._view: ClusterView | None = None  # the snapshot the row arrays are aligned with
         self._slots = np.zeros(0, dtype=np.int64)  # slot of each row of _view
         self.tokens = np.zeros(0)
         self.pairs = np.zeros(0)
         self.as_of = np.zeros(0)
 
     def aligned_to(self, view: ClusterView) -> bool:
-        return self._view is view
+        return self._view is not None and self._view.version == view.version
 
     def align(self, view: ClusterView, idle: BoolArray) -> None:
         """Rows of ``view``; ``idle`` rows (idle at their heartbeat, nothing sent since) are empty."""
-        if self._view is view:
+        if self.aligned_to(view):
             return
         self._save()
         self._slots = np.fromiter((self._slot(i) for i in view.instance_ids), dtype=np.int64, count=len(view))
@@ -162,7 +171,7 @@ class PrefillQueues:
             self._state[:, self._slots] = (self.tokens, self.pairs, self.as_of)
 
 
-class TokenPilot(RoutingPolicy):
+class TokenPilot(InstanceSelector):
     name = "tokenpilot"
     wants_kv_events = True
 
@@ -185,29 +194,35 @@ class TokenPilot(RoutingPolicy):
         self._last_queued: dict[str, tuple[str, int]] = {}  # instance id -> last request sent there
         self._batch_keys: set[tuple[str, int]] = set()  # the requests of the batch being decided
         self._revised: dict[tuple[str, int], float] = {}  # of those: seconds others' chunks add
-        self._groups_of: ClusterView | None = None
+        self._groups_version = -1  # snapshot version ``_groups`` was computed for
         self._groups: list[tuple[str, slice | IntArray]] = []
 
     # --- deciding -----------------------------------------------------------------------------
 
-    def decide(self, requests: Sequence[RequestView], view: ClusterView, now_s: float) -> list[Decision]:
-        """Decide in order; then raise the prediction of a request of this batch whose first
+    def place(
+        self,
+        requests: Sequence[RequestView],
+        candidates: Sequence[BoolArray],
+        view: ClusterView,
+        now_s: float,
+    ) -> list[Placement]:
+        """Place in order; then raise the prediction of a request of this batch whose first
         prefill step a later request of the batch joins (chunked prefill runs them together, so
         its first token also waits for the joining chunk): a burst is known as a whole."""
         self._revised, self._batch_keys = {}, {(r.request_id, r.attempt) for r in requests}
-        decisions = super().decide(requests, view, now_s)
+        placements = super().place(requests, candidates, view, now_s)
         if self._revised:
             revised = self._revised
-            decisions = [
-                replace(d, predicted_ttft_s=d.predicted_ttft_s + revised[(d.request_id, d.attempt)])
-                if d.predicted_ttft_s is not None and (d.request_id, d.attempt) in revised
-                else d
-                for d in decisions
+            placements = [
+                replace(p, predicted_ttft_s=p.predicted_ttft_s + revised[r.key])
+                if p.predicted_ttft_s is not None and r.key in revised
+                else p
+                for r, p in zip(requests, placements, strict=True)
             ]
         self._revised, self._batch_keys = {}, set()
-        return decisions
+        return placements
 
-    def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Pick:
+    def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Placement:
         self.index.size_like(view)
         features, own_tokens, own_pairs = self._features(request, view, now_s)
         predicted = np.empty(len(view))
@@ -230,7 +245,7 @@ class TokenPilot(RoutingPolicy):
             joined,
             joined * (cached + joined / 2),
         )
-        return Pick(row, "min predicted TTFT", float(predicted[row]))
+        return Placement(row, "min predicted TTFT", float(predicted[row]))
 
     def features(self, request: RequestView, view: ClusterView, now_s: float) -> FloatArray:
         """The model's features of ``request`` on every row of ``view`` (n x len(FEATURES))."""
@@ -240,7 +255,7 @@ class TokenPilot(RoutingPolicy):
         self, request: RequestView, view: ClusterView, now_s: float
     ) -> tuple[FloatArray, FloatArray, FloatArray]:
         """Features, and per row the request's own uncached tokens and their attention pairs."""
-        matched = self.index.match_array(request.block_hashes, view.index_of, len(view))
+        matched = self.index.match_array(request.block_hashes, view)
         cached = np.minimum(matched * BLOCK_TOKENS, request.input_tokens - 1).astype(np.float64)
         new = request.input_tokens - cached
         own_pairs = new * (cached + new / 2)
@@ -294,13 +309,13 @@ class TokenPilot(RoutingPolicy):
 
     def _profile_rows(self, view: ClusterView) -> list[tuple[str, slice | IntArray]]:
         """Rows of each engine profile in ``view``, once per snapshot (one slice if uniform)."""
-        if self._groups_of is not view:
+        if self._groups_version != view.version:
             names, inverse = np.unique(view.profile, return_inverse=True)
             if len(names) == 1:
                 self._groups = [(str(names[0]), slice(None))]
             else:
                 self._groups = [(str(name), np.flatnonzero(inverse == k)) for k, name in enumerate(names)]
-            self._groups_of = view
+            self._groups_version = view.version
         return self._groups
 
     def _pick_near_min(self, score: FloatArray, mask: BoolArray) -> int:
@@ -352,15 +367,15 @@ class TokenPilot(RoutingPolicy):
 
     # --- learning -----------------------------------------------------------------------------
 
-    def on_kv_event(self, event: KvEvent) -> None:
+    def on_kv_event(self, event: BlocksChanged) -> None:
         if event.kind == "stored":
             self.index.add(event.instance_id, event.block_hashes)
         else:
             self.index.remove(event.instance_id, event.block_hashes)
 
-    def observe(self, event: KvEvent | Completion) -> None:
+    def observe(self, event: Observation) -> None:
         super().observe(event)
-        if not isinstance(event, Completion):
+        if not isinstance(event, Finished):
             return
         sent = self._sent.pop((event.request_id, event.attempt), None)
         if sent is None:

@@ -8,6 +8,7 @@ from collections import OrderedDict
 import numpy as np
 
 from agents.policy.common.prefix_index import EPOCHS_PER_CAPACITY, PrefixIndex, sorted_distinct
+from tests.unit.policy.helpers import cluster_view
 
 
 def test_match_counts_leading_blocks_per_holder() -> None:
@@ -47,11 +48,11 @@ def test_match_depth_with_partial_holders_and_view_alignment() -> None:
     assert index.match(chain) == expected
     assert index.match(chain[:5]) == {k: min(v, 5) for k, v in expected.items()}
     # Rows of a view: a different order, an instance the index never saw, one it knows missing.
-    index_of = {"new": 0, "i4": 1, "i0": 2, "i6": 3, "i2": 4, "i3": 5, "i1": 6}
-    out = index.match_array(chain, index_of, 7)
+    view = cluster_view(7, ids=["new", "i4", "i0", "i6", "i2", "i3", "i1"])
+    out = index.match_array(chain, view)
     assert out.dtype == np.int64
     assert out.tolist() == [0, 40, 40, 0, 17, 3, 1]
-    assert index.match_array([5, 6], index_of, 7).tolist() == [0] * 7
+    assert index.match_array([5, 6], view).tolist() == [0] * 7
 
 
 def test_lookup_ignores_instances_without_the_first_block() -> None:

@@ -6,25 +6,12 @@ import numpy as np
 
 from agents.policy.tokenpilot.predictor import OnlineLinearModel
 from agents.policy.tokenpilot.router import FEATURES, PRIOR, TokenPilot
-from agents.policy.types import BLOCK_TOKENS, ClusterView, Completion, KvEvent, RequestView
+from agents.policy.types import BLOCK_TOKENS, BlocksChanged, ClusterView, Finished, RequestView
+from tests.unit.policy.helpers import cluster_view, decide
 
 
 def view(running: list[int], tokens: list[int], profile: str = "p") -> ClusterView:
-    n = len(running)
-    return ClusterView(
-        instance_ids=tuple(f"i{k}" for k in range(n)),
-        dc=np.array(["dc"] * n),
-        model=np.array(["m"] * n),
-        version=np.array(["1"] * n),
-        profile=np.array([profile] * n),
-        ready=np.ones(n, dtype=bool),
-        waiting=np.zeros(n, dtype=np.int64),
-        running=np.array(running, dtype=np.int64),
-        tokens_in_flight=np.array(tokens, dtype=np.int64),
-        kv_used=np.zeros(n, dtype=np.int64),
-        kv_total=np.full(n, 10_000, dtype=np.int64),
-        last_heartbeat_s=np.zeros(n),
-    )
+    return cluster_view(len(running), profile=profile, kv_total=10_000, running=running, tokens=tokens)
 
 
 def request(rid: str, blocks: int = 32) -> RequestView:
@@ -34,13 +21,13 @@ def request(rid: str, blocks: int = 32) -> RequestView:
 def warm_pilot() -> TokenPilot:
     """Instance i1 holds the request's whole 16k-token prefix (a KV event said so)."""
     pilot = TokenPilot(seed=1)
-    pilot.observe(KvEvent("i1", "stored", tuple(range(32)), 0.0))
+    pilot.observe(BlocksChanged("i1", "stored", tuple(range(32)), 0.0))
     return pilot
 
 
 def test_warm_instance_wins_when_its_saved_prefill_outweighs_its_load() -> None:
     pilot = warm_pilot()
-    (decision,) = pilot.decide([request("a")], view([0, 4], [0, 40_000]), 1.0)
+    (decision,) = decide(pilot, [request("a")], view([0, 4], [0, 40_000]), 1.0)
     assert decision.instance == 1 and decision.predicted_ttft_s is not None
 
 
@@ -52,7 +39,7 @@ def test_cold_idle_instance_wins_exactly_when_predicted_latency_says_so() -> Non
         pilot = warm_pilot()
         v = view([0, decoding], [0, decoding * 40_000])
         predicted = pilot.model_for("p").predict(pilot.features(request("a"), v, 1.0))
-        (decision,) = pilot.decide([request("a")], v, 1.0)
+        (decision,) = decide(pilot, [request("a")], v, 1.0)
         assert decision.instance == int(np.argmin(predicted))
         if decision.instance == 0 and flipped_at is None:
             flipped_at = decoding
@@ -61,7 +48,7 @@ def test_cold_idle_instance_wins_exactly_when_predicted_latency_says_so() -> Non
 
 def test_a_burst_is_spread_not_piled_on_one_instance() -> None:
     pilot = TokenPilot(seed=3)
-    decisions = pilot.decide([request(f"r{k}", blocks=16) for k in range(8)], view([0] * 4, [0] * 4), 1.0)
+    decisions = decide(pilot, [request(f"r{k}", blocks=16) for k in range(8)], view([0] * 4, [0] * 4), 1.0)
     counts = np.bincount([d.instance for d in decisions], minlength=4)
     assert counts.max() <= 3  # same stale snapshot for all eight; own sends are accounted
 
@@ -72,10 +59,10 @@ def test_completions_calibrate_the_model() -> None:
     v = view([2, 2], [10_000, 10_000])
     before = dict(pilot.model_for("p").coefficients)
     for k in range(200):
-        (d,) = pilot.decide([request(f"r{k}", blocks=8 + k % 24)], v, float(k))
+        (d,) = decide(pilot, [request(f"r{k}", blocks=8 + k % 24)], v, float(k))
         features = pilot.features(request(f"r{k}", blocks=8 + k % 24), v, float(k))[d.instance]
         truth = 3.0 * reference.predict_one(features)  # the real fleet is three times slower
-        done = Completion(f"r{k}", 1, v.instance_ids[d.instance], "ok", 4096, 0, 10, truth, 0.02, k + 5.0)
+        done = Finished(f"r{k}", 1, v.instance_ids[d.instance], "ok", 4096, 0, 10, truth, 0.02, k + 5.0)
         pilot.observe(done)
     assert pilot.model_for("p").coefficients != before
     assert pilot.models["p"].count == 200
@@ -91,7 +78,7 @@ def cold(rid: str, tokens: int) -> RequestView:
 def test_queue_ahead_drains_with_time_and_empties_at_an_idle_heartbeat() -> None:
     pilot = TokenPilot(seed=0)
     busy = view([1, 1], [0, 0])
-    pilot.decide([cold("a", 32_768)], busy, 0.0)
+    decide(pilot, [cold("a", 32_768)], busy, 0.0)
     row = int(np.argmax(pilot.queues.tokens))
     own = 1000
     queued_now = pilot.features(cold("b", own), busy, 0.0)[row, 3]
@@ -100,7 +87,7 @@ def test_queue_ahead_drains_with_time_and_empties_at_an_idle_heartbeat() -> None
     assert queued_now == 32_768 + own
     assert own < queued_later < queued_now  # draining at 8192 tokens per predicted step
     assert queued_much_later == own
-    pilot.decide([cold("c", 32_768)], busy, 61.0)
+    decide(pilot, [cold("c", 32_768)], busy, 61.0)
     idle = view([0, 0], [0, 0])
     idle.last_heartbeat_s[:] = 62.0  # both report idle after that send
     assert (pilot.features(cold("d", own), idle, 62.0)[:, 3] == own).all()
@@ -117,8 +104,8 @@ def test_a_long_prompt_does_not_join_the_step_of_a_short_one_just_queued() -> No
         for spare, picks in ((1.0, spared), (0.0, tossed)):
             pilot = TokenPilot(seed=seed, spare_others=spare, tie_tolerance=0.05)
             v = view([0, 0], [0, 0])
-            (short,) = pilot.decide([cold("short", 100)], v, 0.0)
-            (long,) = pilot.decide([cold("long", 6000)], v, 0.0)
+            (short,) = decide(pilot, [cold("short", 100)], v, 0.0)
+            (long,) = decide(pilot, [cold("long", 6000)], v, 0.0)
             picks.add(long.instance != short.instance)
     assert spared == {True}
     assert tossed == {True, False}
@@ -131,9 +118,9 @@ def test_a_burst_raises_the_prediction_of_a_request_whose_step_a_later_one_joins
     # token waits for that chunk too. An idle instance starts the short prompt at once, alone.
     for running, joins in ((4, True), (0, False)):
         v = view([running], [running * 1000])
-        alone = TokenPilot(seed=0).decide([cold("short", 512)], v, 1.0)[0].predicted_ttft_s
+        alone = decide(TokenPilot(seed=0), [cold("short", 512)], v, 1.0)[0].predicted_ttft_s
         pilot = TokenPilot(seed=0)
-        short, long = pilot.decide([cold("short", 512), cold("long", 20_000)], v, 1.0)
+        short, long = decide(pilot, [cold("short", 512), cold("long", 20_000)], v, 1.0)
         assert alone is not None and short.predicted_ttft_s is not None and long.predicted_ttft_s is not None
         theta = pilot.model_for("p").theta
         chunk = 8192 - 512  # the long prompt's first chunk fills the short prompt's step

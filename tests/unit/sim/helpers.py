@@ -5,6 +5,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import replace
 
+from schemas.events import InferenceRequest, RoutingDecision
 from sim.engine.fleet import FleetSpec, InstanceSpec
 from sim.engine.profiles import PROFILES, EngineProfile
 from sim.workloads.trace import TraceRequest, Workload, make_request
@@ -38,3 +39,37 @@ def workload(*requests: TraceRequest) -> Workload:
 
 def with_budget(profile: EngineProfile, tokens: int) -> EngineProfile:
     return replace(profile, prefill_budget_tokens=tokens)
+
+
+def routing_decision(
+    rid: str,
+    input_tokens: int = 1000,
+    output_tokens: int = 50,
+    instance: str = "i0",
+    slo_class: str = "interactive",
+    at: float = 1_000.0,
+    deadline_ts: float | None = None,
+) -> RoutingDecision:
+    """A routing decision carrying its request, as the worker sends it to the fleet."""
+    request = InferenceRequest(
+        ts=at,
+        request_id=rid,
+        model="llama3-8b",
+        prompt_block_hashes=tuple(range(1, input_tokens // 512 + 1)),
+        input_tokens=input_tokens,
+        output_budget=2048,
+        slo_class=slo_class,
+        deadline_ts=deadline_ts,
+        true_output_tokens=output_tokens,
+    )
+    return RoutingDecision(
+        ts=at,
+        request_id=rid,
+        model="llama3-8b",
+        slo_class=slo_class,
+        dc="dc-1",
+        instance_id=instance,
+        policy="test",
+        decision_latency_s=0.0,
+        request=request,
+    )

@@ -11,7 +11,7 @@ from sim.workloads.sources import open_workload
 from sim.workloads.synthetic import SyntheticMix
 from sim.workloads.trace import chain_hashes, load_workload
 
-TRACES = Path(__file__).resolve().parents[2] / "sim" / "traces"
+TRACES = Path(__file__).resolve().parents[3] / "sim" / "traces"
 
 
 def test_mooncake_trace_loads_with_chained_full_block_hashes() -> None:

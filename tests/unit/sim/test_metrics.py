@@ -7,7 +7,7 @@ import math
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES
 from sim.engine.instance import Attempt
 from sim.evaluation.metrics import percentile, prediction_mape, report
-from tests.sim.helpers import request
+from tests.unit.sim.helpers import request
 
 
 def attempt(

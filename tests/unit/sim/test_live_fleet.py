@@ -4,48 +4,31 @@ from __future__ import annotations
 
 import pytest
 
-from schemas.events import Completion, InferenceRequest, KvEvent, RoutingDecision
-from sim.loop.live import LiveFleet
-from tests.sim.helpers import fleet_of
+from schemas.events import Completion, KvEvent, ResponseStarted
+from sim.loop.live import FleetEvent, LiveFleet
+from tests.unit.sim.helpers import fleet_of
+from tests.unit.sim.helpers import routing_decision as decision
 
 START = 1_000.0
 
 
-def decision(
-    rid: str,
-    input_tokens: int = 1000,
-    output_tokens: int = 50,
-    instance: str = "i0",
-    slo_class: str = "interactive",
-    at: float = START,
-    deadline_ts: float | None = None,
-) -> RoutingDecision:
-    request = InferenceRequest(
-        ts=at,
-        request_id=rid,
-        model="llama3-8b",
-        prompt_block_hashes=tuple(range(1, input_tokens // 512 + 1)),
-        input_tokens=input_tokens,
-        output_budget=2048,
-        slo_class=slo_class,
-        deadline_ts=deadline_ts,
-        true_output_tokens=output_tokens,
-    )
-    return RoutingDecision(
-        ts=at,
-        request_id=rid,
-        model="llama3-8b",
-        slo_class=slo_class,
-        dc="dc-1",
-        instance_id=instance,
-        policy="test",
-        decision_latency_s=0.0,
-        request=request,
-    )
-
-
-def completions(events: list[Completion | KvEvent]) -> list[Completion]:
+def completions(events: list[FleetEvent]) -> list[Completion]:
     return [e for e in events if isinstance(e, Completion)]
+
+
+def first_tokens(events: list[FleetEvent]) -> list[ResponseStarted]:
+    return [e for e in events if isinstance(e, ResponseStarted)]
+
+
+def until_first_token(fleet: LiveFleet, now: float) -> tuple[float, list[FleetEvent]]:
+    """Step through wakeups until some first token is reported; (wall time, events so far)."""
+    seen: list[FleetEvent] = []
+    while not first_tokens(seen):
+        wake = fleet.next_wakeup(now)
+        assert wake is not None, "the fleet went idle without a first token"
+        now = wake
+        seen.extend(fleet.advance(now))
+    return now, seen
 
 
 def test_a_decision_completes_once_with_its_true_output_length() -> None:
@@ -88,7 +71,9 @@ def test_an_interactive_request_behind_a_huge_prefill_times_out() -> None:
     fleet.submit(decision("chat", at=START + 0.5), START + 0.5)
     assert completions(fleet.advance(START + 10.4)) == []
     # Admitted behind the prompt's chunks, it is aborted at the end of the step in progress.
-    [gave_up] = completions(fleet.advance(START + 13))
+    events = fleet.advance(START + 13)
+    [gave_up] = completions(events)
+    assert first_tokens(events) == []  # a client that gave up never sees a token
     assert (gave_up.request_id, gave_up.status, gave_up.output_tokens, gave_up.ttft_s) == (
         "chat",
         "timeout",
@@ -153,3 +138,79 @@ def test_a_redelivered_decision_runs_once() -> None:
     assert fleet.submit(once, START + 0.01) is False
     assert fleet.submit(decision("a"), START + 0.02) is True  # a new decision (event id) for it runs
     assert len(completions(fleet.advance(START + 30))) == 2
+
+
+def test_the_first_token_is_reported_before_its_completion_with_the_same_ttft() -> None:
+    fleet = LiveFleet(fleet_of(1), speed=2.0, start_wall=START)
+    fleet.submit(decision("a", input_tokens=3000, output_tokens=200, at=START), START)
+    at, so_far = until_first_token(fleet, START)
+    [started] = first_tokens(so_far)
+    assert completions(so_far) == []  # 199 tokens still to go
+    assert (started.request_id, started.attempt, started.instance_id, started.model) == (
+        "a",
+        1,
+        "i0",
+        "llama3-8b",
+    )
+    assert 0 < started.ttft_s < 1.0 and started.ts == pytest.approx(at)
+    assert started.ts == pytest.approx(START + started.ttft_s / 2.0)  # emulated seconds, at x2
+    events = fleet.advance(START + 60)
+    assert first_tokens(events) == []  # reported once
+    [done] = completions(events)
+    assert done.ttft_s == pytest.approx(started.ttft_s) and done.ts > started.ts
+
+
+def test_a_one_token_response_starts_and_ends_in_one_step_first_token_first() -> None:
+    fleet = LiveFleet(fleet_of(1), start_wall=START)
+    fleet.submit(decision("one", output_tokens=1), START)
+    events = [e for e in fleet.advance(START + 30) if not isinstance(e, KvEvent)]
+    assert [type(e) for e in events] == [ResponseStarted, Completion]
+    assert events[0].ts == events[1].ts and events[1].ttft_s == pytest.approx(events[0].ttft_s)
+
+
+def test_aborting_a_waiting_attempt_ends_it_at_once() -> None:
+    fleet = LiveFleet(fleet_of(1), start_wall=START)
+    fleet.submit(decision("long", input_tokens=60_000, output_tokens=20, slo_class="long_context"), START)
+    fleet.submit(decision("queued", at=START + 0.01), START + 0.01)  # joins at the step boundary
+    assert fleet.heartbeats(START + 0.01)[0].waiting == 1
+    assert fleet.abort("queued", 1, START + 0.02) is True
+    [gone] = completions(fleet.advance(START + 0.02))
+    assert (gone.request_id, gone.status, gone.output_tokens, gone.ttft_s) == ("queued", "aborted", 0, None)
+    assert gone.ts == pytest.approx(START + 0.02) and gone.e2e_s == pytest.approx(0.01)
+    beat = fleet.heartbeats(START + 0.02)[0]
+    assert (beat.waiting, beat.running) == (0, 1)
+    assert fleet.abort("queued", 1, START + 0.03) is False  # already ended
+    events = fleet.advance(START + 60)
+    assert [c.request_id for c in completions(events)] == ["long"]
+    assert [f.request_id for f in first_tokens(events)] == ["long"]
+    assert completions(events)[0].status == "ok" and fleet.open_attempts == 0
+
+
+def test_aborting_a_running_attempt_ends_it_at_its_step_end() -> None:
+    fleet = LiveFleet(fleet_of(1), start_wall=START)
+    fleet.submit(decision("stream", output_tokens=2000), START)
+    at, _ = until_first_token(fleet, START)
+    hang_up = at + 0.5
+    assert fleet.abort("stream", 1, hang_up) is True
+    assert fleet.abort("stream", 1, hang_up) is False  # already ending
+    assert fleet.abort("stream", 2, hang_up) is False and fleet.abort("other", 1, hang_up) is False
+    assert completions(fleet.advance(hang_up)) == [] and fleet.open_attempts == 1
+    wake = fleet.next_wakeup(hang_up)
+    assert wake is not None and hang_up <= wake < hang_up + 0.05  # the step in progress
+    [ended] = completions(fleet.advance(wake))
+    assert ended.status == "aborted" and ended.ttft_s is not None and ended.ts == pytest.approx(wake)
+    assert 0 < ended.output_tokens < 2000  # what it streamed until then
+    assert fleet.open_attempts == 0 and fleet.next_wakeup(wake) is None
+    beat = fleet.heartbeats(wake)[0]
+    assert (beat.waiting, beat.running, beat.tokens_in_flight) == (0, 0, 0)
+
+
+def test_an_attempt_aborted_mid_prefill_never_reports_a_first_token() -> None:
+    fleet = LiveFleet(fleet_of(1), start_wall=START)
+    fleet.submit(decision("huge", input_tokens=200_000, output_tokens=4, slo_class="long_context"), START)
+    assert fleet.abort("huge", 1, START + 1.0) is True
+    events = fleet.advance(START + 60)
+    [ended] = completions(events)
+    assert first_tokens(events) == [] and ended.ttft_s is None
+    # It stops after the prompt chunk in progress, long before its prefill would have finished.
+    assert (ended.status, ended.output_tokens) == ("aborted", 0) and START + 1.0 <= ended.ts < START + 1.5

@@ -8,9 +8,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from agents.policy.types import BLOCK_TOKENS, ClusterView, Decision, RequestView
+from agents.policy.defaults import HomeDc, PassThrough
+from agents.policy.pipeline import Scheduler
+from agents.policy.types import BLOCK_TOKENS, BoolArray, ClusterView, Placement, RequestView
 from sim.loop.runner import SimConfig, Simulation, simulate
-from tests.sim.helpers import LLAMA, fleet_of, request, with_budget, workload
+from tests.unit.sim.helpers import LLAMA, fleet_of, request, with_budget, workload
 
 
 def prefill_s(new: int, cached: int) -> float:
@@ -143,7 +145,7 @@ def test_abort_of_a_blocked_waiting_request_lets_the_next_one_in_at_the_next_ste
 
 
 class ViewRecorder:
-    """A policy that routes to instance 0 and keeps every snapshot it was shown."""
+    """An instance-selection stage that places on row 0 and keeps every snapshot it was shown."""
 
     name = "recorder"
     wants_kv_events = False
@@ -151,9 +153,11 @@ class ViewRecorder:
     def __init__(self) -> None:
         self.views: list[ClusterView] = []
 
-    def decide(self, requests: Sequence[RequestView], view: ClusterView, now_s: float) -> list[Decision]:
+    def place(
+        self, requests: Sequence[RequestView], masks: Sequence[BoolArray], view: ClusterView, now_s: float
+    ) -> list[Placement]:
         self.views.append(view)
-        return [Decision(r.request_id, r.attempt, "route", instance=0) for r in requests]
+        return [Placement(0, "first row") for _ in requests]
 
     def observe(self, event: object) -> None:
         pass
@@ -164,7 +168,9 @@ def test_heartbeats_do_not_reveal_the_true_output_length() -> None:
     for true_output in (500, 1900):  # both still decoding when "b" arrives at 0.3 s
         recorder = ViewRecorder()
         reqs = workload(request("a", 0.0, 1024, true_output), request("b", 0.3, 100, 1))
-        Simulation(reqs, fleet_of(1), recorder, SimConfig()).run()
+        Simulation(
+            reqs, fleet_of(1), Scheduler("recorder", PassThrough(), HomeDc(), recorder), SimConfig()
+        ).run()
         view = recorder.views[-1]
         shown.append((view.kv_used.tolist(), view.tokens_in_flight.tolist(), view.running.tolist()))
     assert shown[0] == shown[1]

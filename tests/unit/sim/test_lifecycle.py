@@ -7,34 +7,61 @@ from collections.abc import Sequence
 
 import pytest
 
-from agents.policy import POLICIES, make_policy
-from agents.policy.types import ClusterView, Completion, Decision, KvEvent, RequestView
+from agents.policy import Scheduler, build_scheduler
+from agents.policy.defaults import HomeDc, PassThrough
+from agents.policy.registry import INSTANCE_SELECTION
+from agents.policy.types import (
+    BlocksChanged,
+    BoolArray,
+    ClusterView,
+    Finished,
+    FirstToken,
+    Observation,
+    Placement,
+    RequestView,
+)
 from sim.loop.runner import SimConfig, Simulation
 from sim.workloads.sources import open_workload
 from sim.workloads.trace import Workload
-from tests.sim.helpers import fleet_of, request, workload
+from tests.unit.sim.helpers import fleet_of, request, workload
 
 
 class Recording:
-    """Wraps a policy and records everything it is shown."""
+    """An instance-selection stage that wraps a router and records everything it is shown."""
 
     def __init__(self, name: str) -> None:
-        self.inner = make_policy(name, seed=1)
+        self.inner = INSTANCE_SELECTION[name](seed=1)
         self.name = name
         self.wants_kv_events = self.inner.wants_kv_events
-        self.completions: list[Completion] = []
-        self.kv_events: list[KvEvent] = []
+        self.completions: list[Finished] = []
+        self.first_tokens: list[FirstToken] = []
+        self.kv_events: list[BlocksChanged] = []
         self.seen: list[RequestView] = []
         self.batches: list[list[str]] = []
 
-    def decide(self, requests: Sequence[RequestView], view: ClusterView, now_s: float) -> list[Decision]:
+    def place(
+        self,
+        requests: Sequence[RequestView],
+        candidates: Sequence[BoolArray],
+        view: ClusterView,
+        now_s: float,
+    ) -> list[Placement]:
         self.seen.extend(requests)
         self.batches.append([r.request_id for r in requests])
-        return self.inner.decide(requests, view, now_s)
+        placements: list[Placement] = self.inner.place(requests, candidates, view, now_s)
+        return placements
 
-    def observe(self, event: KvEvent | Completion) -> None:
-        (self.completions if isinstance(event, Completion) else self.kv_events).append(event)  # type: ignore[arg-type]
+    def observe(self, event: Observation) -> None:
+        if isinstance(event, Finished):
+            self.completions.append(event)
+        elif isinstance(event, FirstToken):
+            self.first_tokens.append(event)
+        else:
+            self.kv_events.append(event)
         self.inner.observe(event)
+
+    def scheduler(self) -> Scheduler:
+        return Scheduler(self.name, PassThrough(), HomeDc(), self)
 
 
 def overloaded() -> Workload:
@@ -45,7 +72,7 @@ def overloaded() -> Workload:
 @pytest.mark.parametrize("name", ["least-tokens", "dynamo-kv"])
 def test_every_attempt_ends_exactly_once(name: str) -> None:
     policy = Recording(name)
-    result = Simulation(overloaded(), fleet_of(2), policy, SimConfig(seed=3)).run()
+    result = Simulation(overloaded(), fleet_of(2), policy.scheduler(), SimConfig(seed=3)).run()
     statuses = Counter(a.status for a in result.attempts)
     assert set(statuses) <= {"ok", "aborted", "rejected"}
     assert statuses["ok"] and statuses["aborted"], statuses  # the scenario really overloads
@@ -61,10 +88,14 @@ def test_every_attempt_ends_exactly_once(name: str) -> None:
     assert len({(r.request_id, r.attempt) for r in policy.seen}) == len(result.attempts)
     if policy.wants_kv_events:
         assert policy.kv_events
+    # A first token is seen once per attempt that produced one, before that attempt's end.
+    started = Counter((f.request_id, f.attempt) for f in policy.first_tokens)
+    assert max(started.values()) == 1
+    assert set(started) == {(a.request.request_id, a.attempt) for a in result.attempts if a.first_token_s}
 
 
 def test_retry_is_a_new_attempt_of_the_same_request() -> None:
-    result = Simulation(overloaded(), fleet_of(2), make_policy("least-tokens"), SimConfig(seed=3)).run()
+    result = Simulation(overloaded(), fleet_of(2), build_scheduler("least-tokens"), SimConfig(seed=3)).run()
     by_id: dict[str, list[int]] = {}
     for a in result.attempts:
         by_id.setdefault(a.request.request_id, []).append(a.attempt)
@@ -80,9 +111,9 @@ def test_retry_is_a_new_attempt_of_the_same_request() -> None:
 
 def test_retry_choice_is_the_same_under_every_policy() -> None:
     config = SimConfig(seed=3, retry_share=0.5)
-    chosen = [config.retries(f"r{i}") for i in range(2000)]
+    chosen = [config.clients().retried(f"r{i}") for i in range(2000)]
     assert 0.45 < sum(chosen) / len(chosen) < 0.55
-    assert chosen == [SimConfig(seed=3).retries(f"r{i}") for i in range(2000)]
+    assert chosen == [SimConfig(seed=3).clients().retried(f"r{i}") for i in range(2000)]
 
 
 def test_interactive_client_gives_up_without_first_token_in_10s() -> None:
@@ -91,7 +122,7 @@ def test_interactive_client_gives_up_without_first_token_in_10s() -> None:
     # gives up, and the abort lands at the end of the step in progress.
     reqs = [request("big", 0.0, 120_000, 1, slo_class="long_context"), request("small", 0.01, 100, 5)]
     config = SimConfig(retry_share=0.0)
-    result = Simulation(workload(*reqs), fleet_of(1), make_policy("round-robin"), config).run()
+    result = Simulation(workload(*reqs), fleet_of(1), build_scheduler("round-robin"), config).run()
     small = next(a for a in result.attempts if a.request.request_id == "small")
     big = next(a for a in result.attempts if a.request.request_id == "big")
     assert big.status == "ok" and big.first_token_s is not None and big.first_token_s > 10.01
@@ -102,7 +133,7 @@ def test_interactive_client_gives_up_without_first_token_in_10s() -> None:
 
 def test_batch_request_is_aborted_at_its_deadline() -> None:
     reqs = [request("job", 0.0, 2000, 2000, slo_class="batch", deadline_s=1.0)]
-    result = Simulation(workload(*reqs), fleet_of(1), make_policy("round-robin"), SimConfig()).run()
+    result = Simulation(workload(*reqs), fleet_of(1), build_scheduler("round-robin"), SimConfig()).run()
     (job,) = result.attempts
     assert job.status == "aborted" and job.end_s is not None
     assert 0 < job.generated < 2000  # tokens already generated are wasted
@@ -110,21 +141,22 @@ def test_batch_request_is_aborted_at_its_deadline() -> None:
 
 def test_all_policies_route_everything_on_a_small_trace() -> None:
     w = overloaded()
-    for name in POLICIES:
-        result = Simulation(w, fleet_of(2), make_policy(name), SimConfig(seed=3)).run()
+    for name in INSTANCE_SELECTION:
+        result = Simulation(w, fleet_of(2), build_scheduler(name), SimConfig(seed=3)).run()
         assert len({a.request.request_id for a in result.attempts}) == len(w.requests), name
 
 
 def test_request_the_engine_refuses_is_reported_back_to_the_router() -> None:
-    policy = make_policy("sglang-cache-aware")
+    policy = INSTANCE_SELECTION["sglang-cache-aware"]()
     too_big = request("huge", 0.0, 430_000, 1, slo_class="long_context")
-    result = Simulation(workload(too_big), fleet_of(1), policy, SimConfig()).run()
+    scheduler = Scheduler(policy.name, PassThrough(), HomeDc(), policy)
+    result = Simulation(workload(too_big), fleet_of(1), scheduler, SimConfig()).run()
     assert result.attempts[0].status == "rejected"
-    assert policy.in_flight.requests == {"i0": 0}  # type: ignore[attr-defined]
+    assert policy.in_flight.requests == {"i0": 0}
 
 
 def test_arrivals_at_one_instant_reach_the_router_as_one_batch() -> None:
     w = workload(*(request(rid, at, 600, 4) for rid, at in (("a", 0.0), ("b", 0.0), ("c", 0.0), ("d", 0.5))))
     policy = Recording("round-robin")
-    Simulation(w, fleet_of(2), policy, SimConfig()).run()  # type: ignore[arg-type]
+    Simulation(w, fleet_of(2), policy.scheduler(), SimConfig()).run()
     assert policy.batches == [["a", "b", "c"], ["d"]]

@@ -7,8 +7,10 @@ from collections import deque
 
 import numpy as np
 
-from agents.policy.common.selector import InFlight, blocks_for
-from agents.policy.types import ClusterView, Completion, RequestView
+from agents.policy.common.inflight import InFlight
+from agents.policy.common.numeric import blocks_for
+from agents.policy.types import ClusterView, Finished, RequestView
+from tests.unit.policy.helpers import cluster_view
 
 
 class _Reference:
@@ -36,22 +38,7 @@ class _Reference:
 
 
 def _view(ids: list[str], heartbeats: list[float]) -> ClusterView:
-    n = len(ids)
-    zeros = np.zeros(n, dtype=np.int64)
-    return ClusterView(
-        instance_ids=tuple(ids),
-        dc=np.full(n, "dc"),
-        model=np.full(n, "m"),
-        version=np.full(n, "1"),
-        profile=np.full(n, "p"),
-        ready=np.ones(n, dtype=bool),
-        waiting=zeros,
-        running=zeros,
-        tokens_in_flight=zeros,
-        kv_used=zeros,
-        kv_total=np.full(n, 100, dtype=np.int64),
-        last_heartbeat_s=np.array(heartbeats, dtype=np.float64),
-    )
+    return cluster_view(len(ids), ids=ids, heartbeats=heartbeats, kv_total=100)
 
 
 def _request(k: int, tokens: int) -> RequestView:
@@ -84,7 +71,7 @@ def test_since_heartbeat_and_counts_match_the_reference() -> None:
             open_requests.append((request, instance_id))
         elif open_requests:
             request, instance_id = open_requests.pop(rng.randrange(len(open_requests)))
-            flight.complete(Completion(request.request_id, 1, instance_id, "ok", 1, 0, 1, 0.1, 0.01, now))
+            flight.complete(Finished(request.request_id, 1, instance_id, "ok", 1, 0, 1, 0.1, 0.01, now))
         requests, tokens = flight.since_heartbeat(view)
         expected = reference.since_heartbeat(view)
         assert (requests.tolist(), tokens.tolist()) == expected, k

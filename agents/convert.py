@@ -1,0 +1,54 @@
+"""Wire events -> the policy core's views: the one place the two sides of the seam meet.
+
+A stage never sees a wire event: only these views. ``true_output_tokens`` (emulation only) is
+never copied: no policy may read the true output length.
+"""
+
+from __future__ import annotations
+
+from agents.policy.common.slo import classify
+from agents.policy.types import BlocksChanged, Finished, FirstToken, OutcomeStatus, RequestView
+from schemas.events import Completion, InferenceRequest, KvEvent, ResponseStarted
+
+
+def request_view(request: InferenceRequest) -> RequestView:
+    """What the scheduler may know of a request."""
+    return RequestView(
+        request_id=request.request_id,
+        attempt=request.attempt,
+        tenant=request.tenant,
+        model=request.model,
+        slo_class=classify(request.input_tokens, request.slo_class),
+        input_tokens=request.input_tokens,
+        output_budget=request.output_budget,
+        block_hashes=request.prompt_block_hashes,
+        arrival_s=request.ts,
+        deadline_s=request.deadline_ts,
+        task_type=request.task_type,
+        allowed_regions=request.allowed_regions,
+        home_dc=request.home_dc,
+    )
+
+
+def finished(event: Completion) -> Finished:
+    status: OutcomeStatus = event.status
+    return Finished(
+        request_id=event.request_id,
+        attempt=event.attempt,
+        instance_id=event.instance_id,
+        status=status,
+        input_tokens=event.input_tokens,
+        cached_tokens=event.cached_tokens,
+        output_tokens=event.output_tokens,
+        ttft_s=event.ttft_s,
+        tpot_s=event.tpot_s,
+        time_s=event.ts,
+    )
+
+
+def first_token(event: ResponseStarted) -> FirstToken:
+    return FirstToken(event.request_id, event.attempt, event.instance_id, event.ttft_s, event.ts)
+
+
+def blocks_changed(event: KvEvent) -> BlocksChanged:
+    return BlocksChanged(event.instance_id, event.kind, event.block_hashes, event.ts)

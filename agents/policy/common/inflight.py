@@ -1,0 +1,131 @@
+"""Own in-flight accounting of an instance-selection stage: what it sent and has not seen finish."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from agents.policy.common.numeric import IntArray, blocks_for
+from agents.policy.common.slots import SlotRows
+from agents.policy.types import ClusterView, Finished, RequestView
+
+
+class InFlight:
+    """Requests this router sent and has not yet seen complete, per instance.
+
+    A router that proxies every request knows these counts exactly; heartbeats do not. It also
+    remembers, per instance, what it sent after that instance's last heartbeat, so
+    ``since_heartbeat`` can add to a stale snapshot exactly the work the snapshot cannot contain
+    yet. Each send is forgotten once a heartbeat from its instance postdates it (or after
+    ``max_age_s``, for an instance that stopped reporting): cost is amortised O(1) per send.
+
+    ``requests`` / ``blocks`` are plain dicts (instance id -> count); per-slot numpy mirrors of
+    them and of the since-heartbeat totals make ``per_instance`` and ``since_heartbeat`` a few
+    vectorised operations per call, plus Python work only for instances whose cut-off moved
+    (a new heartbeat) and that have sends to forget.
+    """
+
+    def __init__(self, max_age_s: float = 30.0) -> None:
+        self.requests: dict[str, int] = {}
+        self.blocks: dict[str, int] = {}
+        self.max_age_s = max_age_s
+        self._open: dict[tuple[str, int], tuple[str, int]] = {}
+        self._slot_of: dict[str, int] = {}
+        self._slot_ids: list[str] = []
+        self._recent: list[deque[tuple[float, int]]] = []  # slot -> (sent at, input tokens)
+        size = 16
+        self._requests = np.zeros(size, dtype=np.int64)  # mirror of ``requests``
+        self._blocks = np.zeros(size, dtype=np.int64)  # mirror of ``blocks``
+        self._recent_requests = np.zeros(size, dtype=np.int64)  # totals of ``_recent``
+        self._recent_tokens = np.zeros(size, dtype=np.int64)
+        self._last_sent = np.full(size, -np.inf)  # newest send per slot
+        self._applied = np.full(size, -np.inf)  # cut-off ``_recent`` was last trimmed to
+        self._slot_rows = SlotRows()
+
+    def add(self, request: RequestView, instance_id: str, now_s: float) -> None:
+        blocks = blocks_for(request.input_tokens)
+        self._open[(request.request_id, request.attempt)] = (instance_id, blocks)
+        self.requests[instance_id] = self.requests.get(instance_id, 0) + 1
+        self.blocks[instance_id] = self.blocks.get(instance_id, 0) + blocks
+        slot = self._slot(instance_id)
+        self._requests[slot] += 1
+        self._blocks[slot] += blocks
+        self._last_sent[slot] = max(self._last_sent[slot], now_s)
+        if now_s <= self._applied[slot]:
+            return  # already older than the instance's last heartbeat: nothing to add
+        self._recent[slot].append((now_s, request.input_tokens))
+        self._recent_requests[slot] += 1
+        self._recent_tokens[slot] += request.input_tokens
+
+    def complete(self, completion: Finished) -> None:
+        sent = self._open.pop((completion.request_id, completion.attempt), None)
+        if sent is None:
+            return
+        instance_id, blocks = sent
+        self.requests[instance_id] -= 1
+        self.blocks[instance_id] -= blocks
+        slot = self._slot_of[instance_id]
+        self._requests[slot] -= 1
+        self._blocks[slot] -= blocks
+
+    def per_instance(self, counts: dict[str, int], view: ClusterView) -> IntArray:
+        """``counts`` aligned with the rows of ``view``."""
+        out = np.zeros(len(view), dtype=np.int64)
+        mirror = (
+            self._requests if counts is self.requests else self._blocks if counts is self.blocks else None
+        )
+        if mirror is not None:
+            slots, rows = self._rows(view)
+            out[rows] = mirror[slots]
+            return out
+        for instance_id, count in counts.items():
+            row = view.index_of.get(instance_id)
+            if row is not None:
+                out[row] = count
+        return out
+
+    def since_heartbeat(self, view: ClusterView) -> tuple[IntArray, IntArray]:
+        """(requests, input tokens) sent to each row after that row's last heartbeat."""
+        requests = np.zeros(len(view), dtype=np.int64)
+        tokens = np.zeros(len(view), dtype=np.int64)
+        slots, rows = self._rows(view)
+        if len(slots) == 0:
+            return requests, tokens
+        cutoff = np.maximum(view.last_heartbeat_s[rows], self._last_sent[slots] - self.max_age_s)
+        moved = (cutoff > self._applied[slots]) & (self._recent_requests[slots] > 0)
+        if moved.any():
+            for slot, cut in zip(slots[moved].tolist(), cutoff[moved].tolist(), strict=True):
+                recent = self._recent[slot]
+                gone_requests = gone_tokens = 0
+                while recent and recent[0][0] <= cut:
+                    gone_tokens += recent.popleft()[1]
+                    gone_requests += 1
+                self._recent_requests[slot] -= gone_requests
+                self._recent_tokens[slot] -= gone_tokens
+        self._applied[slots] = np.maximum(self._applied[slots], cutoff)
+        requests[rows] = self._recent_requests[slots]
+        tokens[rows] = self._recent_tokens[slots]
+        return requests, tokens
+
+    def _slot(self, instance_id: str) -> int:
+        slot = self._slot_of.get(instance_id)
+        if slot is None:
+            slot = self._slot_of[instance_id] = len(self._slot_ids)
+            self._slot_ids.append(instance_id)
+            self._recent.append(deque())
+            if slot >= len(self._requests):
+                grow = len(self._requests)
+                self._requests = np.concatenate([self._requests, np.zeros(grow, dtype=np.int64)])
+                self._blocks = np.concatenate([self._blocks, np.zeros(grow, dtype=np.int64)])
+                self._recent_requests = np.concatenate(
+                    [self._recent_requests, np.zeros(grow, dtype=np.int64)]
+                )
+                self._recent_tokens = np.concatenate([self._recent_tokens, np.zeros(grow, dtype=np.int64)])
+                self._last_sent = np.concatenate([self._last_sent, np.full(grow, -np.inf)])
+                self._applied = np.concatenate([self._applied, np.full(grow, -np.inf)])
+        return slot
+
+    def _rows(self, view: ClusterView) -> tuple[IntArray, IntArray]:
+        """(slots, rows) of the instances both sent to and present in ``view``."""
+        return self._slot_rows.of(view, self._slot_ids)

@@ -1,0 +1,95 @@
+"""The three stage interfaces of the scheduler pipeline, and their contracts.
+
+In the style of the Kubernetes scheduler framework and the llm-d endpoint picker: each decision
+is a small plugin with one job, called at a documented point, with documented units and ranges.
+``Scheduler`` (``agents/policy/pipeline.py``) runs them in order for every offer of a request:
+
+    admission (SLOMax)  ->  DC selection (FleetMind)  ->  instance selection (TokenPilot, peers)
+
+Common rules for every stage:
+- Times are seconds on the driver's clock (the simulator's, or wall time in the service);
+  token counts are tokens, KV counts are blocks of ``BLOCK_TOKENS``.
+- A stage may mutate its own state only. The ``ClusterView`` and ``RequestView`` it is given,
+  and the candidate masks, are shared and read-only.
+- Per-snapshot work (alignment, caches) keys on ``view.version``, never on object identity.
+- ``observe`` is called in time order with every observation (KV events only when the stage set
+  ``wants_kv_events``); it must be cheap, idempotent for a repeated event of an attempt it no
+  longer tracks, and must not raise on unknown instances or attempts.
+- No stage reads the true output length: it is not in any of its inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from agents.policy.types import (
+    Admission,
+    BoolArray,
+    ClusterView,
+    DcChoice,
+    Observation,
+    Placement,
+    RequestView,
+)
+
+
+@runtime_checkable
+class AdmissionStage(Protocol):
+    """Whether and when a request runs.
+
+    Called with every batch of request offers: new arrivals, and held requests again whenever
+    the snapshot changes. Returns exactly one ``Admission`` per request, in order: ``admit``
+    (go on to DC and instance selection), ``queue`` in a named pool (offered again at the next
+    snapshot), or ``reject`` with a machine-readable reason. Never pre-empts running work.
+    """
+
+    name: str
+    wants_kv_events: bool
+
+    def admit(self, requests: Sequence[RequestView], view: ClusterView, now_s: float) -> list[Admission]: ...
+
+    def observe(self, event: Observation) -> None: ...
+
+
+@runtime_checkable
+class DcSelectionStage(Protocol):
+    """Which data centre: hard rules first (allowed regions, model, ready, reachable), then cost.
+
+    Called once per admitted request, before instance selection. Returns the candidate rows
+    (a mask over ``view``) of the chosen DC(s); an empty mask means no allowed DC can serve the
+    request on this snapshot.
+    """
+
+    name: str
+    wants_kv_events: bool
+
+    def select(self, request: RequestView, view: ClusterView, now_s: float) -> DcChoice: ...
+
+    def observe(self, event: Observation) -> None: ...
+
+
+@runtime_checkable
+class InstanceSelectionStage(Protocol):
+    """Which instance among the candidates: filter -> score -> pick.
+
+    Called with a batch of admitted requests and one non-empty candidate mask per request
+    (the same order); returns exactly one ``Placement`` per request, a row where its mask is
+    true. Requests are decided in order, and each placement counts in the stage's own in-flight
+    accounting before the next is decided, so a burst cannot pile onto one instance. A stage may
+    revise the prediction of an earlier request of the same batch (TokenPilot does, when a later
+    request joins its first engine step).
+    """
+
+    name: str
+    wants_kv_events: bool
+
+    def place(
+        self,
+        requests: Sequence[RequestView],
+        candidates: Sequence[BoolArray],
+        view: ClusterView,
+        now_s: float,
+    ) -> list[Placement]: ...
+
+    def observe(self, event: Observation) -> None: ...

@@ -1,0 +1,98 @@
+"""The one bootstrap: settings in, a wired worker out (broker, app, agents, scheduler, stores).
+
+Every entry point that runs the scheduler builds it here, so the wiring exists once:
+
+    Settings -> Kafka bootstrap (configured, or embedded Tansu)
+             -> Faust app + channels (streams.app)
+             -> RoutingService (agents.routing, the policy by name + parameters)
+             -> SchedulerAgents (agents.handlers) with the instance-state table + snapshot cache,
+                the lane publisher, the ClickHouse feedback store and Prometheus telemetry
+             -> bound to the app (streams.binding)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import faust
+
+from agents.handlers import SchedulerAgents
+from agents.policy.types import DcView
+from agents.routing import RoutingService
+from infra import metrics
+from infra.clickhouse.feedback import ClickHouseFeedback
+from infra.kafka.broker import embedded_broker, free_port
+from infra.settings import Settings
+from schemas import topics
+from streams.app import create_app
+from streams.binding import LanePublisher, bind
+from streams.request_lane import RequestLane
+from streams.snapshot import SnapshotCache, TableState
+
+
+@contextlib.contextmanager
+def kafka_bootstrap(settings: Settings) -> Iterator[str]:
+    """The configured Kafka, or an embedded Tansu broker for the duration of the block."""
+    if settings.kafka_bootstrap:
+        yield settings.kafka_bootstrap
+        return
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    with embedded_broker(log_path=settings.data_dir / "tansu.log") as bootstrap:
+        yield bootstrap
+
+
+def dc_view(settings: Settings) -> DcView:
+    """The configured data centres and their round trips from the ingress."""
+    names = tuple(settings.dc_rtt_ms)
+    rtts = tuple(settings.dc_rtt_ms[n] / 1000 for n in names)
+    return DcView(names, rtts, (True,) * len(names))
+
+
+def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) -> tuple[faust.App, Any]:
+    """The Faust app with every agent bound; returns (app, feedback store or None).
+
+    ``feedback=False`` turns off the ClickHouse sink only: Prometheus telemetry is always on.
+    """
+    app, channels = create_app(
+        settings.app_id,
+        bootstrap,
+        partitions=settings.topic_partitions,
+        data_dir=settings.data_dir,
+        web_port=settings.worker_web_port or free_port(),
+        rebalance_timeout_s=settings.broker_rebalance_timeout_s,
+        session_timeout_s=settings.broker_session_timeout_s,
+        heartbeat_interval_s=settings.broker_heartbeat_interval_s,
+        fetch_max_wait_ms=settings.consumer_fetch_max_wait_ms,
+    )
+    store = ClickHouseFeedback(settings.clickhouse_url, settings.slo()) if feedback else None
+    service = RoutingService(
+        settings.policy, params=settings.policy_params, worker=f"{socket.gethostname()}:{os.getpid()}"
+    )
+    cache = SnapshotCache(dc_view(settings))
+    lane = RequestLane(
+        bootstrap,
+        topics.REQUESTS.name,
+        follows_topic=topics.HEARTBEATS.name,
+        group_id=f"{settings.app_id}-requests",
+        handler=lambda messages: agents.on_requests(messages),
+        fetch_max_wait_ms=settings.request_fetch_max_wait_ms,
+        max_batch=settings.request_batch_max,
+    )
+    agents = SchedulerAgents(
+        service,
+        TableState(channels.instance_state, cache),
+        LanePublisher(app, lane),
+        store,
+        metrics.PrometheusTelemetry(),
+    )
+    bind(app, channels, agents, lane, cache, settings.event_batch_size, settings.event_batch_window_s)
+
+    @app.page("/metrics")
+    async def prometheus(web: Any, request: Any) -> Any:
+        return web.bytes(metrics.render(), content_type="text/plain; version=0.0.4")
+
+    return app, store

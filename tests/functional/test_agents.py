@@ -1,0 +1,123 @@
+"""The scheduler's stream handlers with the routing service, driven through injected fakes."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from agents.handlers import SchedulerAgents
+from agents.routing import RoutingService
+from schemas import topics
+from schemas.codec import encode
+from schemas.events import (
+    AdmissionDecision,
+    BatchJob,
+    Completion,
+    DeadLetter,
+    Heartbeat,
+    InferenceRequest,
+    ResponseStarted,
+    RoutingDecision,
+)
+from tests.functional.fakes import MemoryPublisher, MemoryState, MemoryStore, RecordingTelemetry
+
+
+def beat(pool: str, instance: str) -> Heartbeat:
+    return Heartbeat(
+        instance_id=instance, dc="dc-1", model=pool, model_version="1", profile="llama3-8b-h100",
+        waiting=0, running=0, tokens_in_flight=0, kv_blocks_used=0, kv_blocks_total=1000,
+    )  # fmt: skip
+
+
+def request(pool: str, rid: str, **kwargs: Any) -> InferenceRequest:
+    return InferenceRequest(request_id=rid, model=pool, input_tokens=600, output_budget=16, **kwargs)
+
+
+def raw(*events: Any) -> list[tuple[bytes | None, bytes | None]]:
+    return [(b"k", e if isinstance(e, bytes) else encode(e)) for e in events]
+
+
+@pytest.fixture
+def world() -> tuple[SchedulerAgents, MemoryPublisher, MemoryStore, RecordingTelemetry]:
+    publisher, store, telemetry = MemoryPublisher(), MemoryStore(), RecordingTelemetry()
+    agents = SchedulerAgents(RoutingService("tokenpilot"), MemoryState(), publisher, store, telemetry)
+    return agents, publisher, store, telemetry
+
+
+def run(coroutine: Any) -> Any:
+    return asyncio.run(coroutine)
+
+
+def test_held_request_is_routed_by_the_first_heartbeat_alone(world: Any) -> None:
+    agents, publisher, store, telemetry = world
+    run(agents.on_requests(raw(request("m", "early"))))
+    (held,) = publisher.sent[topics.ADMISSION.name]
+    assert isinstance(held, AdmissionDecision) and (held.action, held.queue_pool) == ("queue", "no_capacity")
+    assert telemetry.depth == {"m": 1} and not publisher.sent[topics.DECISIONS.name]
+    run(agents.on_heartbeats(raw(beat("m", "i-1"))))  # no further request arrives
+    (routed,) = publisher.sent[topics.DECISIONS.name]
+    assert isinstance(routed, RoutingDecision) and (routed.request_id, routed.instance_id) == ("early", "i-1")
+    assert routed.predicted_ttft_s is not None and routed.policy == "tokenpilot"
+    assert [a.action for a in publisher.sent[topics.ADMISSION.name]] == ["queue", "admit"]  # type: ignore[attr-defined]
+    assert telemetry.depth == {"m": 0}
+    assert [r.request_id for r in store.rows["routings"]] == ["early"]  # type: ignore[attr-defined]
+    run(agents.on_heartbeats(raw(beat("m", "i-1"))))  # nothing held: nothing more
+    assert len(publisher.sent[topics.DECISIONS.name]) == 1
+
+
+def test_a_request_sent_twice_is_decided_once(world: Any) -> None:
+    agents, publisher, _, _ = world
+    twice = request("m", "dup")
+    run(agents.on_requests(raw(twice, twice)))  # twice in one batch, before any capacity
+    run(agents.on_requests(raw(twice)))  # and redelivered while held
+    run(agents.on_heartbeats(raw(beat("m", "i-1"))))
+    assert [a.action for a in publisher.sent[topics.ADMISSION.name]] == ["queue", "admit"]  # type: ignore[attr-defined]
+    assert [d.request_id for d in publisher.sent[topics.DECISIONS.name]] == ["dup"]  # type: ignore[attr-defined]
+
+
+def test_bad_messages_are_dead_lettered_and_the_batch_goes_on(world: Any) -> None:
+    agents, publisher, _, telemetry = world
+    run(agents.on_heartbeats(raw(beat("m", "i-1"), b"{not json")))
+    run(agents.on_requests(raw(request("m", "a"), b'{"request_id": "x"}', request("m", "b"))))
+    dead = publisher.sent[topics.DLQ.name]
+    assert [d.source_topic for d in dead] == [topics.HEARTBEATS.name, topics.REQUESTS.name]  # type: ignore[attr-defined]
+    assert all(isinstance(d, DeadLetter) and d.reason for d in dead)
+    assert [d.request_id for d in publisher.sent[topics.DECISIONS.name]] == ["a", "b"]  # type: ignore[attr-defined]
+    assert telemetry.dead == [topics.HEARTBEATS.name, topics.REQUESTS.name]
+
+
+def test_residency_narrows_the_data_centres(world: Any) -> None:
+    agents, publisher, _, _ = world
+    run(agents.on_heartbeats(raw(beat("m", "i-1"))))
+    run(agents.on_requests(raw(request("m", "eu-only", allowed_regions=("eu-west",)))))
+    (admission,) = publisher.sent[topics.ADMISSION.name]
+    assert admission.action == "queue" and not publisher.sent[topics.DECISIONS.name]  # type: ignore[attr-defined]
+
+
+def test_first_tokens_and_completions_reach_the_scheduler_and_the_store(world: Any) -> None:
+    agents, _, store, _ = world
+    run(agents.on_heartbeats(raw(beat("m", "i-1"))))
+    run(agents.on_requests(raw(request("m", "a"))))
+    scheduler = agents.service.scheduler_for("m")
+    pilot = scheduler.instance_selection
+    assert pilot.in_flight.requests == {"i-1": 1}  # type: ignore[attr-defined]
+    started = ResponseStarted(request_id="a", instance_id="i-1", model="m", ttft_s=0.05)
+    done = Completion(
+        request_id="a", instance_id="i-1", model="m", status="ok", arrival_ts=1.0, ttft_s=0.05,
+        input_tokens=600, output_tokens=16,
+    )  # fmt: skip
+    run(agents.on_first_tokens(raw(started)))
+    run(agents.on_completions(raw(done)))
+    assert pilot.in_flight.requests == {"i-1": 0}  # type: ignore[attr-defined]
+    assert [c.request_id for c in store.rows["completions"]] == ["a"]  # type: ignore[attr-defined]
+
+
+def test_a_batch_job_becomes_deadline_requests(world: Any) -> None:
+    agents, publisher, _, _ = world
+    job = BatchJob(job_id="j", deadline_s=60, requests=(request("m", "x"), request("m", "y")))
+    run(agents.on_batch_jobs(raw(job)))
+    expanded = publisher.sent[topics.REQUESTS.name]
+    assert [r.request_id for r in expanded] == ["j/x", "j/y"]  # type: ignore[attr-defined]
+    assert all(r.slo_class == "batch" and r.deadline_ts == job.ts + 60 for r in expanded)  # type: ignore[attr-defined]

@@ -1,0 +1,96 @@
+"""``tokenfleet demo``: the tables it prints and its progress off a terminal."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from rich.console import Console, RenderableType
+
+from infra.entrypoints.demo import LoadProgress, comparison, summary_line, summary_table
+from schemas.topics import COMPLETIONS, DECISIONS, DLQ
+
+
+def _render(renderable: RenderableType, width: int = 120) -> list[str]:
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    with console.capture() as captured:
+        console.print(renderable)
+    return [line.rstrip() for line in captured.get().splitlines()]
+
+
+def _rows(lines: list[str]) -> list[list[str]]:
+    """The body rows, split on whitespace (below the header's rule)."""
+    rule = next(i for i, line in enumerate(lines) if set(line.strip()) == {"─"})
+    return [line.split() for line in lines[rule + 1 :] if line.strip()]
+
+
+def test_comparison_lists_every_class_of_every_policy() -> None:
+    results: dict[str, dict[str, Any]] = {
+        "round-robin": {"per_class": {"interactive": {"ttft_p50_s": 0.397, "ttft_p95_s": 1.366}}},
+        "tokenpilot": {
+            "per_class": {
+                "interactive": {"ttft_p50_s": 0.357, "ttft_p95_s": 1.069},
+                "long_context": {"ttft_p50_s": 2.055, "ttft_p95_s": None},
+            }
+        },
+    }
+    lines = _render(comparison(results))
+    assert lines[0] == "comparison (TTFT p50 / p95 s, read back from ClickHouse)"
+    assert lines[1].split() == ["class", "round-robin", "tokenpilot"]
+    assert _rows(lines) == [
+        ["interactive", "0.397", "/", "1.366", "0.357", "/", "1.069"],
+        ["long_context", "-", "/", "-", "2.055", "/", "-"],
+    ]
+
+
+def test_summary_keeps_columns_and_number_formats() -> None:
+    result: dict[str, Any] = {
+        "requests_published": 61,
+        "decisions": 61,
+        "completions": 61,
+        "dlq": 2,
+        "clickhouse_rows": 244,
+        "per_class": {
+            "interactive": {
+                "completed": 50,
+                "ttft_p50_s": 0.3456,
+                "ttft_p95_s": 1.2,
+                "goodput_tokens_per_s": 812.345,
+                "compliant_share": 0.955,
+            },
+            "batch": {"completed": 11, "ttft_p50_s": None},
+        },
+    }
+    assert summary_line(result, "round-robin") == (
+        "policy round-robin: published 61, decisions 61, completions 61, dlq 2, clickhouse rows 244"
+    )
+    lines = _render(summary_table(result))
+    assert lines[0].split() == [
+        "class",
+        "completed",
+        "TTFT",
+        "p50",
+        "TTFT",
+        "p95",
+        "goodput",
+        "tok/s",
+        "compliant",
+    ]
+    # Rows keep the summary's class order; missing values read "-" (latency) or zero.
+    assert _rows(lines) == [
+        ["interactive", "50", "0.346", "1.200", "812.3", "95.5%"],
+        ["batch", "11", "-", "-", "0.0", "0.0%"],
+    ]
+
+
+def test_progress_off_a_terminal_writes_a_few_lines() -> None:
+    out = io.StringIO()
+    counts = {DECISIONS.name: 0, COMPLETIONS.name: 0, DLQ.name: 0}
+    with LoadProgress(30.0, Console(file=out, width=120, color_system=None)) as progress:
+        for tenth in range(0, 400):  # 40 s of updates, ten a second
+            counts[DECISIONS.name] = counts[COMPLETIONS.name] = tenth
+            progress.update(tenth / 10, counts, phase="load" if tenth < 300 else "drain")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 5  # at 0, 10, 20, 30 s, and the final counts
+    assert lines[0] == "[demo] load 0/30 s: decisions 0, completions 0, dlq 0"
+    assert lines[-1] == "[demo] drain 40 s: decisions 399, completions 399, dlq 0"

@@ -1,0 +1,93 @@
+"""The scheduler pipeline: holds, re-offers on a new snapshot, rejects, withdraws, in order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from agents.policy.baselines import LeastTokens, RoundRobin
+from agents.policy.defaults import HomeDc, PassThrough
+from agents.policy.pipeline import NO_CAPACITY_POOL, Scheduler
+from agents.policy.types import Admission, ClusterView, Observation, RequestView, empty_view
+from tests.unit.policy.helpers import cluster_view
+
+
+def req(rid: str, model: str = "m", **kwargs: object) -> RequestView:
+    return RequestView(rid, 1, "t", model, "interactive", 1024, 64, (), 0.0, **kwargs)  # type: ignore[arg-type]
+
+
+def scheduler(admission: object | None = None) -> Scheduler:
+    return Scheduler("test", admission or PassThrough(), HomeDc(), RoundRobin())  # type: ignore[arg-type]
+
+
+def test_a_request_without_capacity_is_held_once_and_routed_on_the_next_snapshot() -> None:
+    s = scheduler()
+    (held,) = s.submit([req("a")], empty_view(), 0.0)
+    assert (held.action, held.pool, held.first_hold) == ("queue", NO_CAPACITY_POOL, True)
+    assert s.held() == {NO_CAPACITY_POOL: 1}
+    assert s.tick(empty_view(), 0.1) == []  # same snapshot version: not offered again
+    still_empty = empty_view(version=7)
+    assert s.tick(still_empty, 0.2) == []  # offered again, still no room: no new outcome
+    (routed,) = s.tick(cluster_view(2), 0.3)
+    assert (routed.action, routed.request.request_id, routed.instance_id) == ("admit", "a", "i0")
+    assert s.held_total == 0 and s.tick(cluster_view(2), 0.4) == []
+
+
+def test_held_requests_leave_in_arrival_order() -> None:
+    s = scheduler()
+    s.submit([req("a"), req("b")], empty_view(), 0.0)
+    s.submit([req("c")], empty_view(), 0.1)
+    assert [o.request.request_id for o in s.tick(cluster_view(3), 1.0)] == ["a", "b", "c"]
+
+
+def test_withdraw_drops_a_held_request() -> None:
+    s = scheduler()
+    s.submit([req("a")], empty_view(), 0.0)
+    assert s.withdraw("a", 1) and not s.withdraw("a", 1)
+    assert s.tick(cluster_view(1), 1.0) == []
+
+
+class Gate:
+    """Admission that queues requests named q-*, rejects r-* and admits the rest."""
+
+    name = "gate"
+    wants_kv_events = False
+
+    def __init__(self) -> None:
+        self.seen: list[Observation] = []
+
+    def admit(self, requests: Sequence[RequestView], view: ClusterView, now_s: float) -> list[Admission]:
+        out = []
+        for r in requests:
+            if r.request_id.startswith("q-"):
+                out.append(Admission("queue", "wait your turn", pool="slow"))
+            elif r.request_id.startswith("r-"):
+                out.append(Admission("reject", "cannot_meet_slo", predicted_ttft_s=9.0))
+            else:
+                out.append(Admission("admit", "ok"))
+        return out
+
+    def observe(self, event: Observation) -> None:
+        self.seen.append(event)
+
+
+def test_admission_answers_reach_the_caller_with_reason_pool_and_prediction() -> None:
+    s = scheduler(Gate())
+    queued, rejected, admitted = s.submit([req("q-1"), req("r-1"), req("a-1")], cluster_view(2), 0.0)
+    assert (queued.action, queued.pool, queued.reason) == ("queue", "slow", "wait your turn")
+    assert (rejected.action, rejected.reason, rejected.predicted_ttft_s) == ("reject", "cannot_meet_slo", 9.0)
+    assert (admitted.action, admitted.admission_reason, admitted.dc) == ("admit", "ok", "dc")
+    assert s.held() == {"slow": 1}
+
+
+def test_home_dc_first_then_any_allowed_region() -> None:
+    view = cluster_view(4)
+    dcs = view.dc.copy()
+    dcs[:] = ["us", "us", "eu", "eu"]
+    object.__setattr__(view, "dc", dcs)
+    s = Scheduler("t", PassThrough(), HomeDc(), LeastTokens())
+    (home,) = s.submit([req("a", home_dc="eu")], view, 0.0)
+    assert home.dc == "eu" and home.instance_id in {"i2", "i3"}
+    (allowed,) = s.submit([req("b", allowed_regions=("us",), home_dc="eu")], view, 0.0)
+    assert allowed.dc == "us" and allowed.instance_id in {"i0", "i1"}
+    (nowhere,) = s.submit([req("c", allowed_regions=("ap",))], view, 0.0)
+    assert nowhere.action == "queue" and nowhere.pool == NO_CAPACITY_POOL

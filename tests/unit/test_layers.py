@@ -1,0 +1,65 @@
+"""The import arrows point inward: entry points -> agents -> agents.policy -> plain data.
+
+Checked on the source (every module's import statements, lazy ones inside functions included):
+- the pure core (``agents.policy``) imports only the standard library, numpy and itself;
+- ``schemas`` imports nothing of the project; ``agents`` nothing of streams, infra, sim, bench;
+- ``streams`` and the simulator never import entry points or adapters (``infra``) or ``bench``;
+- no shipped package imports ``bench`` or ``tests``.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT = ("agents", "schemas", "streams", "infra", "sim", "bench", "tests")
+
+
+def imports_of(package: str) -> dict[str, set[str]]:
+    """module file -> top-level names of everything it imports (absolute imports only)."""
+    found: dict[str, set[str]] = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module)
+        found[str(path.relative_to(ROOT))] = names
+    return found
+
+
+def offenders(package: str, allowed: tuple[str, ...]) -> dict[str, list[str]]:
+    bad = {}
+    for module, names in imports_of(package).items():
+        wrong = sorted(n for n in names if n.split(".")[0] in PROJECT and not n.startswith(allowed))
+        if wrong:
+            bad[module] = wrong
+    return bad
+
+
+def test_the_pure_core_imports_only_stdlib_numpy_and_itself() -> None:
+    def allowed(name: str) -> bool:
+        top = name.split(".")[0]
+        return top in sys.stdlib_module_names or top == "numpy" or name.startswith("agents.policy")
+
+    bad = {m: sorted(n for n in names if not allowed(n)) for m, names in imports_of("agents/policy").items()}
+    assert {m: names for m, names in bad.items() if names} == {}
+
+
+@pytest.mark.parametrize(
+    ("package", "allowed"),
+    [
+        ("schemas", ("schemas",)),
+        ("agents", ("agents", "schemas")),
+        ("streams", ("streams", "agents", "schemas")),
+        ("sim", ("sim", "agents.policy", "schemas")),
+        ("infra", ("infra", "agents", "streams", "schemas", "sim")),
+    ],
+)
+def test_layers_import_only_inward(package: str, allowed: tuple[str, ...]) -> None:
+    assert offenders(package, allowed) == {}
