@@ -116,8 +116,6 @@ class RoutingService:
             request = state.requests[key] if outcome.action == "queue" else state.requests.pop(key)
             common = self._common(request, outcome)
             if outcome.action == "queue":
-                if not outcome.first_hold:
-                    continue
                 admission = AdmissionDecision(
                     **common, action="queue", reason=outcome.reason, queue_pool=outcome.pool
                 )

@@ -14,7 +14,7 @@ a statement about the shipped code. It owns the queue pools:
 
 Each offer returns one ``Outcome`` per request that was settled (admitted and placed, or
 rejected), plus one for a request held for the first time; a request that stays held on a
-re-offer yields nothing new (``first_hold`` tells callers which holds to report).
+re-offer yields nothing new, so callers report each hold once.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agents.policy.stages import AdmissionStage, DcSelectionStage, InstanceSelectionStage
-from agents.policy.types import BlocksChanged, BoolArray, ClusterView, Observation, Outcome, RequestView
+from agents.policy.types import BlocksChanged, ClusterView, DcChoice, Observation, Outcome, RequestView
 
 NO_CAPACITY_POOL = "no_capacity"
 
@@ -33,6 +33,15 @@ class _Held:
     request: RequestView
     pool: str
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Admitted:
+    """A request admission let through, with the DC selection's candidates for it."""
+
+    request: RequestView
+    choice: DcChoice
+    reason: str  # admission's
 
 
 class Scheduler:
@@ -62,14 +71,14 @@ class Scheduler:
 
     def submit(self, requests: Sequence[RequestView], view: ClusterView, now_s: float) -> list[Outcome]:
         """Decide new arrivals on ``view`` (see the module docstring for what is returned)."""
-        return self._offer(list(requests), view, now_s, first=True)
+        return self._offer(list(requests), view, now_s)
 
     def tick(self, view: ClusterView, now_s: float) -> list[Outcome]:
         """Offer the held requests again if ``view`` is a snapshot they have not been offered on."""
         if not self._held or view.version == self._offered_version:
             return []
         held = [h.request for h in self._held.values()]
-        return self._offer(held, view, now_s, first=False)
+        return self._offer(held, view, now_s)
 
     def withdraw(self, request_id: str, attempt: int) -> bool:
         """Drop a held request (its client gave up); False if it was not held."""
@@ -93,57 +102,68 @@ class Scheduler:
 
     # --- the pipeline ---------------------------------------------------------------------------
 
-    def _offer(
-        self, requests: list[RequestView], view: ClusterView, now_s: float, first: bool
-    ) -> list[Outcome]:
+    def _offer(self, requests: list[RequestView], view: ClusterView, now_s: float) -> list[Outcome]:
         self._offered_version = view.version
+        outcomes, admitted = self._admit(requests, view, now_s)
+        if admitted:
+            outcomes += self._place(admitted, view, now_s)
+        return outcomes
+
+    def _admit(
+        self, requests: list[RequestView], view: ClusterView, now_s: float
+    ) -> tuple[list[Outcome], list[_Admitted]]:
+        """Admission, then DC selection: outcomes of the requests rejected or newly held, and the
+        requests to place with their candidates."""
         outcomes: list[Outcome] = []
-        placeable: list[RequestView] = []
-        masks: list[BoolArray] = []
-        dcs: list[str] = []
-        reasons: list[str] = []
-        for request, admission in zip(requests, self.admission.admit(requests, view, now_s), strict=True):
-            if admission.action == "reject":
+        admitted: list[_Admitted] = []
+        for request, answer in zip(requests, self.admission.admit(requests, view, now_s), strict=True):
+            if answer.action == "reject":
                 self._held.pop(request.key, None)
-                reason = admission.reason
-                outcomes.append(
-                    Outcome(request, "reject", reason, reason, predicted_ttft_s=admission.predicted_ttft_s)
-                )
-                continue
-            if admission.action == "queue":
-                outcomes += self._hold(request, admission.pool or "default", admission.reason, first)
-                continue
-            choice = self.dc_selection.select(request, view, now_s)
-            if not choice.candidates.any():
-                outcomes += self._hold(request, NO_CAPACITY_POOL, choice.reason, first)
-                continue
-            placeable.append(request)
-            masks.append(choice.candidates)
-            dcs.append(choice.dc)
-            reasons.append(admission.reason)
-        if placeable:
-            placements = self.instance_selection.place(placeable, masks, view, now_s)
-            for request, placement, dc, admitted in zip(placeable, placements, dcs, reasons, strict=True):
-                self._held.pop(request.key, None)
-                row = placement.instance
                 outcomes.append(
                     Outcome(
                         request,
-                        "admit",
-                        placement.reason,
-                        admitted,
-                        dc=dc or str(view.dc[row]),
-                        instance=row,
-                        instance_id=view.instance_ids[row],
-                        predicted_ttft_s=placement.predicted_ttft_s,
+                        "reject",
+                        answer.reason,
+                        answer.reason,
+                        predicted_ttft_s=answer.predicted_ttft_s,
                     )
                 )
+            elif answer.action == "queue":
+                outcomes += self._hold(request, answer.pool or "default", answer.reason)
+            else:
+                choice = self.dc_selection.select(request, view, now_s)
+                if choice.candidates.any():
+                    admitted.append(_Admitted(request, choice, answer.reason))
+                else:
+                    outcomes += self._hold(request, NO_CAPACITY_POOL, choice.reason)
+        return outcomes, admitted
+
+    def _place(self, admitted: list[_Admitted], view: ClusterView, now_s: float) -> list[Outcome]:
+        """Instance selection for the admitted requests, as one batch."""
+        requests = [a.request for a in admitted]
+        placements = self.instance_selection.place(
+            requests, [a.choice.candidates for a in admitted], view, now_s
+        )
+        outcomes = []
+        for entry, placement in zip(admitted, placements, strict=True):
+            self._held.pop(entry.request.key, None)
+            row = placement.instance
+            outcomes.append(
+                Outcome(
+                    entry.request,
+                    "admit",
+                    placement.reason,
+                    entry.reason,
+                    dc=entry.choice.dc or str(view.dc[row]),
+                    instance=row,
+                    instance_id=view.instance_ids[row],
+                    predicted_ttft_s=placement.predicted_ttft_s,
+                )
+            )
         return outcomes
 
-    def _hold(self, request: RequestView, pool: str, reason: str, first: bool) -> list[Outcome]:
+    def _hold(self, request: RequestView, pool: str, reason: str) -> list[Outcome]:
         """Keep ``request`` in ``pool``; an outcome only the first time it is held."""
         was_held = request.key in self._held
         self._held[request.key] = _Held(request, pool, reason)
-        if was_held and not first:
-            return []
-        return [Outcome(request, "queue", reason, reason, pool=pool, first_hold=not was_held)]
+        return [] if was_held else [Outcome(request, "queue", reason, reason, pool=pool)]

@@ -163,8 +163,7 @@ class Outcome:
     first time it is held).
 
     ``action`` ``admit`` comes with the ``dc``, the view row ``instance`` and ``instance_id`` it
-    runs on; ``queue`` says which ``pool`` holds it (``first_hold`` is False when an already-held
-    request stays held, so callers report a hold once); ``reject`` ends it. ``reason`` and
+    runs on; ``queue`` (only when first held) says which ``pool`` holds it; ``reject`` ends it. ``reason`` and
     ``predicted_ttft_s`` are from the stage that settled it (``admission_reason`` from admission).
     """
 
@@ -177,7 +176,6 @@ class Outcome:
     instance: int = -1
     instance_id: str = ""
     predicted_ttft_s: float | None = None
-    first_hold: bool = True
 
 
 def empty_view(version: int = 0) -> ClusterView:

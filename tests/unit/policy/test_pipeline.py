@@ -22,7 +22,7 @@ def scheduler(admission: object | None = None) -> Scheduler:
 def test_a_request_without_capacity_is_held_once_and_routed_on_the_next_snapshot() -> None:
     s = scheduler()
     (held,) = s.submit([req("a")], empty_view(), 0.0)
-    assert (held.action, held.pool, held.first_hold) == ("queue", NO_CAPACITY_POOL, True)
+    assert (held.action, held.pool) == ("queue", NO_CAPACITY_POOL)
     assert s.held() == {NO_CAPACITY_POOL: 1}
     assert s.tick(empty_view(), 0.1) == []  # same snapshot version: not offered again
     still_empty = empty_view(version=7)
