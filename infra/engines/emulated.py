@@ -7,37 +7,28 @@ events are emulated seconds (see ``sim.loop.live``).
 
 from __future__ import annotations
 
-from agents.policy.common.slo import SloClass
 from infra.engines.port import Endpoint, EngineError, EngineEvent
 from schemas.events import Heartbeat, RoutingDecision
-from sim.engine.fleet import FleetSpec, parse_fleet
+from sim.engine.fleet import parse_fleet
 from sim.loop.live import LiveFleet
 
 
 class EmulatedEngines:
-    """``EnginePort`` for the instances of ``fleet``, run ``speed`` times faster than the clock.
+    """``EnginePort`` over a ``LiveFleet`` (its instances run ``speed`` times faster than the
+    clock, emulated time 0 at its ``start_wall``)."""
 
-    ``start_wall``: the wall time emulated time 0 maps to (default: the first call's ``now_wall``).
-    """
-
-    def __init__(
-        self,
-        fleet: FleetSpec,
-        speed: float = 1.0,
-        start_wall: float | None = None,
-        slo_classes: dict[str, SloClass] | None = None,
-    ) -> None:
-        self._fleet = LiveFleet(fleet, speed, start_wall, slo_classes)
+    def __init__(self, fleet: LiveFleet) -> None:
+        self._fleet = fleet
         self._endpoints = tuple(
             Endpoint(spec.instance_id, spec.dc, spec.model, spec.version, spec.profile.name)
-            for spec in fleet.instances
+            for spec in fleet.fleet.instances
         )
         self._closed = False
 
     @classmethod
     def from_spec(cls, spec: str, speed: float = 1.0, start_wall: float | None = None) -> EmulatedEngines:
         """From a fleet spec (``sim.engine.fleet.parse_fleet``; ``ValueError`` if invalid)."""
-        return cls(parse_fleet(spec), speed, start_wall)
+        return cls(LiveFleet(parse_fleet(spec), speed, start_wall))
 
     @property
     def endpoints(self) -> tuple[Endpoint, ...]:

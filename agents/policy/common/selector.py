@@ -44,12 +44,20 @@ class InstanceSelector:
         view: ClusterView,
         now_s: float,
     ) -> list[Placement]:
+        self.start_batch(requests)
         placements = []
         for request, mask in zip(requests, candidates, strict=True):
             placement = self.pick(request, view, mask, now_s)
             self.in_flight.add(request, view.instance_ids[placement.instance], now_s)
             self.on_routed(request, view, placement.instance)
             placements.append(placement)
+        return self.finish_batch(requests, placements)
+
+    def start_batch(self, requests: Sequence[RequestView]) -> None:
+        """Hook before a batch is placed."""
+
+    def finish_batch(self, requests: Sequence[RequestView], placements: list[Placement]) -> list[Placement]:
+        """Hook after a batch was placed: may revise the placements' predictions."""
         return placements
 
     def on_routed(self, request: RequestView, view: ClusterView, row: int) -> None:

@@ -199,28 +199,20 @@ class TokenPilot(InstanceSelector):
 
     # --- deciding -----------------------------------------------------------------------------
 
-    def place(
-        self,
-        requests: Sequence[RequestView],
-        candidates: Sequence[BoolArray],
-        view: ClusterView,
-        now_s: float,
-    ) -> list[Placement]:
-        """Place in order; then raise the prediction of a request of this batch whose first
-        prefill step a later request of the batch joins (chunked prefill runs them together, so
-        its first token also waits for the joining chunk): a burst is known as a whole."""
-        self._revised, self._batch_keys = {}, {(r.request_id, r.attempt) for r in requests}
-        placements = super().place(requests, candidates, view, now_s)
-        if self._revised:
-            revised = self._revised
-            placements = [
-                replace(p, predicted_ttft_s=p.predicted_ttft_s + revised[r.key])
-                if p.predicted_ttft_s is not None and r.key in revised
-                else p
-                for r, p in zip(requests, placements, strict=True)
-            ]
-        self._revised, self._batch_keys = {}, set()
-        return placements
+    def start_batch(self, requests: Sequence[RequestView]) -> None:
+        self._revised, self._batch_keys = {}, {r.key for r in requests}
+
+    def finish_batch(self, requests: Sequence[RequestView], placements: list[Placement]) -> list[Placement]:
+        """Raise the prediction of a request of this batch whose first prefill step a later
+        request of the batch joins (chunked prefill runs them together, so its first token also
+        waits for the joining chunk): a burst is known as a whole."""
+        revised, self._revised, self._batch_keys = self._revised, {}, set()
+        return [
+            replace(p, predicted_ttft_s=p.predicted_ttft_s + revised[r.key])
+            if p.predicted_ttft_s is not None and r.key in revised
+            else p
+            for r, p in zip(requests, placements, strict=True)
+        ]
 
     def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Placement:
         self.index.size_like(view)
