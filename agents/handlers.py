@@ -4,11 +4,19 @@ One class with a plain async method per input topic, so the whole streaming beha
 unit-testable with fakes; ``streams/binding.py`` attaches the methods to the Faust app. Every
 input that cannot be decoded goes to ``tf.dlq`` with its original bytes and the reason, and the
 handler goes on with the next message.
+
+Requests are read at least once and decided exactly once: the request lane passes each
+message's (partition, offset) ``Position``; ``commit_floor`` says, per partition, the oldest
+position of a request still held, which the lane must not commit past (so a restart reads a held
+request again and it is not lost); and after a restart or a rebalance the lane replays the
+pool's recent ``tf.admission`` decisions into ``on_replayed_admissions`` first, so a request
+decided before, and read again, is not decided twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Sequence
@@ -19,9 +27,22 @@ from agents.ports import FeedbackStore, InstanceState, Publisher, Telemetry
 from agents.routing import Routed, RoutingService
 from schemas import topics
 from schemas.codec import DecodeError, RawMessage, dead_letter, decode
-from schemas.events import BatchJob, Completion, Event, Heartbeat, InferenceRequest, KvEvent, ResponseStarted
+from schemas.events import (
+    AdmissionDecision,
+    BatchJob,
+    Completion,
+    Event,
+    Heartbeat,
+    InferenceRequest,
+    KvEvent,
+    ResponseStarted,
+)
 
 E = TypeVar("E", bound=Event)
+Position = tuple[int, int]
+"""(partition, offset) of a message in ``tf.requests``."""
+_Key = tuple[str, str, int]  # (pool, request id, attempt)
+log = logging.getLogger(__name__)
 
 
 class SchedulerAgents:
@@ -38,19 +59,33 @@ class SchedulerAgents:
         self.publisher = publisher
         self.store = store
         self.telemetry = telemetry
+        self._position_of: dict[_Key, Position] = {}  # arrived in the batch being handled
+        self._held_at: dict[_Key, Position] = {}  # held requests: where the lane read them
 
     # --- handlers, one per input topic --------------------------------------------------------
 
-    async def on_requests(self, messages: Sequence[RawMessage]) -> Awaitable[object]:
-        """Route one batch of raw request messages (the request lane calls this); returns the
-        delivery of its decisions, which the lane awaits before committing the batch."""
+    async def on_requests(
+        self, messages: Sequence[RawMessage], positions: Sequence[Position] = ()
+    ) -> Awaitable[object]:
+        """Route one batch of raw request messages (the request lane calls this, with each
+        message's position); returns the delivery of its decisions, which the lane awaits
+        before committing the batch."""
         arrived = time.perf_counter()
-        requests = await self._decoded(InferenceRequest, topics.REQUESTS, messages)
+        where = dict(zip((id(m) for m in messages), positions, strict=False))
+        decoded = await self._decode_all(InferenceRequest, topics.REQUESTS, messages)
+        for request, message in decoded:
+            position = where.get(id(message))
+            if position is not None:
+                self._position_of[(request.model, request.request_id, request.attempt)] = position
+        requests = [request for request, _ in decoded]
         routed: list[Routed] = []
+        failed: list[tuple[RawMessage, str]] = []
         now = time.time()
-        for pool, group in _by_pool(requests).items():
-            routed += self.service.route(pool, group, self.state.view(pool), now)
+        for pool, group in _by_pool(decoded).items():
+            routed += self._route(pool, group, now, failed)
             self.telemetry.queue_depth(pool, self.service.held(pool))
+        await self._dead_letter(topics.REQUESTS, failed)
+        self._track(routed, [request for request, _ in decoded])
         delivered = await self._send(routed)
         self.telemetry.decided_batch(self.service.policy_name, routed, time.perf_counter() - arrived)
         if self.store is not None:
@@ -76,11 +111,51 @@ class SchedulerAgents:
                     routed += self.service.tick(pool, view, now)
                     self.telemetry.queue_depth(pool, self.service.held(pool))
         if routed:
+            self._track(routed)
             delivered = await self._send(routed)
             self.telemetry.decided_batch(self.service.policy_name, routed, time.perf_counter() - arrived)
             await delivered
             if self.store is not None:
                 await self._store(routed)
+
+    async def on_timer(self) -> None:
+        """Every second or so: reject what was held too long, in every pool (also the pools
+        no instance ever reports for, which no heartbeat would wake up)."""
+        routed = self.service.expire(time.time())
+        if routed:
+            self._track(routed)
+            for pool in {r.request.model for r in routed}:
+                self.telemetry.queue_depth(pool, self.service.held(pool))
+            await (await self._send(routed))
+            self.telemetry.decided_batch(self.service.policy_name, routed, 0.0)
+            if self.store is not None:
+                await self._store(routed)
+
+    async def on_replayed_admissions(self, messages: Sequence[RawMessage]) -> None:
+        """Decisions this scheduler sent before (read back from ``tf.admission`` by the lane
+        after it was assigned partitions): the requests they settled are not decided again."""
+        for _, value in messages:
+            try:
+                answer = decode(AdmissionDecision, value)
+            except DecodeError:
+                continue  # not ours to judge: the topic's writers are schedulers
+            if answer.action != "queue":
+                self.service.remember_decided(answer.model, answer.request_id, answer.attempt)
+
+    def on_partitions_revoked(self, partitions: set[int]) -> None:
+        """The worker gives up ``partitions`` of ``tf.requests``: drop the requests it holds from
+        them (their offsets were not committed: the partitions' new owner reads them again)."""
+        for key, (partition, _) in list(self._held_at.items()):
+            if partition in partitions:
+                self.service.withdraw(*key)
+                del self._held_at[key]
+
+    def commit_floor(self) -> dict[int, int]:
+        """Per partition of ``tf.requests``, the oldest offset of a request still held."""
+        floor: dict[int, int] = {}
+        for partition, offset in self._held_at.values():
+            floor[partition] = min(offset, floor.get(partition, offset))
+        return floor
 
     async def on_kv_events(self, messages: Sequence[RawMessage]) -> None:
         for event in await self._decoded(KvEvent, topics.KV_EVENTS, messages):
@@ -103,20 +178,71 @@ class SchedulerAgents:
 
     # --- helpers ------------------------------------------------------------------------------
 
+    def _track(self, routed: Sequence[Routed], arrived: Sequence[InferenceRequest] = ()) -> None:
+        """Remember where each newly held request was read, forget the settled ones."""
+        for r in routed:
+            key = (r.request.model, r.request.request_id, r.request.attempt)
+            if r.admission.action == "queue":
+                position = self._position_of.get(key)
+                if position is not None:
+                    self._held_at[key] = position
+            else:
+                self._held_at.pop(key, None)
+        for request in arrived:  # positions are needed only until the request's first answer
+            self._position_of.pop((request.model, request.request_id, request.attempt), None)
+
     async def _decoded(
         self, kind: type[E], spec: topics.TopicSpec, messages: Sequence[RawMessage]
     ) -> list[E]:
         """Decode a batch; dead-letter (and wait for the broker to have) what does not decode."""
+        return [event for event, _ in await self._decode_all(kind, spec, messages)]
+
+    async def _decode_all(
+        self, kind: type[E], spec: topics.TopicSpec, messages: Sequence[RawMessage]
+    ) -> list[tuple[E, RawMessage]]:
+        """``_decoded``, each event with the raw message it came from."""
         good, dead = [], []
-        for key, value in messages:
+        for message in messages:
             try:
-                good.append(decode(kind, value))
+                good.append((decode(kind, message[1]), message))
             except DecodeError as exc:
-                dead.append(dead_letter(spec.name, value, key, exc.reason))
-                self.telemetry.dead_lettered(spec.name)
-        if dead:
-            await (await self.publisher.send(topics.DLQ, dead))
+                dead.append((message, exc.reason))
+        await self._dead_letter(spec, dead)
         return good
+
+    async def _dead_letter(self, spec: topics.TopicSpec, dead: Sequence[tuple[RawMessage, str]]) -> None:
+        """Send each (message, reason) to ``tf.dlq`` and wait until the broker has them."""
+        if not dead:
+            return
+        letters = [dead_letter(spec.name, value, key, reason) for (key, value), reason in dead]
+        for _ in letters:
+            self.telemetry.dead_lettered(spec.name)
+        await (await self.publisher.send(topics.DLQ, letters))
+
+    def _route(
+        self,
+        pool: str,
+        group: list[tuple[InferenceRequest, RawMessage]],
+        now: float,
+        failed: list[tuple[RawMessage, str]],
+    ) -> list[Routed]:
+        """Route a pool's requests as one batch; if that fails, one by one, so only a request that
+        cannot be scheduled fails (dead-lettered with the error), never its whole batch."""
+        view = self.state.view(pool)
+        try:
+            return self.service.route(pool, [request for request, _ in group], view, now)
+        except Exception:
+            log.exception(
+                "a batch of %d requests of pool %.64r failed; routing them one by one", len(group), pool
+            )
+        routed = []
+        for request, raw in group:
+            try:
+                routed += self.service.route(pool, [request], view, now)
+            except Exception as exc:
+                log.exception("request %.256r could not be scheduled", request.request_id)
+                failed.append((raw, f"not schedulable: {exc!r}"[:1024]))
+        return routed
 
     async def _send(self, routed: Sequence[Routed]) -> Awaitable[object]:
         admissions = [r.admission for r in routed]
@@ -132,8 +258,10 @@ class SchedulerAgents:
         await self.store.routings([r.routing for r in routed if r.routing is not None])
 
 
-def _by_pool(requests: Sequence[InferenceRequest]) -> dict[str, list[InferenceRequest]]:
-    pools: dict[str, list[InferenceRequest]] = defaultdict(list)
-    for request in requests:
-        pools[request.model].append(request)
+def _by_pool(
+    decoded: Sequence[tuple[InferenceRequest, RawMessage]],
+) -> dict[str, list[tuple[InferenceRequest, RawMessage]]]:
+    pools: dict[str, list[tuple[InferenceRequest, RawMessage]]] = defaultdict(list)
+    for request, raw in decoded:
+        pools[request.model].append((request, raw))
     return pools

@@ -4,18 +4,25 @@ Knows nothing of Kafka or Faust. One ``Scheduler`` per model pool, so a pool's s
 (queue pools, in-flight accounting, prefix index, predictor) lives with the worker that owns
 the pool's partition. It drives the scheduler exactly as the simulator does: ``route`` offers
 new requests, ``tick`` offers held ones again on a new snapshot (called on every heartbeat that
-changes the pool's view), ``observe_*`` forwards what a proxying router sees.
+changes the pool's view), ``expire`` rejects what was held too long (called on a timer, so a
+pool nobody serves still answers), ``observe_*`` forwards what a proxying router sees.
+
+Once per request attempt: a request already held, or already decided in the last
+``remembered`` decisions of its pool, is a redelivery (the bus delivers at least once, and the
+request lane re-reads a batch it could not finish) and is skipped. With ``known_pools`` set, a
+request for any other model is rejected at once (reason ``unknown_model``), never held.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from agents.convert import blocks_changed, finished, first_token, request_view
 from agents.policy import Scheduler, build_scheduler
+from agents.policy.pipeline import HoldLimits
 from agents.policy.registry import StageParams
 from agents.policy.types import ClusterView, Outcome, empty_view
 from schemas.events import (
@@ -41,17 +48,32 @@ class Routed:
 class _Pool:
     scheduler: Scheduler
     requests: dict[tuple[str, int], InferenceRequest] = field(default_factory=dict)  # offered, unsettled
+    decided: dict[tuple[str, int], None] = field(default_factory=dict)  # settled, oldest first
 
 
 class RoutingService:
     def __init__(
-        self, policy: str, seed: int = 0, params: StageParams | None = None, worker: str = ""
+        self,
+        policy: str,
+        seed: int = 0,
+        params: StageParams | None = None,
+        worker: str = "",
+        hold: HoldLimits | None = None,
+        known_pools: Collection[str] = (),
+        remembered: int = 100_000,
+        make_scheduler: Callable[[], Scheduler] | None = None,
     ) -> None:
+        """``make_scheduler`` builds each pool's scheduler (default: ``policy`` from the registry,
+        with ``params`` and ``hold``); tests inject their own stages through it."""
         build_scheduler(policy, seed, params)  # fail fast on an unknown name or parameter
+        self.make_scheduler = make_scheduler or (lambda: build_scheduler(policy, seed, params, hold))
         self.policy_name = policy
         self.seed = seed
         self.params = params
         self.worker = worker
+        self.hold = hold
+        self.known_pools = frozenset(known_pools)
+        self.remembered = remembered
         self._pools: dict[str, _Pool] = {}
 
     def scheduler_for(self, pool: str) -> Scheduler:
@@ -64,16 +86,24 @@ class RoutingService:
 
         A request whose (id, attempt) is already held here, or comes twice in one batch, is a
         redelivery: it is skipped, so a held request is decided once."""
+        if self.known_pools and pool not in self.known_pools:
+            return [self._unknown(request) for request in requests]
         state = self._pool(pool)
         views = []
         for request in requests:
             seen = request_view(request)
-            if seen.key in state.requests:
+            if seen.key in state.requests or seen.key in state.decided:
                 continue
             state.requests[seen.key] = request
             views.append(seen)
         started = time.perf_counter()
-        outcomes = state.scheduler.submit(views, view if view is not None else empty_view(), now)
+        try:
+            outcomes = state.scheduler.submit(views, view if view is not None else empty_view(), now)
+        except Exception:
+            for seen in views:  # not decided: a caller may offer them again, one by one
+                if not state.scheduler.holds(seen.key):
+                    state.requests.pop(seen.key, None)
+            raise
         return self._events(state, outcomes, (time.perf_counter() - started) / max(len(views), 1))
 
     def tick(self, pool: str, view: ClusterView, now: float) -> list[Routed]:
@@ -85,6 +115,29 @@ class RoutingService:
         started = time.perf_counter()
         outcomes = state.scheduler.tick(view, now)
         return self._events(state, outcomes, (time.perf_counter() - started) / max(len(outcomes), 1))
+
+    def withdraw(self, pool: str, request_id: str, attempt: int) -> bool:
+        """Stop holding a request (another worker takes it over); False if it was not held."""
+        state = self._pools.get(pool)
+        if state is None or not state.scheduler.withdraw(request_id, attempt):
+            return False
+        state.requests.pop((request_id, attempt), None)
+        return True
+
+    def remember_decided(self, pool: str, request_id: str, attempt: int) -> None:
+        """A decision for this request attempt went out before (e.g. from before a restart)."""
+        if not self.known_pools or pool in self.known_pools:
+            self._decided(self._pool(pool), (request_id, attempt))
+
+    def expire(self, now: float) -> list[Routed]:
+        """Reject, in every pool, the requests held longer than the hold timeout."""
+        routed = []
+        for state in self._pools.values():
+            routed += self._events(state, state.scheduler.expire(now), 0.0)
+        return routed
+
+    def pools(self) -> list[str]:
+        return list(self._pools)
 
     def held(self, pool: str) -> int:
         state = self._pools.get(pool)
@@ -106,15 +159,33 @@ class RoutingService:
     def _pool(self, pool: str) -> _Pool:
         state = self._pools.get(pool)
         if state is None:
-            state = self._pools[pool] = _Pool(build_scheduler(self.policy_name, self.seed, self.params))
+            state = self._pools[pool] = _Pool(self.make_scheduler())
         return state
+
+    def _unknown(self, request: InferenceRequest) -> Routed:
+        known = ", ".join(sorted(self.known_pools))
+        admission = AdmissionDecision(
+            **self._common(request, request_view(request).slo_class),
+            action="reject",
+            reason=f"unknown_model: {request.model[:64]!r} is not served here (pools: {known})"[:1024],
+        )
+        return Routed(request, admission, None)
+
+    def _decided(self, state: _Pool, key: tuple[str, int]) -> None:
+        state.decided[key] = None
+        if len(state.decided) > self.remembered:
+            del state.decided[next(iter(state.decided))]  # the oldest decision
 
     def _events(self, state: _Pool, outcomes: list[Outcome], latency_s: float) -> list[Routed]:
         routed = []
         for outcome in outcomes:
             key = outcome.request.key
-            request = state.requests[key] if outcome.action == "queue" else state.requests.pop(key)
-            common = self._common(request, outcome)
+            if outcome.action == "queue":
+                request = state.requests[key]
+            else:
+                request = state.requests.pop(key)
+                self._decided(state, key)
+            common = self._common(request, outcome.request.slo_class)
             if outcome.action == "queue":
                 admission = AdmissionDecision(
                     **common, action="queue", reason=outcome.reason, queue_pool=outcome.pool
@@ -143,12 +214,12 @@ class RoutingService:
             routed.append(Routed(request, admission, routing))
         return routed
 
-    def _common(self, request: InferenceRequest, outcome: Outcome) -> dict[str, Any]:
+    def _common(self, request: InferenceRequest, slo_class: str) -> dict[str, Any]:
         return {
             "request_id": request.request_id,
             "attempt": request.attempt,
             "tenant": request.tenant,
             "model": request.model,
-            "slo_class": outcome.request.slo_class,
+            "slo_class": slo_class,
             "policy": self.policy_name,
         }

@@ -21,6 +21,7 @@ from typing import Any
 import faust
 
 from agents.handlers import SchedulerAgents
+from agents.policy.pipeline import HoldLimits
 from agents.policy.types import DcView
 from agents.routing import RoutingService
 from infra import metrics
@@ -68,9 +69,13 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
         heartbeat_interval_s=settings.broker_heartbeat_interval_s,
         fetch_max_wait_ms=settings.consumer_fetch_max_wait_ms,
     )
-    store = ClickHouseFeedback(settings.clickhouse_url, settings.slo()) if feedback else None
+    store = ClickHouseFeedback.from_settings(settings) if feedback else None
     service = RoutingService(
-        settings.policy, params=settings.policy_params, worker=f"{socket.gethostname()}:{os.getpid()}"
+        settings.policy,
+        params=settings.policy_params,
+        worker=f"{socket.gethostname()}:{os.getpid()}",
+        hold=HoldLimits(settings.hold_max_per_pool, settings.hold_timeout_s),
+        known_pools=settings.pools,
     )
     cache = SnapshotCache(dc_view(settings))
     lane = RequestLane(
@@ -78,7 +83,10 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
         topics.REQUESTS.name,
         follows_topic=topics.HEARTBEATS.name,
         group_id=f"{settings.app_id}-requests",
-        handler=lambda messages: agents.on_requests(messages),
+        handler=lambda messages, positions: agents.on_requests(messages, positions),
+        commit_floor=lambda: agents.commit_floor(),
+        replay_topic=topics.ADMISSION.name,
+        on_replay=lambda messages: agents.on_replayed_admissions(messages),
         fetch_max_wait_ms=settings.request_fetch_max_wait_ms,
         max_batch=settings.request_batch_max,
     )
@@ -87,7 +95,7 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
         TableState(channels.instance_state, cache),
         LanePublisher(app, lane),
         store,
-        metrics.PrometheusTelemetry(),
+        metrics.PrometheusTelemetry(settings.pools),
     )
     bind(app, channels, agents, lane, cache, settings.event_batch_size, settings.event_batch_window_s)
 

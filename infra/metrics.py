@@ -8,7 +8,7 @@ process never collide on names. Expose it with ``render()`` (mount at ``/metrics
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -76,6 +76,38 @@ feedback_rows_total = Counter(
     namespace=NAMESPACE,
     registry=REGISTRY,
 )
+feedback_buffer_rows = Gauge(
+    "feedback_buffer_rows",
+    "Feedback rows in the worker's memory buffer, waiting for the ClickHouse writer.",
+    namespace=NAMESPACE,
+    registry=REGISTRY,
+)
+feedback_spooled_rows = Gauge(
+    "feedback_spooled_rows",
+    "Feedback rows waiting in the local disk spool (ClickHouse down or slow), to be drained.",
+    namespace=NAMESPACE,
+    registry=REGISTRY,
+)
+feedback_store_up = Gauge(
+    "feedback_store_up",
+    "1 while the ClickHouse feedback store is connected and accepting writes, else 0.",
+    namespace=NAMESPACE,
+    registry=REGISTRY,
+)
+feedback_rejected_rows_total = Counter(
+    "feedback_rejected_rows",
+    "Feedback rows ClickHouse refused for good (malformed), quarantined to the spool's rejected files.",
+    ["table"],
+    namespace=NAMESPACE,
+    registry=REGISTRY,
+)
+feedback_dropped_rows_total = Counter(
+    "feedback_dropped_rows",
+    "Feedback rows lost: the memory buffer or the disk spool was full, or the disk failed.",
+    ["table", "reason"],
+    namespace=NAMESPACE,
+    registry=REGISTRY,
+)
 
 
 def render() -> bytes:
@@ -106,8 +138,32 @@ def observe_many(histogram: Histogram, value: float, count: int) -> None:
             return
 
 
+MAX_POOL_LABELS = 32
+"""Distinct ``pool`` label values when no pools are configured (then ``other``)."""
+
+
 class PrometheusTelemetry:
-    """The agents' ``Telemetry`` port, recorded in the metrics above."""
+    """The agents' ``Telemetry`` port, recorded in the metrics above.
+
+    ``pool`` labels come from the configured pools (``known_pools``), never from what a client
+    wrote: any other model is ``other``. Without configured pools, the first ``MAX_POOL_LABELS``
+    pools seen get their (64-character) name, the rest ``other``: a client cannot blow up the
+    metrics' cardinality or size."""
+
+    def __init__(self, known_pools: Collection[str] = ()) -> None:
+        self.known_pools = frozenset(known_pools)
+        self._labels: dict[str, str] = {}
+
+    def pool_label(self, pool: str) -> str:
+        label = self._labels.get(pool)
+        if label is None:
+            if self.known_pools:
+                label = pool if pool in self.known_pools else "other"
+            else:
+                label = pool[:64] if len(self._labels) < MAX_POOL_LABELS else "other"
+            if len(self._labels) < 4 * MAX_POOL_LABELS:  # the cache stays bounded too
+                self._labels[pool] = label
+        return label
 
     def decided_batch(self, policy: str, outcomes: Sequence[Routed], latency_s: float) -> None:
         """Counts per outcome once per batch; per routed request one sample of ``latency_s``
@@ -125,4 +181,4 @@ class PrometheusTelemetry:
         dlq_total.labels(topic=topic).inc()
 
     def queue_depth(self, pool: str, depth: int) -> None:
-        queue_depth.labels(pool=pool).set(depth)
+        queue_depth.labels(pool=self.pool_label(pool)).set(depth)

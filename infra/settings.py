@@ -47,6 +47,13 @@ class Settings(BaseSettings):
     policy_params: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="stage name -> its parameters, e.g. {'tokenpilot': {...}}"
     )
+    pools: list[str] = Field(
+        default_factory=list,
+        description="the model pools served; a request for another model is rejected at once. "
+        "Empty = any model (one nobody serves is held until hold_timeout_s, then rejected)",
+    )
+    hold_max_per_pool: int = Field(default=10_000, ge=1, description="requests one queue pool may hold")
+    hold_timeout_s: float = Field(default=60.0, gt=0, description="longest a request is held, seconds")
     dc_rtt_ms: dict[str, float] = Field(
         default_factory=dict, description="data centre -> round trip from the ingress, ms"
     )
@@ -63,6 +70,17 @@ class Settings(BaseSettings):
     consumer_fetch_max_wait_ms: int = Field(default=100, ge=1)
     feedback_batch_size: int = Field(default=500, ge=1)
     feedback_flush_s: float = Field(default=1.0, gt=0)
+    # The feedback store off the request path (infra/clickhouse/feedback.py): rows wait in a
+    # bounded memory buffer, and on local disk (the spool) while ClickHouse is down or slow.
+    feedback_buffer_rows: int = Field(default=50_000, ge=1, description="rows in memory, at most")
+    feedback_spool_dir: Path | None = Field(default=None, description="empty = <data_dir>/spool")
+    feedback_spool_max_bytes: int = Field(default=512 * 1024 * 1024, ge=1)
+    feedback_retry_s: float = Field(
+        default=5.0, gt=0, description="retry budget of one ClickHouse write; then its rows spool"
+    )
+    feedback_close_s: float = Field(
+        default=10.0, ge=0, description="at shutdown, time to flush to ClickHouse before spooling the rest"
+    )
     # KV events and completions are taken in batches of up to ``event_batch_size`` or whatever
     # arrived within ``event_batch_window_s``. The window also sets how often an idle agent wakes
     # up: 5 ms cost an idle worker 4 % of a core; 50 ms delays a lone KV event by at most that
@@ -75,6 +93,10 @@ class Settings(BaseSettings):
     @cached_property
     def clickhouse_url(self) -> str:
         return self.clickhouse_dsn or f"chdb:///{(self.data_dir / 'clickhouse').resolve()}"
+
+    @cached_property
+    def feedback_spool_path(self) -> Path:
+        return self.feedback_spool_dir or self.data_dir / "spool"
 
     @property
     def embedded_broker(self) -> bool:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 from typing import TypeVar
 
 from pydantic import ValidationError
 
-from schemas.events import DeadLetter, Event
+from schemas.events import MAX_DEAD_LETTER_ORIGINAL, DeadLetter, Event
 
 E = TypeVar("E", bound=Event)
 
@@ -42,10 +43,16 @@ def decode(kind: type[E], raw: bytes | None) -> E:
 
 
 def dead_letter(source_topic: str, raw: bytes | None, key: bytes | None, reason: str) -> DeadLetter:
-    """The DLQ record of an input we could not process: its original bytes and the reason."""
+    """The DLQ record of an input we could not process: its original bytes (at most
+    ``MAX_DEAD_LETTER_ORIGINAL`` of them, with the whole original's size and SHA-256) and why."""
+    original = raw or b""
+    kept = original[:MAX_DEAD_LETTER_ORIGINAL]
     return DeadLetter(
         source_topic=source_topic,
         reason=reason,
-        original_b64=base64.b64encode(raw or b"").decode(),
-        original_key_b64=None if key is None else base64.b64encode(key).decode(),
+        original_b64=base64.b64encode(kept).decode(),
+        original_key_b64=None if key is None else base64.b64encode(key[:MAX_DEAD_LETTER_ORIGINAL]).decode(),
+        original_size=len(original),
+        original_sha256=hashlib.sha256(original).hexdigest(),
+        truncated=len(kept) < len(original),
     )

@@ -4,18 +4,88 @@ Every event carries ``event_id`` (unique; sinks deduplicate on it, so a redelive
 double-counts), ``ts`` (seconds since the epoch when the event was made) and
 ``schema_version``. Unknown fields are rejected (``extra="forbid"``): a producer that sends
 something we do not understand gets its event dead-lettered with the reason, not half-read.
+
+Every field is bounded and every float finite (no NaN or infinity anywhere), with limits chosen
+to fit what the values feed (ClickHouse columns, ``datetime`` conversions, numpy int64
+arithmetic): an event either validates and can be routed, stored and summarised, or is
+rejected when it is decoded (and dead-lettered with the reason), never accepted only to break a
+later step. The limits are the constants below.
 Nothing here imports the rest of the project.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
-from typing import Literal
+from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 SCHEMA_VERSION: Literal[1] = 1
+
+# --- limits ---------------------------------------------------------------------------------------
+
+MAX_TS = 4_102_444_800.0
+"""Latest timestamp (2100-01-01 UTC): fits DateTime64(3) (to 2299) and the roll-up's DateTime (to 2106)."""
+MAX_ATTEMPT = 1_000
+"""Most attempts of one request: far beyond any retry policy; the ``attempt`` columns are UInt16."""
+MAX_TOKENS = 10_000_000
+"""Most tokens of any count: far above any model's context; the token columns are UInt32."""
+MAX_DURATION_S = 1_000_000.0
+"""Longest duration (TTFT, TPOT, E2E, decision latency, prediction): 11.6 days, no real latency."""
+MAX_COUNT = 1_000_000_000
+"""Largest heartbeat count (queue, batch, tokens, KV blocks): int64 sums over a pool cannot overflow."""
+MAX_EVENT_ID_LENGTH = 128
+"""Event ids are 32 hex characters when we make them; room for other producers' schemes."""
+MAX_NAME_LENGTH = 256
+"""Ids and names (request, tenant, model, DC, instance, profile, policy, pool, ...): keys, not text."""
+MAX_HOME_DC_LENGTH = 128
+"""``home_dc`` kept at its original limit (a DC name, well under ``MAX_NAME_LENGTH``)."""
+MAX_REASON_LENGTH = 1_024
+"""A reason is one readable line, not a payload."""
+MAX_BLOCK_HASHES = 20_000
+"""Most block hashes in one event: every full 512-token block of a ``MAX_TOKENS`` prompt (19 531),
+and small enough that a routing decision embedding the request (~0.4 MB of JSON) stays under
+the 1 MB a Kafka producer sends by default (at 100 000 it was 2.1 MB: unsendable)."""
+MIN_BLOCK_HASH, MAX_BLOCK_HASH = -(2**63), 2**63 - 1
+"""A block hash is a signed 64-bit int (what Python's ``hash`` gives; numpy int64 in the index)."""
+MAX_DEAD_LETTER_ORIGINAL = 256 * 1024
+"""Bytes of a bad input a dead letter carries: base64 of it stays far below the 1 MB a Kafka
+producer sends by default, so even a 5 MB bad message can be dead-lettered."""
+MAX_REGIONS = 64
+"""Most data centres one request may be allowed in: more than any fleet has."""
+MAX_BATCH_REQUESTS = 10_000
+"""Most requests in one batch job (one message; bigger jobs are split by the client)."""
+MAX_BATCH_DEADLINE_S = 10_000_000.0
+"""Longest batch deadline: 116 days after submission."""
+
+# --- bounded field types --------------------------------------------------------------------------
+
+Timestamp = Annotated[float, Field(ge=0, le=MAX_TS)]
+Duration = Annotated[float, Field(ge=0, le=MAX_DURATION_S)]
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Attempt = Annotated[int, Field(ge=1, le=MAX_ATTEMPT)]
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH)]
+"""A required id or name (never empty)."""
+Label = Annotated[str, Field(max_length=MAX_NAME_LENGTH)]
+"""A name that may be empty."""
+Reason = Annotated[str, Field(max_length=MAX_REASON_LENGTH)]
+BlockHash = Annotated[int, Field(ge=MIN_BLOCK_HASH, le=MAX_BLOCK_HASH)]
+BlockHashes = Annotated[tuple[BlockHash, ...], Field(max_length=MAX_BLOCK_HASHES)]
+
+
+def _saturate(value: object) -> object:
+    """A finite estimate outside [0, MAX_DURATION_S] taken at the nearest bound: a pessimistic
+    prediction (a huge queue) must not fail the decision that carries it. NaN and infinity are
+    left to be rejected."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return min(max(float(value), 0.0), MAX_DURATION_S)
+    return value
+
+
+Prediction = Annotated[float, BeforeValidator(_saturate), Field(ge=0, le=MAX_DURATION_S)]
+"""A predicted duration (saturated into range, see ``_saturate``; never NaN or infinite)."""
 
 
 def new_event_id() -> str:
@@ -26,10 +96,10 @@ def new_event_id() -> str:
 class Event(BaseModel):
     """Common header of every event."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    event_id: str = Field(default_factory=new_event_id, min_length=1, max_length=128)
-    ts: float = Field(default_factory=time.time, ge=0)
+    event_id: str = Field(default_factory=new_event_id, min_length=1, max_length=MAX_EVENT_ID_LENGTH)
+    ts: Timestamp = Field(default_factory=time.time)
     schema_version: Literal[1] = SCHEMA_VERSION
 
 
@@ -43,131 +113,166 @@ class InferenceRequest(Event):
     request entered the fleet at (empty = no preference).
     """
 
-    request_id: str = Field(min_length=1, max_length=256)
-    attempt: int = Field(default=1, ge=1)
-    tenant: str = Field(default="default", min_length=1)
-    model: str = Field(min_length=1)
-    task_type: str = "chat"
-    prompt_block_hashes: tuple[int, ...] = ()
-    input_tokens: int = Field(ge=1)
-    output_budget: int = Field(ge=1)
-    slo_class: str | None = None
-    deadline_ts: float | None = None
-    allowed_regions: tuple[str, ...] = ()
-    home_dc: str = Field(default="", max_length=128)
+    request_id: Name
+    attempt: Attempt = 1
+    tenant: Name = "default"
+    model: Name
+    task_type: Label = "chat"
+    prompt_block_hashes: BlockHashes = ()
+    input_tokens: int = Field(ge=1, le=MAX_TOKENS)
+    output_budget: int = Field(ge=1, le=MAX_TOKENS)
+    slo_class: Label | None = None
+    deadline_ts: Timestamp | None = None
+    allowed_regions: tuple[Label, ...] = Field(default=(), max_length=MAX_REGIONS)
+    home_dc: str = Field(default="", max_length=MAX_HOME_DC_LENGTH)
     true_output_tokens: int | None = Field(
         default=None,
         ge=1,
+        le=MAX_TOKENS,
         description="Emulation only: how many tokens the emulated engine will generate. "
         "Policies never read it; real clients leave it empty.",
     )
 
 
 class BatchJob(Event):
-    """An offline job: many requests sharing one deadline (seconds from submission)."""
+    """An offline job: many requests sharing one deadline (seconds from submission).
 
-    job_id: str = Field(min_length=1)
-    tenant: str = "default"
-    deadline_s: float = Field(gt=0)
-    requests: tuple[InferenceRequest, ...] = Field(min_length=1)
+    Valid only if its expansion (``agents.batch.expand_batch_job``: ids prefixed ``JOB/``, due
+    at ``ts + deadline_s``) gives valid requests, since the expansion does not validate again.
+    """
+
+    job_id: Name
+    tenant: Name = "default"
+    deadline_s: float = Field(gt=0, le=MAX_BATCH_DEADLINE_S)
+    requests: tuple[InferenceRequest, ...] = Field(min_length=1, max_length=MAX_BATCH_REQUESTS)
+
+    @model_validator(mode="after")
+    def _expands_to_valid_requests(self) -> Self:
+        if self.ts + self.deadline_s > MAX_TS:
+            raise ValueError(f"ts + deadline_s must be at most {MAX_TS:.0f} (the latest deadline_ts)")
+        prefix = f"{self.job_id}/"
+        for request in self.requests:
+            rid = request.request_id
+            if not rid.startswith(prefix) and len(prefix) + len(rid) > MAX_NAME_LENGTH:
+                raise ValueError(
+                    f"request id {rid[:40]!r}... prefixed with the job id is longer than "
+                    f"{MAX_NAME_LENGTH} characters"
+                )
+        return self
 
 
 class Heartbeat(Event):
     """An instance's state report. KV in blocks of 512 tokens."""
 
-    instance_id: str = Field(min_length=1)
-    dc: str
-    model: str
-    model_version: str
-    profile: str = ""
+    instance_id: Name
+    dc: Label
+    model: Label
+    model_version: Label
+    profile: Label = ""
     endpoint_ready: bool = True
-    waiting: int = Field(ge=0)
-    running: int = Field(ge=0)
-    tokens_in_flight: int = Field(ge=0)
-    kv_blocks_used: int = Field(ge=0)
-    kv_blocks_total: int = Field(ge=1)
+    waiting: Count
+    running: Count
+    tokens_in_flight: Count
+    kv_blocks_used: Count
+    kv_blocks_total: int = Field(ge=1, le=MAX_COUNT)
 
 
 class KvEvent(Event):
     """Blocks stored in or removed from one instance's prefix cache."""
 
-    instance_id: str = Field(min_length=1)
-    model: str
+    instance_id: Name
+    model: Label
     kind: Literal["stored", "removed"]
-    block_hashes: tuple[int, ...]
+    block_hashes: BlockHashes
 
 
 class ResponseStarted(Event):
     """The first token of one request attempt left its instance (what a proxy sees first)."""
 
-    request_id: str = Field(min_length=1)
-    attempt: int = Field(default=1, ge=1)
-    instance_id: str
-    model: str
-    ttft_s: float = Field(ge=0, description="arrival at the scheduler -> this first token")
+    request_id: Name
+    attempt: Attempt = 1
+    instance_id: Label
+    model: Label
+    ttft_s: Duration = Field(description="arrival at the scheduler -> this first token")
 
 
 class Completion(Event):
     """The end of one request attempt on an instance."""
 
-    request_id: str = Field(min_length=1)
-    attempt: int = Field(default=1, ge=1)
-    instance_id: str
-    model: str
-    tenant: str = "default"
-    slo_class: str = "interactive"
+    request_id: Name
+    attempt: Attempt = 1
+    instance_id: Label
+    model: Label
+    tenant: Label = "default"
+    slo_class: Label = "interactive"
     status: Literal["ok", "timeout", "aborted", "error"]
-    arrival_ts: float = Field(ge=0, description="when the request reached the scheduler")
-    ttft_s: float | None = Field(default=None, ge=0)
-    tpot_s: float | None = Field(default=None, ge=0)
-    e2e_s: float | None = Field(default=None, ge=0)
-    input_tokens: int = Field(ge=0)
-    cached_tokens: int = Field(default=0, ge=0)
-    output_tokens: int = Field(ge=0)
-    deadline_ts: float | None = None
+    arrival_ts: Timestamp = Field(description="when the request reached the scheduler")
+    ttft_s: Duration | None = None
+    tpot_s: Duration | None = None
+    e2e_s: Duration | None = None
+    input_tokens: int = Field(ge=0, le=MAX_TOKENS)
+    cached_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS)
+    output_tokens: int = Field(ge=0, le=MAX_TOKENS)
+    deadline_ts: Timestamp | None = None
 
 
 class AdmissionDecision(Event):
     """The admission stage's answer: admit now, hold in ``queue_pool``, or reject, with the
     reason and the predicted TTFT it was based on (if the stage predicts one)."""
 
-    request_id: str
-    attempt: int = 1
-    tenant: str = "default"
-    model: str
-    slo_class: str
+    request_id: Label
+    attempt: Attempt = 1
+    tenant: Label = "default"
+    model: Label
+    slo_class: Label
     action: Literal["admit", "queue", "reject"]
-    reason: str = ""
-    policy: str
-    queue_pool: str = ""
-    predicted_ttft_s: float | None = None
+    reason: Reason = ""
+    policy: Label
+    queue_pool: Label = ""
+    predicted_ttft_s: Prediction | None = None
 
 
 class RoutingDecision(Event):
     """Where a request runs: data centre and instance, with the prediction it was based on."""
 
-    request_id: str
-    attempt: int = 1
-    tenant: str = "default"
-    model: str
-    slo_class: str
-    dc: str
-    instance_id: str
-    policy: str
-    reason: str = ""
-    predicted_ttft_s: float | None = None
-    decision_latency_s: float = Field(ge=0, description="time the policy spent on it, seconds")
-    worker: str = Field(default="", description="the scheduler worker that decided (host:pid)")
+    request_id: Label
+    attempt: Attempt = 1
+    tenant: Label = "default"
+    model: Label
+    slo_class: Label
+    dc: Label
+    instance_id: Label
+    policy: Label
+    reason: Reason = ""
+    predicted_ttft_s: Prediction | None = None
+    decision_latency_s: Duration = Field(description="time the policy spent on it, seconds")
+    worker: Label = Field(default="", description="the scheduler worker that decided (host:pid)")
     request: InferenceRequest
 
 
 class DeadLetter(Event):
-    """An input that could not be processed: the original bytes (base64) and why."""
+    """An input that could not be processed: the original bytes (base64) and why.
 
-    source_topic: str
-    reason: str
+    ``reason`` is cut to ``MAX_REASON_LENGTH`` rather than rejected (it can quote a field name
+    the bad input chose, and a dead letter must never fail). The original is kept whole up to
+    ``MAX_DEAD_LETTER_ORIGINAL`` bytes, else its first bytes (``truncated``); ``original_size``
+    and ``original_sha256`` always describe the whole original, so it can be found and matched.
+    """
+
+    source_topic: Label
+    reason: Reason
     original_b64: str
     original_key_b64: str | None = None
+    original_size: int = Field(default=0, ge=0)
+    original_sha256: str = ""
+    truncated: bool = False
+
+    @field_validator("reason", mode="before")
+    @classmethod
+    def _cut(cls, value: object) -> object:
+        if isinstance(value, str) and len(value) > MAX_REASON_LENGTH:
+            return value[: MAX_REASON_LENGTH - 3] + "..."
+        return value
 
 
 EVENT_TYPES: tuple[type[Event], ...] = (

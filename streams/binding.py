@@ -3,7 +3,8 @@
 Heartbeats are handled one event at a time (a table write needs its event's partition); KV
 events, first tokens and completions in batches of up to ``batch_size`` or ``batch_window_s``;
 requests by the request lane (``streams/request_lane.py``), which follows Faust's assignment of
-``tf.heartbeats`` so the worker that owns a pool's state routes its requests.
+``tf.heartbeats`` so the worker that owns a pool's state routes its requests; a timer expires
+held requests every second.
 """
 
 from __future__ import annotations
@@ -74,6 +75,10 @@ def bind(
     batched(channels.first_tokens, "first-tokens", agents.on_first_tokens)
     batched(channels.completions, "feedback", agents.on_completions)
 
+    @app.timer(interval=1.0)  # type: ignore[untyped-decorator]
+    async def expire_held() -> None:
+        await agents.on_timer()
+
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]
     async def follow_assignment(sender: Any, *args: Any, **kwargs: Any) -> None:
         cache.clear()  # the recovered table is the truth for the pools now owned
@@ -81,7 +86,9 @@ def bind(
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def follow_revocation(sender: Any, *args: Any, **kwargs: Any) -> None:
-        await lane.on_revoked(args[0])  # the revoked TopicPartitions
+        revoked = args[0]  # the revoked TopicPartitions
+        await lane.on_revoked(revoked)
+        agents.on_partitions_revoked({tp.partition for tp in revoked if tp.topic == topics.HEARTBEATS.name})
 
     @app.task  # type: ignore[untyped-decorator]
     async def request_lane() -> None:

@@ -9,6 +9,16 @@ Co-location: requests, heartbeats and the instance-state table are keyed by mode
 partition p of ``tf.requests`` belongs with partition p of ``tf.heartbeats``. The lane follows
 Faust's assignment of ``tf.heartbeats``: on every rebalance it reads exactly the same partition
 numbers of ``tf.requests``, so the worker that owns a pool's state routes the pool's requests.
+
+Exactly one decision per request, over restarts and rebalances (with the handler's help):
+- a batch's offsets are committed once its decisions are delivered, but never past
+  ``commit_floor()`` (the oldest request still held, per partition), so a request held when
+  the worker stops is read again by whoever takes the partition;
+- before the first batch of a newly assigned partition is handled, the decisions sent on
+  ``replay_topic`` (``tf.admission``, same partition number: both keyed by pool) since that
+  batch's first record was written are handed to ``on_replay``, so requests decided before and
+  read again are recognised (found with ``offsets_for_times``; from the partition's start if
+  the broker cannot answer it).
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -28,8 +38,13 @@ from schemas.codec import RawMessage
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Sequence[RawMessage]], Awaitable[Awaitable[object]]]
+Position = tuple[int, int]
+"""(partition, offset) of a message."""
+Handler = Callable[[Sequence[RawMessage], Sequence[Position]], Awaitable[Awaitable[object]]]
 """Decides on a batch and sends the results; returns an awaitable that completes on delivery."""
+Replay = Callable[[Sequence[RawMessage]], Awaitable[None]]
+_REPLAY_MARGIN_MS = 5_000  # clock skew between the writers of requests and of decisions
+_REPLAY_LIMIT_S = 60.0
 
 
 class RequestLane:
@@ -44,9 +59,15 @@ class RequestLane:
         max_in_flight: int = 8,
         fetch_max_wait_ms: int = 10,
         commit_interval_s: float = 0.1,
+        commit_floor: Callable[[], Mapping[int, int]] = dict,
+        replay_topic: str | None = None,
+        on_replay: Replay | None = None,
     ) -> None:
         self.topic, self.follows_topic = topic, follows_topic
         self.handler = handler
+        self.commit_floor = commit_floor
+        self.replay_topic, self.on_replay = replay_topic, on_replay
+        self._fresh: set[int] = set()  # assigned, decisions not replayed yet
         self.max_batch = max_batch
         self.max_in_flight = max_in_flight
         self.commit_interval_s = commit_interval_s
@@ -153,6 +174,7 @@ class RequestLane:
         self._wanted = {tp.partition for tp in assigned if tp.topic == self.follows_topic}
 
     def _assign(self, partitions: set[int]) -> None:
+        self._fresh = (self._fresh & partitions) | (partitions - self._assigned)
         self._assigned = set(partitions)
         self._consumer.assign([TopicPartition(self.topic, p) for p in sorted(partitions)])
         log.info("request lane reads %s partitions %s", self.topic, sorted(partitions))
@@ -172,9 +194,12 @@ class RequestLane:
                 if self._assigned:
                     batches = await self._consumer.getmany(timeout_ms=50, max_records=self.max_batch)
                 messages = [(m.key, m.value) for records in batches.values() for m in records]
+                positions = [(m.partition, m.offset) for records in batches.values() for m in records]
+                if messages and self._fresh:
+                    await self._replay_for(batches)
                 if messages:
                     try:
-                        delivered = await self.handler(messages)
+                        delivered = await self.handler(messages, positions)
                     except Exception:
                         await self._settle(in_flight, keep=0)
                         await self._rewind(batches, len(messages))
@@ -203,11 +228,71 @@ class RequestLane:
             await self._commit()
 
     async def _commit(self) -> None:
-        """Commit the offsets of every batch delivered so far."""
+        """Commit the offsets of every batch delivered so far, but not past a held request."""
         if self._delivered:
             ends, self._delivered = self._delivered, {}
+            floor = self.commit_floor()
+            ends = {tp: min(end, floor.get(tp.partition, end)) for tp, end in ends.items()}
             self._committed_at = time.monotonic()
             await self._consumer.commit(ends)
+
+    async def _replay_for(self, batches: dict[Any, list[Any]]) -> None:
+        """Replay the decisions of the fresh partitions this fetch brought records of."""
+        fresh = {tp.partition: records[0].timestamp for tp, records in batches.items() if records}
+        fresh = {p: ts for p, ts in fresh.items() if p in self._fresh}
+        if not fresh:
+            return
+        self._fresh -= set(fresh)
+        if self.replay_topic is None or self.on_replay is None:
+            return
+        since_ms = max(0, min(fresh.values()) - _REPLAY_MARGIN_MS)
+        started = time.monotonic()
+        count = await self._replay(set(fresh), since_ms)
+        log.info(
+            "request lane: replayed %d decisions of %s partitions %s in %.2f s",
+            count, self.replay_topic, sorted(fresh), time.monotonic() - started,
+        )  # fmt: skip
+
+    async def _replay(self, partitions: set[int], since_ms: int) -> int:
+        """Hand ``on_replay`` every record of ``replay_topic`` partitions written since
+        ``since_ms`` (to their end as of now); returns how many."""
+        assert self.replay_topic is not None and self.on_replay is not None
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self._consumer_options["bootstrap_servers"],
+            enable_auto_commit=False,
+            fetch_max_wait_ms=self._consumer_options["fetch_max_wait_ms"],
+        )
+        await consumer.start()
+        try:
+            tps = [TopicPartition(self.replay_topic, p) for p in sorted(partitions)]
+            consumer.assign(tps)
+            ends = await consumer.end_offsets(tps)
+            try:
+                starts = await consumer.offsets_for_times({tp: since_ms for tp in tps})
+            except Exception:  # the broker cannot look up by time: replay the whole partition
+                log.warning("request lane: offsets_for_times unsupported; replaying from the start")
+                starts = {}
+            for tp in tps:
+                found = starts.get(tp)
+                if tp in starts and found is None:
+                    consumer.seek(tp, ends[tp])  # nothing written since: nothing to replay
+                elif found is None:
+                    consumer.seek_to_beginning(tp)
+                else:
+                    consumer.seek(tp, found.offset)
+            count, deadline = 0, time.monotonic() + _REPLAY_LIMIT_S
+            while time.monotonic() < deadline:
+                positions = [await consumer.position(tp) for tp in tps]
+                if all(at >= ends[tp] for at, tp in zip(positions, tps, strict=True)):
+                    return count
+                batch = await consumer.getmany(timeout_ms=200, max_records=10_000)
+                messages = [(m.key, m.value) for records in batch.values() for m in records]
+                count += len(messages)
+                await self.on_replay(messages)
+            log.warning("request lane: replay of %s stopped after %.0f s", self.replay_topic, _REPLAY_LIMIT_S)
+            return count
+        finally:
+            await consumer.stop()
 
     async def _rewind(self, batches: dict[Any, list[Any]], size: int) -> None:
         """Never drop a batch: seek back to its start and read it again after a pause."""

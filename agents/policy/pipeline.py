@@ -8,7 +8,11 @@ a statement about the shipped code. It owns the queue pools:
   on. A held request is therefore routed at the first snapshot that makes room for it.
 - A request is held when admission says ``queue`` (in the pool it names) or when no allowed DC
   has a ready instance of its model (pool ``no_capacity``). Pools are FIFO; a request leaves
-  its pool only by being routed, rejected, or ``withdraw``-n (its client gave up).
+  its pool by being routed, rejected, ``withdraw``-n (its client gave up) or expired.
+- Holding is bounded (``HoldLimits``): a pool that already holds ``max_per_pool`` requests
+  rejects the next one (reason ``queue_full``); a request held longer than ``timeout_s`` is
+  rejected (reason ``expired``) by ``expire(now)``, which ``tick`` calls first. No limits by
+  default (the simulator's clients give up by themselves); the service sets them.
 - ``observe(event)`` forwards first tokens, completions and (to stages that want them) KV events
   to every stage.
 
@@ -28,11 +32,20 @@ from agents.policy.types import BlocksChanged, ClusterView, DcChoice, Observatio
 NO_CAPACITY_POOL = "no_capacity"
 
 
+@dataclass(frozen=True, slots=True)
+class HoldLimits:
+    """How many requests one queue pool may hold, and for how long (seconds); None = no limit."""
+
+    max_per_pool: int | None = None
+    timeout_s: float | None = None
+
+
 @dataclass(slots=True)
 class _Held:
     request: RequestView
     pool: str
     reason: str
+    since_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,14 +66,17 @@ class Scheduler:
         admission: AdmissionStage,
         dc_selection: DcSelectionStage,
         instance_selection: InstanceSelectionStage,
+        hold: HoldLimits | None = None,
     ) -> None:
         self.name = name
+        self.hold = hold or HoldLimits()
         self.admission = admission
         self.dc_selection = dc_selection
         self.instance_selection = instance_selection
         self._stages = (admission, dc_selection, instance_selection)
         self._kv_stages = tuple(s for s in self._stages if s.wants_kv_events)
         self._held: dict[tuple[str, int], _Held] = {}  # insertion order = FIFO across pools
+        self._pool_sizes: dict[str, int] = {}
         self._offered_version = -1
 
     @property
@@ -75,21 +91,35 @@ class Scheduler:
 
     def tick(self, view: ClusterView, now_s: float) -> list[Outcome]:
         """Offer the held requests again if ``view`` is a snapshot they have not been offered on."""
+        expired = self.expire(now_s)
         if not self._held or view.version == self._offered_version:
-            return []
+            return expired
         held = [h.request for h in self._held.values()]
-        return self._offer(held, view, now_s)
+        return expired + self._offer(held, view, now_s)
+
+    def expire(self, now_s: float) -> list[Outcome]:
+        """Reject (reason ``expired``) every request held longer than ``hold.timeout_s``."""
+        timeout = self.hold.timeout_s
+        if timeout is None or not self._held:
+            return []
+        gone = [h for h in self._held.values() if now_s - h.since_s > timeout]
+        for entry in gone:
+            self._release(entry.request.key)
+        return [
+            _rejected(h.request, f"expired: held in {h.pool} over {timeout:g} s ({h.reason})") for h in gone
+        ]
 
     def withdraw(self, request_id: str, attempt: int) -> bool:
         """Drop a held request (its client gave up); False if it was not held."""
-        return self._held.pop((request_id, attempt), None) is not None
+        return self._release((request_id, attempt))
+
+    def holds(self, key: tuple[str, int]) -> bool:
+        """Whether the request attempt ``key`` (``RequestView.key``) is held."""
+        return key in self._held
 
     def held(self) -> dict[str, int]:
         """Requests held, per queue pool."""
-        counts: dict[str, int] = {}
-        for entry in self._held.values():
-            counts[entry.pool] = counts.get(entry.pool, 0) + 1
-        return counts
+        return {pool: n for pool, n in self._pool_sizes.items() if n}
 
     @property
     def held_total(self) -> int:
@@ -118,7 +148,7 @@ class Scheduler:
         admitted: list[_Admitted] = []
         for request, answer in zip(requests, self.admission.admit(requests, view, now_s), strict=True):
             if answer.action == "reject":
-                self._held.pop(request.key, None)
+                self._release(request.key)
                 outcomes.append(
                     Outcome(
                         request,
@@ -129,13 +159,13 @@ class Scheduler:
                     )
                 )
             elif answer.action == "queue":
-                outcomes += self._hold(request, answer.pool or "default", answer.reason)
+                outcomes += self._hold(request, answer.pool or "default", answer.reason, now_s)
             else:
                 choice = self.dc_selection.select(request, view, now_s)
                 if choice.candidates.any():
                     admitted.append(_Admitted(request, choice, answer.reason))
                 else:
-                    outcomes += self._hold(request, NO_CAPACITY_POOL, choice.reason)
+                    outcomes += self._hold(request, NO_CAPACITY_POOL, choice.reason, now_s)
         return outcomes, admitted
 
     def _place(self, admitted: list[_Admitted], view: ClusterView, now_s: float) -> list[Outcome]:
@@ -146,7 +176,7 @@ class Scheduler:
         )
         outcomes = []
         for entry, placement in zip(admitted, placements, strict=True):
-            self._held.pop(entry.request.key, None)
+            self._release(entry.request.key)
             row = placement.instance
             outcomes.append(
                 Outcome(
@@ -162,8 +192,31 @@ class Scheduler:
             )
         return outcomes
 
-    def _hold(self, request: RequestView, pool: str, reason: str) -> list[Outcome]:
-        """Keep ``request`` in ``pool``; an outcome only the first time it is held."""
-        was_held = request.key in self._held
-        self._held[request.key] = _Held(request, pool, reason)
-        return [] if was_held else [Outcome(request, "queue", reason, reason, pool=pool)]
+    def _hold(self, request: RequestView, pool: str, reason: str, now_s: float) -> list[Outcome]:
+        """Keep ``request`` in ``pool`` (an outcome only the first time), or reject it when the
+        pool is full."""
+        held = self._held.get(request.key)
+        if held is not None:  # stays held, keeps its place and its age
+            self._pool_sizes[held.pool] -= 1
+            self._pool_sizes[pool] = self._pool_sizes.get(pool, 0) + 1
+            held.pool, held.reason = pool, reason
+            return []
+        limit = self.hold.max_per_pool
+        if limit is not None and self._pool_sizes.get(pool, 0) >= limit:
+            return [_rejected(request, f"queue_full: {pool} holds {limit} requests ({reason})")]
+        self._held[request.key] = _Held(request, pool, reason, now_s)
+        self._pool_sizes[pool] = self._pool_sizes.get(pool, 0) + 1
+        return [Outcome(request, "queue", reason, reason, pool=pool)]
+
+    def _release(self, key: tuple[str, int]) -> bool:
+        """Take ``key`` out of its pool; False if it was not held."""
+        entry = self._held.pop(key, None)
+        if entry is None:
+            return False
+        self._pool_sizes[entry.pool] -= 1
+        return True
+
+
+def _rejected(request: RequestView, reason: str) -> Outcome:
+    """A reject decided by the scheduler itself; ``reason`` starts with its code."""
+    return Outcome(request, "reject", reason, reason)

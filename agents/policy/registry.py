@@ -21,7 +21,7 @@ from typing import Any
 from agents.policy.baselines import LeastRequest, LeastTokens, RandomChoice, RoundRobin
 from agents.policy.defaults import HomeDc, PassThrough
 from agents.policy.peers import DynamoKv, LlmdDefault, SglangCacheAware
-from agents.policy.pipeline import Scheduler
+from agents.policy.pipeline import HoldLimits, Scheduler
 from agents.policy.tokenpilot import TokenPilot
 
 StageParams = Mapping[str, Mapping[str, Any]]
@@ -83,8 +83,11 @@ def parse_policy(name: str) -> tuple[str, str, str]:
     return chosen[0] or "pass-through", chosen[1] or "home-dc", chosen[2]
 
 
-def build_scheduler(name: str, seed: int = 0, params: StageParams | None = None) -> Scheduler:
-    """A fresh ``Scheduler`` for policy ``name`` (see the module docstring)."""
+def build_scheduler(
+    name: str, seed: int = 0, params: StageParams | None = None, hold: HoldLimits | None = None
+) -> Scheduler:
+    """A fresh ``Scheduler`` for policy ``name`` (see the module docstring), holding requests
+    within ``hold``."""
     stages = parse_policy(name)
     params = dict(params or {})
     unused = sorted(set(params) - set(stages))
@@ -94,7 +97,8 @@ def build_scheduler(name: str, seed: int = 0, params: StageParams | None = None)
         _build(stage, table[stage], seed, params.get(stage, {}))
         for stage, (_, table) in zip(stages, _KINDS, strict=True)
     ]
-    return Scheduler(name, *built)
+    admission, dc_selection, instance_selection = built
+    return Scheduler(name, admission, dc_selection, instance_selection, hold=hold)
 
 
 def params_for(name: str, params: StageParams | None) -> dict[str, Mapping[str, Any]]:

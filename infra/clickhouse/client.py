@@ -64,3 +64,72 @@ def split_database(url: str) -> tuple[str, str]:
     else:
         dsn = urlunsplit((parts.scheme, parts.netloc, path, urlencode(query), ""))
     return dsn, database
+
+
+READ_ONLY_STATEMENTS = ("SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXPLAIN", "EXISTS")
+# Table functions (and the scalar file()) that read files, URLs, object stores, other servers or
+# the client's input: refused in read-only mode even where the engine would run them.
+EXTERNAL_FUNCTIONS = (
+    "file", "fileCluster", "url", "urlCluster", "s3", "s3Cluster", "gcs", "oss", "cosn", "hdfs",
+    "hdfsCluster", "azureBlobStorage", "azureBlobStorageCluster", "remote", "remoteSecure",
+    "cluster", "clusterAllReplicas", "input", "mysql", "postgresql", "sqlite", "mongodb", "redis",
+    "jdbc", "odbc", "executable", "iceberg", "icebergS3", "icebergAzure", "icebergHDFS",
+    "icebergLocal", "deltaLake", "deltaLakeLocal", "hudi", "paimon", "ytsaurus", "arrowFlight",
+    "python",
+)  # fmt: skip
+_COMMENT_OR_LITERAL = re.compile(
+    r"--[^\n]*|#[^\n]*|/\*.*?\*/|'(?:[^'\\]|\\.|'')*'|\"((?:[^\"\\]|\\.)*)\"|`((?:[^`\\]|\\.)*)`",
+    re.DOTALL,
+)
+_EXTERNAL_CALL = re.compile(r"\b(" + "|".join(EXTERNAL_FUNCTIONS) + r")\s*\(", re.IGNORECASE)
+_INTO_OUTFILE = re.compile(r"\bINTO\s+OUTFILE\b", re.IGNORECASE)
+
+
+def check_read_only(sql: str) -> None:
+    """``ValueError`` unless ``sql`` is one statement that only reads the store: SELECT, WITH,
+    SHOW, DESCRIBE, EXPLAIN or EXISTS, without ``INTO OUTFILE`` and without a function that
+    reads files, URLs or other servers (``file(``, ``url(``, ``s3(``, ``remote(``, ``input(``...).
+
+    A check of the text, on top of ``readonly=1`` (which the embedded engine enforces for
+    writes but not for ``INTO OUTFILE``): string literals and comments are ignored, quoted
+    identifiers count as names."""
+
+    def blank(match: re.Match[str]) -> str:
+        quoted = match.group(1) if match.group(1) is not None else match.group(2)
+        if quoted is not None:
+            return f" {quoted} "  # "file"(...) still calls file
+        return " '' " if match.group(0).startswith("'") else " "
+
+    code = _COMMENT_OR_LITERAL.sub(blank, sql).strip().rstrip(";").strip()
+    if not code:
+        raise ValueError("empty query")
+    if ";" in code:
+        raise ValueError("one statement at a time (found ';' inside the query)")
+    keyword = re.split(r"[\s(]+", code.lstrip("("), maxsplit=1)[0].upper()
+    if keyword not in READ_ONLY_STATEMENTS:
+        raise ValueError(
+            f"{keyword or 'this'} statements are refused: the query is read-only "
+            f"({', '.join(READ_ONLY_STATEMENTS)}); pass --write to change the store"
+        )
+    if _INTO_OUTFILE.search(code):
+        raise ValueError("INTO OUTFILE is refused: the query is read-only; pass --write to allow it")
+    external = _EXTERNAL_CALL.search(code)
+    if external:
+        raise ValueError(
+            f"{external.group(1)}() is refused: a read-only query reads the store only, not files, "
+            "URLs or other servers; pass --write to allow it"
+        )
+
+
+def query_settings(max_rows: int, timeout_s: float, write: bool = False) -> dict[str, int | float | str]:
+    """ClickHouse settings of a user's query: at most ``max_rows`` result rows (an error beyond),
+    ``timeout_s`` of execution, and ``readonly=1`` unless ``write``. ``readonly`` comes last: the
+    embedded engine applies some settings one by one, and none may change once it is set."""
+    settings: dict[str, int | float | str] = {
+        "max_result_rows": max_rows,
+        "result_overflow_mode": "throw",
+        "max_execution_time": timeout_s,
+    }
+    if not write:
+        settings["readonly"] = 1
+    return settings

@@ -1,51 +1,526 @@
-"""The worker's ``FeedbackStore``: ClickHouse inserts on one dedicated thread.
+"""The worker's ``FeedbackStore``: rows leave the request path at once, ClickHouse gets them later.
 
-Inserts block (HTTP round-trip, or the in-process engine), so they run off the event loop, on a
-single thread because the embedded engine and the sink are used from one thread at a time.
+The four port methods only *enqueue*: they put the events in a bounded memory buffer and
+return (no I/O, no waiting on ClickHouse). Two threads do the rest:
+
+- the **store thread** owns the ClickHouse client and the sink (one thread, as the embedded
+  engine and the sink want). It connects and migrates with bounded exponential back-off
+  (``backoff_s``), retried until it works, so the worker starts without its store. Once up it
+  writes, oldest first: the disk spool (``infra/clickhouse/spool.py``) before the buffer, the
+  buffer in batches of ``batch_size`` rows per table or whatever waited ``flush_s``.
+- the **spooler thread** moves buffered rows to the spool, fsync'd, while the store is not up
+  (after ``flush_s`` or ``batch_size`` rows, so the disk sees batches), and whenever the store
+  is up but slow: the buffer passed ``spill_at`` rows or its oldest row waited ``spill_after_s``.
+
+What happens when:
+
+- ClickHouse unreachable at start, or lost: the store is "down" (``tokenfleet_feedback_store_up``
+  0), rows spool; the store thread retries (connect, or the oldest spooled batch) with back-off.
+- A write fails after the sink's retry budget (``retry_for_s``, a transient error: connection,
+  server, timeout): its rows go to the spool (nothing is dropped), the store is down, as above.
+- ClickHouse refuses rows for good (``DataError``, ``ProgrammingError``, ... or any error
+  converting them): the batch is split in halves until the refused rows are isolated (at most
+  ``MAX_SPLIT_WRITES`` extra writes; past that the remainder is refused whole); the refused rows
+  go to the spool's ``rejected-<table>.jsonl`` with the error, are logged and counted
+  (``tokenfleet_feedback_rejected_rows_total``), and the queue goes on.
+- The buffer is full (``buffer_rows``; only if the disk cannot keep up): the newest rows are
+  dropped, logged, counted (``tokenfleet_feedback_dropped_rows_total{reason="buffer_full"}``).
+  The spool is full (``spool_max_bytes``): it keeps the older rows and drops the newest
+  (``reason="spool_full"``); the disk fails: ``reason="spool_error"``.
+- ``close()``: with the store up, flushes spool and buffer to ClickHouse for up to
+  ``close_timeout_s``; whatever is left (store down, time up, a write still hanging) is spooled,
+  and drained by the next worker that starts on the same spool directory.
+
+Re-sent rows are harmless: the sink skips event_ids already stored (one lookup per batch), so a
+spooled batch sent again after a crash, or a write that failed ambiguously and was spooled,
+is stored once.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from clickhouse_connect.driver.client import Client
 
 from agents.policy.common.slo import SloClass
 from infra import metrics
-from infra.clickhouse.client import connect
+from infra.clickhouse.client import connect, split_database
 from infra.clickhouse.migrate import migrate
-from infra.clickhouse.sink import FeedbackSink
-from schemas.events import AdmissionDecision, Completion, InferenceRequest, RoutingDecision
+from infra.clickhouse.sink import DEFAULT_RETRY_FOR_S, FeedbackSink, is_transient
+from infra.clickhouse.spool import DEFAULT_MAX_BYTES, TABLES, Spool
+from schemas.events import AdmissionDecision, Completion, Event, InferenceRequest, RoutingDecision
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from infra.settings import Settings
+
+log = logging.getLogger(__name__)
+
+MAX_SPLIT_WRITES = 64
+"""At most this many extra writes to isolate the refused rows of one batch."""
+REPEAT_LOG_S = 60.0
+
+_WRITERS: dict[str, Callable[[FeedbackSink, Sequence[Any]], int]] = {
+    "requests": FeedbackSink.write_requests,
+    "admission_decisions": FeedbackSink.write_admission,
+    "routing_decisions": FeedbackSink.write_routing,
+    "completions": FeedbackSink.write_completions,
+}
+assert set(_WRITERS) == set(TABLES)
+
+Work = list[tuple[str, list[Event]]]
+
+
+class _StoreDown(Exception):
+    """A write failed after the sink's retry budget with a transient error."""
+
+
+class _Throttled:
+    """Logs a condition when it starts and then at most every ``REPEAT_LOG_S`` while it lasts."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if self.at is None or now - self.at >= REPEAT_LOG_S:
+            self.at = now
+            return True
+        return False
+
+    def reset(self) -> None:
+        self.at = None
 
 
 class ClickHouseFeedback:
-    def __init__(self, url: str, slo_classes: dict[str, SloClass]) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse")
-        self._client = self._executor.submit(connect, url).result()
-        self.applied = self._executor.submit(migrate, self._client).result()
-        self._sink = self._executor.submit(FeedbackSink, self._client, slo_classes).result()
+    """The ``FeedbackStore`` port on ClickHouse, off the request path (see the module docstring)."""
 
-    async def _run(self, table: str, write: Callable[[Sequence[T]], int], events: Sequence[T]) -> None:
-        if not events:
-            return
-        written = await asyncio.get_running_loop().run_in_executor(self._executor, write, events)
-        metrics.feedback_rows_total.labels(table=table).inc(written)
+    def __init__(
+        self,
+        url: str,
+        slo_classes: Mapping[str, SloClass],
+        *,
+        spool_dir: Path,
+        batch_size: int = 500,
+        flush_s: float = 1.0,
+        buffer_rows: int = 50_000,
+        spool_max_bytes: int = DEFAULT_MAX_BYTES,
+        retry_for_s: float = DEFAULT_RETRY_FOR_S,
+        close_timeout_s: float = 10.0,
+        backoff_s: tuple[float, float] = (0.5, 10.0),
+    ) -> None:
+        split_database(url)  # a malformed URL is a configuration error: fail now, not in a loop
+        self._url = url
+        self._slo = dict(slo_classes)
+        self._batch_size = batch_size
+        self._flush_s = flush_s
+        self._buffer_rows = buffer_rows
+        self._spill_at = min(buffer_rows, max(2 * batch_size, buffer_rows // 2))
+        self._spill_after_s = max(5 * flush_s, 5.0)
+        self._retry_for_s = retry_for_s
+        self._close_timeout_s = close_timeout_s
+        self._backoff_min, self._backoff_max = backoff_s
+        self.applied: list[str] = []  # migrations the store thread applied when it connected
+        self.spool = Spool(spool_dir, spool_max_bytes, on_rejected=_count_rejected)
+
+        self._cond = threading.Condition()  # guards everything below
+        self._buffer: dict[str, list[Event]] = {table: [] for table in TABLES}
+        self._count = 0
+        self._since: float | None = None  # when the oldest buffered row arrived (monotonic)
+        self._inflight: Work = []  # taken from the buffer by the store thread, not yet stored
+        self._up = False
+        self._closing = False
+        self._deadline = float("inf")
+        self._abandoned = False  # close() has spooled what was left; the threads just exit
+        self._closed = False
+        self._flush_now = False
+        self._down_log = _Throttled()
+        self._drop_log = _Throttled()
+
+        metrics.feedback_store_up.set(0)
+        metrics.feedback_buffer_rows.set(0)
+        metrics.feedback_spooled_rows.set(self.spool.rows)
+        self._store_thread = threading.Thread(target=self._run_store, name="clickhouse-store", daemon=True)
+        self._spooler = threading.Thread(target=self._run_spooler, name="clickhouse-spooler", daemon=True)
+        self._store_thread.start()
+        self._spooler.start()
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ClickHouseFeedback:
+        return cls(
+            settings.clickhouse_url,
+            settings.slo(),
+            spool_dir=settings.feedback_spool_path,
+            batch_size=settings.feedback_batch_size,
+            flush_s=settings.feedback_flush_s,
+            buffer_rows=settings.feedback_buffer_rows,
+            spool_max_bytes=settings.feedback_spool_max_bytes,
+            retry_for_s=settings.feedback_retry_s,
+            close_timeout_s=settings.feedback_close_s,
+        )
+
+    # -- the port: enqueue only ---------------------------------------------------------------
 
     async def requests(self, events: Sequence[InferenceRequest]) -> None:
-        await self._run("requests", self._sink.write_requests, events)
+        self._enqueue("requests", events)
 
     async def admissions(self, events: Sequence[AdmissionDecision]) -> None:
-        await self._run("admission_decisions", self._sink.write_admission, events)
+        self._enqueue("admission_decisions", events)
 
     async def routings(self, events: Sequence[RoutingDecision]) -> None:
-        await self._run("routing_decisions", self._sink.write_routing, events)
+        self._enqueue("routing_decisions", events)
 
     async def completions(self, events: Sequence[Completion]) -> None:
-        await self._run("completions", self._sink.write_completions, events)
+        self._enqueue("completions", events)
 
-    def close(self) -> None:
-        self._executor.submit(self._client.close).result()
-        self._executor.shutdown()
+    def _enqueue(self, table: str, events: Sequence[Event]) -> None:
+        if not events:
+            return
+        with self._cond:
+            if self._closed:
+                self._dropped(table, len(events), "closed")
+                return
+            before = self._count
+            room = self._buffer_rows - before
+            if room < len(events):
+                self._dropped(table, len(events) - room, "buffer_full")
+                events = events[:room]
+            self._buffer[table].extend(events)
+            self._count += len(events)
+            if before == 0:
+                self._since = time.monotonic()
+            after = self._count
+            if before == 0 or before < self._batch_size <= after or before < self._spill_at <= after:
+                self._cond.notify_all()
+        metrics.feedback_buffer_rows.set(after)
+
+    def _dropped(self, table: str, rows: int, reason: str) -> None:
+        if rows <= 0:
+            return
+        metrics.feedback_dropped_rows_total.labels(table=table, reason=reason).inc(rows)
+        if self._drop_log.due():
+            log.error(
+                "feedback: %d %s rows dropped (%s); see tokenfleet_feedback_dropped_rows_total",
+                rows,
+                table,
+                reason,
+            )
+
+    # -- state, for tests and operators -------------------------------------------------------
+
+    @property
+    def store_up(self) -> bool:
+        return self._up
+
+    @property
+    def buffered_rows(self) -> int:
+        return self._count
+
+    @property
+    def spooled_rows(self) -> int:
+        return self.spool.rows
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every row so far is in ClickHouse (buffer, spool and in-flight writes
+        empty); False if that did not happen within ``timeout_s``. Blocks: not for the loop."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self._flush_now = True  # the store thread takes what is buffered without waiting flush_s
+            self._cond.notify_all()
+        while True:
+            with self._cond:
+                if self._up and self._count == 0 and not self._inflight and self.spool.rows == 0:
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
+    # -- the store thread ---------------------------------------------------------------------
+
+    def _run_store(self) -> None:
+        client: Client | None = None
+        sink: FeedbackSink | None = None
+        backoff = self._backoff_min
+        try:
+            while not self._abandoned:
+                if sink is None:
+                    if self._closing:
+                        return
+                    try:
+                        client, sink = self._connect()
+                    except Exception as exc:
+                        if self._down_log.due():
+                            log.warning(
+                                "feedback store %s unavailable (%s: %s); rows spool to %s, retrying",
+                                self._url,
+                                type(exc).__name__,
+                                _first_line(exc),
+                                self.spool.directory,
+                            )
+                        self._wait(backoff)
+                        backoff = min(2 * backoff, self._backoff_max)
+                        continue
+                    self._set_up(True)
+                    backoff = self._backoff_min
+                if self._closing and (not self._up or time.monotonic() >= self._deadline):
+                    return  # closing: no more attempts on a store that is down, nor past the deadline
+                try:
+                    if not (self._drain_spool(sink) or self._flush_buffer(sink)):
+                        return  # closing, and everything is stored
+                    if self._up:
+                        backoff = self._backoff_min
+                except _StoreDown as down:
+                    self._set_up(False)
+                    if self._down_log.due():
+                        log.warning(
+                            "feedback store %s down (%s); rows spool to %s, retrying",
+                            self._url,
+                            down,
+                            self.spool.directory,
+                        )
+                    if self._closing:
+                        return
+                    self._wait(backoff)
+                    backoff = min(2 * backoff, self._backoff_max)
+                except Exception:
+                    if self._abandoned:
+                        return
+                    log.exception("feedback store thread: unexpected error; retrying")
+                    self._wait(backoff)
+                    backoff = min(2 * backoff, self._backoff_max)
+        finally:
+            self._set_up(False)
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    client.close()
+
+    def _connect(self) -> tuple[Client, FeedbackSink]:
+        client = connect(self._url)
+        try:
+            applied = migrate(client)
+            sink = FeedbackSink(client, self._slo, retry_for_s=self._retry_for_s)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                client.close()
+            raise
+        self.applied = applied
+        log.info(
+            "feedback store %s up (migrations applied: %s); %d spooled rows to drain",
+            self._url,
+            ", ".join(applied) or "none",
+            self.spool.rows,
+        )
+        return client, sink
+
+    def _set_up(self, up: bool) -> None:
+        with self._cond:
+            if self._up != up:
+                self._up = up
+                self._cond.notify_all()
+                if up:
+                    self._down_log.reset()
+        metrics.feedback_store_up.set(int(up))
+
+    def _wait(self, seconds: float) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._closing, timeout=seconds)
+
+    def _drain_spool(self, sink: FeedbackSink) -> bool:
+        """Store the oldest spooled batch; False if the spool is empty."""
+        batch = self.spool.next_batch(self._batch_size)
+        if batch is None:
+            return False
+        refused = self._store(sink, batch.table, list(batch.events))
+        for rows, error in refused:
+            self._quarantine(batch.table, rows, error)
+        self.spool.done(batch)
+        metrics.feedback_spooled_rows.set(self.spool.rows)
+        return True
+
+    def _flush_buffer(self, sink: FeedbackSink) -> bool:
+        """Wait for a batch's worth of buffered rows (or ``flush_s``) and store them; True to
+        go round again (rows stored, or rows reached the spool), False when closing and empty."""
+        with self._cond:
+            while True:
+                if self.spool.rows > 0:
+                    return True
+                now = time.monotonic()
+                due = self._flush_now or (self._since is not None and now - self._since >= self._flush_s)
+                if self._count and (self._closing or self._count >= self._batch_size or due):
+                    break
+                if self._closing:
+                    return False
+                timeout = None if self._since is None else self._since + self._flush_s - now
+                self._cond.wait(timeout)
+            work = self._take(self._batch_size)
+            self._inflight = list(work)
+        for index, (table, rows) in enumerate(work):
+            try:
+                refused = self._store(sink, table, rows)
+            except BaseException:
+                self._spool_work(work[index:], inflight=True)  # after the retry budget: kept
+                raise
+            for part, error in refused:
+                self._quarantine(table, part, error)
+            with self._cond:
+                self._inflight = work[index + 1 :]
+        return True
+
+    def _store(self, sink: FeedbackSink, table: str, rows: list[Event]) -> list[tuple[list[Event], str]]:
+        """Write ``rows``; returns the parts ClickHouse refused for good, with the error.
+        Raises ``_StoreDown`` on a transient error (nothing refused is reported then)."""
+        write = _WRITERS[table]
+        refused: list[tuple[list[Event], str]] = []
+        budget = MAX_SPLIT_WRITES
+
+        def attempt(part: list[Event]) -> None:
+            nonlocal budget
+            try:
+                written = write(sink, part)
+            except Exception as exc:
+                if is_transient(exc):
+                    raise _StoreDown(f"{type(exc).__name__}: {_first_line(exc)}") from exc
+                if len(part) == 1 or budget < 2:
+                    refused.append((part, f"{type(exc).__name__}: {exc}"))
+                    return
+                budget -= 2
+                middle = len(part) // 2
+                attempt(part[:middle])
+                attempt(part[middle:])
+                return
+            metrics.feedback_rows_total.labels(table=table).inc(written)
+            if not self._up:
+                self._set_up(True)  # a write went through: the store is back
+
+        attempt(rows)
+        return refused
+
+    def _quarantine(self, table: str, rows: list[Event], error: str) -> None:
+        log.error(
+            "feedback: ClickHouse refused %d %s rows for good (%s); quarantined to %s",
+            len(rows),
+            table,
+            error.splitlines()[0] if error else "",
+            self.spool.rejected_path(table),
+        )
+        kept = self.spool.reject_events(table, rows, error)
+        self._dropped(table, len(rows) - kept, "rejected_full")
+
+    # -- the spooler thread -------------------------------------------------------------------
+
+    def _run_spooler(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._closing:
+                        return
+                    now = time.monotonic()
+                    age = 0.0 if self._since is None else now - self._since
+                    down = not self._up and (self._count >= self._batch_size or age >= self._flush_s)
+                    slow = self._count >= self._spill_at or age >= self._spill_after_s
+                    if self._count and (down or slow):
+                        break
+                    if self._since is None:
+                        timeout = None
+                    else:
+                        wait_s = self._spill_after_s if self._up else self._flush_s
+                        timeout = max(self._since + wait_s - now, 0.01)
+                    self._cond.wait(timeout)
+                work = self._take(None)
+            try:
+                self._spool_work(work)
+            except Exception:
+                log.exception("feedback spooler: unexpected error")
+            with self._cond:
+                self._cond.notify_all()  # the store thread drains the spool first
+
+    def _take(self, limit: int | None) -> Work:
+        """(Lock held.) Up to ``limit`` rows per table out of the buffer, oldest first."""
+        work: Work = []
+        for table, rows in self._buffer.items():
+            if rows:
+                taken = rows if limit is None else rows[:limit]
+                self._buffer[table] = [] if limit is None else rows[limit:]
+                work.append((table, taken))
+                self._count -= len(taken)
+        if self._count == 0:
+            self._since = None
+            self._flush_now = False
+        metrics.feedback_buffer_rows.set(self._count)
+        return work
+
+    def _spool_work(self, work: Work, inflight: bool = False) -> None:
+        for table, rows in work:
+            if self._abandoned:
+                return  # close() spooled them
+            try:
+                written = self.spool.append(table, rows)
+            except OSError as exc:
+                log.error("feedback spool %s: write failed: %s", self.spool.directory, exc)
+                written = 0
+                self._dropped(table, len(rows), "spool_error")
+            else:
+                self._dropped(table, len(rows) - written, "spool_full")
+        if inflight:
+            with self._cond:
+                self._inflight = []
+        metrics.feedback_spooled_rows.set(self.spool.rows)
+
+    # -- shutdown -----------------------------------------------------------------------------
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Flush to ClickHouse for up to ``timeout_s`` (default ``close_timeout_s``) if it is up;
+        spool whatever is left. Returns within about that time plus a local disk write."""
+        if self._closed:
+            return
+        timeout = self._close_timeout_s if timeout_s is None else timeout_s
+        started = time.monotonic()
+        with self._cond:
+            self._closing = True
+            self._deadline = started + timeout
+            self._cond.notify_all()
+        self._store_thread.join(timeout)
+        self._spooler.join(max(self._deadline - time.monotonic(), 0.0) + 5.0)
+        with self._cond:
+            self._abandoned = True
+            self._closed = True
+            work = self._take(None) + self._inflight
+            self._inflight = []
+        left = sum(len(rows) for _table, rows in work)
+        for table, rows in work:
+            try:
+                self._dropped(table, len(rows) - self.spool.append(table, rows), "spool_full")
+            except OSError as exc:
+                log.error("feedback spool %s: write failed at close: %s", self.spool.directory, exc)
+                self._dropped(table, len(rows), "spool_error")
+        spooled = self.spool.rows
+        self.spool.close()
+        metrics.feedback_spooled_rows.set(spooled)
+        metrics.feedback_buffer_rows.set(0)
+        metrics.feedback_store_up.set(0)
+        elapsed = time.monotonic() - started
+        if spooled:
+            log.warning(
+                "feedback store closed in %.1f s: %d rows (%d from memory) wait in the spool %s "
+                "for the next start",
+                elapsed,
+                spooled,
+                left,
+                self.spool.directory,
+            )
+        else:
+            log.info("feedback store closed in %.1f s; everything stored", elapsed)
+
+
+def _count_rejected(table: str, rows: int) -> None:
+    metrics.feedback_rejected_rows_total.labels(table=table).inc(rows)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error)
+    return text.splitlines()[0][:300] if text else ""

@@ -62,17 +62,21 @@ COMPLETION_COLUMNS = (
 )  # fmt: skip
 
 
-def _transient(error: BaseException) -> bool:
-    """Worth retrying: connection and server-side failures, not a malformed query or row."""
-    permanent = (ProgrammingError, DataError, IntegrityError, NotSupportedError)
-    return isinstance(error, DatabaseError) and not isinstance(error, permanent)
+PERMANENT_ERRORS = (ProgrammingError, DataError, IntegrityError, NotSupportedError)
+"""The rows' or the query's fault: retrying cannot help."""
+
+
+def is_transient(error: BaseException) -> bool:
+    """Worth retrying: the store is down or slow (connection, server, timeout), not a malformed
+    query or row. The one classification of the project (the sink's retries, the spool)."""
+    return isinstance(error, DatabaseError | OSError) and not isinstance(error, PERMANENT_ERRORS)
 
 
 def _retrying(retry_for_s: float) -> Retrying:
     return Retrying(
         stop=stop_after_delay(retry_for_s),
         wait=wait_random_exponential(multiplier=0.05, max=2.0),
-        retry=retry_if_exception(_transient),
+        retry=retry_if_exception(is_transient),
         before_sleep=before_sleep_log(log, logging.WARNING),
         reraise=True,
     )
@@ -164,7 +168,11 @@ class FeedbackSink:
         known = {row[0] for row in stored}
         fresh = [row for event_id, row in rows.items() if event_id not in known]
         if fresh:
-            self._client.insert(table, fresh, column_names=list(columns))
+            # Rows of one batch may span many months (partitions): ClickHouse refuses more than
+            # 100 per insert by default, which valid timestamps (1970..2100) can exceed.
+            self._client.insert(
+                table, fresh, column_names=list(columns), settings={"max_partitions_per_insert_block": 0}
+            )
         return len(fresh)
 
 

@@ -75,8 +75,9 @@ class EnginePort(Protocol):
         (never waits for tokens). Its outcome comes back through ``events``, also when it cannot
         run (unknown endpoint, prompt too long, past its client timeout already: a completion).
 
-        Returns False, doing nothing and reporting nothing, for a decision dispatched before
-        (same ``event_id``): the bus delivers at least once.
+        Returns False, doing nothing and reporting nothing, for a decision about an attempt
+        dispatched before (same request id and attempt, whatever its ``event_id``): the bus
+        delivers at least once, and a request never runs twice.
         """
         ...
 

@@ -1,8 +1,9 @@
 """``tokenfleet`` command line: the composition root that wires workloads, fleets and policies.
 
 Errors in what the user passed (unknown flag or policy, bad fleet, unreadable trace or policy
-config) print one line naming the problem and exit with status 2. Commands import what they
-need when they run, so start-up (and ``--help``) stays fast.
+config, a number out of range, NaN or infinite) print one line naming the problem and exit
+with status 2. Commands import what they need when they run, so start-up (and ``--help``)
+stays fast.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -48,6 +50,47 @@ POLICY_HELP = (
 )
 WORKLOAD_HELP = "trace file (Mooncake JSONL, Azure CSV) or 'synthetic[:k=v,...]'"
 FLEET_HELP = "COUNTxPROFILE[+...] or a fleet YAML file"
+EMBEDDED_HELP = (
+    "no TOKENFLEET_KAFKA_BOOTSTRAP: publish into a throwaway embedded broker (what is published "
+    "is lost when the command exits)"
+)
+MAX_SECONDS = 1e7  # the longest duration an option takes: about 115 days
+MAX_TOKENS = 10_000_000
+
+
+def _real(
+    low: float, high: float, *, low_open: bool = True, unit: str = ""
+) -> Callable[[float | None], float | None]:
+    """An option callback: the value must be finite and in (low, high] (``low_open``) or
+    [low, high]. Typer's own float ranges let NaN through, so every float option uses this."""
+    interval = f"{'(' if low_open else '['}{low:g}, {high:g}]{unit}"
+
+    def check(value: float | None) -> float | None:
+        if value is None:
+            return None
+        above = value > low if low_open else value >= low
+        if not (math.isfinite(value) and above and value <= high):
+            raise typer.BadParameter(f"{value:g} is not a finite number in {interval}")
+        return value
+
+    return check
+
+
+def _whole(low: int, high: int | None = None) -> Callable[[int | None], int | None]:
+    """An option callback: the integer must be in [low, high] (no upper bound if None)."""
+    interval = f">= {low}" if high is None else f"in [{low}, {high}]"
+
+    def check(value: int | None) -> int | None:
+        if value is not None and not (value >= low and (high is None or value <= high)):
+            raise typer.BadParameter(f"{value} is not an integer {interval}")
+        return value
+
+    return check
+
+
+RATE_SCALE_HELP = "X times the trace's arrival rate, X in [0.001, 1000]"
+_rate_scale = _real(0.001, 1000.0, low_open=False)
+_seed = _whole(0, 2**63 - 1)
 
 
 class LogLevel(StrEnum):
@@ -66,18 +109,35 @@ def simulate(
     ],
     fleet: Annotated[str, typer.Option("--fleet", metavar="SPEC", help=FLEET_HELP)] = DEFAULT_FLEET,
     rate_scale: Annotated[
-        float, typer.Option("--rate-scale", metavar="X", help="X times the trace's arrival rate")
+        float, typer.Option("--rate-scale", metavar="X", help=RATE_SCALE_HELP, callback=_rate_scale)
     ] = 1.0,
-    seed: Annotated[int, typer.Option("--seed", metavar="N")] = 0,
+    seed: Annotated[int, typer.Option("--seed", metavar="N", callback=_seed)] = 0,
     heartbeat: Annotated[
-        float, typer.Option("--heartbeat", metavar="S", help="heartbeat interval in seconds")
+        float,
+        typer.Option(
+            "--heartbeat",
+            metavar="S",
+            help="heartbeat interval in seconds, in [0.001, 3600]",
+            callback=_real(0.001, 3600.0, low_open=False, unit=" s"),
+        ),
     ] = 0.25,
     retry_share: Annotated[
         float,
-        typer.Option("--retry-share", metavar="P", help="share of given-up interactive requests retried"),
+        typer.Option(
+            "--retry-share",
+            metavar="P",
+            help="share of given-up interactive requests retried, in [0, 1]",
+            callback=_real(0.0, 1.0, low_open=False),
+        ),
     ] = 0.5,
     output_budget: Annotated[
-        int | None, typer.Option("--output-budget", metavar="N", help="fixed max_tokens for every request")
+        int | None,
+        typer.Option(
+            "--output-budget",
+            metavar="N",
+            help=f"fixed max_tokens for every request, in [1, {MAX_TOKENS}]",
+            callback=_whole(1, MAX_TOKENS),
+        ),
     ] = None,
     json_out: Annotated[
         str | None, typer.Option("--json", metavar="OUT", help="write the results as JSON")
@@ -163,9 +223,15 @@ def _load_policy_config(path: Path) -> dict[str, dict[str, Any]]:
 @app.command()
 def generate(
     out: Annotated[str, typer.Option("--out", metavar="FILE")],
-    duration: Annotated[float, typer.Option("--duration", metavar="S", help="seconds of traffic")] = 600.0,
-    rate: Annotated[float, typer.Option("--rate", metavar="R", help="mean requests per second")] = 4.0,
-    seed: Annotated[int, typer.Option("--seed", metavar="N")] = 0,
+    duration: Annotated[
+        float,
+        typer.Option("--duration", metavar="S", help="seconds of traffic", callback=_real(0.0, MAX_SECONDS)),
+    ] = 600.0,
+    rate: Annotated[
+        float,
+        typer.Option("--rate", metavar="R", help="mean requests per second", callback=_real(0.0, 1e5)),
+    ] = 4.0,
+    seed: Annotated[int, typer.Option("--seed", metavar="N", callback=_seed)] = 0,
 ) -> None:
     """Write a synthetic multi-tenant workload (Mooncake JSONL)."""
     from sim.workloads.synthetic import SyntheticMix, write_jsonl
@@ -205,7 +271,13 @@ def worker(
 def fleet_command(
     fleet: Annotated[str, typer.Option("--fleet", metavar="SPEC", help=FLEET_HELP)] = (DEFAULT_FLEET),
     speed: Annotated[
-        float, typer.Option("--speed", metavar="X", help="emulated time runs X times faster")
+        float,
+        typer.Option(
+            "--speed",
+            metavar="X",
+            help="emulated time runs X times faster, X in [0.001, 1e6]",
+            callback=_real(0.001, 1e6, low_open=False),
+        ),
     ] = 1.0,
 ) -> None:
     """Run emulated inference instances in real time."""
@@ -226,27 +298,39 @@ def fleet_command(
 @app.command()
 def loadgen(
     workload: Annotated[str, typer.Option("--workload", metavar="PATH", help=WORKLOAD_HELP)],
-    rate_scale: Annotated[float, typer.Option("--rate-scale", metavar="X")] = 1.0,
+    rate_scale: Annotated[
+        float, typer.Option("--rate-scale", metavar="X", help=RATE_SCALE_HELP, callback=_rate_scale)
+    ] = 1.0,
     model: Annotated[
         str, typer.Option("--model", metavar="NAME", help="model pool the requests are for")
     ] = "llama3-8b",
-    limit: Annotated[int | None, typer.Option("--limit", metavar="N", help="stop after N requests")] = None,
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", metavar="N", help="stop after N requests", callback=_whole(1)),
+    ] = None,
     duration: Annotated[
         float | None,
-        typer.Option("--duration", metavar="S", help="stop after S seconds of (scaled) arrivals"),
+        typer.Option(
+            "--duration",
+            metavar="S",
+            help="stop after S seconds of (scaled) arrivals",
+            callback=_real(0.0, MAX_SECONDS),
+        ),
     ] = None,
     fast: Annotated[
         bool, typer.Option("--fast", help="publish as fast as possible, not in real time")
     ] = False,
-    seed: Annotated[int, typer.Option("--seed", metavar="N")] = 0,
+    seed: Annotated[int, typer.Option("--seed", metavar="N", callback=_seed)] = 0,
+    embedded: Annotated[bool, typer.Option("--embedded", help=EMBEDDED_HELP)] = False,
 ) -> None:
-    """Publish a workload to tf.requests."""
+    """Publish a workload to tf.requests (of the broker TOKENFLEET_KAFKA_BOOTSTRAP names)."""
     from infra.bootstrap import kafka_bootstrap
     from infra.entrypoints.loadgen import publish_workload
     from sim.workloads.sources import open_workload
 
-    trace = open_workload(workload, seed=seed)
     settings = _settings()
+    _require_broker(settings, embedded)
+    trace = open_workload(workload, seed=seed)
     with kafka_bootstrap(settings) as bootstrap:
         sent = asyncio.run(
             publish_workload(
@@ -267,16 +351,35 @@ def batch_submit(
     file: Annotated[str, typer.Argument(metavar="FILE")],
     deadline: Annotated[str, typer.Option("--deadline", metavar="DURATION", help="e.g. 30m, 2h, 900s")],
     model: Annotated[str, typer.Option("--model", metavar="NAME")] = "llama3-8b",
+    embedded: Annotated[bool, typer.Option("--embedded", help=EMBEDDED_HELP)] = False,
 ) -> None:
-    """Publish a JSONL file of requests as one batch job."""
+    """Publish a JSONL file of requests as one batch job (to TOKENFLEET_KAFKA_BOOTSTRAP's broker)."""
     from infra.bootstrap import kafka_bootstrap
     from infra.entrypoints.loadgen import parse_duration, submit_batch
 
     deadline_s = parse_duration(deadline)
     settings = _settings()
+    _require_broker(settings, embedded)
     with kafka_bootstrap(settings) as bootstrap:
         job = asyncio.run(submit_batch(bootstrap, Path(file), deadline_s, model=model))
     print(f"submitted batch job {job.job_id}: {len(job.requests)} requests, deadline in {deadline_s:.0f} s")
+
+
+def _require_broker(settings: Any, embedded: bool) -> None:
+    """A command that only publishes needs a broker that outlives it: refuse to publish into a
+    throwaway embedded one unless ``--embedded`` asks for exactly that (and say so)."""
+    if settings.kafka_bootstrap:
+        return
+    if not embedded:
+        raise ValueError(
+            "no Kafka broker configured: set TOKENFLEET_KAFKA_BOOTSTRAP=host:port (the broker the "
+            "worker reads), or pass --embedded to publish into a throwaway embedded broker"
+        )
+    print(
+        "warning: --embedded: publishing into an embedded broker that stops with this command; "
+        "what it publishes is lost when the command exits",
+        file=sys.stderr,
+    )
 
 
 @schemas_app.command("export")
@@ -290,33 +393,74 @@ def schemas_export(directory: Annotated[str, typer.Argument(metavar="DIR")]) -> 
 
 @db_app.command("migrate")
 def db_migrate() -> None:
-    """Apply pending migrations."""
+    """Apply pending migrations, and re-apply those whose tables or columns are missing."""
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
     from infra.clickhouse.client import connect
     from infra.clickhouse.migrate import migrate
 
     settings = _settings()
-    client = connect(settings.clickhouse_url)
+    try:
+        client = connect(settings.clickhouse_url)
+    except ClickHouseError as exc:
+        raise ValueError(f"cannot open the store: {_first_line(exc)}") from None
     try:
         applied = migrate(client)
+    except ClickHouseError as exc:
+        raise ValueError(f"migration failed: {_first_line(exc)}") from None
     finally:
         client.close()
     print("\n".join(applied) if applied else "database is up to date")
 
 
 @app.command()
-def sql(query: Annotated[str, typer.Argument(metavar="QUERY")]) -> None:
-    """Run a ClickHouse SQL query on the store (tab-separated output)."""
+def sql(
+    query: Annotated[str, typer.Argument(metavar="QUERY")],
+    write: Annotated[
+        bool,
+        typer.Option(
+            "--write",
+            help="allow statements that change the store (INSERT, ALTER, DROP, ...) and functions "
+            "that read files or URLs",
+        ),
+    ] = False,
+    max_rows: Annotated[
+        int,
+        typer.Option(
+            "--max-rows", metavar="N", help="refuse results of more rows", callback=_whole(1, MAX_TOKENS)
+        ),
+    ] = 10_000,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            metavar="S",
+            help="stop the query after S seconds",
+            callback=_real(0.0, 3600.0, unit=" s"),
+        ),
+    ] = 30.0,
+) -> None:
+    """Run a ClickHouse SQL query on the store (tab-separated output); read-only unless --write:
+    one SELECT, WITH, SHOW, DESCRIBE, EXPLAIN or EXISTS statement, run with readonly=1."""
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
-    from infra.clickhouse.client import connect
+    from infra.clickhouse.client import check_read_only, connect, query_settings
 
+    if not write:
+        check_read_only(query)  # before the store is opened
     settings = _settings()
-    client = connect(settings.clickhouse_url)
+    try:
+        client = connect(settings.clickhouse_url)
+    except ClickHouseError as exc:
+        raise ValueError(f"cannot open the store: {_first_line(exc)}") from None
     try:
         try:
-            result = client.query(query)
+            result = client.query(query, settings=query_settings(max_rows, timeout, write))
         except ClickHouseError as exc:
-            raise ValueError(str(exc).splitlines()[0]) from None
+            message = _first_line(exc)
+            if not write and "READONLY" in message:
+                message += " (the query is read-only; pass --write to change the store)"
+            raise ValueError(message) from None
         print("\t".join(result.column_names))
         for row in result.result_rows:
             print("\t".join("" if v is None else str(v) for v in row))
@@ -324,9 +468,17 @@ def sql(query: Annotated[str, typer.Argument(metavar="QUERY")]) -> None:
         client.close()
 
 
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
 @app.command()
 def demo(
-    duration: Annotated[float, typer.Option("--duration", metavar="S", help="seconds of load")] = 60.0,
+    duration: Annotated[
+        float,
+        typer.Option("--duration", metavar="S", help="seconds of load", callback=_real(0.0, MAX_SECONDS)),
+    ] = 60.0,
     policy: Annotated[
         list[str] | None,
         typer.Option(
@@ -337,7 +489,9 @@ def demo(
         ),
     ] = None,
     workload: Annotated[str, typer.Option("--workload", metavar="PATH", help=WORKLOAD_HELP)] = DEMO_TRACE,
-    rate_scale: Annotated[float, typer.Option("--rate-scale", metavar="X")] = 1.0,
+    rate_scale: Annotated[
+        float, typer.Option("--rate-scale", metavar="X", help=RATE_SCALE_HELP, callback=_rate_scale)
+    ] = 1.0,
     fleet: Annotated[str, typer.Option("--fleet", metavar="SPEC", help=FLEET_HELP)] = DEFAULT_FLEET,
     json_out: Annotated[
         str | None, typer.Option("--json", metavar="OUT", help="write the summary as JSON")
@@ -387,8 +541,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(ctx.command_path if ctx is not None else "tokenfleet", exc.format_message())
         return exc.exit_code
     except (ValueError, KeyError, OSError) as exc:
-        # The top-level group takes no options, so args[0] is the command that failed.
-        _error(f"tokenfleet {args[0]}", str(exc))
+        # The top-level group takes no options, so args[0] is the command that failed (and
+        # args[1] the subcommand of a group: batch submit, db migrate).
+        group = args[0] in {"batch", "schemas", "db"} and len(args) > 1
+        _error(f"tokenfleet {' '.join(args[:2] if group else args[:1])}", str(exc))
         return 2
     except typer.Abort:
         print("Aborted!", file=sys.stderr)

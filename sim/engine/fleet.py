@@ -15,10 +15,13 @@ Two forms:
             - {count: 2, profile: llama3-8b-h100}
       rtt_ms:                 # round-trip time between data centres (symmetric)
         us-east: {eu-west: 80}
+
+Every group has a count >= 1, and a fleet at most ``MAX_INSTANCES`` instances in all.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,26 +58,51 @@ class FleetSpec:
 
 _GROUP = re.compile(r"^\s*(\d+)\s*[xX]\s*([A-Za-z0-9_.\-]+)\s*$")
 
+MAX_INSTANCES = 100_000
+"""Most instances a fleet may have in all (the simulator keeps each one in memory)."""
+
+
+def _count(text: object, where: str, total: int) -> int:
+    """A group's instance count: an integer >= 1 that keeps the fleet within ``MAX_INSTANCES``."""
+    if isinstance(text, bool) or not isinstance(text, int | str):
+        raise ValueError(f"{where}: count must be an integer >= 1, got {text!r}")
+    digits = str(text).strip()
+    if not digits.lstrip("-").isdigit():
+        raise ValueError(f"{where}: count must be an integer >= 1, got {text!r}")
+    if len(digits) > len(str(MAX_INSTANCES)) or total + int(digits) > MAX_INSTANCES:
+        raise ValueError(f"{where}: a fleet has at most {MAX_INSTANCES} instances in all")
+    count = int(digits)
+    if count < 1:
+        raise ValueError(f"{where}: count must be >= 1")
+    return count
+
 
 def parse_fleet(spec: str) -> FleetSpec:
     """A fleet from ``N x profile [+ ...]`` or from a YAML file path; ``ValueError`` if invalid."""
-    if spec.endswith((".yaml", ".yml")) or Path(spec).is_file():
+    if spec.endswith((".yaml", ".yml")) or _is_file(spec):
         return _fleet_from_yaml(Path(spec))
     groups = []
+    total = 0
     for part in spec.split("+"):
         match = _GROUP.match(part)
         if not match:
             raise ValueError(f"bad fleet group {part!r}: expected COUNTxPROFILE, e.g. 8xllama3-8b-h100")
-        count, profile = int(match.group(1)), get_profile(match.group(2))
-        if count < 1:
-            raise ValueError(f"bad fleet group {part!r}: count must be >= 1")
-        groups.append((count, profile))
+        count = _count(match.group(1), f"bad fleet group {part!r}", total)
+        total += count
+        groups.append((count, get_profile(match.group(2))))
     model = PROFILE_MODELS.get(groups[0][1].name, groups[0][1].name)
     instances: list[InstanceSpec] = []
     for count, profile in groups:
         for _ in range(count):
             instances.append(InstanceSpec(f"i{len(instances):03d}", "dc-1", model, "1", profile))
     return FleetSpec(spec, tuple(instances))
+
+
+def _is_file(spec: str) -> bool:
+    try:
+        return Path(spec).is_file()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        return False
 
 
 def _fleet_from_yaml(path: Path) -> FleetSpec:
@@ -85,20 +113,27 @@ def _fleet_from_yaml(path: Path) -> FleetSpec:
     if not isinstance(doc, dict) or not isinstance(doc.get("data_centres"), list):
         raise ValueError(f"{path}: expected a mapping with a 'data_centres' list")
     instances: list[InstanceSpec] = []
-    for dc in doc["data_centres"]:
-        dc_name = str(dc["name"])
-        for group in dc.get("instances", []):
-            profile = get_profile(str(group["profile"]))
-            model = str(group.get("model", PROFILE_MODELS.get(profile.name, profile.name)))
-            version = str(group.get("version", "1"))
-            for _ in range(int(group.get("count", 1))):
-                instances.append(
-                    InstanceSpec(f"{dc_name}/i{len(instances):03d}", dc_name, model, version, profile)
-                )
+    rtt: dict[tuple[str, str], float] = {}
+    try:
+        for dc in doc["data_centres"]:
+            dc_name = str(dc["name"])
+            for group in dc.get("instances") or []:
+                profile = get_profile(str(group["profile"]))
+                model = str(group.get("model", PROFILE_MODELS.get(profile.name, profile.name)))
+                version = str(group.get("version", "1"))
+                count = _count(group.get("count", 1), f"{path}: data centre {dc_name!r}", len(instances))
+                for _ in range(count):
+                    instances.append(
+                        InstanceSpec(f"{dc_name}/i{len(instances):03d}", dc_name, model, version, profile)
+                    )
+        for a, row in (doc.get("rtt_ms") or {}).items():
+            for b, ms in row.items():
+                seconds = float(ms) / 1000.0
+                if not math.isfinite(seconds) or seconds < 0:
+                    raise ValueError(f"{path}: rtt_ms {a} -> {b} must be a finite number >= 0, got {ms!r}")
+                rtt[(str(a), str(b))] = rtt[(str(b), str(a))] = seconds
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{path}: not a fleet file ({type(exc).__name__}: {exc})") from None
     if not instances:
         raise ValueError(f"{path}: the fleet has no instances")
-    rtt: dict[tuple[str, str], float] = {}
-    for a, row in (doc.get("rtt_ms") or {}).items():
-        for b, ms in row.items():
-            rtt[(str(a), str(b))] = rtt[(str(b), str(a))] = float(ms) / 1000.0
     return FleetSpec(path.name, tuple(instances), rtt)

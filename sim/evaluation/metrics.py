@@ -1,8 +1,12 @@
 """Latency and goodput metrics of one run, exactly as DESIGN.md defines them.
 
-The measurement window W is the same for every policy: the workload's arrival span. Counts and
-percentiles are over the cohort of requests whose first attempt arrived in W (the simulation
-runs until every attempt ended); rates count what happened inside W and divide by |W|:
+The measurement window W is the same for every policy: the workload's arrival span. When that
+span has zero length (every request arrived at one instant), W instead runs from that instant to
+the last end of any attempt, and at least 1 s (``measurement_window``): the run is judged over
+its whole length, not over an empty window that nothing completes in. Traces whose arrivals
+span any time keep the arrival span. Counts and percentiles are over the cohort of requests
+whose first attempt arrived in W (the simulation runs until every attempt ended); rates count
+what happened inside W and divide by |W|:
 
 - ``output_tokens_per_s``: every output token generated inside W, aborted attempts included;
 - ``goodput_tokens_per_s``: output tokens of requests that completed inside W and met every
@@ -14,7 +18,8 @@ runs until every attempt ended); rates count what happened inside W and divide b
   over completed requests with at least two output tokens;
 - ``cache_hit_ratio``: prompt tokens served from the prefix cache / prompt tokens, over
   attempts admitted to an instance;
-- ``busy_fraction``: mean share of W the instances spent running steps.
+- ``busy_fraction``: mean share of W the instances spent running steps (None when W was
+  extended past the arrival span: the simulator only measures busy time inside that span).
 """
 
 from __future__ import annotations
@@ -49,10 +54,32 @@ class RequestOutcome:
     admitted_input_tokens: int
 
 
+MIN_EXTENDED_WINDOW_S = 1.0
+"""Shortest window of a run whose requests all arrived at one instant."""
+
+
+def measurement_window(attempts: Iterable[Attempt], arrivals: tuple[float, float]) -> tuple[float, float]:
+    """The window W of a run whose first arrivals span ``arrivals``: that span if it has any
+    length, else from the one arrival instant to the last end of any attempt, at least
+    ``MIN_EXTENDED_WINDOW_S`` long."""
+    start, end = arrivals
+    if end > start:
+        return arrivals
+    last = max((a.end_s for a in attempts if a.end_s is not None), default=start)
+    return (start, max(last, start + MIN_EXTENDED_WINDOW_S))
+
+
 def outcomes(
-    attempts: Iterable[Attempt], window: tuple[float, float], slo_classes: dict[str, SloClass]
+    attempts: Iterable[Attempt],
+    window: tuple[float, float],
+    slo_classes: dict[str, SloClass],
+    closed_at_end: bool = True,
 ) -> list[RequestOutcome]:
-    """Group attempts by request and judge each request of the window's cohort."""
+    """Group attempts by request and judge each request of the window's cohort.
+
+    ``closed_at_end``: the attempts' ``tokens_in_window`` were recorded at ``window[1]`` (the
+    simulator closes its window at the last arrival); False when W was extended past it, so
+    those counts are ignored and every attempt that ended in W counts all its tokens."""
     by_request: dict[str, list[Attempt]] = {}
     for attempt in attempts:
         by_request.setdefault(attempt.request.request_id, []).append(attempt)
@@ -81,7 +108,7 @@ def outcomes(
                 e2e_s=e2e,
                 good=good,
                 good_tokens=last.generated if good and in_window else 0,
-                generated_tokens=sum(tokens_in_window(a, window[1]) for a in tries),
+                generated_tokens=sum(tokens_in_window(a, window[1], closed_at_end) for a in tries),
                 wasted_tokens=sum(a.generated for a in tries if a.status == "aborted"),
                 retries=len(tries) - 1,
                 cached_tokens=sum(a.cached_tokens for a in admitted),
@@ -91,9 +118,10 @@ def outcomes(
     return result
 
 
-def tokens_in_window(attempt: Attempt, window_end: float) -> int:
-    """Output tokens ``attempt`` generated before the window closed."""
-    if attempt.tokens_in_window is not None:
+def tokens_in_window(attempt: Attempt, window_end: float, closed_at_end: bool = True) -> int:
+    """Output tokens ``attempt`` generated before the window closed (``closed_at_end``: as in
+    ``outcomes``)."""
+    if closed_at_end and attempt.tokens_in_window is not None:
         return attempt.tokens_in_window  # it was still running at the close
     if attempt.end_s is not None and attempt.end_s <= window_end:
         return attempt.generated
@@ -165,13 +193,17 @@ def report(
     slo_classes: dict[str, SloClass],
     busy_s: Sequence[float] | None,
 ) -> dict[str, object]:
-    """Metrics in total and ``per_class``, rounded so equal runs print equal JSON."""
+    """Metrics in total and ``per_class``, rounded so equal runs print equal JSON. ``window`` is
+    the arrival span; the metrics are measured over ``measurement_window`` of it."""
     attempts = list(attempts)
-    requests = outcomes(attempts, window, slo_classes)
+    arrivals = window
+    window = measurement_window(attempts, arrivals)
+    extended = window != arrivals
+    requests = outcomes(attempts, window, slo_classes, closed_at_end=not extended)
     window_s = max(window[1] - window[0], 1e-9)
-    busy = None if busy_s is None else sum(busy_s) / (len(busy_s) * window_s)
+    busy = None if busy_s is None or extended else sum(busy_s) / (len(busy_s) * window_s)
     total: dict[str, object] = dict(_rounded(summarize(requests, window_s, busy)))
-    mape = prediction_mape(attempts, window)
+    mape = prediction_mape(attempts, arrivals)
     total["ttft_prediction_mape"] = None if mape is None else round(mape, 6)
     classes = sorted({r.slo_class for r in requests})
     total["per_class"] = {

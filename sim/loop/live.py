@@ -28,7 +28,7 @@ from typing import Literal
 
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES, SloClass, classify
 from agents.policy.types import BLOCK_TOKENS
-from schemas.events import Completion, Heartbeat, KvEvent, ResponseStarted, RoutingDecision
+from schemas.events import MAX_DURATION_S, Completion, Heartbeat, KvEvent, ResponseStarted, RoutingDecision
 from sim.engine.fleet import FleetSpec
 from sim.engine.instance import Attempt, Instance
 from sim.loop.clients import ClientRules
@@ -77,12 +77,12 @@ class LiveFleet:
         self._seq = count()
         self._pending: list[FleetEvent] = []
         self._open: dict[Attempt, RoutingDecision] = {}  # attempts submitted and not yet ended
-        # Open attempts by (request id, attempt number), for ``abort``. A list: two decisions
-        # (event ids) for the same attempt both run, and a client that hangs up ends both.
-        self._by_key: dict[tuple[str, int], list[Attempt]] = {}
+        # Open attempts by (request id, attempt number), for ``abort`` (one each: ``submit`` runs
+        # an attempt once).
+        self._by_key: dict[tuple[str, int], Attempt] = {}
         self._cancelled: set[Attempt] = set()  # open attempts ``abort`` is ending
-        self._seen: set[str] = set()
-        self._seen_order: deque[str] = deque()
+        self._seen: set[tuple[str, int]] = set()  # (request id, attempt) of every decision run
+        self._seen_order: deque[tuple[str, int]] = deque()
 
     # --- clock ----------------------------------------------------------------------------------
 
@@ -102,13 +102,15 @@ class LiveFleet:
         """Run the decision's request on the named instance (unknown or too big: an error
         completion; already past its client timeout: a timeout completion, never enqueued).
 
-        Returns False, doing nothing, for a decision seen before (same ``event_id``): the bus
-        delivers at least once, and running a request twice would report it twice.
+        Returns False, doing nothing, for a decision about an attempt seen before (same request
+        id and attempt, whatever its ``event_id``): the bus delivers at least once, a scheduler
+        may decide a redelivered request again, and a request must never run twice.
         """
-        if decision.event_id in self._seen:
+        key = (decision.request_id, decision.attempt)
+        if key in self._seen:
             return False
-        self._seen.add(decision.event_id)
-        self._seen_order.append(decision.event_id)
+        self._seen.add(key)
+        self._seen_order.append(key)
         if len(self._seen_order) > _REMEMBERED_DECISIONS:
             self._seen.discard(self._seen_order.popleft())
         now = self.sim_time(now_wall)
@@ -131,7 +133,7 @@ class LiveFleet:
             self._pending.append(self._completion(attempt, decision, now))
             return True
         self._open[attempt] = decision
-        self._by_key.setdefault((request.request_id, decision.attempt), []).append(attempt)
+        self._by_key[key] = attempt
         instance.enqueue(attempt, now)
         self._after(instance, now)
         if give_up is not None:
@@ -148,14 +150,12 @@ class LiveFleet:
         """
         now = self.sim_time(now_wall)
         self._catch_up(now)
-        found = False
-        for open_attempt in list(self._by_key.get((request_id, attempt), ())):
-            if open_attempt.abort_requested:
-                continue
-            found = True
-            self._cancelled.add(open_attempt)
-            self._give_up(open_attempt, now)
-        return found
+        open_attempt = self._by_key.get((request_id, attempt))
+        if open_attempt is None or open_attempt.abort_requested:
+            return False
+        self._cancelled.add(open_attempt)
+        self._give_up(open_attempt, now)
+        return True
 
     def advance(self, now_wall: float) -> list[FleetEvent]:
         """Process every step end and client give-up up to ``now_wall``; return the first
@@ -269,7 +269,7 @@ class LiveFleet:
                     attempt=decision.attempt,
                     instance_id=decision.instance_id,
                     model=decision.request.model,
-                    ttft_s=max(0.0, now - attempt.arrival_s),
+                    ttft_s=_duration(now - attempt.arrival_s),
                 )
             )
         instance.first_tokens.clear()
@@ -277,11 +277,7 @@ class LiveFleet:
     def _end(self, attempt: Attempt, now: float) -> None:
         attempt.end_s = now
         decision = self._open.pop(attempt)
-        key = (decision.request.request_id, decision.attempt)
-        same = self._by_key[key]
-        same.remove(attempt)
-        if not same:
-            del self._by_key[key]
+        del self._by_key[(decision.request_id, decision.attempt)]
         self._pending.append(self._completion(attempt, decision, now))
         self._cancelled.discard(attempt)
 
@@ -322,9 +318,9 @@ class LiveFleet:
         first = attempt.first_token_s
         ttft = tpot = None
         if first is not None:
-            ttft = max(0.0, first - attempt.arrival_s)
+            ttft = _duration(first - attempt.arrival_s)
             if attempt.generated > 1:
-                tpot = max(0.0, (now - first) / (attempt.generated - 1))
+                tpot = _duration((now - first) / (attempt.generated - 1))
         return Completion(
             ts=self.wall_time(now),
             request_id=request.request_id,
@@ -337,9 +333,15 @@ class LiveFleet:
             arrival_ts=request.ts,
             ttft_s=ttft,
             tpot_s=tpot,
-            e2e_s=max(0.0, now - attempt.arrival_s) if ran else None,
+            e2e_s=_duration(now - attempt.arrival_s) if ran else None,
             input_tokens=request.input_tokens,
             cached_tokens=attempt.cached_tokens,
             output_tokens=attempt.generated,
             deadline_ts=request.deadline_ts,
         )
+
+
+def _duration(seconds: float) -> float:
+    """A reported duration within what the events accept: a request that arrived long before the
+    fleet started (a replayed log) reports the longest duration, not an invalid event."""
+    return min(max(0.0, seconds), MAX_DURATION_S)

@@ -18,6 +18,7 @@ them, so a block is shared only when its whole prefix is.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,22 @@ import numpy as np
 from agents.policy.types import BLOCK_TOKENS
 
 Record = dict[str, Any]
+
+MAX_DURATION_S = 1e7
+MAX_RATE_PER_S = 1e5
+MAX_REQUESTS = 1e7
+"""Bounds of the mix: at most 10^7 s of traffic, 10^5 requests/s, 10^7 requests expected."""
+
+
+def _check(name: str, value: float, low: float, high: float, low_open: bool = True) -> None:
+    """``value`` finite, in (low, high] (or [low, high]); else ``ValueError`` naming the option."""
+    ok = math.isfinite(value) and (value > low if low_open else value >= low) and value <= high
+    if not ok:
+        bracket = "(" if low_open else "["
+        raise ValueError(
+            f"synthetic {name} must be a finite number in {bracket}{low:g}, {high:g}], got {value}"
+        )
+
 
 _SYSTEM_BASE = 1_000_000
 _DOC_BASE = 2_000_000
@@ -49,6 +66,32 @@ class SyntheticMix:
     batch_job_size: tuple[int, int] = (40, 160)
     burst_factor: float = 3.0
     mean_phase_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        """``ValueError`` naming the first option out of range (NaN and infinities included)."""
+        _check("duration_s", self.duration_s, 0.0, MAX_DURATION_S)
+        _check("rate_per_s", self.rate_per_s, 0.0, MAX_RATE_PER_S)
+        if self.rate_per_s * self.duration_s > MAX_REQUESTS:
+            raise ValueError(
+                f"synthetic rate_per_s x duration_s must be at most {MAX_REQUESTS:.0e} requests, "
+                f"got {self.rate_per_s * self.duration_s:.3g}"
+            )
+        if self.seed < 0:
+            raise ValueError(f"synthetic seed must be >= 0, got {self.seed}")
+        if self.tenants < 1 or self.documents < 1:
+            raise ValueError("synthetic tenants and documents must be >= 1")
+        for name in ("share_chat", "share_doc_qa", "share_api"):
+            _check(name, getattr(self, name), 0.0, 1.0, low_open=False)
+        if self.share_chat + self.share_doc_qa + self.share_api <= 0:
+            raise ValueError("synthetic shares must not all be 0")
+        _check("batch_jobs_per_hour", self.batch_jobs_per_hour, 0.0, 3600.0, low_open=False)
+        _check("burst_factor", self.burst_factor, 0.0, 1000.0)
+        _check("mean_phase_s", self.mean_phase_s, 0.0, MAX_DURATION_S)
+        low, high = self.batch_job_size
+        if not 1 <= low < high <= 100_000:
+            raise ValueError(
+                f"synthetic batch_job_size must be (low, high) with 1 <= low < high, got {low, high}"
+            )
 
     def generate(self) -> list[Record]:
         """All requests, sorted by timestamp (ms)."""
@@ -166,7 +209,7 @@ class _Generator:
         mix, rng = self.mix, self.rng
         t = 0.0
         job = 0
-        while True:
+        while mix.batch_jobs_per_hour > 0:
             t += float(rng.exponential(3600.0 / mix.batch_jobs_per_hour))
             if t >= mix.duration_s:
                 return

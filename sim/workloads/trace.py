@@ -7,6 +7,12 @@ Loaders:
 - Azure LLM inference CSV: ``TIMESTAMP, ContextTokens, GeneratedTokens``; no prefix
   information, so every block is unique to its request.
 
+Every field is checked when a trace is loaded, and a bad one is a ``ValueError`` naming the
+file, the line and the field: a line must be a JSON object; ``timestamp`` a finite number of
+ms in [0, 10^10] (an Azure ``TIMESTAMP`` within 10^7 s of the first row's); lengths integers in
+[1, 10^7]; ``deadline_s`` finite and > 0; ``max_tokens`` an integer in [1, 10^7]; ``hash_ids``
+a list of integers; the text fields strings.
+
 Block hashes are chained (hash of the previous chained hash and the block id), so equal hash at
 position i means the whole prefix up to block i is equal. Only full blocks are hashed: a partial
 last block is never shared, as in vLLM.
@@ -16,6 +22,9 @@ from __future__ import annotations
 
 import csv
 import json
+import math
+import numbers
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -26,6 +35,10 @@ from agents.policy.common.slo import classify
 from agents.policy.types import BLOCK_TOKENS
 
 DEFAULT_OUTPUT_BUDGET = 2048
+MAX_TIMESTAMP_MS = 10**10
+"""Largest ``timestamp`` (ms) of a trace line, and largest arrival span: about 115 days."""
+MAX_TOKENS = 10_000_000
+"""Largest input or output length (and ``max_tokens``) of one request."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,26 +138,112 @@ def load_workload(path: str | Path) -> Workload:
 
 def load_records(records: Iterable[dict[str, Any]], name: str) -> Workload:
     """A workload from Mooncake-format records already in memory (e.g. the synthetic mix)."""
-    requests = [_from_record(row, f"r{i}") for i, row in enumerate(records)]
+    requests = []
+    for i, row in enumerate(records):
+        try:
+            requests.append(_from_record(row, f"r{i}"))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{name}: record {i}: {exc}") from None
     if not requests:
         raise ValueError(f"{name}: no requests")
     return _rebased(name, requests)
 
 
-def _from_record(row: dict[str, Any], default_id: str) -> TraceRequest:
+def _from_record(row: object, default_id: str) -> TraceRequest:
+    """One request from a Mooncake record; ``ValueError`` naming the first bad field."""
+    if not isinstance(row, dict):
+        raise ValueError(f"expected a JSON object, got {type(row).__name__}")
+    for required in ("timestamp", "input_length", "output_length"):
+        if required not in row:
+            raise ValueError(f"field {required!r} is missing")
+    timestamp = _finite(row["timestamp"], "timestamp")
+    if not 0 <= timestamp <= MAX_TIMESTAMP_MS:
+        raise ValueError(f"field 'timestamp' must be in [0, {MAX_TIMESTAMP_MS:.0e}] ms, got {timestamp!r}")
+    deadline = row.get("deadline_s")
+    if deadline is not None:
+        deadline = _finite(deadline, "deadline_s")
+        if deadline <= 0:
+            raise ValueError(f"field 'deadline_s' must be > 0 seconds, got {deadline!r}")
+    max_tokens = row.get("max_tokens")
+    if max_tokens is not None:
+        max_tokens = _integer(max_tokens, "max_tokens")
     return make_request(
-        request_id=str(row.get("request_id", default_id)),
-        arrival_s=float(row["timestamp"]) / 1000.0,
-        input_tokens=int(row["input_length"]),
-        output_tokens=int(row["output_length"]),
-        block_ids=row.get("hash_ids"),
-        tenant=str(row.get("tenant", "default")),
-        slo_class=row.get("slo_class"),
-        deadline_s=_optional_float(row.get("deadline_s")),
-        max_tokens=_optional_int(row.get("max_tokens")),
-        task_type=str(row.get("task_type", "chat")),
-        model=row.get("model"),
+        request_id=_text(row.get("request_id", default_id), "request_id", allow_int=True),
+        arrival_s=timestamp / 1000.0,
+        input_tokens=_integer(row["input_length"], "input_length"),
+        output_tokens=_integer(row["output_length"], "output_length"),
+        block_ids=_block_ids(row.get("hash_ids")),
+        tenant=_text(row.get("tenant", "default"), "tenant", allow_int=True),
+        slo_class=_optional_text(row.get("slo_class"), "slo_class"),
+        deadline_s=deadline,
+        max_tokens=max_tokens,
+        task_type=_text(row.get("task_type", "chat"), "task_type"),
+        model=_optional_text(row.get("model"), "model"),
     )
+
+
+def _finite(value: object, field: str) -> float:
+    """``value`` as a finite float (a number or a numeric string), else ValueError naming ``field``."""
+    number: float | None = None
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an int too large for a float
+            number = None
+    elif isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+    if number is None or not math.isfinite(number):
+        raise ValueError(f"field {field!r} must be a finite number, got {_shown(value)}")
+    return number
+
+
+def _integer(value: object, field: str, low: int = 1, high: int = MAX_TOKENS) -> int:
+    """``value`` as an integer in [low, high] (an int, an integral float or a digit string)."""
+    number: float | None = None
+    if isinstance(value, bool):
+        number = None
+    elif isinstance(value, numbers.Integral):
+        number = float(int(value)) if abs(int(value)) <= 10**18 else None
+    elif isinstance(value, numbers.Real):
+        number = float(value)
+    elif isinstance(value, str) and _DIGITS.match(value):
+        number = float(int(value))
+    if number is None or not math.isfinite(number) or not number.is_integer() or not low <= number <= high:
+        raise ValueError(f"field {field!r} must be an integer in [{low}, {high}], got {_shown(value)}")
+    return int(number)
+
+
+_DIGITS = re.compile(r"^\s*[+-]?\d{1,18}\s*$")
+
+
+def _shown(value: object) -> str:
+    """``repr(value)``, cut short: a bad field must not flood the one-line error."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def _text(value: object, field: str, allow_int: bool = False) -> str:
+    """A string field (an integer too for ids and tenants, which traces often number)."""
+    if isinstance(value, str) or (allow_int and isinstance(value, int) and not isinstance(value, bool)):
+        return str(value)
+    raise ValueError(f"field {field!r} must be a string, got {_shown(value)}")
+
+
+def _optional_text(value: object, field: str) -> str | None:
+    return None if value is None else _text(value, field)
+
+
+def _block_ids(value: object) -> list[int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(
+        isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value
+    ):
+        raise ValueError("field 'hash_ids' must be a list of integers")
+    return [int(v) for v in value]
 
 
 def _rebased(name: str, requests: list[TraceRequest]) -> Workload:
@@ -161,37 +260,58 @@ def _load_jsonl(path: Path) -> list[TraceRequest]:
             if not line.strip():
                 continue
             try:
-                requests.append(_from_record(json.loads(line), f"r{number - 1}"))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"{path}:{number}: invalid request ({exc!r})") from exc
+                row = json.loads(line)
+            except ValueError as exc:  # JSONDecodeError, or a number too long to convert
+                message = getattr(exc, "msg", str(exc))
+                raise ValueError(f"{path}:{number}: not valid JSON ({message})") from None
+            try:
+                requests.append(_from_record(row, f"r{number - 1}"))
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"{path}:{number}: {exc}") from None
     return requests
+
+
+_AZURE_FIELDS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 
 def _load_azure_csv(path: Path) -> list[TraceRequest]:
     requests = []
+    first: float | None = None
     with path.open(newline="") as handle:
-        for number, row in enumerate(csv.DictReader(handle), 2):
+        reader = csv.DictReader(handle)
+        missing = [f for f in _AZURE_FIELDS if f not in (reader.fieldnames or ())]
+        if missing:
+            raise ValueError(f"{path}:1: missing column(s) {', '.join(missing)}")
+        for number, row in enumerate(reader, 2):
             try:
-                stamp = datetime.fromisoformat(row["TIMESTAMP"].strip()[:26])
+                arrival_s = _azure_timestamp(row["TIMESTAMP"])
+                first = arrival_s if first is None else first
+                if abs(arrival_s - first) > MAX_TIMESTAMP_MS / 1000:
+                    raise ValueError(
+                        f"field 'TIMESTAMP' is more than {MAX_TIMESTAMP_MS / 1000:.0e} s from the first row's"
+                    )
                 requests.append(
                     make_request(
                         request_id=f"r{number - 2}",
-                        arrival_s=stamp.timestamp(),
-                        input_tokens=int(row["ContextTokens"]),
-                        output_tokens=int(row["GeneratedTokens"]),
+                        arrival_s=arrival_s,
+                        input_tokens=_integer(row["ContextTokens"], "ContextTokens"),
+                        output_tokens=_integer(row["GeneratedTokens"], "GeneratedTokens"),
                         block_ids=None,
                         unique_key=number,
                         task_type="code" if "code" in path.name else "chat",
                     )
                 )
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"{path}:{number}: invalid row ({exc!r})") from exc
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"{path}:{number}: {exc}") from None
     return requests
 
 
-def _optional_float(value: object) -> float | None:
-    return None if value is None else float(value)  # type: ignore[arg-type]
-
-
-def _optional_int(value: object) -> int | None:
-    return None if value is None else int(value)  # type: ignore[call-overload]
+def _azure_timestamp(value: str | None) -> float:
+    try:
+        stamp = datetime.fromisoformat((value or "").strip()[:26])
+    except ValueError:
+        raise ValueError(f"field 'TIMESTAMP' must be an ISO date and time, got {_shown(value)}") from None
+    try:
+        return stamp.timestamp()
+    except (OverflowError, OSError, ValueError):
+        raise ValueError(f"field 'TIMESTAMP' is out of range, got {_shown(value)}") from None

@@ -230,3 +230,126 @@ def test_retried_insert_writes_once(client: Client, store_then_fail: bool) -> No
     assert written == (0 if store_then_fail else 1)  # the retry found it already stored
     assert scalar(client, "SELECT count() FROM completions") == 1
     assert scalar(client, "SELECT sum(completions) FROM goodput_per_minute") == 1
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A migrated store the CLI opens (its client closed: the CLI opens its own)."""
+    url = f"chdb:///{tmp_path / 'clickhouse'}"
+    with connect(url) as opened:
+        migrate(opened)
+    monkeypatch.setenv("TOKENFLEET_CLICKHOUSE_DSN", url)
+    monkeypatch.setenv("TOKENFLEET_DATA_DIR", str(tmp_path / "data"))
+    return url
+
+
+def tables_of(url: str) -> set[str]:
+    with connect(url) as opened:
+        return {row[0] for row in opened.query("SHOW TABLES").result_rows}
+
+
+def sql_error(capsys: pytest.CaptureFixture[str], args: list[str]) -> str:
+    from infra.entrypoints.cli import main
+
+    assert main(["sql", *args]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("tokenfleet sql: error: ")
+    return err
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("DROP TABLE requests", "DROP statements are refused"),
+        ("TRUNCATE TABLE completions", "TRUNCATE statements are refused"),
+        ("INSERT INTO slo_classes (name) VALUES ('x')", "INSERT statements are refused"),
+        ("ALTER TABLE requests DELETE WHERE 1", "ALTER statements are refused"),
+        ("SELECT * FROM file('/etc/passwd', 'LineAsString')", "file() is refused"),
+        ("SELECT * FROM \"file\"('/etc/passwd', 'LineAsString')", "file() is refused"),
+        ("SELECT file('/etc/passwd')", "file() is refused"),
+        ("SELECT * FROM url('http://127.0.0.1:9/x', 'LineAsString')", "url() is refused"),
+        ("SELECT * FROM s3('http://127.0.0.1:9/b/k', 'CSV')", "s3() is refused"),
+        ("SELECT * FROM remote('127.0.0.1:9', system.one)", "remote() is refused"),
+        ("SELECT 1 INTO OUTFILE '/tmp/tokenfleet-outfile.txt'", "INTO OUTFILE is refused"),
+        ("SELECT 1; DROP TABLE requests", "one statement at a time"),
+        ("SELECT 1 SETTINGS readonly = 0", "READONLY"),
+        ("SELECT number FROM numbers(100) SETTINGS max_result_rows = 0", "READONLY"),
+        ("SELECT nope FROM requests", "UNKNOWN_IDENTIFIER"),
+    ],
+)
+def test_sql_is_read_only_by_default(
+    store: str, capsys: pytest.CaptureFixture[str], query: str, expected: str
+) -> None:
+    assert expected in sql_error(capsys, [query])
+    assert {"requests", "completions", "slo_classes"} <= tables_of(store)
+    with connect(store) as opened:
+        assert scalar(opened, "SELECT count() FROM slo_classes") == 0
+
+
+def test_sql_reads_within_a_row_and_a_time_limit(store: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from infra.entrypoints.cli import main
+
+    assert main(["sql", "SELECT number FROM numbers(3) -- DROP TABLE requests; file('x')"]) == 0
+    assert capsys.readouterr().out == "number\n0\n1\n2\n"
+    assert main(["sql", "SELECT 'url(' AS s"]) == 0  # a string literal calls nothing
+    assert capsys.readouterr().out == "s\nurl(\n"
+    assert "TOO_MANY_ROWS" in sql_error(capsys, ["--max-rows", "10", "SELECT number FROM numbers(20)"])
+    err = sql_error(capsys, ["--timeout", "0.5", "SELECT count() FROM numbers(100000000000000)"])
+    assert "TIMEOUT_EXCEEDED" in err or "Timeout exceeded" in err
+
+
+def test_the_engine_itself_refuses_writes_with_the_sql_settings(store: str) -> None:
+    """readonly=1 holds even for a statement the text check would have refused first."""
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    from infra.clickhouse.client import query_settings
+
+    for statement in ("DROP TABLE requests", "SELECT * FROM file('/etc/passwd', 'LineAsString')"):
+        with connect(store) as opened, pytest.raises(ClickHouseError, match="READONLY"):
+            opened.query(statement, settings=query_settings(10, 5.0))
+    assert "requests" in tables_of(store)
+
+
+def test_sql_write_changes_the_store(store: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from infra.entrypoints.cli import main
+
+    assert main(["sql", "--write", "INSERT INTO slo_classes (name, deadline) VALUES ('x', 0)"]) == 0
+    with connect(store) as opened:
+        assert scalar(opened, "SELECT count() FROM slo_classes") == 1
+
+
+def test_migrate_repairs_dropped_tables_and_their_columns(
+    store: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from infra.entrypoints.cli import main
+
+    with connect(store) as opened:
+        opened.command("DROP TABLE requests")
+        opened.command("DROP TABLE goodput_per_minute")
+    assert main(["db", "migrate"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "0001_create_requests (repaired: missing requests)",
+        "0006_create_goodput_per_minute (repaired: missing goodput_per_minute)",
+        "0008_add_admission_pool_and_home_dc (repaired: missing requests.home_dc)",
+    ]
+    with connect(store) as opened:
+        columns = {row[0] for row in opened.query("DESCRIBE TABLE requests").result_rows}
+        assert "home_dc" in columns
+        # The view (not dropped) feeds the re-created roll-up again.
+        FeedbackSink(opened, DEFAULT_SLO_CLASSES, retry_for_s=5.0).write_completions([completion("r1")])
+        assert scalar(opened, "SELECT sum(completions) FROM goodput_per_minute") == 1
+        versions = opened.query("SELECT count() FROM schema_migrations FINAL").result_rows[0][0]
+        assert versions == len(load_migrations())  # a repair records nothing new
+    assert main(["db", "migrate"]) == 0
+    assert capsys.readouterr().out == "database is up to date\n"
+
+
+def test_migrate_repairs_in_library_use_too(tmp_path: Path) -> None:
+    with connect(f"chdb:///{tmp_path / 'clickhouse'}") as opened:
+        migrate(opened)
+        opened.command("ALTER TABLE admission_decisions DROP COLUMN queue_pool")
+        assert migrate(opened) == [
+            "0008_add_admission_pool_and_home_dc (repaired: missing admission_decisions.queue_pool)"
+        ]
+        assert migrate(opened) == []

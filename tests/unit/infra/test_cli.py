@@ -181,3 +181,194 @@ def test_tables_on_stdout_progress_on_stderr(capsys: pytest.CaptureFixture[str])
     # stderr is not a terminal here: one line per simulated policy, then the timings
     assert "simulating least-tokens:" in captured.err and "ideal:" in captured.err
     assert "simulating" not in captured.out
+
+
+def _error_line(capsys: pytest.CaptureFixture[str], code: int, command: str) -> str:
+    """The single stderr line of a run of ``command`` that must fail with exit code 2."""
+    assert code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err and "Usage" not in err, err
+    assert err.startswith(f"tokenfleet {command}: error: "), err
+    return err
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[1, 2, 3]",
+        '{"timestamp": NaN, "input_length": 10, "output_length": 1}',
+        '{"timestamp": Infinity, "input_length": 10, "output_length": 1}',
+        '{"timestamp": 1e300, "input_length": 10, "output_length": 1}',
+        '{"timestamp": 0, "input_length": 10, "output_length": 1, "deadline_s": -1}',
+        '{"timestamp": 0, "input_length": 10, "output_length": 1, "max_tokens": 0}',
+        '{"timestamp": 0, "input_length": -4, "output_length": 1}',
+    ],
+)
+def test_a_bad_trace_line_is_one_line_naming_file_line_and_field(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, line: str
+) -> None:
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1}\n' + line + "\n")
+    args = [
+        "simulate",
+        "--workload",
+        str(trace),
+        "--fleet",
+        "1xllama3-8b-h100",
+        "--policy",
+        "least-tokens",
+        "--quiet",
+    ]
+    err = _one_line_error(capsys, main(args))
+    assert f"{trace}:2: " in err
+    assert "field" in err or "JSON object" in err
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--heartbeat", "0"),
+        ("--heartbeat", "-1"),
+        ("--heartbeat", "nan"),
+        ("--heartbeat", "inf"),
+        ("--retry-share", "5"),
+        ("--retry-share", "-0.1"),
+        ("--retry-share", "nan"),
+        ("--rate-scale", "0"),
+        ("--rate-scale", "-2"),
+        ("--rate-scale", "nan"),
+        ("--rate-scale", "inf"),
+        ("--seed", "-1"),
+        ("--output-budget", "0"),
+        ("--output-budget", "-5"),
+    ],
+)
+def test_a_simulate_number_out_of_range_is_one_line(
+    capsys: pytest.CaptureFixture[str], option: str, value: str
+) -> None:
+    err = _one_line_error(capsys, main([*SMALL, "--policy", "least-tokens", option, value]))
+    assert f"Invalid value for '{option}'" in err and value in err
+
+
+@pytest.mark.parametrize(
+    ("command", "args"),
+    [
+        ("generate", ["generate", "--out", "OUT", "--duration", "0"]),
+        ("generate", ["generate", "--out", "OUT", "--duration", "nan"]),
+        ("generate", ["generate", "--out", "OUT", "--duration", "-3"]),
+        ("generate", ["generate", "--out", "OUT", "--rate", "0"]),
+        ("generate", ["generate", "--out", "OUT", "--rate", "nan"]),
+        ("generate", ["generate", "--out", "OUT", "--rate", "inf"]),
+        ("generate", ["generate", "--out", "OUT", "--seed", "-1"]),
+        ("generate", ["generate", "--out", "OUT", "--rate", "1e5", "--duration", "1e7"]),
+        ("demo", ["demo", "--duration", "0"]),
+        ("demo", ["demo", "--duration", "nan"]),
+        ("demo", ["demo", "--rate-scale", "0"]),
+        ("loadgen", ["loadgen", "--workload", "synthetic", "--duration", "0"]),
+        ("loadgen", ["loadgen", "--workload", "synthetic", "--duration", "nan"]),
+        ("loadgen", ["loadgen", "--workload", "synthetic", "--rate-scale", "-1"]),
+        ("loadgen", ["loadgen", "--workload", "synthetic", "--seed", "-1"]),
+        ("fleet", ["fleet", "--speed", "0"]),
+        ("fleet", ["fleet", "--speed", "-1"]),
+        ("fleet", ["fleet", "--speed", "nan"]),
+    ],
+)
+def test_numbers_out_of_range_are_one_line_for_every_command(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str, args: list[str]
+) -> None:
+    out = tmp_path / "out.jsonl"
+    code = main([str(out) if a == "OUT" else a for a in args])
+    _error_line(capsys, code, command)
+    assert not out.exists()
+
+
+def test_a_huge_fleet_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    err = _one_line_error(
+        capsys, main([*SMALL[:3], "--fleet", "100000000xllama3-8b-h100", "--policy", "least-tokens"])
+    )
+    assert "at most 100000 instances" in err
+
+
+def test_arrivals_at_one_instant_have_goodput(tmp_path: Path) -> None:
+    trace = tmp_path / "instant.jsonl"
+    trace.write_text(
+        "".join(f'{{"timestamp": 0, "input_length": {n}, "output_length": 30}}\n' for n in (500, 800))
+    )
+    out = tmp_path / "r.json"
+    args = ["simulate", "--workload", str(trace), "--fleet", "1xllama3-8b-h100", "--policy", "least-tokens",
+            "--policy", "ideal", "--quiet", "--json", str(out)]  # fmt: skip
+    assert main(args) == 0
+    for result in json.loads(out.read_text())["results"].values():
+        assert result["completed"] == 2 and result["goodput_tokens_per_s"] > 0
+        assert result["compliant_share"] == 1.0
+
+
+@pytest.fixture
+def no_broker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TOKENFLEET_KAFKA_BOOTSTRAP", "")
+    monkeypatch.setenv("TOKENFLEET_DATA_DIR", str(tmp_path / "data"))
+
+
+BATCH_LINE = '{"timestamp": 0, "input_length": 10, "output_length": 1}\n'
+
+
+@pytest.mark.usefixtures("no_broker")
+def test_publishing_without_a_broker_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text(BATCH_LINE)
+    err = _error_line(capsys, main(["batch", "submit", str(batch), "--deadline", "30m"]), "batch submit")
+    assert "TOKENFLEET_KAFKA_BOOTSTRAP" in err and "--embedded" in err
+    err = _error_line(capsys, main(["loadgen", "--workload", "synthetic:duration_s=5"]), "loadgen")
+    assert "TOKENFLEET_KAFKA_BOOTSTRAP" in err and "--embedded" in err
+    assert not (tmp_path / "data").exists()  # no embedded broker was started
+
+
+@pytest.mark.usefixtures("no_broker")
+def test_embedded_publishes_and_warns(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import contextlib
+    from collections.abc import Iterator
+
+    import infra.bootstrap
+    import infra.entrypoints.loadgen
+
+    started: list[str] = []
+
+    @contextlib.contextmanager
+    def fake_bootstrap(settings: Any) -> Iterator[str]:
+        started.append(settings.kafka_bootstrap)
+        yield "127.0.0.1:1"
+
+    async def fake_publish(bootstrap: str, workload: Any, **kwargs: Any) -> int:
+        return len(workload.requests)
+
+    async def fake_submit(bootstrap: str, path: Path, deadline_s: float, model: str) -> Any:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(job_id="job-1", requests=[1])
+
+    monkeypatch.setattr(infra.bootstrap, "kafka_bootstrap", fake_bootstrap)
+    monkeypatch.setattr(infra.entrypoints.loadgen, "publish_workload", fake_publish)
+    monkeypatch.setattr(infra.entrypoints.loadgen, "submit_batch", fake_submit)
+    assert main(["loadgen", "--workload", "synthetic:duration_s=5", "--embedded", "--fast"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("published ") and "lost when the command exits" in captured.err
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text(BATCH_LINE)
+    assert main(["batch", "submit", str(batch), "--deadline", "30m", "--embedded"]) == 0
+    captured = capsys.readouterr()
+    assert (
+        captured.out.startswith("submitted batch job job-1") and "lost when the command exits" in captured.err
+    )
+    assert started == ["", ""]
+
+
+@pytest.mark.parametrize("deadline", ["0s", "nope", "9" * 400])
+def test_a_bad_batch_deadline_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, deadline: str
+) -> None:
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text(BATCH_LINE)
+    err = _error_line(capsys, main(["batch", "submit", str(batch), "--deadline", deadline]), "batch submit")
+    assert "invalid duration" in err and len(err) < 300

@@ -81,3 +81,13 @@ def test_observe_many_equals_repeated_observe() -> None:
     assert samples(at_once, "at_once") == samples(one_by_one, "one_by_one")
     assert ("_count", "{}", 12.0) in samples(at_once, "at_once")
     assert ("_bucket", "{'le': '0.01'}", 7.0) in samples(at_once, "at_once")  # 3 + 2 + 2 (le)
+
+
+def test_pool_labels_come_from_the_configured_pools_never_from_clients() -> None:
+    configured = metrics.PrometheusTelemetry(["llama3-8b"])
+    assert configured.pool_label("llama3-8b") == "llama3-8b"
+    assert configured.pool_label("x" * 100_000) == "other"
+    anything = metrics.PrometheusTelemetry()
+    labels = {anything.pool_label(f"client-{i}-" + "y" * 500) for i in range(1000)}
+    assert len(labels) == metrics.MAX_POOL_LABELS + 1 and "other" in labels
+    assert max(len(label) for label in labels) <= 64

@@ -136,8 +136,12 @@ def test_a_redelivered_decision_runs_once() -> None:
     once = decision("a")
     assert fleet.submit(once, START) is True
     assert fleet.submit(once, START + 0.01) is False
-    assert fleet.submit(decision("a"), START + 0.02) is True  # a new decision (event id) for it runs
-    assert len(completions(fleet.advance(START + 30))) == 2
+    # A second decision for the same attempt (a scheduler re-deciding a redelivered request: a new
+    # event id) must not run it twice either; the client's retry (attempt 2) runs.
+    assert fleet.submit(decision("a"), START + 0.02) is False
+    retry = decision("a").model_copy(update={"attempt": 2})
+    assert fleet.submit(retry, START + 0.03) is True
+    assert sorted(c.attempt for c in completions(fleet.advance(START + 30))) == [1, 2]
 
 
 def test_the_first_token_is_reported_before_its_completion_with_the_same_ttft() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,142 @@ def test_synthetic_mix_is_seeded_and_has_every_kind() -> None:
 def test_unknown_synthetic_option_is_an_error() -> None:
     with pytest.raises(ValueError, match="unknown synthetic option"):
         open_workload("synthetic:speed=3")
+
+
+GOOD_LINE = '{"timestamp": 0, "input_length": 10, "output_length": 1}'
+
+
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [
+        ("[1, 2, 3]", "expected a JSON object, got list"),
+        ('"text"', "expected a JSON object, got str"),
+        ('{"timestamp": NaN, "input_length": 10, "output_length": 1}', "'timestamp'"),
+        ('{"timestamp": Infinity, "input_length": 10, "output_length": 1}', "'timestamp'"),
+        ('{"timestamp": 1e300, "input_length": 10, "output_length": 1}', "'timestamp' must be in [0, 1e+10]"),
+        ('{"timestamp": -5, "input_length": 10, "output_length": 1}', "'timestamp' must be in"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 1, "deadline_s": -1}', "'deadline_s'"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 1, "deadline_s": NaN}', "'deadline_s'"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 1, "deadline_s": 0}', "'deadline_s'"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 1, "max_tokens": 0}', "'max_tokens'"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 1, "max_tokens": -3}', "'max_tokens'"),
+        ('{"timestamp": 0, "input_length": -10, "output_length": 1}', "'input_length'"),
+        ('{"timestamp": 0, "input_length": NaN, "output_length": 1}', "'input_length'"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": -1}', "'output_length'"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": NaN}', "'output_length'"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 2.5}', "'output_length'"),
+        ('{"timestamp": 0, "input_length": 10000001, "output_length": 1}', "'input_length'"),
+        ('{"timestamp": 0, "input_length": true, "output_length": 1}', "'input_length'"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": "ab"}', "'hash_ids'"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 1, "model": 3}', "'model'"),
+        ('{"input_length": 10, "output_length": 1}', "'timestamp' is missing"),
+        ("{oops", "not valid JSON"),
+    ],
+)
+def test_every_field_of_a_trace_line_is_checked(tmp_path: Path, line: str, field: str) -> None:
+    """The error names the file, the line and the field; nothing bad gets through."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(f"{GOOD_LINE}\n\n{line}\n")
+    with pytest.raises(ValueError) as raised:
+        load_workload(bad)
+    message = str(raised.value)
+    assert message.startswith(f"{bad}:3: ") and field in message, message
+    assert len(message) < 200 and "\n" not in message
+
+
+def test_numbers_in_range_still_load(tmp_path: Path) -> None:
+    trace = tmp_path / "ok.jsonl"
+    lines = [
+        '{"timestamp": 1e10, "input_length": 10000000, "output_length": 1, "deadline_s": 0.5}',
+        '{"timestamp": "5", "input_length": "12", "output_length": 3.0, "max_tokens": 1}',
+    ]
+    trace.write_text("\n".join(lines) + "\n")
+    w = load_workload(trace)
+    assert [r.input_tokens for r in w.requests] == [12, 10_000_000]
+    assert w.requests[-1].arrival_s == pytest.approx(1e7 - 0.005)
+    assert w.requests[0].output_tokens == 3 and w.requests[0].max_tokens == 1
+
+
+@pytest.mark.parametrize(
+    ("row", "expected"),
+    [
+        ("2023-11-16 18:15:50.0,-3,44", "'ContextTokens' must be an integer"),
+        ("2023-11-16 18:15:50.0,3,nan", "'GeneratedTokens' must be an integer"),
+        ("2023-11-16 18:15:50.0,3,0", "'GeneratedTokens' must be an integer"),
+        ("yesterday,3,4", "'TIMESTAMP' must be an ISO date"),
+        ("2123-11-16 18:15:50.0,3,4", "'TIMESTAMP' is more than 1e+07 s from the first row's"),
+    ],
+)
+def test_every_field_of_an_azure_row_is_checked(tmp_path: Path, row: str, expected: str) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n{row}\n")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(bad))}:3: .*{re.escape(expected)}"):
+        load_workload(bad)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "synthetic:duration_s=inf",
+        "synthetic:rate_per_s=nan",
+        "synthetic:duration_s=-1",
+        "synthetic:rate_per_s=0",
+    ],
+)
+def test_synthetic_options_out_of_range_are_refused(spec: str) -> None:
+    with pytest.raises(ValueError, match=r"synthetic (duration_s|rate_per_s) must be a finite number"):
+        open_workload(spec)
+
+
+def test_a_fleet_is_bounded() -> None:
+    from sim.engine.fleet import MAX_INSTANCES, parse_fleet
+
+    assert len(parse_fleet(f"{MAX_INSTANCES}xllama3-8b-h100").instances) == MAX_INSTANCES
+    for spec in ("100000000xllama3-8b-h100", f"{MAX_INSTANCES}xllama3-8b-h100+1xllama3-8b-h100"):
+        with pytest.raises(ValueError, match=f"at most {MAX_INSTANCES} instances"):
+            parse_fleet(spec)
+    with pytest.raises(ValueError, match="count must be >= 1"):
+        parse_fleet("0xllama3-8b-h100")
+
+
+def test_a_fleet_file_is_bounded_and_checked(tmp_path: Path) -> None:
+    from sim.engine.fleet import parse_fleet
+
+    spec = tmp_path / "fleet.yaml"
+    spec.write_text(
+        "data_centres:\n  - name: a\n    instances:\n      - {count: 100000000, profile: llama3-8b-h100}\n"
+    )
+    with pytest.raises(ValueError, match="at most 100000 instances"):
+        parse_fleet(str(spec))
+    spec.write_text(
+        "data_centres:\n  - name: a\n    instances:\n      - {count: -2, profile: llama3-8b-h100}\n"
+    )
+    with pytest.raises(ValueError, match="count must be >= 1"):
+        parse_fleet(str(spec))
+    spec.write_text("data_centres:\n  - just-a-name\n")
+    with pytest.raises(ValueError, match="not a fleet file"):
+        parse_fleet(str(spec))
+
+
+def test_arrivals_at_one_instant_are_measured_until_the_last_completion(tmp_path: Path) -> None:
+    """The arrival span is 0 s: the window runs to the last end of an attempt (at least 1 s)."""
+    from agents.policy.common.slo import DEFAULT_SLO_CLASSES
+    from sim.engine.fleet import parse_fleet
+    from sim.evaluation.metrics import measurement_window, report
+    from sim.loop.runner import SimConfig, simulate
+
+    trace = tmp_path / "instant.jsonl"
+    trace.write_text(
+        "".join(
+            f'{{"timestamp": 5000, "input_length": {n}, "output_length": 40}}\n' for n in (600, 900, 1200)
+        )
+    )
+    workload = load_workload(trace)
+    run = simulate(workload, parse_fleet("1xllama3-8b-h100"), "least-tokens", SimConfig())
+    assert run.window == (0.0, 0.0)
+    start, end = measurement_window(run.attempts, run.window)
+    assert start == 0.0 and end == max(max(a.end_s or 0.0 for a in run.attempts), 1.0)
+    metrics = report(run.attempts, run.window, DEFAULT_SLO_CLASSES, run.busy_s)
+    assert metrics["completed"] == 3
+    assert metrics["goodput_tokens_per_s"] == metrics["output_tokens_per_s"] == round(120 / end, 6)
+    assert metrics["compliant_share"] == 1.0 and metrics["busy_fraction"] is None

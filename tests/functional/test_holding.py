@@ -1,0 +1,81 @@
+"""Held requests are bounded and expire; unknown models, redeliveries and failures are answered once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from agents.handlers import SchedulerAgents
+from agents.policy.baselines import RoundRobin
+from agents.policy.defaults import HomeDc, PassThrough
+from agents.policy.pipeline import HoldLimits, Scheduler
+from agents.policy.types import BoolArray, ClusterView, Placement, RequestView
+from agents.routing import RoutingService
+from schemas import topics
+from tests.functional.fakes import MemoryPublisher, MemoryState, MemoryStore, RecordingTelemetry
+from tests.functional.test_agents import beat, raw, request
+
+
+def agents_with(service: RoutingService) -> tuple[SchedulerAgents, MemoryPublisher]:
+    publisher = MemoryPublisher()
+    return SchedulerAgents(service, MemoryState(), publisher, MemoryStore(), RecordingTelemetry()), publisher
+
+
+def answers(publisher: MemoryPublisher) -> list[tuple[str, str, str]]:
+    return [(a.request_id, a.action, a.reason.split(":")[0]) for a in publisher.sent[topics.ADMISSION.name]]  # type: ignore[attr-defined]
+
+
+def test_a_full_pool_rejects_and_a_held_request_expires_on_the_timer() -> None:
+    agents, publisher = agents_with(
+        RoutingService("round-robin", hold=HoldLimits(max_per_pool=2, timeout_s=0.0))
+    )
+    asyncio.run(agents.on_requests(raw(request("m", "a"), request("m", "b"), request("m", "c"))))
+    assert answers(publisher) == [("a", "queue", "no ready instance of the model in an allowed data centre"),
+                                  ("b", "queue", "no ready instance of the model in an allowed data centre"),
+                                  ("c", "reject", "queue_full")]  # fmt: skip
+    asyncio.run(agents.on_timer())  # no heartbeat ever comes for this pool: the timer answers
+    assert answers(publisher)[3:] == [("a", "reject", "expired"), ("b", "reject", "expired")]
+    assert agents.service.held("m") == 0
+
+
+def test_an_unknown_model_is_rejected_at_once_not_held() -> None:
+    agents, publisher = agents_with(RoutingService("round-robin", known_pools=["m"]))
+    asyncio.run(agents.on_requests(raw(request("nope", "x"))))
+    assert answers(publisher) == [("x", "reject", "unknown_model")]
+    assert agents.service.pools() == []  # no scheduler state was made for it
+
+
+def test_a_redelivered_request_is_not_decided_again() -> None:
+    agents, publisher = agents_with(RoutingService("round-robin"))
+    asyncio.run(agents.on_heartbeats(raw(beat("m", "i-1"))))
+    once = request("m", "r")
+    asyncio.run(agents.on_requests(raw(once)))
+    asyncio.run(agents.on_requests(raw(once)))  # the lane re-read its batch
+    assert [d.request_id for d in publisher.sent[topics.DECISIONS.name]] == ["r"]  # type: ignore[attr-defined]
+
+
+class Explodes(RoundRobin):
+    """A router that cannot place requests named boom-* (a stand-in for any per-request bug)."""
+
+    def place(
+        self, requests: Sequence[RequestView], masks: Sequence[BoolArray], view: ClusterView, now_s: float
+    ) -> list[Placement]:
+        if any(r.request_id.startswith("boom") for r in requests):
+            raise ValueError("cannot place this one")
+        return super().place(requests, masks, view, now_s)
+
+
+def test_a_request_that_cannot_be_scheduled_is_dead_lettered_alone() -> None:
+    def make() -> Scheduler:
+        return Scheduler("explodes", PassThrough(), HomeDc(), Explodes())
+
+    agents, publisher = agents_with(RoutingService("round-robin", make_scheduler=make))
+    asyncio.run(agents.on_heartbeats(raw(beat("m", "i-1"))))
+    delivered: Any = asyncio.run(
+        agents.on_requests(raw(request("m", "a"), request("m", "boom"), request("m", "b")))
+    )
+    assert delivered is not None
+    assert [d.request_id for d in publisher.sent[topics.DECISIONS.name]] == ["a", "b"]  # type: ignore[attr-defined]
+    (dead,) = publisher.sent[topics.DLQ.name]
+    assert dead.source_topic == topics.REQUESTS.name and "cannot place this one" in dead.reason  # type: ignore[attr-defined]
