@@ -10,7 +10,9 @@ pool nobody serves still answers), ``observe_*`` forwards what a proxying router
 Once per request attempt: a request already held, or already decided in the last
 ``remembered`` decisions of its pool, is a redelivery (the bus delivers at least once, and the
 request lane re-reads a batch it could not finish) and is skipped. With ``known_pools`` set, a
-request for any other model is rejected at once (reason ``unknown_model``), never held.
+request for any other model is rejected at once (reason ``unknown_model``), never held;
+without it, at most ``max_pools`` pools get a scheduler (each holds real state: a prefix index,
+a predictor), and a request for a model beyond them is rejected the same way.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class RoutingService:
         known_pools: Collection[str] = (),
         remembered: int = 100_000,
         make_scheduler: Callable[[], Scheduler] | None = None,
+        max_pools: int = 1024,
     ) -> None:
         """``make_scheduler`` builds each pool's scheduler (default: ``policy`` from the registry,
         with ``params`` and ``hold``); tests inject their own stages through it."""
@@ -74,6 +77,7 @@ class RoutingService:
         self.hold = hold
         self.known_pools = frozenset(known_pools)
         self.remembered = remembered
+        self.max_pools = max_pools
         self._pools: dict[str, _Pool] = {}
 
     def scheduler_for(self, pool: str) -> Scheduler:
@@ -86,7 +90,7 @@ class RoutingService:
 
         A request whose (id, attempt) is already held here, or comes twice in one batch, is a
         redelivery: it is skipped, so a held request is decided once."""
-        if self.known_pools and pool not in self.known_pools:
+        if not self._serves(pool):
             return [self._unknown(request) for request in requests]
         state = self._pool(pool)
         views = []
@@ -126,7 +130,7 @@ class RoutingService:
 
     def remember_decided(self, pool: str, request_id: str, attempt: int) -> None:
         """A decision for this request attempt went out before (e.g. from before a restart)."""
-        if not self.known_pools or pool in self.known_pools:
+        if self._serves(pool):
             self._decided(self._pool(pool), (request_id, attempt))
 
     def expire(self, now: float) -> list[Routed]:
@@ -144,15 +148,18 @@ class RoutingService:
         return 0 if state is None else state.scheduler.held_total
 
     def observe_completion(self, event: Completion) -> None:
-        self._pool(event.model).scheduler.observe(finished(event))
+        if self._serves(event.model):
+            self._pool(event.model).scheduler.observe(finished(event))
 
     def observe_first_token(self, event: ResponseStarted) -> None:
-        self._pool(event.model).scheduler.observe(first_token(event))
+        if self._serves(event.model):
+            self._pool(event.model).scheduler.observe(first_token(event))
 
     def observe_kv(self, event: KvEvent) -> None:
-        scheduler = self._pool(event.model).scheduler
-        if scheduler.wants_kv_events:
-            scheduler.observe(blocks_changed(event))
+        if self._serves(event.model):
+            scheduler = self._pool(event.model).scheduler
+            if scheduler.wants_kv_events:
+                scheduler.observe(blocks_changed(event))
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -162,8 +169,13 @@ class RoutingService:
             state = self._pools[pool] = _Pool(self.make_scheduler())
         return state
 
+    def _serves(self, pool: str) -> bool:
+        if self.known_pools:
+            return pool in self.known_pools
+        return pool in self._pools or len(self._pools) < self.max_pools
+
     def _unknown(self, request: InferenceRequest) -> Routed:
-        known = ", ".join(sorted(self.known_pools))
+        known = ", ".join(sorted(self.known_pools)) or f"the first {self.max_pools} seen"
         admission = AdmissionDecision(
             **self._common(request, request_view(request).slo_class),
             action="reject",

@@ -34,6 +34,8 @@ from streams.binding import LanePublisher, bind
 from streams.request_lane import RequestLane
 from streams.snapshot import SnapshotCache, TableState
 
+HEALTH_MAX_AGE_S = 5.0  # /health: the lane's last answered fetch at most this old
+
 
 @contextlib.contextmanager
 def kafka_bootstrap(settings: Settings) -> Iterator[str]:
@@ -102,5 +104,34 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
     @app.page("/metrics")
     async def prometheus(web: Any, request: Any) -> Any:
         return web.bytes(metrics.render(), content_type="text/plain; version=0.0.4")
+
+    def health(max_age_s: float = HEALTH_MAX_AGE_S) -> tuple[bool, dict[str, Any]]:
+        """Consuming = the request lane reads partitions and the broker answered one of its
+        fetches within ``max_age_s``. Also read by the worker's watchdog (``app.conf``)."""
+        lane_status = lane.status()
+        assigned: list[str] = []
+        highwater: dict[str, int] = dict(lane_status["highwater"])
+        with contextlib.suppress(Exception):  # the consumer may not be started yet
+            for tp in sorted(app.consumer.assignment()):
+                assigned.append(f"{tp.topic}:{tp.partition}")
+                mark = app.consumer.highwater(tp)
+                if mark is not None and mark >= 0:
+                    highwater.setdefault(f"{tp.topic}:{tp.partition}", int(mark))
+        consuming = lane.healthy(max_age_s)
+        return consuming, {
+            "consuming": consuming,
+            "assigned": assigned,
+            "lane_partitions": lane_status["partitions"],
+            "last_fetch_age_s": lane_status["last_fetch_age_s"],
+            "highwater": highwater,
+        }
+
+    app.conf.tokenfleet_health = health
+
+    @app.page("/health")
+    async def health_page(web: Any, request: Any) -> Any:
+        consuming, body = health()
+        body.pop("highwater")
+        return web.json(body, status=200 if consuming else 503)
 
     return app, store

@@ -90,6 +90,8 @@ class RequestLane:
         self._assigned: set[int] = set()  # what the consumer reads now
         self._delivered: dict[Any, int] = {}  # offsets delivered, not yet committed
         self._committed_at = 0.0
+        self.last_fetch_ok: float | None = None  # monotonic: the broker last answered our fetch
+        self._fetch_seen: dict[Any, int] = {}  # partition -> its last fetch response (wall ms)
 
     async def start(self) -> None:
         """Create and start the consumer and producer (inside the worker's event loop)."""
@@ -109,6 +111,42 @@ class RequestLane:
     def running(self) -> bool:
         """Started and not stopped (its producer can take messages)."""
         return self._task is not None and not self._task.done()
+
+    def healthy(self, max_age_s: float) -> bool:
+        """Running, reading partitions, and the broker answered one of its fetches within
+        ``max_age_s`` (an empty answer counts: it is the broker saying there is nothing new)."""
+        return (
+            self.running
+            and bool(self._assigned)
+            and self.last_fetch_ok is not None
+            and time.monotonic() - self.last_fetch_ok <= max_age_s
+        )
+
+    def status(self) -> dict[str, Any]:
+        """What ``healthy`` looks at, and each partition's high watermark as last fetched (a
+        watermark that goes down means the broker lost its log)."""
+        age = None if self.last_fetch_ok is None else round(time.monotonic() - self.last_fetch_ok, 3)
+        highwater: dict[str, int] = {}
+        if self._consumer is not None:
+            for tp in self._consumer.assignment():
+                mark = self._consumer.highwater(tp)
+                if mark is not None:
+                    highwater[f"{tp.topic}:{tp.partition}"] = int(mark)
+        return {
+            "running": self.running,
+            "partitions": sorted(self._assigned),
+            "last_fetch_age_s": age,
+            "highwater": highwater,
+        }
+
+    def _note_fetches(self) -> None:
+        """Record when a fetch of ours was last answered (aiokafka stamps each partition's
+        fetch response, empty or not)."""
+        for tp in self._consumer.assignment():
+            stamp = self._consumer.last_poll_timestamp(tp)
+            if stamp is not None and stamp != self._fetch_seen.get(tp):
+                self._fetch_seen[tp] = stamp
+                self.last_fetch_ok = time.monotonic()
 
     async def send_many(self, topic: str, messages: Sequence[tuple[bytes, bytes]]) -> Awaitable[object]:
         """Queue ``(key, value)`` messages, one record batch per partition (keys hashed as every
@@ -193,6 +231,7 @@ class RequestLane:
                 batches: dict[Any, list[Any]] = {}
                 if self._assigned:
                     batches = await self._consumer.getmany(timeout_ms=50, max_records=self.max_batch)
+                    self._note_fetches()
                 messages = [(m.key, m.value) for records in batches.values() for m in records]
                 positions = [(m.partition, m.offset) for records in batches.values() for m in records]
                 if messages and self._fresh:

