@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MOONCAKE := sim/traces/mooncake/conversation_trace.jsonl
 
-.PHONY: install demo simulate test lint bench bench-stream bench-broker bench-decision scoreboard clean
+.PHONY: install demo simulate test lint bench bench-stream bench-broker bench-decision scoreboard faults clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,11 @@ bench-decision: install
 
 scoreboard: install
 	$(PY) -m sim.evaluation.scoreboard
+
+# The fault suite (several minutes): bad input, worker kill, store and broker outages, in figures.
+faults: install
+	mkdir -p out
+	$(PY) -m bench.faults --json out/faults.json
 
 clean:
 	rm -rf $(VENV) out .tokenfleet

@@ -21,9 +21,9 @@ How each figure is counted (``null`` where it does not apply):
   broker never acknowledged was not published). Bad messages are ``bad_published``.
 - ``decided_once`` / ``decided_twice``: routing decisions on ``tf.decisions`` per
   (request_id, attempt) of the valid requests published: how many keys got exactly one, how
-  many two or more.
-- ``executed_twice``: (request_id, attempt) of valid requests with two or more completions on
-  ``tf.completions`` (the fleet ran the attempt more than once).
+  many two or more (distinct decision event ids: one record read twice is one decision).
+- ``executed_twice``: (request_id, attempt) of valid requests with two or more completions
+  (distinct event ids) on ``tf.completions``: the fleet ran the attempt more than once.
 - ``lost``: valid requests published with neither a routing decision nor a ``reject`` on
   ``tf.admission``.
 - ``dead_lettered``: records on ``tf.dlq``; ``bad_not_dead_lettered`` counts the bad messages
@@ -40,11 +40,25 @@ How each figure is counted (``null`` where it does not apply):
 - ``recovered_s``: first decision record timestamp after the end of the fault - that end.
   ``outage_s`` (worker_kill, broker_restart): the same from the *start* of the fault.
 
+Extra figures where they apply: ``rejected`` (valid requests rejected), ``held_at_end`` (valid
+requests never decided whose last admission answer is ``queue``: held, counted in ``lost``),
+``send_failed`` (sends the broker never acknowledged), ``fleet_error`` / ``fleet_died_at_s``
+(the in-process fleet stopped with an error, seconds into the scenario), ``outage_s``,
+``lost_with_broker_log`` / ``lost_after_restart`` (broker_restart), ``routing_p99_store_down_s``,
+``decided_not_executed`` (decided valid requests with no completion on ``tf.completions``;
+broker_restart also ``..._before_restart``: those decided on the old broker),
+``spool_*`` (store_down_at_start), ``decided_after_last_pill`` (poison), ``note`` (a scenario not
+run, and why), ``error`` (a scenario that failed: its figures are those so far), ``seconds``.
+
 Fault windows: ``baseline``, ``fuzz``, ``poison``: the publishing period (poison: its end is
 the last pill's acknowledgement); ``worker_kill``: kill -9 -> the replacement is ready;
 ``held_restart``: first held request -> the fleet's first heartbeat after the restart;
 ``store_down_at_start``: first request -> the worker with the embedded store is ready;
 ``broker_restart``: the old broker stopped -> the new one listens with its topics.
+
+After a broker restart the collector (the measuring apparatus, not the system under test)
+starts a new consumer from offset 0 of the new log, keeping what it saw before; the publisher's
+producer, the worker and the fleet are left to reconnect on their own.
 """
 
 from __future__ import annotations
@@ -55,6 +69,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import logging
 import math
 import os
 import random
@@ -172,6 +187,7 @@ def valid_request(rng: random.Random, request_id: str, **fields: Any) -> Inferen
         "output_budget": 64,
         "true_output_tokens": rng.randint(4, 48),
         "prompt_block_hashes": tuple(rng.getrandbits(62) for _ in range(blocks)),
+        "event_id": f"{rng.getrandbits(128):032x}",
     }
     values.update(fields)
     return InferenceRequest(**values)
@@ -240,7 +256,7 @@ def fuzzed_messages(count: int, seed: int = 0) -> list[bytes]:
     mutations = _mutations()
     out: list[bytes] = []
     while len(out) < count:
-        base = json.loads(encode(valid_request(rng, f"fuzz-{len(out)}")))
+        base = json.loads(encode(valid_request(rng, f"fuzz-{len(out)}", ts=1.7e9 + rng.random())))
         raw = rng.choice(mutations)(rng, base)
         try:
             decode(InferenceRequest, raw)
@@ -283,6 +299,7 @@ class Decided:
     key: Key
     at: float  # the decision record's timestamp, seconds
     worker: str
+    event_id: str
 
 
 class Collector:
@@ -338,7 +355,9 @@ class Collector:
             data = json.loads(value or b"")
             if topic == DECISIONS.name:
                 self.decisions.append(
-                    Decided((data["request_id"], data["attempt"]), at, data.get("worker", ""))
+                    Decided(
+                        (data["request_id"], data["attempt"]), at, data.get("worker", ""), data["event_id"]
+                    )
                 )
             elif topic == ADMISSION.name:
                 self.admissions.append(((data["request_id"], data["attempt"]), data["action"]))
@@ -367,6 +386,15 @@ class Collector:
         if self._consumer is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._consumer.stop(), timeout=10)
+
+    async def restart(self) -> None:
+        """A new consumer from the start of every partition, keeping what was seen: after a
+        broker restart the new log starts again at offset 0, and an old consumer whose position
+        the new log has already passed would skip its first records (the collector is the
+        measuring apparatus; it must not miss what the system did)."""
+        await self.stop()
+        self._task, self._consumer, self.error = None, None, ""
+        await self.start()
 
 
 class Publisher:
@@ -465,6 +493,7 @@ class Run:
     _fleet: asyncio.Task[Any] | None = None
     _fleet_stop: asyncio.Event | None = None
     _seq: int = 0
+    started_at: float = field(default_factory=time.time)
 
     # --- lifecycle
 
@@ -524,6 +553,7 @@ class Run:
                 self.bootstrap, FLEET, stop=self._fleet_stop, ready=ready, group_id=f"fleet-{self.app_id}"
             )
         )
+        self._fleet.add_done_callback(self._fleet_ended)
         waiter = asyncio.create_task(ready.wait())
         await asyncio.wait({waiter, self._fleet}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()
@@ -532,6 +562,13 @@ class Run:
             raise RuntimeError("the fleet stopped before it was ready")
         if not ready.is_set():
             raise RuntimeError(f"the fleet got no partition within {timeout_s:.0f} s")
+
+    def _fleet_ended(self, task: asyncio.Task[Any]) -> None:
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            self.extra["fleet_error"] = f"{type(error).__name__}: {error}"[:300]
+            self.extra["fleet_died_at_s"] = round(time.time() - self.started_at, 1)
+            _log(f"{self.name}: the fleet stopped with {self.extra['fleet_error']}")
 
     async def stop_fleet(self) -> None:
         if self._fleet is None or self._fleet_stop is None:
@@ -542,8 +579,6 @@ class Run:
         if not done:
             fleet.cancel()
             await asyncio.wait({fleet}, timeout=10)
-        elif fleet.exception() is not None:
-            self.extra.setdefault("fleet_error", repr(fleet.exception()))
 
     async def close(self) -> None:
         """Stop everything this run started, in order; never raises."""
@@ -654,8 +689,10 @@ class Run:
         if publisher is None or collector is None:
             return out
         valid = set(publisher.valid)
-        decided = tally(d.key for d in collector.decisions)
-        executed = tally(k for k, _, _ in collector.completions)
+        # Distinct event ids per key: a record read twice (or a producer's retried batch) is the
+        # same event, not a second decision or execution.
+        decided = tally(key for key, _ in {(d.key, d.event_id) for d in collector.decisions})
+        executed = tally(key for key, _ in {(k, e) for k, e, _ in collector.completions})
         rejected = {k for k, action in collector.admissions if action == "reject"}
         first: dict[Key, float] = {}
         for d in collector.decisions:
@@ -688,6 +725,15 @@ class Run:
             out["recovered_s"] = _round(recovered_after(self.fault_end, first.values()))
         if self.fault_start is not None:
             out["outage_s"] = _round(recovered_after(self.fault_start, first.values()))
+        not_executed = {k for k in valid if k in decided and k not in executed}
+        out["decided_not_executed"] = len(not_executed)
+        if self.broker_stopped_at is not None:
+            stopped = self.broker_stopped_at
+            out["decided_not_executed_before_restart"] = sum(1 for k in not_executed if first[k] < stopped)
+        last_action = dict(collector.admissions)  # key -> its last admission answer
+        held = {k for k in valid if k not in decided and last_action.get(k) == "queue"}
+        if held:
+            out["held_at_end"] = len(held)
         if self.broker_stopped_at is not None:
             lost = {k for k in valid if k not in decided and k not in rejected}
             old = {k for k, at in publisher.acked_at.items() if at < self.broker_stopped_at}
@@ -843,6 +889,7 @@ async def store_down_at_start(run: Run) -> None:
     publishing = asyncio.create_task(run.steady("s", 35))
     try:
         await asyncio.sleep(15)
+        down_until = time.time()
         await run.stop_worker(down)
         segments = _spool_segments(run.data_dir)
         run.extra["spool_segments"] = len(segments)
@@ -856,6 +903,11 @@ async def store_down_at_start(run: Run) -> None:
     finally:
         await asyncio.wait_for(publishing, timeout=60)
     await run.settle()
+    assert run.publisher is not None and run.collector is not None
+    first = {d.key: d.at for d in reversed(run.collector.decisions)}
+    run.extra["routing_p99_store_down_s"] = _round(
+        p99(window_latencies(run.publisher.valid, first, t0, down_until))
+    )
     drained = await run.until(lambda: not _spool_segments(run.data_dir), 90)
     run.extra["spool_drained_s"] = round(time.time() - ready_at, 3) if drained else None
     await asyncio.sleep(2.0)  # the last batch written before its segment went is committed
@@ -923,6 +975,8 @@ async def broker_restart(run: Run) -> None:
         else:
             raise RuntimeError(f"no broker could be started again on port {port}")
         _log(f"{run.name}: broker back on port {port}")
+        assert run.collector is not None
+        await run.collector.restart()
         run.fault_start = run.broker_stopped_at
         run.window = (run.broker_stopped_at, time.time())
         run.fault_end = run.window[1]
@@ -1023,6 +1077,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write {'scenarios': {NAME: figures}} here")
     parser.add_argument("--keep", action="store_true", help="keep the data dirs (worker and broker logs)")
     args = parser.parse_args(argv)
+    # aiokafka logs every failed connection during the broker restart: the figures say what
+    # happened, and the workers' own logs are in their data dirs (--keep).
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     names = [n for n in SCENARIOS if not args.only or n in args.only]
     root = Path(tempfile.mkdtemp(prefix="tokenfleet-faults-"))
     try:

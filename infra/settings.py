@@ -53,6 +53,11 @@ class Settings(BaseSettings):
         "Empty = any model (one nobody serves is held until hold_timeout_s, then rejected)",
     )
     hold_max_per_pool: int = Field(default=10_000, ge=1, description="requests one queue pool may hold")
+    watchdog_exit_on_disconnect: bool = Field(
+        default=True,
+        description="restart the worker at once when its broker connection breaks: right for one "
+        "in-memory broker (the embedded Tansu loses its log); set false for a Kafka cluster",
+    )
     hold_timeout_s: float = Field(default=60.0, gt=0, description="longest a request is held, seconds")
     dc_rtt_ms: dict[str, float] = Field(
         default_factory=dict, description="data centre -> round trip from the ingress, ms"

@@ -13,15 +13,18 @@ import asyncio
 import contextlib
 import logging
 import math
+import random
 import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
 from infra.engines.emulated import EmulatedEngines
 from infra.engines.port import EngineEvent, EnginePort
+from infra.kafka.broker import ensure_topics_async
 from infra.kafka.clients import send_event, start_client
 from schemas.codec import DecodeError, decode
 from schemas.events import Completion, Event, Heartbeat, KvEvent, ResponseStarted, RoutingDecision
@@ -47,6 +50,28 @@ class FleetCounts:
     completions: int
     kv_events: int
     heartbeats: int
+    reconnects: int = 0  # times the broker was lost and the clients started again
+
+
+@dataclass(frozen=True, slots=True)
+class Reconnect:
+    """When the dispatcher takes the broker for lost, and how it comes back (seconds)."""
+
+    send_timeout_s: float = 5.0  # events not delivered in this time
+    fetch_stale_s: float = 5.0  # assigned, but no fetch answered
+    unassigned_s: float = 30.0  # no partitions since connecting (or since the last assignment)
+    probe_s: float = 0.5  # how often it looks at the consumer
+    backoff_initial_s: float = 0.25
+    backoff_max_s: float = 5.0
+    topics_timeout_s: float = 10.0  # retry budget of one ensure_topics
+
+
+class BrokerLost(KafkaError):  # type: ignore[misc]
+    """The dispatcher's clients no longer work with the broker (it reconnects)."""
+
+
+_BROKER_ERRORS = (KafkaError, OSError)  # TimeoutError is an OSError
+_MAX_BACKLOG = 200_000  # engine events kept for resending while the broker is away
 
 
 async def run_fleet(
@@ -62,6 +87,8 @@ async def run_fleet(
     session_timeout_s: float = 6.0,
     rebalance_timeout_s: float = 6.0,
     heartbeat_interval_s: float = 1.0,
+    partitions: int | None = None,
+    reconnect: Reconnect | None = None,
 ) -> FleetCounts:
     """Emulate ``fleet_spec`` (``EmulatedEngines.from_spec``) at ``speed`` until ``stop`` is set
     (or the task is cancelled). Stops within ``heartbeat_s`` of ``stop``; events produced up to
@@ -72,34 +99,88 @@ async def run_fleet(
     The consumer-group timeouts default low because Tansu holds a join for half the rebalance
     timeout. ``auto_offset_reset="earliest"``: a new group also executes decisions published
     while it was joining (a request already past its client timeout just times out).
+
+    Broker outages (``reconnect``): when deliveries time out or fail, fetches go unanswered, no
+    partition is assigned for long, or a high watermark goes down (the broker lost its log: a
+    restarted embedded Tansu), the clients are stopped and, after a jittered back-off, missing
+    topics are recreated (``partitions`` each, default the settings') and new clients started;
+    the engines keep their state and the events not delivered are sent again (at least once).
+    It keeps trying until ``stop``.
     """
     if heartbeat_s <= 0:
         raise ValueError("heartbeat_s must be > 0")
+    reconnect = reconnect or Reconnect()
+    if partitions is None:
+        from infra.settings import Settings
+
+        partitions = Settings().topic_partitions
     engines = EmulatedEngines.from_spec(fleet_spec, speed, start_wall=time.time())
     if stop is None:
         stop = asyncio.Event()
-    async with contextlib.AsyncExitStack() as stack:
-        stack.push_async_callback(engines.close)
-        producer = await start_client(lambda: AIOKafkaProducer(bootstrap_servers=bootstrap), "fleet producer")
-        stack.push_async_callback(producer.stop)
-        consumer = await start_client(
-            lambda: AIOKafkaConsumer(
-                DECISIONS.name,
-                bootstrap_servers=bootstrap,
-                group_id=group_id,
-                auto_offset_reset=auto_offset_reset,
-                enable_auto_commit=True,
-                session_timeout_ms=int(session_timeout_s * 1000),
-                rebalance_timeout_ms=int(rebalance_timeout_s * 1000),
-                heartbeat_interval_ms=int(heartbeat_interval_s * 1000),
-            ),
-            "fleet consumer",
-        )
-        stack.push_async_callback(consumer.stop)
-        loop = _FleetLoop(engines, producer, consumer, heartbeat_s, ready)
-        log.info("emulated fleet %s: %d endpoints, speed x%g", fleet_spec, len(engines.endpoints), speed)
-        await loop.run(stop)
-    return loop.counts()
+    loop = _FleetLoop(engines, heartbeat_s, ready, reconnect)
+    log.info("emulated fleet %s: %d endpoints, speed x%g", fleet_spec, len(engines.endpoints), speed)
+    try:
+        failures = 0
+        while True:
+            try:
+                async with contextlib.AsyncExitStack() as stack:
+                    producer = await start_client(
+                        lambda: AIOKafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=10_000),
+                        "fleet producer",
+                    )
+                    stack.push_async_callback(_stop_client, producer)
+                    consumer = await start_client(
+                        lambda: AIOKafkaConsumer(
+                            DECISIONS.name,
+                            bootstrap_servers=bootstrap,
+                            group_id=group_id,
+                            auto_offset_reset=auto_offset_reset,
+                            # Committed by the loop after each dispatched batch, never on stop:
+                            # a consumer stopped after the broker lost its log would commit its
+                            # old positions into the new log and skip what was written there.
+                            enable_auto_commit=False,
+                            session_timeout_ms=int(session_timeout_s * 1000),
+                            rebalance_timeout_ms=int(rebalance_timeout_s * 1000),
+                            heartbeat_interval_ms=int(heartbeat_interval_s * 1000),
+                        ),
+                        "fleet consumer",
+                    )
+                    stack.push_async_callback(_stop_client, consumer)
+                    if failures:
+                        log.warning("fleet: reconnected to %s", bootstrap)
+                        failures = 0
+                    await loop.run(stop, producer, consumer)
+                return loop.counts()
+            except _BROKER_ERRORS as exc:
+                if stop.is_set():
+                    return loop.counts()
+                failures += 1
+                loop.reconnects += 1
+                ceiling = min(reconnect.backoff_max_s, reconnect.backoff_initial_s * 2.0 ** (failures - 1))
+                delay = ceiling * random.uniform(0.5, 1.0)
+                log.warning(
+                    "fleet: lost the broker (%s); reconnecting in %.2f s",
+                    _first_line(exc), delay, exc_info=not isinstance(exc, BrokerLost),
+                )  # fmt: skip
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                if stop.is_set():
+                    return loop.counts()
+                with contextlib.suppress(*_BROKER_ERRORS):  # not yet: the next connect fails and waits
+                    await ensure_topics_async(bootstrap, partitions, timeout_s=reconnect.topics_timeout_s)
+    finally:
+        await engines.close()
+
+
+async def _stop_client(client: Any) -> None:
+    """Stop a client without hanging on a broker that is gone."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(client.stop(), 5.0)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 class _FleetLoop:
@@ -108,21 +189,25 @@ class _FleetLoop:
     def __init__(
         self,
         engines: EnginePort,
-        producer: Any,
-        consumer: Any,
         heartbeat_s: float,
         ready: asyncio.Event | None,
+        reconnect: Reconnect,
     ) -> None:
         self.engines = engines
         self.ready = ready
-        self.producer = producer
-        self.consumer = consumer
         self.heartbeat_s = heartbeat_s
-        self.decisions = self.duplicates = self.invalid = 0
+        self.reconnect_limits = reconnect
+        self.producer: Any = None
+        self.consumer: Any = None
+        self.decisions = self.duplicates = self.invalid = self.reconnects = 0
         self.sent: Counter[TopicSpec] = Counter()
+        self._backlog: list[EngineEvent | Heartbeat] = []  # not delivered before an outage
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event, producer: Any, consumer: Any) -> None:
+        self.producer, self.consumer = producer, consumer
+        liveness = _Liveness(consumer, self.reconnect_limits)
         next_heartbeat = time.time()
+        await self._send([])  # the backlog of the previous connection first
         while not stop.is_set():
             now = time.time()
             wake = next_heartbeat
@@ -132,13 +217,18 @@ class _FleetLoop:
             batches = await self.consumer.getmany(
                 timeout_ms=max(0, math.ceil((wake - now) * 1000)), max_records=_MAX_POLL_RECORDS
             )
-            if self.ready is not None and not self.ready.is_set() and self.consumer.assignment():
+            assigned = bool(self.consumer.assignment())
+            if self.ready is not None and not self.ready.is_set() and assigned:
                 self.ready.set()
+            liveness.check()
             # One instant for the whole batch: decisions polled together reach the engines together.
             now = time.time()
             for records in batches.values():
                 for record in records:
                     await self._dispatch(record.value, now)
+            ends = {tp: records[-1].offset + 1 for tp, records in batches.items() if records}
+            if ends:
+                await self.consumer.commit(ends)
             events: list[EngineEvent | Heartbeat] = list(await self.engines.events(now))
             if now >= next_heartbeat:
                 events.extend(await self.engines.load(now))
@@ -163,13 +253,26 @@ class _FleetLoop:
             self.duplicates += 1
 
     async def _send(self, events: list[EngineEvent | Heartbeat]) -> None:
-        futures = []
+        """Send and wait for delivery (``BrokerLost`` after ``send_timeout_s``). What was not
+        delivered stays in the backlog for the next connection, but heartbeats: the next beat
+        says it better."""
+        if self._backlog:
+            events, self._backlog = [*self._backlog, *events], []
+        if not events:
+            return
+        try:
+            futures = [await send_event(self.producer, _TOPIC_OF[type(event)], event) for event in events]
+            await asyncio.wait_for(asyncio.gather(*futures), self.reconnect_limits.send_timeout_s)
+        except BaseException as exc:
+            kept: list[EngineEvent | Heartbeat] = [e for e in events if not isinstance(e, Heartbeat)]
+            self._backlog = kept[-_MAX_BACKLOG:]
+            if isinstance(exc, TimeoutError):
+                raise BrokerLost(
+                    f"events not delivered in {self.reconnect_limits.send_timeout_s:.0f} s"
+                ) from exc
+            raise
         for event in events:
-            spec = _TOPIC_OF[type(event)]
-            self.sent[spec] += 1
-            futures.append(await send_event(self.producer, spec, event))
-        if futures:
-            await asyncio.gather(*futures)
+            self.sent[_TOPIC_OF[type(event)]] += 1
 
     def counts(self) -> FleetCounts:
         return FleetCounts(
@@ -180,4 +283,45 @@ class _FleetLoop:
             completions=self.sent[COMPLETIONS],
             kv_events=self.sent[KV_EVENTS],
             heartbeats=self.sent[HEARTBEATS],
+            reconnects=self.reconnects,
         )
+
+
+class _Liveness:
+    """``check()`` raises ``BrokerLost`` when the consumer no longer really consumes: its
+    fetches unanswered for ``fetch_stale_s`` while assigned, no partitions for
+    ``unassigned_s``, or a high watermark lower than one seen before (the log was lost)."""
+
+    def __init__(self, consumer: Any, limits: Reconnect) -> None:
+        self.consumer, self.limits = consumer, limits
+        self._checked = 0.0
+        self._answered = self._assigned_at = time.monotonic()
+        self._stamps: dict[Any, int] = {}
+        self._highest: dict[Any, int] = {}
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now - self._checked < self.limits.probe_s:
+            return
+        self._checked = now
+        partitions = self.consumer.assignment()
+        if not partitions:
+            if now - self._assigned_at > self.limits.unassigned_s:
+                raise BrokerLost(f"no partition assigned for {self.limits.unassigned_s:.0f} s")
+            self._answered = now
+            return
+        self._assigned_at = now
+        for tp in partitions:
+            stamp = self.consumer.last_poll_timestamp(tp)
+            if stamp is not None and stamp != self._stamps.get(tp):
+                self._stamps[tp] = stamp
+                self._answered = now
+            mark = self.consumer.highwater(tp)
+            if mark is not None:
+                if mark < self._highest.get(tp, 0):
+                    raise BrokerLost(
+                        f"{tp.topic}:{tp.partition}'s high watermark went down: the log was lost"
+                    )
+                self._highest[tp] = mark
+        if now - self._answered > self.limits.fetch_stale_s:
+            raise BrokerLost(f"no fetch answered for {self.limits.fetch_stale_s:.0f} s")

@@ -11,14 +11,12 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Awaitable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from infra.kafka.clients import send_event, start_client
+from infra.kafka.clients import ResilientProducer
 from schemas.codec import encode
 from schemas.events import BatchJob, InferenceRequest
 from schemas.topics import BATCH_JOBS, REQUESTS
@@ -78,19 +76,30 @@ async def publish_workload(
     limit: int | None = None,
     duration_s: float | None = None,
     realtime: bool = True,
+    *,
+    partitions: int | None = None,
+    retry_budget_s: float = 60.0,
 ) -> int:
     """Publish the workload's requests (arrivals ``rate_scale`` times as fast) to ``tf.requests``,
     keyed by model; return how many were sent (all delivered).
 
     ``realtime``: each at its arrival time after the start; else as fast as possible. Stops after
     ``limit`` requests or at the first arrival after ``duration_s`` (scaled seconds).
+
+    A broker outage is retried (``infra.kafka.clients.ResilientProducer``: topics recreated,
+    undelivered requests sent again, at least once) for ``retry_budget_s``; then
+    ``BrokerUnavailable`` (a ``ConnectionError``: the CLI prints one line and exits 2).
     """
     requests = workload.scaled(rate_scale).requests
-    producer = await start_client(
-        lambda: AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5), "loadgen"
+    producer = ResilientProducer(
+        bootstrap,
+        lambda: AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, request_timeout_ms=10_000),
+        "loadgen",
+        _partitions(partitions),
+        budget_s=retry_budget_s,
     )
+    await producer.start()
     try:
-        pending: list[Awaitable[Any]] = []
         start = time.monotonic()
         sent = 0
         for request in requests:
@@ -99,21 +108,28 @@ async def publish_workload(
             ):
                 break
             if realtime and start + request.arrival_s > time.monotonic():
-                await _delivered(pending)  # deliver what is due before idling
+                await producer.flush()  # deliver what is due before idling
                 await asyncio.sleep(max(0.0, start + request.arrival_s - time.monotonic()))
             event = to_inference_request(request, model, time.time())
-            pending.append(await send_event(producer, REQUESTS, event))
+            await producer.send(REQUESTS, event)
             sent += 1
-            if len(pending) >= _IN_FLIGHT:
-                await _delivered(pending)
-        await _delivered(pending)
+            if producer.pending >= _IN_FLIGHT:
+                await producer.flush()
+        await producer.flush()
         return sent
     finally:
         await producer.stop()
 
 
 async def submit_batch(
-    bootstrap: str, path: Path, deadline_s: float, model: str = "llama3-8b", job_id: str | None = None
+    bootstrap: str,
+    path: Path,
+    deadline_s: float,
+    model: str = "llama3-8b",
+    job_id: str | None = None,
+    *,
+    partitions: int | None = None,
+    retry_budget_s: float = 60.0,
 ) -> BatchJob:
     """Publish the requests of a Mooncake-style JSONL file as one batch job to ``tf.batch.jobs``
     (keyed by job id), every request of class ``batch`` due ``deadline_s`` from now; returns it.
@@ -145,19 +161,28 @@ async def submit_batch(
         raise ValueError(
             f"{path}: the job is {len(value)} bytes as one message (limit {_MAX_JOB_BYTES}); split the file"
         )
-    producer = await start_client(
-        lambda: AIOKafkaProducer(bootstrap_servers=bootstrap, max_request_size=_MAX_JOB_BYTES + 4096),
+    producer = ResilientProducer(
+        bootstrap,
+        lambda: AIOKafkaProducer(
+            bootstrap_servers=bootstrap, max_request_size=_MAX_JOB_BYTES + 4096, request_timeout_ms=10_000
+        ),
         "batch submit",
+        _partitions(partitions),
+        budget_s=retry_budget_s,
     )
+    await producer.start()
     try:
-        await (await send_event(producer, BATCH_JOBS, job))
+        await producer.send(BATCH_JOBS, job)
+        await producer.flush()
     finally:
         await producer.stop()
     return job
 
 
-async def _delivered(pending: list[Awaitable[Any]]) -> None:
-    """Wait for every queued delivery (raises the first failure) and clear the list."""
-    if pending:
-        await asyncio.gather(*pending)
-        pending.clear()
+def _partitions(partitions: int | None) -> int:
+    """Partitions of the topics recreated after a broker lost them (default: the settings')."""
+    if partitions is not None:
+        return partitions
+    from infra.settings import Settings
+
+    return Settings().topic_partitions

@@ -14,13 +14,15 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.client import AIOKafkaClient
+from aiokafka.cluster import ClusterMetadata
+from aiokafka.conn import CloseReason, create_conn
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.protocol.metadata import MetadataRequest
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from schemas.topics import ALL_TOPICS
@@ -146,13 +148,19 @@ def ensure_topics(
 
 
 class BrokerProbe:
-    """Asks the broker for its topic list over one kept connection (recreated after a failure).
+    """Asks the broker for its topic list over one kept connection (to the first bootstrap
+    address; opened again after a failure), and tells ``on_lost`` at once when that connection
+    breaks (the broker process went away: restarted or crashed).
 
     ``topics()`` is ``None`` when the broker did not answer within ``timeout_s``."""
 
-    def __init__(self, bootstrap: str, timeout_s: float = 2.0) -> None:
-        self.bootstrap, self.timeout_s = bootstrap, timeout_s
-        self._client: Any = None
+    def __init__(
+        self, bootstrap: str, timeout_s: float = 2.0, on_lost: Callable[[str], None] | None = None
+    ) -> None:
+        host, _, port = bootstrap.split(",")[0].strip().rpartition(":")
+        self.host, self.port = host or "127.0.0.1", int(port)
+        self.timeout_s, self.on_lost = timeout_s, on_lost
+        self._conn: Any = None
 
     async def topics(self) -> set[str] | None:
         try:
@@ -162,21 +170,21 @@ class BrokerProbe:
             return None
 
     async def _topics(self) -> set[str]:
-        if self._client is None:
-            client = AIOKafkaClient(
-                bootstrap_servers=self.bootstrap, request_timeout_ms=int(self.timeout_s * 1000)
+        if self._conn is None or not self._conn.connected():
+            self._conn = await create_conn(
+                self.host, self.port, request_timeout_ms=int(self.timeout_s * 1000), on_close=self._closed
             )
-            try:
-                await client.bootstrap()
-            except BaseException:
-                await client.close()
-                raise
-            self._client = client
-        cluster = await self._client.fetch_all_metadata()
+        response = await self._conn.send(MetadataRequest(None, allow_auto_topic_creation=False))
+        cluster = ClusterMetadata()
+        cluster.update_metadata(response)
         return set(cluster.topics())
 
+    def _closed(self, conn: Any, reason: Any) -> None:
+        if conn is self._conn and reason == CloseReason.CONNECTION_BROKEN and self.on_lost is not None:
+            self.on_lost(f"the connection to the broker at {self.host}:{self.port} broke")
+
     async def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
             with contextlib.suppress(Exception):
-                await client.close()
+                conn.close(reason=CloseReason.SHUTDOWN)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
@@ -52,3 +53,113 @@ async def send_event(producer: Any, spec: TopicSpec, event: Event) -> Awaitable[
     """Queue ``event`` on ``spec``'s topic (JSON, keyed); returns the delivery future."""
     future: Awaitable[Any] = await producer.send(spec.name, encode(event), key=key_of(spec, event))
     return future
+
+
+BROKER_ERRORS = (KafkaError, OSError)  # TimeoutError is an OSError
+
+
+class BrokerUnavailable(ConnectionError):
+    """The broker did not take what was sent within the retry budget (one line, for the CLI)."""
+
+
+class ResilientProducer:
+    """A producer for commands that publish and exit (the load generator, batch submit).
+
+    ``send`` queues an event and keeps it until ``flush`` has it delivered. A failure (the
+    broker away, a delivery not confirmed in ``send_timeout_s``) stops the producer and, with
+    jittered back-off, recreates missing topics and a new producer and sends every undelivered
+    event again (at least once), until ``budget_s`` has passed since the failure: then
+    ``BrokerUnavailable``."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        factory: Callable[[], Any],
+        what: str,
+        partitions: int,
+        budget_s: float = 60.0,
+        send_timeout_s: float = 15.0,
+    ) -> None:
+        self.bootstrap, self.factory, self.what, self.partitions = bootstrap, factory, what, partitions
+        self.budget_s, self.send_timeout_s = budget_s, send_timeout_s
+        self.producer: Any = None
+        self.delivered = 0
+        self._pending: list[tuple[TopicSpec, Event, Awaitable[Any] | None]] = []
+
+    async def start(self) -> None:
+        await self._retrying(self._connect, first=True)
+
+    async def send(self, spec: TopicSpec, event: Event) -> None:
+        self._pending.append((spec, event, None))
+        try:
+            future = await asyncio.wait_for(send_event(self.producer, spec, event), self.send_timeout_s)
+        except BROKER_ERRORS as exc:
+            log.warning("%s: sending failed (%s); retrying", self.what, _first_line(exc))
+            await self._retrying(self._resend)
+            return
+        self._pending[-1] = (spec, event, future)
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def flush(self) -> None:
+        """Every queued event delivered (or ``BrokerUnavailable``)."""
+        try:
+            await self._wait_delivered()
+        except BROKER_ERRORS as exc:
+            log.warning("%s: delivery failed (%s); retrying", self.what, _first_line(exc))
+            await self._retrying(self._resend)
+
+    async def stop(self) -> None:
+        producer, self.producer = self.producer, None
+        if producer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.stop(), 10.0)
+
+    async def _wait_delivered(self) -> None:
+        futures = [f for _, _, f in self._pending if f is not None]
+        if len(futures) != len(self._pending):
+            raise KafkaError("events not handed to the producer")
+        if futures:
+            await asyncio.wait_for(asyncio.gather(*futures), self.send_timeout_s)
+        self.delivered += len(self._pending)
+        self._pending.clear()
+
+    async def _connect(self) -> None:
+        await self.stop()
+        from infra.kafka.broker import ensure_topics_async
+
+        await ensure_topics_async(self.bootstrap, self.partitions, timeout_s=min(10.0, self.budget_s))
+        self.producer = await start_client(self.factory, self.what, timeout_s=min(10.0, self.budget_s))
+
+    async def _resend(self) -> None:
+        await self._connect()
+        events = [(spec, event) for spec, event, _ in self._pending]
+        self._pending = []
+        for spec, event in events:
+            self._pending.append((spec, event, await send_event(self.producer, spec, event)))
+        await self._wait_delivered()
+
+    async def _retrying(self, action: Callable[[], Awaitable[None]], first: bool = False) -> None:
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(BROKER_ERRORS),
+                stop=stop_after_delay(self.budget_s),
+                wait=wait_random_exponential(multiplier=0.5, max=5),
+                reraise=True,
+            ):
+                with attempt:
+                    await action()
+        except BROKER_ERRORS as exc:
+            await self.stop()
+            state = "could not connect" if first else f"did not take {len(self._pending)} events"
+            raise BrokerUnavailable(
+                f"{self.what}: the Kafka broker at {self.bootstrap} {state} within {self.budget_s:.0f} s "
+                f"({self.delivered} delivered before): {_first_line(exc)}"
+            ) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

@@ -1,0 +1,173 @@
+"""A broker outage survived: the worker (supervisor + watchdog) and the fleet dispatcher come back.
+
+The embedded broker (Tansu) keeps its log in memory: the broker started again on the same port
+has no topics, no committed offsets and no consumer groups. The worker's watchdog sees that (a
+high watermark went down, or its topics are gone) and exits; its supervisor recreates the topics
+and starts a fresh worker. The fleet's dispatcher stops its clients, recreates the topics and
+starts new ones, keeping its engines. This test owns its broker (not the session's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from infra.entrypoints.fleet import run_fleet
+from infra.entrypoints.worker_process import WorkerProcess
+from infra.kafka.broker import embedded_broker, ensure_topics, free_port
+from schemas.events import Completion, InferenceRequest, RoutingDecision
+from schemas.topics import COMPLETIONS, DECISIONS, REQUESTS
+from tests.integration.streaming import Collector, publish, unique
+from tests.integration.streaming import worker as worker_process
+
+POOL = "llama3-8b"  # the emulated fleet's model: this broker is ours alone
+RECOVERY_BUDGET_S = 10.0
+
+
+def a_request(request_id: str) -> InferenceRequest:
+    return InferenceRequest(
+        request_id=request_id,
+        model=POOL,
+        input_tokens=200,
+        output_budget=64,
+        prompt_block_hashes=(1, 2),
+        true_output_tokens=8,
+    )
+
+
+def ids_in(raw: list[bytes], kind: type[RoutingDecision] | type[Completion]) -> set[str]:
+    return {kind.model_validate_json(v).request_id for v in raw}
+
+
+async def wait_until(condition: object, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
+        await asyncio.sleep(0.1)
+
+
+def health(url: str) -> tuple[int, dict[str, object]]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+class Broker:
+    """An embedded broker on a fixed port that can be stopped and started again."""
+
+    def __init__(self, port: int, log_path: Path) -> None:
+        self.port, self.log_path = port, log_path
+        self._running: contextlib.ExitStack | None = None
+
+    def start(self) -> str:
+        stack = contextlib.ExitStack()
+        bootstrap = stack.enter_context(embedded_broker(log_path=self.log_path, port=self.port))
+        self._running = stack
+        return bootstrap
+
+    def stop(self) -> None:
+        if self._running is not None:
+            self._running.close()
+            self._running = None
+
+
+def test_worker_and_fleet_recover_after_the_broker_restarts(tmp_path: Path) -> None:
+    broker = Broker(free_port(), tmp_path / "tansu.log")
+    bootstrap = broker.start()
+    worker = None
+    try:
+        ensure_topics(bootstrap, partitions=4)
+        worker = worker_process(bootstrap, unique("app"), tmp_path / "worker")
+        worker.wait_ready(timeout_s=90)
+        first_child = worker.pid
+        deadline = time.monotonic() + 15
+        while (answer := health(worker.health_url()))[0] != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert answer[0] == 200 and answer[1]["consuming"] is True, answer
+        timings = asyncio.run(_scenario(bootstrap, broker, worker))
+        code = worker.stop()
+    finally:
+        if worker is not None:
+            worker.stop()
+            print(f"worker log tail:\n{worker.log()[-3000:]}")
+        broker.stop()
+    print(
+        f"broker down {timings['down_s']:.2f} s; worker routed again {timings['routed_s']:.2f} s and "
+        f"the fleet completed {timings['completed_s']:.2f} s after the broker's return; worker child "
+        f"{first_child} -> {timings['child']:.0f}; fleet {timings['fleet']}"
+    )
+    assert code == 0
+    assert timings["routed_s"] <= RECOVERY_BUDGET_S
+    assert timings["child"] != first_child  # the supervisor started a fresh worker child
+
+
+async def _scenario(bootstrap: str, broker: Broker, worker: WorkerProcess) -> dict[str, Any]:
+    stop, ready = asyncio.Event(), asyncio.Event()
+    fleet = asyncio.create_task(
+        run_fleet(bootstrap, "2xllama3-8b-h100", 10, 0.2, stop, unique("fleet"), ready=ready, partitions=4)
+    )
+    try:
+        await asyncio.wait_for(ready.wait(), 30)
+        before = [f"before-{i}" for i in range(5)]
+        async with (
+            Collector(bootstrap, DECISIONS, POOL.encode()) as routed,
+            Collector(bootstrap, COMPLETIONS, POOL.encode()) as completed,
+        ):
+            await asyncio.sleep(1.0)  # the fleet's heartbeats reached the worker
+            await publish(bootstrap, REQUESTS, [a_request(r) for r in before])
+            await wait_until(lambda: set(before) <= ids_in(routed.values, RoutingDecision), 30, "routed")
+            await wait_until(lambda: set(before) <= ids_in(completed.values, Completion), 30, "completed")
+        assert not fleet.done()
+
+        # The broker goes away; a new one takes its port, empty: no topics, offsets or groups.
+        went = time.monotonic()
+        broker.stop()
+        await asyncio.sleep(0.5)
+        assert broker.start() == bootstrap
+        back = time.monotonic()
+
+        after: list[str] = []
+        routed_at = completed_at = None
+        async with (
+            Collector(bootstrap, DECISIONS, POOL.encode()) as routed,
+            Collector(bootstrap, COMPLETIONS, POOL.encode()) as completed,
+        ):
+            deadline = back + 40
+            while completed_at is None and time.monotonic() < deadline:
+                if routed_at is None and len(after) < 30:  # a new request every 0.5 s until routed
+                    after.append(f"after-{len(after)}")
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(publish(bootstrap, REQUESTS, [a_request(after[-1])]), 5)
+                if routed_at is None and ids_in(routed.values, RoutingDecision) & set(after):
+                    routed_at = time.monotonic()
+                if ids_in(completed.values, Completion) & set(after):
+                    completed_at = time.monotonic()
+                await asyncio.sleep(0.5)
+            assert routed_at is not None, f"nothing routed within 40 s of the broker's return\n{worker.log()}"
+            assert completed_at is not None, "the fleet executed no new decision within 40 s"
+            await wait_until(lambda: worker.child_pid() is not None, 30, "the worker ready again")
+        stop.set()
+        counts = await asyncio.wait_for(fleet, 30)
+        assert counts.reconnects >= 1 and counts.decisions >= len(before) + 1, counts
+        return {
+            "down_s": back - went,
+            "routed_s": routed_at - back,
+            "completed_s": completed_at - back,
+            "child": worker.pid,
+            "fleet": counts,
+        }
+    finally:
+        stop.set()
+        if not fleet.done():
+            fleet.cancel()
+            with contextlib.suppress(BaseException):
+                await fleet
