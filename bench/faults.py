@@ -82,7 +82,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
@@ -498,14 +497,9 @@ class Run:
     # --- lifecycle
 
     async def start_broker(self, port: int | None = None) -> None:
-        """A fresh embedded broker (on ``port`` if given: ``embedded_broker`` picks a free port
-        itself, so it is pinned here) with the project's topics."""
-        manager = embedded_broker(log_path=self.data_dir / f"tansu-{time.time_ns()}.log")
-        if port is None:
-            self.bootstrap = manager.__enter__()
-        else:
-            with mock.patch("infra.kafka.broker.free_port", return_value=port):
-                self.bootstrap = manager.__enter__()
+        """A fresh embedded broker (on ``port`` if given: a restart) with the project's topics."""
+        manager = embedded_broker(log_path=self.data_dir / f"tansu-{time.time_ns()}.log", port=port)
+        self.bootstrap = manager.__enter__()
         self._broker = manager
         await ensure_topics_async(self.bootstrap, PARTITIONS)
 

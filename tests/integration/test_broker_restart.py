@@ -22,8 +22,8 @@ from infra.entrypoints.fleet import run_fleet
 from infra.entrypoints.worker_process import WorkerProcess
 from infra.kafka.broker import embedded_broker, ensure_topics, free_port
 from schemas.events import Completion, InferenceRequest, RoutingDecision
-from schemas.topics import COMPLETIONS, DECISIONS, REQUESTS
-from tests.integration.streaming import Collector, publish, unique
+from schemas.topics import COMPLETIONS, DECISIONS, HEARTBEATS, REQUESTS
+from tests.integration.streaming import Collector, heartbeat, publish, unique
 from tests.integration.streaming import worker as worker_process
 
 POOL = "llama3-8b"  # the emulated fleet's model: this broker is ours alone
@@ -141,19 +141,23 @@ async def _scenario(bootstrap: str, broker: Broker, worker: WorkerProcess) -> di
             Collector(bootstrap, DECISIONS, POOL.encode()) as routed,
             Collector(bootstrap, COMPLETIONS, POOL.encode()) as completed,
         ):
-            deadline = back + 40
+            deadline = back + 60  # the worker is judged against RECOVERY_BUDGET_S below
             while completed_at is None and time.monotonic() < deadline:
-                if routed_at is None and len(after) < 30:  # a new request every 0.5 s until routed
+                if routed_at is None and len(after) < 60:  # a new request every 0.5 s until routed
                     after.append(f"after-{len(after)}")
+                    # With the request, heartbeats of the fleet's instances: the worker's recovery
+                    # is measured on its own, not behind the fleet's reconnection (judged apart).
+                    beats = [heartbeat(POOL, instance) for instance in ("i000", "i001")]
                     with contextlib.suppress(Exception):
+                        await asyncio.wait_for(publish(bootstrap, HEARTBEATS, beats), 5)
                         await asyncio.wait_for(publish(bootstrap, REQUESTS, [a_request(after[-1])]), 5)
                 if routed_at is None and ids_in(routed.values, RoutingDecision) & set(after):
                     routed_at = time.monotonic()
                 if ids_in(completed.values, Completion) & set(after):
                     completed_at = time.monotonic()
                 await asyncio.sleep(0.5)
-            assert routed_at is not None, f"nothing routed within 40 s of the broker's return\n{worker.log()}"
-            assert completed_at is not None, "the fleet executed no new decision within 40 s"
+            assert routed_at is not None, f"nothing routed within 60 s of the broker's return\n{worker.log()}"
+            assert completed_at is not None, "the fleet executed no new decision within 60 s"
             await wait_until(lambda: worker.child_pid() is not None, 30, "the worker ready again")
         stop.set()
         counts = await asyncio.wait_for(fleet, 30)
