@@ -11,7 +11,14 @@ from agents.policy.types import BlocksChanged, ClusterView, Placement, RequestVi
 
 
 class DynamoKv(InstanceSelector):
-    """NVIDIA Dynamo KV-aware router (docs: "KV Cache Routing", components/router).
+    """NVIDIA Dynamo KV-aware router.
+
+    Follows: ``ai-dynamo/dynamo`` at commit 615bfede9516f275f02ba46f21322e933e5633dd,
+    ``docs/architecture/kv_cache_routing.md``. Shipped defaults there:
+    ``--kv-overlap-score-weight`` 1, ``--router-temperature`` 0 (deterministic argmin), KV
+    events on. Departure: decode blocks here are the raw prompt blocks of this router's own
+    in-flight requests, and the in-flight prefill of other requests is not counted (issue 10
+    makes it follow ``lib/kv-router``'s selector and active-sequence accounting).
 
     cost_i = overlap_weight * max(prefill_blocks - overlap_i, 0) + decode_blocks_i, where
     prefill_blocks = ceil(input / block), overlap_i = leading prompt blocks instance i holds

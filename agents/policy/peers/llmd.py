@@ -11,7 +11,13 @@ from agents.policy.types import ClusterView, Placement, RequestView
 
 
 class LlmdDefault(InstanceSelector):
-    """llm-d inference scheduler, default scoring profile (llm-d-inference-scheduler docs).
+    """llm-d inference scheduler, default scoring profile.
+
+    Follows: ``llm-d/llm-d-inference-scheduler`` at commit
+    602fe29392bf091671dadf80413e4e859fe725ac, ``docs/architecture.md`` (queue scorer weight 2,
+    KV-cache-utilisation scorer 2, prefix-cache scorer 3, max-score picker). Departures: the
+    prefix score is not capped at the shipped 256 blocks of 16 tokens, and metrics refresh at
+    the simulator's heartbeat, not llm-d's 50 ms (issue 10).
 
     score_i = 2 * queue_i + 2 * kv_i + 3 * prefix_i, max-score picker with random tie-break:
     queue_i = (max_q - q_i) / (max_q - min_q) over candidates (1 when all equal), q = waiting

@@ -11,7 +11,15 @@ from agents.policy.types import BLOCK_TOKENS, ClusterView, Placement, RequestVie
 
 
 class SglangCacheAware(InstanceSelector):
-    """SGLang router, ``cache_aware`` policy (sgl-router; docs: SGLang "Router" page).
+    """SGLang router, ``cache_aware`` policy.
+
+    Follows: ``sgl-project/sglang`` at commit a0160ca43a75b83130ad9745fb85a7cedc3e47fe,
+    ``rust/README.md`` (sglang-router's "Strategy" and ``launch_router --help``). Shipped
+    defaults there: ``cache_threshold`` 0.5, ``balance_abs_threshold`` 32,
+    ``balance_rel_threshold`` 1.0001, tree eviction every 60 s, ``max_tree_size`` 2^24, and a
+    low match goes to the worker with the *smallest tree*. This class departs from them — rel
+    threshold 1.1, a low match goes to the least-loaded worker, no tree eviction — and so is
+    not yet faithful; issue 10 ("fair arena") makes it follow the current release.
 
     load_i = requests this router has in flight on instance i. If the load is imbalanced,
     ``max - min > balance_abs_threshold`` (32) and ``max > balance_rel_threshold * min`` (1.1),
