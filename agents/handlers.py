@@ -111,25 +111,16 @@ class SchedulerAgents:
                     routed += self.service.tick(pool, view, now)
                     self.telemetry.queue_depth(pool, self.service.held(pool))
         if routed:
-            self._track(routed)
-            delivered = await self._send(routed)
-            self.telemetry.decided_batch(self.service.policy_name, routed, time.perf_counter() - arrived)
-            await delivered
-            if self.store is not None:
-                await self._store(routed)
+            await self._settle_held(routed, time.perf_counter() - arrived)
 
     async def on_timer(self) -> None:
         """Every second or so: reject what was held too long, in every pool (also the pools
         no instance ever reports for, which no heartbeat would wake up)."""
         routed = self.service.expire(time.time())
         if routed:
-            self._track(routed)
             for pool in {r.request.model for r in routed}:
                 self.telemetry.queue_depth(pool, self.service.held(pool))
-            await (await self._send(routed))
-            self.telemetry.decided_batch(self.service.policy_name, routed, 0.0)
-            if self.store is not None:
-                await self._store(routed)
+            await self._settle_held(routed, 0.0)
 
     async def on_replayed_admissions(self, messages: Sequence[RawMessage]) -> None:
         """Decisions this scheduler sent before (read back from ``tf.admission`` by the lane
@@ -177,6 +168,16 @@ class SchedulerAgents:
             await (await self.publisher.send(topics.REQUESTS, expand_batch_job(job)))
 
     # --- helpers ------------------------------------------------------------------------------
+
+    async def _settle_held(self, routed: Sequence[Routed], latency_s: float) -> None:
+        """Publish the outcomes of held requests (a heartbeat made room, or they expired), wait
+        until the broker has them, count them, and store them."""
+        self._track(routed)
+        delivered = await self._send(routed)
+        self.telemetry.decided_batch(self.service.policy_name, routed, latency_s)
+        await delivered
+        if self.store is not None:
+            await self._store(routed)
 
     def _track(self, routed: Sequence[Routed], arrived: Sequence[InferenceRequest] = ()) -> None:
         """Remember where each newly held request was read, forget the settled ones."""

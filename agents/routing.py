@@ -71,10 +71,7 @@ class RoutingService:
         build_scheduler(policy, seed, params)  # fail fast on an unknown name or parameter
         self.make_scheduler = make_scheduler or (lambda: build_scheduler(policy, seed, params, hold))
         self.policy_name = policy
-        self.seed = seed
-        self.params = params
         self.worker = worker
-        self.hold = hold
         self.known_pools = frozenset(known_pools)
         self.remembered = remembered
         self.max_pools = max_pools
