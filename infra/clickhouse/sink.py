@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 from clickhouse_connect.driver.client import Client
@@ -82,8 +82,14 @@ def _retrying(retry_for_s: float) -> Retrying:
     )
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def _time(ts: float | None) -> datetime | None:
-    return None if ts is None else datetime.fromtimestamp(ts, UTC)
+    """``ts`` truncated to the millisecond a DateTime64(3) column keeps, exactly: through
+    ``datetime.fromtimestamp`` a float is first rounded to microseconds, so 1.9999995 s was
+    stored as 2.000 s rather than 1.999 s."""
+    return None if ts is None else _EPOCH + timedelta(milliseconds=int(ts * 1000))
 
 
 def met_slo(completion: Completion, slo: SloClass | None) -> bool:
