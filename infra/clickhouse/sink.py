@@ -89,7 +89,12 @@ def _time(ts: float | None) -> datetime | None:
     """``ts`` truncated to the millisecond a DateTime64(3) column keeps, exactly: through
     ``datetime.fromtimestamp`` a float is first rounded to microseconds, so 1.9999995 s was
     stored as 2.000 s rather than 1.999 s."""
-    return None if ts is None else _EPOCH + timedelta(milliseconds=int(ts * 1000))
+    if ts is None:
+        return None
+    try:
+        return _EPOCH + timedelta(milliseconds=int(ts * 1000))
+    except OverflowError as exc:  # a malformed row, as datetime.fromtimestamp reports it
+        raise ValueError(f"timestamp {ts!r} is out of range") from exc
 
 
 def met_slo(completion: Completion, slo: SloClass | None) -> bool:
