@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from bench.faults import (
+    INJECT_DIR,
+    BrokerLog,
+    Collector,
+    Decided,
+    Publisher,
+    Run,
     count_lost,
     format_table,
     fuzzed_messages,
@@ -82,3 +92,98 @@ def test_table_shows_every_scenario_with_dashes_for_null() -> None:
     assert len(lines) == 4
     assert "0.012" in lines[2] and " - " in lines[2]
     assert "not run" in lines[3]
+
+
+def _broker_restart_run(tmp_path: Path) -> Run:
+    """A broker_restart run's records, made by hand: the broker stopped at t=100."""
+    run = Run("broker_restart", tmp_path)
+    run.publisher, run.collector = Publisher(""), Collector("")
+    run.broker_stopped_at = 100.0
+    acked = {
+        "old-lost": 90.0,
+        "old-ok": 95.0,
+        "new-lost": 110.0,
+        "new-unserved": 111.0,
+        "new-ok": 112.0,
+        "new-dropped": 112.5,
+    }
+    for rid, at in acked.items():
+        run.publisher.valid[(rid, 1)] = at
+        run.publisher.acked_at[(rid, 1)] = at
+    run.collector.decisions = [
+        Decided(("old-ok", 1), 96.0, "w", "d1"),
+        Decided(("new-ok", 1), 113.0, "w", "d2"),
+        Decided(("new-dropped", 1), 114.0, "w", "d3"),  # its decision record is not served at the end
+    ]
+    run.collector.completions = [(("old-ok", 1), "c-old-stored", "ok"), (("warm", 1), "c-old-gone", "ok")]
+    run.collector.completions_before_restart = 2
+    run.collector.completions.append((("new-ok", 1), "c-new-unserved", "ok"))
+    run.served = BrokerLog(
+        request_keys={("new-lost", 1), ("new-ok", 1), ("new-dropped", 1)},
+        decision_keys={("new-ok", 1)},
+        completion_ids=set(),
+        collisions=3,
+    )
+    return run
+
+
+def test_broker_audit_separates_what_the_broker_lost_from_what_the_system_lost(tmp_path: Path) -> None:
+    run = _broker_restart_run(tmp_path)
+    figures = run.figures()
+    # Only "new-lost" is in the log the new broker serves and was never decided: the system's loss.
+    assert figures["lost"] == 1
+    assert figures["lost_with_broker_log"] == 1  # "old-lost": acknowledged by the old broker
+    assert figures["lost_unserved_by_new_broker"] == 1  # "new-unserved": acked, never served
+    assert figures["broker_offset_collisions"] == 3
+    assert figures["decided_not_executed"] == 1  # new-dropped: the fleet never got its decision
+    assert figures["decided_not_executed_unserved_by_new_broker"] == 1
+    missing = run.missing_completions({"c-old-stored"})
+    assert missing == {
+        "completions_missing": 2,
+        "completions_missing_with_broker_log": 1,  # c-old-gone: only the old log had it
+        "completions_missing_unserved_by_new_broker": 1,  # c-new-unserved
+    }
+
+
+def test_without_a_broker_restart_every_lost_request_counts(tmp_path: Path) -> None:
+    run = _broker_restart_run(tmp_path)
+    run.broker_stopped_at, run.served = None, None
+    assert run.figures()["lost"] == 3  # old-lost, new-lost, new-unserved
+    assert run.missing_completions({"c-old-stored"}) == {"completions_missing": 2}
+
+
+def test_store_outage_injection_fails_every_store_call_while_its_file_exists(tmp_path: Path) -> None:
+    """The fault suite's injected outage, in a fresh interpreter as the worker gets it."""
+    flag = tmp_path / "down"
+    code = (
+        "import sys\n"
+        "from infra.clickhouse.client import connect\n"
+        "url = sys.argv[1]\n"
+        "client = connect(url)\n"
+        "assert client.command('SELECT 1') == 1\n"
+        "open(sys.argv[2], 'w').close()\n"
+        "calls = (lambda: client.command('SELECT 1'), lambda: client.query('SELECT 1'),\n"
+        "         lambda: connect(url))\n"
+        "for call in calls:\n"
+        "    try:\n"
+        "        call()\n"
+        "    except Exception as exc:\n"
+        "        assert type(exc).__name__ == 'OperationalError', exc\n"
+        "    else:\n"
+        "        raise AssertionError('a store call went through during the outage')\n"
+        "import os; os.unlink(sys.argv[2])\n"
+        "assert client.query('SELECT 2').result_rows == [(2,)]\n"
+        "print('ok')\n"
+    )
+    repo = Path(__file__).resolve().parents[3]
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{INJECT_DIR}{os.pathsep}{repo}",
+        "TOKENFLEET_FAULT_STORE_DOWN_FILE": str(flag),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code, f"chdb:///{tmp_path / 'store'}", str(flag)],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "ok"
