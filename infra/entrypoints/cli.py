@@ -101,80 +101,123 @@ class LogLevel(StrEnum):
     debug = "debug"
 
 
+# Options shared by the simulator's commands (``simulate``, ``capacity``).
+WorkloadOpt = Annotated[str, typer.Option("--workload", metavar="PATH", help=WORKLOAD_HELP)]
+FleetOpt = Annotated[str, typer.Option("--fleet", metavar="SPEC", help=FLEET_HELP)]
+SeedOpt = Annotated[int, typer.Option("--seed", metavar="N", callback=_seed)]
+HeartbeatOpt = Annotated[
+    float,
+    typer.Option(
+        "--heartbeat",
+        metavar="S",
+        help="heartbeat (metrics refresh) interval in seconds, in [0.001, 3600]",
+        callback=_real(0.001, 3600.0, low_open=False, unit=" s"),
+    ),
+]
+SignalDelayOpt = Annotated[
+    float,
+    typer.Option(
+        "--signal-delay",
+        metavar="S",
+        help="delay before heartbeats and KV events reach the router, seconds in [0, 60]",
+        callback=_real(0.0, 60.0, low_open=False, unit=" s"),
+    ),
+]
+JitterOpt = Annotated[
+    float,
+    typer.Option(
+        "--jitter-arrivals",
+        metavar="S",
+        help="spread each arrival uniformly inside a bin of S seconds (Mooncake: 3), in [0, 3600]",
+        callback=_real(0.0, 3600.0, low_open=False, unit=" s"),
+    ),
+]
+RetryShareOpt = Annotated[
+    float,
+    typer.Option(
+        "--retry-share",
+        metavar="P",
+        help="share of given-up interactive requests retried, in [0, 1]",
+        callback=_real(0.0, 1.0, low_open=False),
+    ),
+]
+OutputBudgetOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--output-budget",
+        metavar="N",
+        help=f"fixed max_tokens for every request, in [1, {MAX_TOKENS}]",
+        callback=_whole(1, MAX_TOKENS),
+    ),
+]
+PolicyConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--policy-config",
+        metavar="FILE",
+        help="YAML mapping stage name -> parameters, e.g. 'tokenpilot: {tie_tolerance: 0.05}'",
+    ),
+]
+JsonOpt = Annotated[str | None, typer.Option("--json", metavar="OUT", help="write the results as JSON")]
+
+
+def _checked_policies(policies: Sequence[str], seed: int, policy_config: Path | None) -> Any:
+    """The stage parameters, once every policy name and parameter was checked (before any trace
+    is read or policy run)."""
+    from agents.policy import PolicyError, build_scheduler
+    from agents.policy.registry import params_for
+    from sim.evaluation.compare import BOUNDS, check_policies
+
+    params = _load_policy_config(policy_config) if policy_config is not None else None
+    try:
+        check_policies(policies, params)
+    except PolicyError as exc:
+        raise PolicyError(f"{exc}; bounds: {', '.join(BOUNDS)}") from None
+    for name in policies:
+        if name not in BOUNDS:
+            build_scheduler(name, seed=seed, params=params_for(name, params))
+    return params
+
+
 @app.command()
 def simulate(
-    workload: Annotated[str, typer.Option("--workload", metavar="PATH", help=WORKLOAD_HELP)],
+    workload: WorkloadOpt,
     policy: Annotated[
         list[str], typer.Option("--policy", metavar="NAME", help=f"{POLICY_HELP}; repeat to compare several")
     ],
-    fleet: Annotated[str, typer.Option("--fleet", metavar="SPEC", help=FLEET_HELP)] = DEFAULT_FLEET,
+    fleet: FleetOpt = DEFAULT_FLEET,
     rate_scale: Annotated[
         float, typer.Option("--rate-scale", metavar="X", help=RATE_SCALE_HELP, callback=_rate_scale)
     ] = 1.0,
-    seed: Annotated[int, typer.Option("--seed", metavar="N", callback=_seed)] = 0,
-    heartbeat: Annotated[
-        float,
-        typer.Option(
-            "--heartbeat",
-            metavar="S",
-            help="heartbeat interval in seconds, in [0.001, 3600]",
-            callback=_real(0.001, 3600.0, low_open=False, unit=" s"),
-        ),
-    ] = 0.25,
-    retry_share: Annotated[
-        float,
-        typer.Option(
-            "--retry-share",
-            metavar="P",
-            help="share of given-up interactive requests retried, in [0, 1]",
-            callback=_real(0.0, 1.0, low_open=False),
-        ),
-    ] = 0.5,
-    output_budget: Annotated[
-        int | None,
-        typer.Option(
-            "--output-budget",
-            metavar="N",
-            help=f"fixed max_tokens for every request, in [1, {MAX_TOKENS}]",
-            callback=_whole(1, MAX_TOKENS),
-        ),
-    ] = None,
-    json_out: Annotated[
-        str | None, typer.Option("--json", metavar="OUT", help="write the results as JSON")
-    ] = None,
-    policy_config: Annotated[
-        Path | None,
-        typer.Option(
-            "--policy-config",
-            metavar="FILE",
-            help="YAML mapping stage name -> parameters, e.g. 'tokenpilot: {tie_tolerance: 0.05}'",
-        ),
-    ] = None,
+    seed: SeedOpt = 0,
+    heartbeat: HeartbeatOpt = 0.25,
+    signal_delay: SignalDelayOpt = 0.02,
+    jitter_arrivals: JitterOpt = 0.0,
+    retry_share: RetryShareOpt = 0.5,
+    output_budget: OutputBudgetOpt = None,
+    json_out: JsonOpt = None,
+    policy_config: PolicyConfigOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress bar")] = False,
 ) -> None:
     """Compare routing policies on a trace in simulation."""
     from rich.console import Console
 
-    from agents.policy import PolicyError, build_scheduler
-    from agents.policy.registry import params_for
     from sim.engine.fleet import parse_fleet
-    from sim.evaluation.compare import BOUNDS, check_policies, compare
+    from sim.evaluation.compare import compare
     from sim.evaluation.report import TABLE_WIDTH, comparison, progress_bar
     from sim.loop.runner import SimConfig
     from sim.workloads.sources import open_workload
 
-    # Names and parameters are checked before the trace is read and any policy has run.
-    params = _load_policy_config(policy_config) if policy_config is not None else None
-    try:
-        check_policies(policy, params)
-    except PolicyError as exc:
-        raise PolicyError(f"{exc}; bounds: {', '.join(BOUNDS)}") from None
-    for name in policy:
-        if name not in BOUNDS:
-            build_scheduler(name, seed=seed, params=params_for(name, params))
+    params = _checked_policies(policy, seed, policy_config)
     spec = parse_fleet(fleet)
-    trace = open_workload(workload, seed=seed)
-    config = SimConfig(seed=seed, heartbeat_s=heartbeat, retry_share=retry_share, output_budget=output_budget)
+    trace = open_workload(workload, seed=seed).jittered(jitter_arrivals, seed)
+    config = SimConfig(
+        seed=seed,
+        heartbeat_s=heartbeat,
+        signal_delay_s=signal_delay,
+        retry_share=retry_share,
+        output_budget=output_budget,
+    )
     if quiet:
         document, timings = compare(trace, spec, policy, config, rate_scale, None, params)
     else:
@@ -189,6 +232,72 @@ def simulate(
         )
     if json_out:
         Path(json_out).write_text(json.dumps(document, indent=2, sort_keys=False) + "\n")
+        print(f"wrote {json_out}", file=sys.stderr)
+
+
+@app.command()
+def capacity(
+    workload: WorkloadOpt,
+    policy: Annotated[
+        list[str],
+        typer.Option(
+            "--policy",
+            metavar="NAME",
+            help=f"{POLICY_HELP}; repeat: the first is judged, the rest compared at the best one's capacity",
+        ),
+    ],
+    fleet: FleetOpt = DEFAULT_FLEET,
+    seed: SeedOpt = 0,
+    heartbeat: HeartbeatOpt = 0.25,
+    signal_delay: SignalDelayOpt = 0.02,
+    jitter_arrivals: JitterOpt = 0.0,
+    retry_share: RetryShareOpt = 0.5,
+    output_budget: OutputBudgetOpt = None,
+    start: Annotated[
+        float, typer.Option("--start", metavar="X", help="first rate scale probed", callback=_rate_scale)
+    ] = 1.0,
+    precision: Annotated[
+        float,
+        typer.Option(
+            "--precision",
+            metavar="P",
+            help="stop when the bracket is within 1+P, P in [0.001, 1]",
+            callback=_real(0.001, 1.0, low_open=False),
+        ),
+    ] = 0.02,
+    jobs: Annotated[
+        int, typer.Option("--jobs", metavar="N", help="policies searched in parallel", callback=_whole(1, 64))
+    ] = 1,
+    json_out: JsonOpt = None,
+    policy_config: PolicyConfigOpt = None,
+) -> None:
+    """SLO capacity: per policy, the highest rate scale keeping 99 % of interactive requests
+    within their TTFT and TPOT objective (bisection to --precision)."""
+    from sim.engine.fleet import parse_fleet
+    from sim.evaluation.capacity import capacities, format_capacity
+    from sim.evaluation.compare import BOUNDS
+    from sim.loop.runner import SimConfig
+    from sim.workloads.sources import open_workload
+
+    bounds = [name for name in policy if name in BOUNDS]
+    if bounds:
+        raise typer.BadParameter(
+            f"{', '.join(bounds)} is a latency bound, not a policy", param_hint="--policy"
+        )
+    params = _checked_policies(policy, seed, policy_config)
+    spec = parse_fleet(fleet)
+    trace = open_workload(workload, seed=seed).jittered(jitter_arrivals, seed)
+    config = SimConfig(
+        seed=seed,
+        heartbeat_s=heartbeat,
+        signal_delay_s=signal_delay,
+        retry_share=retry_share,
+        output_budget=output_budget,
+    )
+    document = capacities(trace, spec, policy, config, start, precision, params, jobs)
+    print(format_capacity(document))
+    if json_out:
+        Path(json_out).write_text(json.dumps(document, indent=2) + "\n")
         print(f"wrote {json_out}", file=sys.stderr)
 
 

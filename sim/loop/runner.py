@@ -6,11 +6,15 @@ Events, in time order (ties: step ends, then arrivals, then client timeouts, the
 - step end of an instance: tokens are produced, finished attempts complete;
 - client timeout: the client gives up (no first token in time, or batch deadline passed); the
   attempt is aborted where it is; a share of interactive give-ups is retried once;
-- heartbeat: every instance reports; the scheduler's next decisions see this snapshot (a new
-  version); the requests it holds are offered again (``Scheduler.tick``).
+- heartbeat: every instance reports (what a metrics scrape reads at that instant);
+- signal: after ``signal_delay_s``, a heartbeat round reaches the scheduler — its next decisions
+  see this snapshot (a new version, stamped with the time it was *taken*) and the requests it
+  holds are offered again (``Scheduler.tick``) — and so do the KV events an instance emitted.
 
 The scheduler sees request views, snapshots, its own decisions, first tokens, completions and
-(if a stage asks) KV events; never the true output length.
+(if a stage asks) KV events; never the true output length. Snapshots and KV events are late by
+the same ``signal_delay_s`` for every policy (a scrape's and an event bus's delay); first tokens
+and completions are not (a router that proxies the response sees them as they happen).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from sim.loop.clients import ClientRules
 from sim.workloads.trace import DEFAULT_OUTPUT_BUDGET, TraceRequest, Workload
 
 _COMPLETION_STATUS: dict[str, OutcomeStatus] = {"ok": "ok", "aborted": "timeout"}
-_STEP_END, _WINDOW_END, _ARRIVAL, _TIMEOUT, _HEARTBEAT = 0, 1, 2, 3, 4
+_STEP_END, _WINDOW_END, _ARRIVAL, _TIMEOUT, _HEARTBEAT, _SIGNAL = 0, 1, 2, 3, 4, 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +55,7 @@ class SimConfig:
 
     seed: int = 0
     heartbeat_s: float = 0.25
+    signal_delay_s: float = 0.02  # heartbeat/KV-event delivery delay: tens of ms in a deployment
     retry_share: float = 0.5
     output_budget: int | None = None
     slo_classes: dict[str, SloClass] = field(default_factory=lambda: dict(DEFAULT_SLO_CLASSES))
@@ -134,8 +139,10 @@ class Simulation:
                 self._close_window(now)
             elif kind == _TIMEOUT:
                 self._give_up(cast(Attempt, payload), now)
-            else:
+            elif kind == _HEARTBEAT:
                 self._heartbeat(now)
+            else:
+                self._deliver(cast(ClusterView | list[BlocksChanged], payload), now)
         if progress is not None:
             progress(done)
         busy = [i.busy_s for i in self.instances]
@@ -205,10 +212,24 @@ class Simulation:
                 attempt.tokens_in_window = 0 if instance is None else instance.tokens_so_far(attempt, now)
 
     def _heartbeat(self, now: float) -> None:
-        self._view = self._snapshot(now)
-        self._apply(self.scheduler.tick(self._view, now), now)
+        self._signal(self._snapshot(now), now)
         if self._open > 0 or self._arrivals_left > 0:
             self._push(now + self.config.heartbeat_s, _HEARTBEAT, None)
+
+    def _signal(self, signal: ClusterView | list[BlocksChanged], now: float) -> None:
+        """A snapshot or KV events, to reach the scheduler ``signal_delay_s`` from ``now``."""
+        if self.config.signal_delay_s > 0:
+            self._push(now + self.config.signal_delay_s, _SIGNAL, signal)
+        else:
+            self._deliver(signal, now)
+
+    def _deliver(self, signal: ClusterView | list[BlocksChanged], now: float) -> None:
+        if isinstance(signal, ClusterView):
+            self._view = signal
+            self._apply(self.scheduler.tick(signal, now), now)
+        else:
+            for event in signal:
+                self.scheduler.observe(event)
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -218,9 +239,9 @@ class Simulation:
             self._push(instance.step_end_s, _STEP_END, (index, instance.version))
         if instance.cache.events:
             iid = instance.spec.instance_id
-            for kind, blocks in instance.cache.events:
-                self.scheduler.observe(BlocksChanged(iid, kind, blocks, now))
+            changes = [BlocksChanged(iid, kind, blocks, now) for kind, blocks in instance.cache.events]
             instance.cache.events.clear()
+            self._signal(changes, now)
 
     def _first_tokens(self, instance: Instance, now: float) -> None:
         """The first byte of each response that started streaming in the step just ended."""
