@@ -301,6 +301,33 @@ def capacity(
         print(f"wrote {json_out}", file=sys.stderr)
 
 
+@app.command("report")
+def report_command(
+    result: Annotated[
+        Path, typer.Argument(metavar="RESULT.json", help="a simulate, capacity or scoreboard JSON")
+    ],
+    out: Annotated[Path, typer.Option("--out", metavar="DIR", help="where the PNG files go")] = Path(
+        "out/report"
+    ),
+) -> None:
+    """Draw a result as PNG: TTFT CDFs and goodput per class (simulate), compliance against rate
+    scale (capacity)."""
+    from sim.evaluation.plots import NotAResult, draw
+
+    try:
+        document = json.loads(result.read_text())
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(f"cannot read {result}: {exc}", param_hint="RESULT.json") from None
+    try:
+        written = draw(document, out) if isinstance(document, dict) else []
+    except (NotAResult, KeyError, TypeError) as exc:
+        raise typer.BadParameter(f"{result}: {exc}", param_hint="RESULT.json") from None
+    if not written:
+        raise typer.BadParameter(f"{result}: not a result document", param_hint="RESULT.json")
+    for path in written:
+        print(f"wrote {path}")
+
+
 def _load_policy_config(path: Path) -> dict[str, dict[str, Any]]:
     """Stage parameters from a YAML file (stage name -> keyword parameters); ValueError with
     one line saying what is wrong if the file is missing, not YAML or not that shape."""

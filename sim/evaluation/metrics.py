@@ -19,7 +19,8 @@ what happened inside W and divide by |W|:
 - ``cache_hit_ratio``: prompt tokens served from the prefix cache / prompt tokens, over
   attempts admitted to an instance;
 - ``busy_fraction``: mean share of W the instances spent running steps (None when W was
-  extended past the arrival span: the simulator only measures busy time inside that span).
+  extended past the arrival span: the simulator only measures busy time inside that span);
+- ``ttft_quantiles_s``: the TTFT at percentiles 0, 1, ..., 100 of the cohort (for CDFs).
 """
 
 from __future__ import annotations
@@ -205,12 +206,24 @@ def report(
     total: dict[str, object] = dict(_rounded(summarize(requests, window_s, busy)))
     mape = prediction_mape(attempts, arrivals)
     total["ttft_prediction_mape"] = None if mape is None else round(mape, 6)
+    total["ttft_quantiles_s"] = ttft_quantiles(requests)
     classes = sorted({r.slo_class for r in requests})
     total["per_class"] = {
         name: _rounded(summarize([r for r in requests if r.slo_class == name], window_s, busy))
         for name in classes
     }
     return total
+
+
+QUANTILES = tuple(range(0, 101))
+"""Percentiles kept of the TTFT distribution (for CDF plots): 0, 1, ..., 100."""
+
+
+def ttft_quantiles(requests: Sequence[RequestOutcome]) -> list[float | None]:
+    """TTFT at each of ``QUANTILES`` (nearest rank; None where it lands on a request that never
+    got a first token), so a CDF can be drawn from the JSON alone."""
+    ttft = [r.ttft_s for r in requests]
+    return [None if (v := percentile(ttft, q)) is None else round(v, 6) for q in QUANTILES]
 
 
 def _rounded(metrics: Metrics) -> Metrics:

@@ -1,0 +1,119 @@
+"""Pictures of a result file (``tokenfleet report RESULT.json --out DIR``), as PNG.
+
+What it draws depends on what the file holds:
+- a ``simulate`` document (``results``): ``ttft_cdf.png`` (one TTFT CDF per policy, from
+  ``ttft_quantiles_s``) and ``goodput_per_class.png`` (goodput per SLO class, bars per policy);
+- a ``capacity`` document: ``capacity.png`` (interactive requests within their objective
+  against the rate scale, one line per policy through every probe the search made, the 99 %
+  target and each policy's capacity marked);
+- a scoreboard file (``runs``): the simulate pictures of each run, prefixed with its workload
+  and load.
+Returns the files written. matplotlib runs headless (the Agg backend).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: files only, never a window
+
+import matplotlib.pyplot as plt
+
+from sim.evaluation.metrics import QUANTILES
+
+
+class NotAResult(ValueError):
+    """The file is not a simulate, capacity or scoreboard result."""
+
+
+def draw(document: Mapping[str, Any], out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    if "capacity" in document:
+        return [capacity_plot(document, out / "capacity.png")]
+    if "results" in document:
+        return simulate_plots(document, out, "")
+    if "runs" in document:
+        written: list[Path] = []
+        for run in document["runs"]:
+            written += simulate_plots(run, out, f"{run['workload']}-x{run['rate_scale']}-")
+        return written
+    raise NotAResult("not a simulate, capacity or scoreboard result (no 'results', 'capacity' or 'runs')")
+
+
+def simulate_plots(document: Mapping[str, Any], out: Path, prefix: str) -> list[Path]:
+    title = f"{document['workload']} x{document['rate_scale']} on {document['fleet']}"
+    policies = {name: r for name, r in document["results"].items() if r.get("ttft_quantiles_s")}
+    written = []
+    if policies:
+        written.append(_ttft_cdf(policies, title, out / f"{prefix}ttft_cdf.png"))
+    written.append(_goodput_per_class(document["results"], title, out / f"{prefix}goodput_per_class.png"))
+    return written
+
+
+def _ttft_cdf(results: Mapping[str, Mapping[str, Any]], title: str, path: Path) -> Path:
+    figure, axes = plt.subplots(figsize=(8, 5))
+    for name, result in results.items():
+        points = [(v, q / 100) for v, q in zip(result["ttft_quantiles_s"], QUANTILES, strict=True) if v]
+        if points:
+            xs, ys = zip(*points, strict=True)
+            axes.step(xs, ys, where="post", label=name)
+    axes.set_xscale("log")
+    axes.set_xlabel("TTFT (s, log scale)")
+    axes.set_ylabel("share of requests")
+    axes.set_ylim(0, 1)
+    axes.grid(True, which="both", alpha=0.3)
+    axes.set_title(f"TTFT CDF — {title}\n(a curve ends below 1 where requests never got a first token)")
+    axes.legend(fontsize=8)
+    return _save(figure, path)
+
+
+def _goodput_per_class(results: Mapping[str, Mapping[str, Any]], title: str, path: Path) -> Path:
+    classes = sorted({c for r in results.values() for c in r.get("per_class", {})})
+    names = list(results)
+    figure, axes = plt.subplots(figsize=(max(6, 1.2 * len(names) * max(len(classes), 1)), 5))
+    width = 0.8 / max(len(names), 1)
+    for i, name in enumerate(names):
+        values = [
+            results[name].get("per_class", {}).get(c, {}).get("goodput_tokens_per_s", 0) for c in classes
+        ]
+        axes.bar([k + i * width for k in range(len(classes))], values, width, label=name)
+    axes.set_xticks([k + width * (len(names) - 1) / 2 for k in range(len(classes))], classes)
+    axes.set_ylabel("goodput (output tokens/s meeting the class's SLO)")
+    axes.set_title(f"Goodput per SLO class — {title}")
+    axes.legend(fontsize=8)
+    return _save(figure, path)
+
+
+def capacity_plot(document: Mapping[str, Any], path: Path) -> Path:
+    figure, axes = plt.subplots(figsize=(8, 5))
+    target = document["target_interactive_slo_share"]
+    for name, found in document["capacity"].items():
+        probes: Sequence[Mapping[str, float]] = sorted(found["probes"], key=lambda p: p["rate_scale"])
+        line = axes.plot(
+            [p["rate_scale"] for p in probes],
+            [p["interactive_slo_share"] for p in probes],
+            marker="o",
+            markersize=3,
+            label=f"{name} (capacity x{found['rate_scale']})" if found["rate_scale"] else f"{name} (none)",
+        )
+        if found["rate_scale"]:
+            axes.axvline(found["rate_scale"], color=line[0].get_color(), alpha=0.3, linestyle=":")
+    axes.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target:.0%}")
+    axes.set_xscale("log")
+    axes.set_xlabel("arrival-rate scale (x the trace's rate, log scale)")
+    axes.set_ylabel("interactive requests within TTFT and TPOT")
+    axes.set_title(f"SLO capacity — {document['workload']} on {document['fleet']}")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize=8)
+    return _save(figure, path)
+
+
+def _save(figure: Any, path: Path) -> Path:
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
