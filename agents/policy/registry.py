@@ -20,7 +20,13 @@ from typing import Any
 
 from agents.policy.baselines import LeastRequest, LeastTokens, RandomChoice, RoundRobin
 from agents.policy.defaults import HomeDc, PassThrough
-from agents.policy.peers import DynamoKv, LlmdDefault, SglangCacheAware
+from agents.policy.peers import (
+    DynamoKv,
+    LlmdDefault,
+    LlmdLoadAware,
+    SglangCacheAware,
+    SglangGatewayCacheAware,
+)
 from agents.policy.pipeline import HoldLimits, Scheduler
 from agents.policy.tokenpilot import TokenPilot
 
@@ -37,8 +43,10 @@ INSTANCE_SELECTION: dict[str, Callable[..., Any]] = {
         LeastRequest,
         LeastTokens,
         SglangCacheAware,
+        SglangGatewayCacheAware,
         DynamoKv,
         LlmdDefault,
+        LlmdLoadAware,
         TokenPilot,
     )
 }

@@ -1,12 +1,13 @@
-"""Peer routers, rebuilt from their public descriptions so we can measure against them.
+"""Peer routers, rebuilt from their released source so we can measure against them.
 
-Each class states the rule it implements and where the rule is described. They are faithful to
-the decision rule, not to every engineering detail of the original (which is written in Rust or
-Go and runs beside a real proxy).
+Each class cites the repository, commit and files it follows, uses the shipped defaults, states
+its formula and lists what it still departs from (and why). ``LlmdLoadAware`` is a shipped but
+non-default llm-d profile, ``SglangGatewayCacheAware`` the later SGLang gateway's variant of
+the same policy; both labelled as such.
 """
 
 from agents.policy.peers.dynamo import DynamoKv
-from agents.policy.peers.llmd import LlmdDefault
-from agents.policy.peers.sglang import SglangCacheAware
+from agents.policy.peers.llmd import LlmdDefault, LlmdLoadAware
+from agents.policy.peers.sglang import SglangCacheAware, SglangGatewayCacheAware
 
-__all__ = ["DynamoKv", "LlmdDefault", "SglangCacheAware"]
+__all__ = ["DynamoKv", "LlmdDefault", "LlmdLoadAware", "SglangCacheAware", "SglangGatewayCacheAware"]

@@ -1,66 +1,118 @@
-"""SGLang router's ``cache_aware`` policy, rebuilt from its public description."""
+"""SGLang router's ``cache_aware`` policy, rebuilt from its source."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import numpy as np
 
 from agents.policy.common.numeric import BoolArray, pick_min
-from agents.policy.common.prefix_index import PrefixIndex
 from agents.policy.common.selector import InstanceSelector
+from agents.policy.peers.approx_tree import ApproxTrees
 from agents.policy.types import BLOCK_TOKENS, ClusterView, Placement, RequestView
+
+CHARS_PER_TOKEN = 4
+"""SGLang's tree counts prompt characters; we count tokens and convert at 4 characters per token
+(the estimate llm-d uses for the same purpose, ``averageCharactersPerToken``)."""
+
+LowMatch = Literal["smallest_tree", "least_loaded"]
 
 
 class SglangCacheAware(InstanceSelector):
     """SGLang router, ``cache_aware`` policy.
 
-    Follows: ``sgl-project/sglang`` at commit a0160ca43a75b83130ad9745fb85a7cedc3e47fe,
-    ``rust/README.md`` (sglang-router's "Strategy" and ``launch_router --help``). Shipped
-    defaults there: ``cache_threshold`` 0.5, ``balance_abs_threshold`` 32,
-    ``balance_rel_threshold`` 1.0001, tree eviction every 60 s, ``max_tree_size`` 2^24, and a
-    low match goes to the worker with the *smallest tree*. This class departs from them — rel
-    threshold 1.1, a low match goes to the least-loaded worker, no tree eviction — and so is
-    not yet faithful; issue 10 ("fair arena") makes it follow the current release.
+    Follows ``sgl-project/sglang`` (read through the file index; the repository is too large to
+    mirror): ``sgl-router/src/policies/cache_aware.rs`` at
+    026f853ba7ae08a457a2e127b85a26256a29e300 (``select_worker``),
+    ``sgl-router/src/policies/tree.rs`` at 4d40eec0266be06d0e65b919457691cab9e51547 (``insert``,
+    ``prefix_match``, ``evict_tenant_by_size``, ``get_smallest_tenant``) and the shipped defaults
+    of ``sgl-router/py_src/sglang_router/router_args.py`` at
+    083d601378d0baaef6191e7f2d40fb70d06518af: ``cache_threshold`` 0.3,
+    ``balance_abs_threshold`` 64, ``balance_rel_threshold`` 1.5, ``eviction_interval_secs``
+    120, ``max_tree_size`` 2^26 characters.
 
-    load_i = requests this router has in flight on instance i. If the load is imbalanced,
-    ``max - min > balance_abs_threshold`` (32) and ``max > balance_rel_threshold * min`` (1.1),
-    route to the least-loaded instance. Otherwise find the longest prefix match in an approximate
-    per-instance prefix tree built from the router's own routing history; if the match rate
-    (matched tokens / input tokens) exceeds ``cache_threshold`` (0.5) route to the best-matching
-    instance, else to the least-loaded one. The chosen instance's tree learns the prompt.
+    load_i = requests this router sent to i whose response has not ended (the worker's load
+    counter). Imbalanced when ``max - min > 64`` and ``max > 1.5 * min`` over the candidates:
+    route to the least-loaded one. Otherwise take the longest prefix any candidate's tree holds;
+    if the match rate (matched tokens / input tokens; SGLang uses characters) exceeds 0.3, route
+    to a candidate holding it, else to the candidate with the smallest tree. Every routed prompt
+    is inserted into its worker's tree; a prefix match refreshes the matched worker's path.
+    Every 120 s of simulated time, each tree above 2^26 / 4 = 2^24 tokens loses its least
+    recently accessed leaves until it fits (see ``ApproxTrees``). Ties (SGLang takes the first
+    worker in a hash map's order) are broken uniformly at random.
+
+    Departures: the tree is at the granularity of our 512-token prompt blocks (plus one leaf per
+    prompt for its tail), so matches shorter than a block are not seen. ``low_match``: the
+    ``sgl-router`` release above sends a low match to the smallest tree (the default here); the
+    later ``sgl-model-gateway/src/policies/cache_aware.rs`` (b93974f140de1e545d9134d87e77f0bd1fbf3014)
+    sends it to the least-loaded worker instead, available as ``low_match="least_loaded"``.
     """
 
     name = "sglang-cache-aware"
+    default_low_match: LowMatch = "smallest_tree"
 
     def __init__(
         self,
         seed: int = 0,
-        cache_threshold: float = 0.5,
-        balance_abs_threshold: int = 32,
-        balance_rel_threshold: float = 1.1,
+        cache_threshold: float = 0.3,
+        balance_abs_threshold: int = 64,
+        balance_rel_threshold: float = 1.5,
+        eviction_interval_s: float = 120.0,
+        max_tree_size_chars: int = 2**26,
+        low_match: LowMatch | None = None,
     ) -> None:
         super().__init__(seed)
         self.cache_threshold = cache_threshold
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
-        self.tree = PrefixIndex()
+        self.eviction_interval_s = eviction_interval_s
+        self.max_tree_tokens = max_tree_size_chars // CHARS_PER_TOKEN
+        self.low_match = low_match or self.default_low_match
+        self.trees = ApproxTrees()
+        self._next_eviction_s: float | None = None
+        self._now_s = 0.0
 
     def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Placement:
-        self.tree.size_like(view)
+        self._now_s = now_s
+        self._maybe_evict(now_s)
         load = self.in_flight.per_instance(self.in_flight.requests, view).astype(np.float64)
         live = load[mask]
-        if (
-            live.max() - live.min() > self.balance_abs_threshold
-            and live.max() > self.balance_rel_threshold * live.min()
-        ):
+        hi, lo = live.max(), live.min()
+        if hi - lo > self.balance_abs_threshold and hi > self.balance_rel_threshold * lo:
             return Placement(pick_min(load, mask, self.rng), "imbalanced: least loaded")
-        matched = self.tree.match_array(request.block_hashes, view)
-        matched = np.where(mask, matched, 0)
+        matched = np.where(mask, self.trees.match_array(request.block_hashes, view), 0)
         best = int(matched.max())
-        if best * BLOCK_TOKENS > self.cache_threshold * max(request.input_tokens, 1):
-            rows = np.flatnonzero(matched == best)
-            # Among equal matches, the least-loaded one (SGLang picks one holder of the match).
-            return Placement(pick_min(load, np.isin(np.arange(len(view)), rows), self.rng), "prefix match")
-        return Placement(pick_min(load, mask, self.rng), "low match: least loaded")
+        rate = best * BLOCK_TOKENS / request.input_tokens if request.input_tokens > 0 else 0.0
+        if best > 0:
+            holder = pick_min(np.zeros(len(view)), matched == best, self.rng)
+            self.trees.touch(view.instance_ids[holder], request.block_hashes[:best], now_s)
+            if rate > self.cache_threshold:
+                return Placement(holder, "prefix match")
+        if self.low_match == "least_loaded":
+            return Placement(pick_min(load, mask, self.rng), "low match: least loaded")
+        sizes = self.trees.sizes(view).astype(np.float64)
+        return Placement(pick_min(sizes, mask, self.rng), "low match: smallest tree")
 
     def on_routed(self, request: RequestView, view: ClusterView, row: int) -> None:
-        self.tree.add(view.instance_ids[row], request.block_hashes)
+        tail = max(request.input_tokens - BLOCK_TOKENS * len(request.block_hashes), 0)
+        self.trees.insert(view.instance_ids[row], request.block_hashes, tail, self._now_s)
+
+    def _maybe_evict(self, now_s: float) -> None:
+        """The eviction thread, in simulated time: first run one interval after the first pick."""
+        if self.eviction_interval_s <= 0:
+            return
+        if self._next_eviction_s is None:
+            self._next_eviction_s = now_s + self.eviction_interval_s
+        if now_s >= self._next_eviction_s:
+            self.trees.evict(self.max_tree_tokens)
+            missed = (now_s - self._next_eviction_s) // self.eviction_interval_s
+            self._next_eviction_s += (missed + 1) * self.eviction_interval_s
+
+
+class SglangGatewayCacheAware(SglangCacheAware):
+    """The same policy as the later SGLang model gateway ships it
+    (``sgl-model-gateway/src/policies/cache_aware.rs`` at
+    b93974f140de1e545d9134d87e77f0bd1fbf3014): a low match goes to the least-loaded worker."""
+
+    name = "sglang-gateway-cache-aware"
+    default_low_match: LowMatch = "least_loaded"

@@ -78,12 +78,14 @@ def test_dynamo_cost_is_uncached_prefill_plus_decode_blocks() -> None:
     v = view(2)
     (d,) = decide(policy, [req("a", 4096, tuple(range(8)))], v, 1.0)
     assert d.instance == 1  # 0 blocks to prefill there vs 8
-    # Its sequence (8 blocks) is now in flight on i1: i1 costs 0 + 8, i0 costs 8 + 0, a tie.
+    # Its 8 blocks are now active on i1. With half of them evicted there, the same prompt costs
+    # i1: prefill 8 - 4 overlap = 4, decode 8 active + 0 new = 12; i0: prefill 8, decode 0 + 8
+    # new = 16 (the new request's own blocks count as decode blocks, as in Dynamo's selector).
     policy.observe(BlocksChanged("i1", "removed", tuple(range(4, 8)), 0.5))
     (e,) = decide(policy, [req("b", 4096, tuple(range(8)))], v, 1.0)
-    assert e.instance == 0  # i1: 4 + 8 = 12 > i0: 8
+    assert e.instance == 1
     policy.observe(Finished("a", 1, "i1", "ok", 4096, 4096, 10, 0.1, 0.01, 2.0))
-    assert policy.in_flight.blocks["i1"] == 0
+    assert policy.in_flight.blocks["i1"] == 8  # b still runs there; a has left
 
 
 def test_llmd_weighs_queue_kv_and_prefix() -> None:

@@ -1,0 +1,142 @@
+"""SGLang router's approximate per-worker prefix trees, at the granularity of our prompt blocks."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from itertools import count
+
+import numpy as np
+import numpy.typing as npt
+
+from agents.policy.common.numeric import IntArray
+from agents.policy.common.prefix_index import PrefixIndex
+from agents.policy.common.slots import SlotRows
+from agents.policy.types import BLOCK_TOKENS, ClusterView
+
+
+class ApproxTrees:
+    """One multi-tenant prefix tree of routed prompts, with per-tenant last-access times and
+    sizes, and leaf-LRU eviction (``Tree`` in ``sgl-router/src/policies/tree.rs``).
+
+    Nodes are our prompt blocks (chained hashes: a block's parent is the block before it in any
+    prompt holding it) plus one leaf per routed prompt for its tokens after the last full block
+    (the "tail"; tails are never matched, since we cannot tell two tails apart). Sizes are in
+    tokens: a block counts ``BLOCK_TOKENS``, a tail its length. SGLang counts characters; the
+    caller converts its limit.
+
+    - ``insert``: the tenant now holds every block of the prompt and its tail; every node on the
+      path gets last access ``now``.
+    - ``touch``: a prefix match refreshes the matched tenant's path (``prefix_match`` does).
+    - ``evict(max_tokens)``: for every tenant above ``max_tokens``, remove its least recently
+      accessed leaves (a node is a leaf for a tenant when the tenant holds none of its
+      children) until it is at or below the limit; a parent left childless becomes a leaf.
+
+    Membership is mirrored in a ``PrefixIndex`` so the longest match per worker is one
+    vectorised ``match_array`` over the whole fleet.
+    """
+
+    def __init__(self, block_tokens: int = BLOCK_TOKENS) -> None:
+        self.block_tokens = block_tokens
+        self.index = PrefixIndex()
+        self._parent: dict[int, int | None] = {}  # block hash -> the block before it
+        self._slot_of: dict[str, int] = {}
+        self._slot_ids: list[str] = []
+        self._access: list[dict[int, float]] = []  # slot -> held block -> last access
+        self._children: list[dict[int, int]] = []  # slot -> held block -> held children
+        self._tails: list[dict[int, tuple[int | None, int, float]]] = []  # id -> parent, tokens, time
+        self._size: IntArray = np.zeros(16, dtype=np.int64)  # tokens per slot
+        self._tail_ids = count()
+        self._slot_rows = SlotRows()
+
+    def insert(self, instance_id: str, blocks: Sequence[int], tail_tokens: int, now_s: float) -> None:
+        slot = self._slot(instance_id)
+        access, children = self._access[slot], self._children[slot]
+        new: list[int] = []
+        parent: int | None = None
+        for block in blocks:
+            if block not in access:
+                new.append(block)
+                self._parent.setdefault(block, parent)
+                if parent is not None:
+                    children[parent] = children.get(parent, 0) + 1
+            access[block] = now_s
+            parent = block
+        if tail_tokens > 0:
+            self._tails[slot][next(self._tail_ids)] = (parent, tail_tokens, now_s)
+            if parent is not None:
+                children[parent] = children.get(parent, 0) + 1
+        self._size[slot] += self.block_tokens * len(new) + max(tail_tokens, 0)
+        if new:
+            self.index.add(instance_id, new)
+
+    def touch(self, instance_id: str, blocks: Sequence[int], now_s: float) -> None:
+        slot = self._slot_of.get(instance_id)
+        if slot is None:
+            return
+        access = self._access[slot]
+        for block in blocks:
+            if block not in access:
+                break
+            access[block] = now_s
+
+    def evict(self, max_tokens: int) -> None:
+        for slot in np.flatnonzero(self._size[: len(self._slot_ids)] > max_tokens).tolist():
+            self._evict_slot(slot, max_tokens)
+
+    def _evict_slot(self, slot: int, max_tokens: int) -> None:
+        access, children, tails = self._access[slot], self._children[slot], self._tails[slot]
+        # (last access, is a tail, node): blocks and tails popped oldest first.
+        heap = [(t, 0, block) for block, t in access.items() if not children.get(block)]
+        heap += [(t, 1, tail) for tail, (_, _, t) in tails.items()]
+        heapq.heapify(heap)
+        size = int(self._size[slot])
+        removed: list[int] = []
+        while size > max_tokens and heap:
+            _, is_tail, node = heapq.heappop(heap)
+            if is_tail:
+                parent, tokens, _ = tails.pop(node)
+                size -= tokens
+            else:
+                if node not in access or children.get(node):
+                    continue
+                del access[node]
+                removed.append(node)
+                size -= self.block_tokens
+                parent = self._parent.get(node)
+            if parent is not None and parent in children:
+                children[parent] -= 1
+                if not children[parent]:
+                    del children[parent]
+                    if parent in access:
+                        heapq.heappush(heap, (access[parent], 0, parent))
+        self._size[slot] = size
+        if removed:
+            self.index.remove(self._slot_ids[slot], removed)
+
+    def match_array(self, blocks: Sequence[int], view: ClusterView) -> npt.NDArray[np.int64]:
+        """Leading blocks of ``blocks`` in each row's tree."""
+        return self.index.match_array(blocks, view)
+
+    def sizes(self, view: ClusterView) -> IntArray:
+        """Tree size in tokens of each row (0 for a worker never routed to)."""
+        out = np.zeros(len(view), dtype=np.int64)
+        slots, rows = self._slot_rows.of(view, self._slot_ids)
+        out[rows] = self._size[slots]
+        return out
+
+    def size_of(self, instance_id: str) -> int:
+        slot = self._slot_of.get(instance_id)
+        return 0 if slot is None else int(self._size[slot])
+
+    def _slot(self, instance_id: str) -> int:
+        slot = self._slot_of.get(instance_id)
+        if slot is None:
+            slot = self._slot_of[instance_id] = len(self._slot_ids)
+            self._slot_ids.append(instance_id)
+            self._access.append({})
+            self._children.append({})
+            self._tails.append({})
+            if slot >= len(self._size):
+                self._size = np.concatenate([self._size, np.zeros(len(self._size), dtype=np.int64)])
+        return slot

@@ -1,0 +1,236 @@
+"""The peer routers against hand-computed cases from their sources' formulas."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agents.policy.common.selector import InstanceSelector
+from agents.policy.peers import DynamoKv, LlmdDefault, LlmdLoadAware, SglangCacheAware
+from agents.policy.types import BlocksChanged, ClusterView, Finished, FirstToken, RequestView
+from tests.unit.policy.helpers import cluster_view, decide
+
+
+def req(rid: str, tokens: int, blocks: tuple[int, ...] = ()) -> RequestView:
+    return RequestView(rid, 1, "t", "m", "interactive", tokens, 256, blocks, 0.0)
+
+
+def finished(rid: str, instance: str, time_s: float = 5.0) -> Finished:
+    return Finished(rid, 1, instance, "ok", 0, 0, 1, 0.1, 0.01, time_s)
+
+
+def first_token(rid: str, instance: str, time_s: float = 2.0) -> FirstToken:
+    return FirstToken(rid, 1, instance, 0.5, time_s)
+
+
+def place(policy: InstanceSelector, request: RequestView, v: ClusterView, now_s: float = 1.0) -> int:
+    (outcome,) = decide(policy, [request], v, now_s)
+    return outcome.instance
+
+
+# --- dynamo-kv --------------------------------------------------------------------------------
+
+
+def test_dynamo_costs_in_flight_prefill_overlap_and_deduplicated_active_blocks() -> None:
+    policy = DynamoKv()
+    v = cluster_view(2)
+    policy.observe(BlocksChanged("i1", "stored", (10, 11, 12, 13), 0.0))
+    a = req("a", 2048, (10, 11, 12, 13))
+    # i0: (0 + 2048) / 512 - 0 = 4 prefill, 0 + 4 new blocks; i1: 4 - 4 = 0 prefill, 4 new blocks.
+    assert policy.costs(a, v).tolist() == [8.0, 4.0]
+    assert place(policy, a, v) == 1  # everything cached there: 0 uncached tokens in flight
+    b = req("b", 1536, (20, 21, 22))
+    # i0: 3 + (0 + 3); i1: 3 + (4 active + 3 new).
+    assert policy.costs(b, v).tolist() == [6.0, 10.0]
+    assert place(policy, b, v) == 0  # 1536 uncached tokens now in flight on i0
+    c = req("c", 1536, (20, 21, 30))
+    # i0: (1536 + 1536) / 512 = 6 prefill; 3 active + 1 new (20 and 21 already active there).
+    # i1: 3 prefill; 4 active + 3 new.
+    assert policy.costs(c, v).tolist() == [10.0, 10.0]
+    policy.observe(first_token("b", "i0"))  # b's prefill is done: only its blocks stay
+    assert policy.costs(c, v).tolist() == [7.0, 10.0]
+    assert place(policy, c, v) == 0
+    d = req("d", 512, (40,))
+    # i0: (1536 in flight for c + 512) / 512 = 4 prefill; blocks {20, 21, 22, 30} = 4 (20 and
+    # 21 are held by b and c but count once) + 1 new. i1: 1 prefill; 4 active + 1 new.
+    assert policy.costs(d, v).tolist() == [9.0, 6.0]
+    policy.observe(finished("b", "i0"))  # b's blocks leave; 20 and 21 stay for c
+    assert policy.costs(d, v).tolist() == [8.0, 6.0]
+    policy.observe(finished("c", "i0"))  # c ends before its first token: its prefill leaves too
+    assert policy.costs(d, v).tolist() == [2.0, 6.0]
+
+
+def test_dynamo_counts_prompt_tails_as_fractional_blocks() -> None:
+    policy = DynamoKv()
+    v = cluster_view(2)
+    busy = place(policy, req("a", 640, (1,)), v)  # 1 block + a 128-token tail, nothing cached
+    costs = policy.costs(req("x", 256), v)  # no full block: only its 0.5-block tail
+    assert costs[1 - busy] == pytest.approx(0.5 + 0.5)
+    # a's 640 uncached tokens are still in flight there, and its 1.25 blocks are active.
+    assert costs[busy] == pytest.approx((640 + 256) / 512 + 1.25 + 0.5)
+
+
+def test_dynamo_breaks_ties_at_random() -> None:
+    v = cluster_view(2)
+    picks = {place(DynamoKv(seed=s), req("a", 1024, (1, 2)), v) for s in range(30)}
+    assert picks == {0, 1}
+
+
+def test_dynamo_prefill_load_scale_weighs_only_the_prefill_term() -> None:
+    policy = DynamoKv(prefill_load_scale=2.0)
+    v = cluster_view(2)
+    policy.observe(BlocksChanged("i0", "stored", (1, 2), 0.0))
+    # i0: 2 * max(2 - 2, 0) + 2; i1: 2 * 2 + 2.
+    assert policy.costs(req("a", 1024, (1, 2)), v).tolist() == [2.0, 6.0]
+
+
+# --- sglang-cache-aware -----------------------------------------------------------------------
+
+
+def loaded(policy: SglangCacheAware, loads: dict[str, int]) -> None:
+    for instance, n in loads.items():
+        for k in range(n):
+            policy.in_flight.add(req(f"load-{instance}-{k}", 1), instance, 0.0)
+
+
+def test_sglang_ships_current_defaults() -> None:
+    policy = SglangCacheAware()
+    assert (policy.cache_threshold, policy.balance_abs_threshold, policy.balance_rel_threshold) == (
+        0.3,
+        64,
+        1.5,
+    )
+    assert policy.eviction_interval_s == 120.0
+    assert policy.max_tree_tokens == 2**26 // 4
+    assert policy.low_match == "smallest_tree"
+
+
+@pytest.mark.parametrize(
+    ("loads", "expected", "reason"),
+    [
+        ({"i0": 100, "i1": 35}, 1, "imbalanced: least loaded"),  # 65 > 64 and 100 > 52.5
+        ({"i0": 100, "i1": 36}, 0, "prefix match"),  # 64 is not > 64
+        ({"i0": 200, "i1": 135}, 0, "prefix match"),  # 65 > 64 but 200 < 1.5 * 135
+    ],
+)
+def test_sglang_balances_only_beyond_both_thresholds(
+    loads: dict[str, int], expected: int, reason: str
+) -> None:
+    policy = SglangCacheAware()
+    v = cluster_view(2)
+    policy.trees.insert("i0", (1, 2, 3, 4), 0, 0.0)
+    loaded(policy, loads)
+    (outcome,) = decide(policy, [req("a", 2048, (1, 2, 3, 4))], v, 1.0)
+    assert (outcome.instance, outcome.reason) == (expected, reason)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "expected", "reason"),
+    [
+        (1706, 0, "prefix match"),  # 512 / 1706 = 0.30012 > 0.3
+        (1707, 1, "low match: smallest tree"),  # 512 / 1707 = 0.29994
+    ],
+)
+def test_sglang_follows_the_match_above_the_cache_threshold(tokens: int, expected: int, reason: str) -> None:
+    policy = SglangCacheAware()
+    policy.trees.insert("i0", (1,), 0, 0.0)
+    (outcome,) = decide(policy, [req("a", tokens, (1, 2, 3))], cluster_view(2), 1.0)
+    assert (outcome.instance, outcome.reason) == (expected, reason)
+
+
+def test_sglang_match_rate_equal_to_the_threshold_is_a_low_match() -> None:
+    policy = SglangCacheAware()
+    policy.trees.insert("i0", (1, 2, 3), 0, 0.0)
+    (outcome,) = decide(policy, [req("a", 5120, tuple(range(1, 11)))], cluster_view(2), 1.0)  # 1536 / 5120
+    assert (outcome.instance, outcome.reason) == (1, "low match: smallest tree")
+
+
+def test_sglang_low_match_goes_to_the_smallest_tree_not_the_least_loaded() -> None:
+    v = cluster_view(2)
+    for low_match, expected in (("smallest_tree", 1), ("least_loaded", 0)):
+        policy = SglangCacheAware(low_match=low_match)  # type: ignore[arg-type]
+        policy.trees.insert("i0", (1, 2, 3), 100, 0.0)  # 3 * 512 + 100 tokens
+        policy.trees.insert("i1", (7,), 0, 0.0)  # 512 tokens
+        loaded(policy, {"i1": 5})  # balanced: 5 - 0 is not > 64
+        assert place(policy, req("a", 1024, (50, 51)), v) == expected, low_match
+
+
+def test_sglang_tree_sizes_count_blocks_and_tails() -> None:
+    policy = SglangCacheAware()
+    v = cluster_view(2)
+    place(policy, req("a", 1300, (1, 2)), v)  # 2 blocks + a 276-token tail
+    sizes = policy.trees.sizes(v).tolist()
+    assert sorted(sizes) == [0, 1300]
+    # Same prompt, same tree: only its new tail adds.
+    row = sizes.index(1300)
+    assert place(policy, req("b", 1300, (1, 2)), v) == row
+    assert policy.trees.size_of(f"i{row}") == 1300 + 276
+
+
+def test_sglang_evicts_least_recently_used_leaves_every_interval() -> None:
+    policy = SglangCacheAware(max_tree_size_chars=4 * 1024)  # 1024 tokens = 2 blocks
+    v = cluster_view(1)
+    a, b = (1, 2), (3, 4)
+    place(policy, req("a", 1024, a), v, 0.0)
+    place(policy, req("b", 1024, b), v, 10.0)
+    place(policy, req("c", 1024, b), v, 119.0)  # refreshes b's path; no eviction before 120 s
+    assert policy.trees.size_of("i0") == 2048
+    place(policy, req("d", 1024, b), v, 120.0)  # first eviction: a's leaf, then a's root
+    assert policy.trees.size_of("i0") == 1024
+    assert policy.trees.match_array(a, v).tolist() == [0]
+    assert policy.trees.match_array(b, v).tolist() == [2]
+    place(policy, req("e", 1024, a), v, 200.0)  # next eviction is at 240 s
+    assert policy.trees.size_of("i0") == 2048
+    place(policy, req("f", 1024, a), v, 240.0)  # b (last used at 120 s) goes now
+    assert policy.trees.match_array(b, v).tolist() == [0]
+    assert policy.trees.match_array(a, v).tolist() == [2]
+
+
+def test_sglang_a_prefix_match_refreshes_the_matched_path() -> None:
+    policy = SglangCacheAware(max_tree_size_chars=4 * 512)  # 1 block
+    v = cluster_view(2)
+    policy.trees.insert("i0", (1,), 0, 0.0)
+    policy.trees.insert("i0", (5,), 0, 50.0)
+    # A low match (512 / 5120) on i0 refreshes block 1 at t=100, then goes to the empty i1.
+    assert place(policy, req("a", 5120, (1, 90, 91, 92)), v, 100.0) == 1
+    policy.trees.evict(policy.max_tree_tokens)  # i0's least recently used leaf is now 5
+    assert policy.trees.match_array((1,), v)[0] == 1
+    assert policy.trees.match_array((5,), v)[0] == 0
+
+
+# --- llm-d-default ----------------------------------------------------------------------------
+
+
+def test_llmd_prefix_score_covers_only_the_first_4096_tokens() -> None:
+    policy = LlmdDefault()
+    v = cluster_view(2)
+    long_prompt = tuple(range(20))  # 10240 tokens
+    row = place(policy, req("a", 10240, long_prompt), v)
+    assert policy.index.blocks_held(f"i{row}") == 8  # llm-d indexes at most 256 x 16 tokens
+    same_start = tuple(range(8)) + tuple(range(100, 112))
+    expected = [0.0, 0.0]
+    expected[row] = 1.0  # 256 of 256 llm-d blocks: indistinguishable from the full match
+    assert policy.prefix_scores(req("b", 10240, long_prompt), v).tolist() == expected
+    assert policy.prefix_scores(req("c", 10240, same_start), v).tolist() == expected
+    # 1000 tokens: ceil(1000 / 16) = 63 llm-d blocks; one matched 512-token block is 32 of them.
+    assert policy.prefix_scores(req("d", 1000, (0,)), v)[row] == pytest.approx(32 / 63)
+    # Shorter than one llm-d block: nothing is hashed, score 0.
+    assert policy.prefix_scores(req("e", 15, ()), v).tolist() == [0.0, 0.0]
+
+
+def test_llmd_scores_queue_kv_and_prefix_with_weights_2_2_3() -> None:
+    policy = LlmdDefault()
+    v = cluster_view(3, waiting=[0, 4, 8], kv_used=[500, 0, 250])
+    place(policy, req("a", 2048, (1, 2, 3, 4)), cluster_view(3, waiting=[9, 9, 0]))  # warms i2
+    mask = np.ones(3, dtype=bool)
+    scores = policy.scores(req("b", 4096, (1, 2, 5, 6, 7, 8, 9, 10)), v, mask)
+    # queue (8 - q) / 8: 1, 0.5, 0; kv 1 - used / total: 0.5, 1, 0.75; prefix on i2: 64 / 256.
+    assert scores.tolist() == pytest.approx([2 * 1 + 2 * 0.5, 2 * 0.5 + 2 * 1, 2 * 0.75 + 3 * 0.25])
+    assert place(policy, req("c", 4096, (1, 2, 5, 6, 7, 8, 9, 10)), v) in (0, 1)  # 3.0 tie
+
+
+def test_llmd_load_aware_variant_scores_prefix_plus_load() -> None:
+    policy = LlmdLoadAware()
+    v = cluster_view(3, waiting=[0, 64, 200])
+    scores = policy.scores(req("a", 1024, (1, 2)), v, np.ones(3, dtype=bool))
+    assert scores.tolist() == pytest.approx([0.5, 0.25, 0.0])
