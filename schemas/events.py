@@ -36,6 +36,8 @@ MAX_DURATION_S = 1_000_000.0
 """Longest duration (TTFT, TPOT, E2E, decision latency, prediction): 11.6 days, no real latency."""
 MAX_COUNT = 1_000_000_000
 """Largest heartbeat count (queue, batch, tokens, KV blocks): int64 sums over a pool cannot overflow."""
+MAX_TOTAL = 2**53
+"""Largest cumulative counter (an engine's prefix-cache tokens since start): exact as a float."""
 MAX_EVENT_ID_LENGTH = 128
 """Event ids are 32 hex characters when we make them; room for other producers' schemes."""
 MAX_NAME_LENGTH = 256
@@ -65,6 +67,7 @@ MAX_BATCH_DEADLINE_S = 10_000_000.0
 Timestamp = Annotated[float, Field(ge=0, le=MAX_TS)]
 Duration = Annotated[float, Field(ge=0, le=MAX_DURATION_S)]
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Total = Annotated[int, Field(ge=0, le=MAX_TOTAL)]
 Attempt = Annotated[int, Field(ge=1, le=MAX_ATTEMPT)]
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH)]
 """A required id or name (never empty)."""
@@ -162,7 +165,26 @@ class BatchJob(Event):
 
 
 class Heartbeat(Event):
-    """An instance's state report. KV in blocks of 512 tokens."""
+    """An instance's state report. KV in blocks of 512 tokens.
+
+    Each field is what a real engine adapter can produce: a scrape of the engine's Prometheus
+    ``/metrics`` (vLLM names below), its health endpoint, its deployment, or TokenFleet's own
+    dispatcher counting the requests it sent there. The simulator and the emulated fleet fill
+    every field with the same meaning (``sim/engine/instance.py``).
+
+    - ``waiting``: ``vllm:num_requests_waiting`` — queued, no prefill chunk scheduled yet (vLLM
+      V1: a request leaves *waiting* when its first chunk is scheduled, not when KV fits);
+    - ``running``: ``vllm:num_requests_running`` — scheduled (prefilling or decoding);
+    - ``tokens_in_flight``: the dispatcher's count over the requests it sent there and has not
+      seen end: prompt tokens plus output tokens streamed so far;
+    - ``kv_blocks_used``: ``vllm:kv_cache_usage_perc`` * ``kv_blocks_total``;
+    - ``kv_blocks_total``: the engine's KV capacity (``num_gpu_blocks`` * block size / 512);
+    - ``prefix_cache_queries`` / ``prefix_cache_hits``: ``vllm:prefix_cache_queries_total`` /
+      ``vllm:prefix_cache_hits_total`` (prompt tokens looked up / found, cumulative);
+    - ``preemptions``: ``vllm:num_preemptions_total`` (cumulative);
+    - ``endpoint_ready``: the engine's ``/health`` answers 200; ``model`` / ``model_version`` /
+      ``profile`` / ``dc``: the deployment that started it.
+    """
 
     instance_id: Name
     dc: Label
@@ -175,6 +197,9 @@ class Heartbeat(Event):
     tokens_in_flight: Count
     kv_blocks_used: Count
     kv_blocks_total: int = Field(ge=1, le=MAX_COUNT)
+    prefix_cache_queries: Total = 0
+    prefix_cache_hits: Total = 0
+    preemptions: Total = 0
 
 
 class KvEvent(Event):

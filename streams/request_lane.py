@@ -316,7 +316,7 @@ class RequestLane:
                 if tp in starts and found is None:
                     consumer.seek(tp, ends[tp])  # nothing written since: nothing to replay
                 elif found is None:
-                    consumer.seek_to_beginning(tp)
+                    await consumer.seek_to_beginning(tp)
                 else:
                     consumer.seek(tp, found.offset)
             count, deadline = 0, time.monotonic() + _REPLAY_LIMIT_S

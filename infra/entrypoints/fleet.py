@@ -64,6 +64,11 @@ class Reconnect:
     backoff_initial_s: float = 0.25
     backoff_max_s: float = 5.0
     topics_timeout_s: float = 10.0  # retry budget of one ensure_topics
+    # Stopping the clients of a lost connection: a consumer leaving a group the broker forgot,
+    # or a producer flushing into a dead connection, would otherwise hold the reconnect for
+    # seconds. Nothing is lost by abandoning them: undelivered events stay in the backlog and
+    # decisions are committed only once dispatched.
+    stop_timeout_s: float = 1.0
 
 
 class BrokerLost(KafkaError):  # type: ignore[misc]
@@ -72,6 +77,7 @@ class BrokerLost(KafkaError):  # type: ignore[misc]
 
 _BROKER_ERRORS = (KafkaError, OSError)  # TimeoutError is an OSError
 _MAX_BACKLOG = 200_000  # engine events kept for resending while the broker is away
+_SEND_FAILURES_BEFORE_RECONNECT = 3  # sends refused in a row (not timed out) before reconnecting
 
 
 async def run_fleet(
@@ -100,12 +106,13 @@ async def run_fleet(
     timeout. ``auto_offset_reset="earliest"``: a new group also executes decisions published
     while it was joining (a request already past its client timeout just times out).
 
-    Broker outages (``reconnect``): when deliveries time out or fail, fetches go unanswered, no
-    partition is assigned for long, or a high watermark goes down (the broker lost its log: a
-    restarted embedded Tansu), the clients are stopped and, after a jittered back-off, missing
-    topics are recreated (``partitions`` each, default the settings') and new clients started;
-    the engines keep their state and the events not delivered are sent again (at least once).
-    It keeps trying until ``stop``.
+    Broker outages (``reconnect``): when deliveries time out or keep failing, fetches go
+    unanswered, or no partition is assigned for long, the clients are stopped and, after a
+    jittered back-off, missing topics are recreated (``partitions`` each, default the
+    settings') and new clients started; the engines keep their state and the events not
+    delivered are sent again (at least once). It keeps trying until ``stop``. A partition whose
+    high watermark goes down (the broker lost its log: a restarted embedded Tansu, which the
+    clients already reconnected to) is read again from its start, without a reconnect.
     """
     if heartbeat_s <= 0:
         raise ValueError("heartbeat_s must be > 0")
@@ -121,14 +128,16 @@ async def run_fleet(
     log.info("emulated fleet %s: %d endpoints, speed x%g", fleet_spec, len(engines.endpoints), speed)
     try:
         failures = 0
+        lost_at = topics_s = 0.0
         while True:
             try:
                 async with contextlib.AsyncExitStack() as stack:
+                    connecting = time.monotonic()
                     producer = await start_client(
                         lambda: AIOKafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=10_000),
                         "fleet producer",
                     )
-                    stack.push_async_callback(_stop_client, producer)
+                    stack.push_async_callback(_stop_client, producer, reconnect.stop_timeout_s)
                     consumer = await start_client(
                         lambda: AIOKafkaConsumer(
                             DECISIONS.name,
@@ -145,15 +154,20 @@ async def run_fleet(
                         ),
                         "fleet consumer",
                     )
-                    stack.push_async_callback(_stop_client, consumer)
+                    stack.push_async_callback(_stop_client, consumer, reconnect.stop_timeout_s)
                     if failures:
-                        log.warning("fleet: reconnected to %s", bootstrap)
+                        log.warning(
+                            "fleet: reconnected to %s %.1f s after losing it (topics %.1f s, clients %.1f s)",
+                            bootstrap, time.monotonic() - lost_at, topics_s, time.monotonic() - connecting,
+                        )  # fmt: skip
                         failures = 0
                     await loop.run(stop, producer, consumer)
                 return loop.counts()
             except _BROKER_ERRORS as exc:
                 if stop.is_set():
                     return loop.counts()
+                if not failures:
+                    lost_at = time.monotonic()
                 failures += 1
                 loop.reconnects += 1
                 ceiling = min(reconnect.backoff_max_s, reconnect.backoff_initial_s * 2.0 ** (failures - 1))
@@ -166,16 +180,18 @@ async def run_fleet(
                     await asyncio.wait_for(stop.wait(), delay)
                 if stop.is_set():
                     return loop.counts()
+                started = time.monotonic()
                 with contextlib.suppress(*_BROKER_ERRORS):  # not yet: the next connect fails and waits
                     await ensure_topics_async(bootstrap, partitions, timeout_s=reconnect.topics_timeout_s)
+                topics_s = time.monotonic() - started
     finally:
         await engines.close()
 
 
-async def _stop_client(client: Any) -> None:
+async def _stop_client(client: Any, timeout_s: float) -> None:
     """Stop a client without hanging on a broker that is gone."""
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(client.stop(), 5.0)
+        await asyncio.wait_for(client.stop(), timeout_s)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -202,6 +218,7 @@ class _FleetLoop:
         self.decisions = self.duplicates = self.invalid = self.reconnects = 0
         self.sent: Counter[TopicSpec] = Counter()
         self._backlog: list[EngineEvent | Heartbeat] = []  # not delivered before an outage
+        self._failed_sends = 0  # in a row
 
     async def run(self, stop: asyncio.Event, producer: Any, consumer: Any) -> None:
         self.producer, self.consumer = producer, consumer
@@ -220,7 +237,13 @@ class _FleetLoop:
             assigned = bool(self.consumer.assignment())
             if self.ready is not None and not self.ready.is_set() and assigned:
                 self.ready.set()
-            liveness.check()
+            lost = liveness.check()
+            if lost:
+                # The broker lost its log (a restarted embedded Tansu): these positions point into
+                # a log that is gone. Read the new log from its start rather than reconnect (a
+                # new consumer's group join costs seconds); the engines run each attempt once.
+                log.warning("fleet: the broker lost the log of %s; reading it again from the start", lost)
+                await self.consumer.seek_to_beginning(*lost)
             # One instant for the whole batch: decisions polled together reach the engines together.
             now = time.time()
             for records in batches.values():
@@ -270,7 +293,14 @@ class _FleetLoop:
                 raise BrokerLost(
                     f"events not delivered in {self.reconnect_limits.send_timeout_s:.0f} s"
                 ) from exc
+            self._failed_sends += 1
+            if isinstance(exc, KafkaError) and self._failed_sends < _SEND_FAILURES_BEFORE_RECONNECT:
+                # One refused write (Tansu answers UnknownError to a produce that raced another
+                # right after its restart) is not a lost broker: send the backlog next round.
+                log.info("fleet: a send failed (%s); sending again", _first_line(exc))
+                return
             raise
+        self._failed_sends = 0
         for event in events:
             self.sent[_TOPIC_OF[type(event)]] += 1
 
@@ -289,8 +319,9 @@ class _FleetLoop:
 
 class _Liveness:
     """``check()`` raises ``BrokerLost`` when the consumer no longer really consumes: its
-    fetches unanswered for ``fetch_stale_s`` while assigned, no partitions for
-    ``unassigned_s``, or a high watermark lower than one seen before (the log was lost)."""
+    fetches unanswered for ``fetch_stale_s`` while assigned, or no partitions for
+    ``unassigned_s``. It returns the partitions whose high watermark fell below one seen before
+    (the broker lost their log) for the caller to read again from the start."""
 
     def __init__(self, consumer: Any, limits: Reconnect) -> None:
         self.consumer, self.limits = consumer, limits
@@ -299,18 +330,19 @@ class _Liveness:
         self._stamps: dict[Any, int] = {}
         self._highest: dict[Any, int] = {}
 
-    def check(self) -> None:
+    def check(self) -> list[Any]:
         now = time.monotonic()
         if now - self._checked < self.limits.probe_s:
-            return
+            return []
         self._checked = now
         partitions = self.consumer.assignment()
         if not partitions:
             if now - self._assigned_at > self.limits.unassigned_s:
                 raise BrokerLost(f"no partition assigned for {self.limits.unassigned_s:.0f} s")
             self._answered = now
-            return
+            return []
         self._assigned_at = now
+        lost = []
         for tp in partitions:
             stamp = self.consumer.last_poll_timestamp(tp)
             if stamp is not None and stamp != self._stamps.get(tp):
@@ -319,9 +351,8 @@ class _Liveness:
             mark = self.consumer.highwater(tp)
             if mark is not None:
                 if mark < self._highest.get(tp, 0):
-                    raise BrokerLost(
-                        f"{tp.topic}:{tp.partition}'s high watermark went down: the log was lost"
-                    )
+                    lost.append(tp)
                 self._highest[tp] = mark
         if now - self._answered > self.limits.fetch_stale_s:
             raise BrokerLost(f"no fetch answered for {self.limits.fetch_stale_s:.0f} s")
+        return lost

@@ -3,8 +3,10 @@
 The embedded broker (Tansu) keeps its log in memory: the broker started again on the same port
 has no topics, no committed offsets and no consumer groups. The worker's watchdog sees that (a
 high watermark went down, or its topics are gone) and exits; its supervisor recreates the topics
-and starts a fresh worker. The fleet's dispatcher stops its clients, recreates the topics and
-starts new ones, keeping its engines. This test owns its broker (not the session's).
+and starts a fresh worker. The fleet's dispatcher keeps its engines and its clients (which
+reconnect on their own): a partition whose high watermark went down is read again from its
+start; only a dispatcher whose fetches or deliveries stop altogether starts new clients (and
+recreates the topics). This test owns its broker (not the session's).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from tests.integration.streaming import worker as worker_process
 
 POOL = "llama3-8b"  # the emulated fleet's model: this broker is ours alone
 RECOVERY_BUDGET_S = 10.0
+FLEET_RECOVERY_BUDGET_S = 15.0  # the fleet executes again (measured: 5.65 and 6.21 s)
 
 
 def a_request(request_id: str) -> InferenceRequest:
@@ -108,6 +111,7 @@ def test_worker_and_fleet_recover_after_the_broker_restarts(tmp_path: Path) -> N
     )
     assert code == 0
     assert timings["routed_s"] <= RECOVERY_BUDGET_S
+    assert timings["completed_s"] <= FLEET_RECOVERY_BUDGET_S  # NaN (never completed) fails too
     assert timings["child"] != first_child  # the supervisor started a fresh worker child
 
 
@@ -142,9 +146,9 @@ async def _scenario(bootstrap: str, broker: Broker, worker: WorkerProcess) -> di
             Collector(bootstrap, DECISIONS, POOL.encode()) as routed,
             Collector(bootstrap, COMPLETIONS, POOL.encode()) as completed,
         ):
-            # The worker is judged (RECOVERY_BUDGET_S, below). The dispatcher's own recovery is
-            # reported but not asserted: it took 15 s in most runs and more than 60 s in one run
-            # of the whole suite (make faults measures it too).
+            # Both are judged: the worker routing again (RECOVERY_BUDGET_S) and the dispatcher
+            # executing again (FLEET_RECOVERY_BUDGET_S; it took ~15 s, once > 60 s, when it
+            # reconnected its clients after every restart).
             deadline = back + 60
             while (routed_at is None or completed_at is None) and time.monotonic() < deadline:
                 if routed_at is None and len(after) < 60:  # a new request every 0.5 s until routed
@@ -162,8 +166,7 @@ async def _scenario(bootstrap: str, broker: Broker, worker: WorkerProcess) -> di
                 await asyncio.sleep(0.5)
             assert routed_at is not None, f"nothing routed within 60 s of the broker's return\n{worker.log()}"
             await wait_until(lambda: worker.child_pid() is not None, 30, "the worker ready again")
-        # The dispatcher's recovery is reported, not asserted: in one run of the whole suite it
-        # ended (cancelled) during the outage instead of reconnecting — an open defect.
+        assert not fleet.done(), "the fleet dispatcher ended during the outage"
         stop.set()
         counts: Any = None
         if not fleet.done():
