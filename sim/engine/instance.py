@@ -1,27 +1,80 @@
-"""One inference engine instance, as vLLM / SGLang behave, in simulated time.
+"""One inference engine instance, as vLLM V1 behaves, in simulated time.
 
-Continuous batching with chunked prefill: every step decodes one token for each running request
-whose prompt is done, plus up to ``prefill_budget_tokens`` of prompt chunks (FCFS); at most
-``max_seqs`` requests run; a request is admitted (FCFS, head of line blocks) only when its KV
-reservation fits; running work is never pre-empted. The last prefill chunk of a request yields
-its first output token.
+The scheduler follows vLLM V1's ``Scheduler.schedule`` (``vllm/v1/core/sched/scheduler.py``,
+vllm-project/vllm commit 00024d314514900f361ad072af6931e403b7f589) and its KV cache manager
+(``vllm/v1/core/kv_cache_manager.py``, commit 003df2961dd8830c317a61f9745ccd557da9fa06). The
+departures from vLLM that ``EngineOptions`` (``sim/engine/profiles.py``) can switch on are named
+where they apply; the defaults are vLLM's behaviour.
+
+One step (continuous batching, chunked prefill):
+- Token budget: ``prefill_budget_tokens`` is vLLM's ``max_num_batched_tokens``. RUNNING requests
+  are scheduled first, in the order they were scheduled from the queue: a decoding request takes
+  1 token of the budget, a partially prefilled one its next chunk (what is left of its prompt, at
+  most what is left of the budget); when the budget is spent the rest of the running list sits
+  this step out. Then WAITING requests, FCFS: each gets a first chunk of what is left of the
+  budget, while ``len(running) < max_seqs`` (``max_num_seqs``) and its KV blocks can be
+  allocated; the first one that cannot be blocks the queue (head of line). No waiting request is
+  scheduled in a step that pre-empted (vLLM's ``if not preempted_reqs``). Option
+  ``decode_tokens_in_budget=False``: decodes are free and the budget is prefill-only.
+- Waiting and running are vLLM's ``num_requests_waiting`` / ``num_requests_running``: a request
+  is waiting from ``enqueue`` until its FIRST chunk is scheduled (or, pre-empted, until it is
+  scheduled again); running from then until it ends, whether or not the budget reached it in the
+  current step.
+- KV blocks (``kv_allocation="on-demand"``, vLLM's paged ``allocate_slots``): a request holds
+  blocks for the tokens computed so far plus those scheduled this step, so it gets blocks for each
+  prompt chunk as it is scheduled and one more 512-token block whenever its output crosses a block
+  boundary. The resident prefix of its prompt is reused (reference-counted), and each full prompt
+  block becomes shareable as soon as its chunk is computed. If a running request needs a block and
+  none is free, the NEWEST running request is pre-empted by RECOMPUTE (vLLM's
+  ``self.running.pop()`` under FCFS), repeatedly, until the block fits or the request pre-empted
+  itself: the victim frees every block (its prompt blocks stay cached, evictable), goes back to
+  the FRONT of the waiting queue and keeps its generated tokens; when scheduled again it prefills
+  prompt + generated tokens as a new prompt (its resident prompt prefix matches again), and the
+  last chunk of that prefill yields its next token (no second first token). ``preemptions``
+  counts them (``vllm:num_preemptions_total``). Option ``kv_allocation="reserve"``: prompt +
+  output budget is reserved when the request is first scheduled and it is never pre-empted.
+  Option ``admission="kv-fits"`` (with "reserve"; the simulator's older model): a request leaves
+  the queue, reservation taken, as soon as it fits, whether or not the budget reaches it.
+- Prefix-cache counters (``vllm:prefix_cache_queries`` / ``vllm:prefix_cache_hits``, tokens,
+  cumulative): counted when a request is scheduled from the queue, queries = its tokens
+  (prompt, + generated if resumed), hits = the resident prefix in whole blocks, at most
+  ``tokens - 1`` rounded down to a block (vLLM's ``max_cache_hit_length``). As vLLM's
+  ``PrefixCacheStats.record`` does, a resumed (pre-empted) request counts in
+  ``preempted_prefix_cache_queries`` / ``..._hits`` instead. (The step time itself only
+  recomputes the last token of a fully cached prompt, where vLLM recomputes its last block.)
+- The last prefill chunk of a request yields its first output token.
 
 Speed: a run of decode-only steps with a fixed batch is one *macro-step* of k steps, k = steps
-until the first running request finishes. Step i of it takes ``alpha + beta*i`` (contexts grow
-by one token per step), so its end time is closed-form. Anything that changes the batch (a new
-request, an abort) truncates the macro-step to the step in progress; observers (heartbeats)
-compute the steps done so far without changing anything.
+until the first scheduled request finishes. Step i of it takes ``f*(alpha + beta*i + gamma*i^2)``
+(contexts grow by one token per step; gamma is nonzero only for the perturbed law; f is the noise
+factor of the macro-step, 1 without noise), so its end time is closed-form. On demand, the
+blocks its growth needs are counted in closed form too: k is cut to the last step whose growth
+still fits in the free blocks (so the step that would need a missing block is planned afresh, and
+pre-empts), and the blocks are taken when the macro-step ends (nothing else allocates meanwhile).
+A step that pre-empted is one step: the next one schedules the queue again. Anything that changes
+the batch (a new request, an abort) truncates the macro-step to the step in progress; observers
+(heartbeats) compute the steps done and the blocks grown so far without changing anything.
+
+Noise (profiles with ``noise_sigma`` > 0): one lognormal factor f (mean 1) per planned step or
+macro-step, from a per-instance generator seeded from the instance id and
+``EngineOptions.noise_seed`` (reproducible). One factor per macro-step keeps every step of it on
+the closed form (truncation keeps the factor), so the closed form stays exact; the price is that
+noise is correlated over a macro-step (like clock or interference drift), not independent per
+step.
 """
 
 from __future__ import annotations
 
 import math
+import random
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 
 from agents.policy.types import BLOCK_TOKENS
 from sim.engine.fleet import InstanceSpec
 from sim.engine.kv_cache import PrefixKvCache
+from sim.engine.profiles import EngineOptions, noise_seed
 from sim.workloads.trace import TraceRequest
 
 
@@ -40,7 +93,7 @@ class Attempt:
     prefill_left: int = 0
     context: int = 0
     generated: int = 0
-    admitted_s: float | None = None
+    admitted_s: float | None = None  # first scheduled (vLLM's SCHEDULED event)
     first_token_s: float | None = None
     end_s: float | None = None
     tokens_in_window: int | None = None  # set for attempts still running when the window closes
@@ -48,6 +101,8 @@ class Attempt:
     abort_requested: bool = False
     keyed_blocks: list[int] = field(default_factory=list)
     anonymous_blocks: int = 0
+    blocks: int = 0  # KV blocks it holds (keyed + anonymous)
+    preemptions: int = 0
 
     @property
     def target_tokens(self) -> int:
@@ -56,8 +111,8 @@ class Attempt:
 
     @property
     def reserved_blocks(self) -> int:
-        """KV blocks reserved at admission: prompt + the client's output budget. An engine that
-        never pre-empts must reserve the cap (it cannot know the true length either)."""
+        """KV blocks of prompt + the client's output budget: the most the sequence may occupy
+        (what ``kv_allocation="reserve"`` reserves; the engine cannot know the true length)."""
         return -(-(self.request.input_tokens + self.output_budget) // BLOCK_TOKENS)
 
 
@@ -66,12 +121,23 @@ class Instance:
 
     After any call, if ``scheduled`` is true the instance wants ``finish_step`` called at
     ``step_end_s``; ``version`` changes whenever that time changes (stale events are skipped).
+    ``options`` overrides the profile's ``EngineOptions``.
     """
 
-    def __init__(self, spec: InstanceSpec, window: tuple[float, float], kv_events: bool) -> None:
+    def __init__(
+        self,
+        spec: InstanceSpec,
+        window: tuple[float, float],
+        kv_events: bool,
+        options: EngineOptions | None = None,
+    ) -> None:
         self.spec = spec
-        self.profile = spec.profile
-        self.cache = PrefixKvCache(spec.profile.kv_tokens // BLOCK_TOKENS, record_events=kv_events)
+        self.profile = profile = spec.profile
+        self.options = options if options is not None else profile.options
+        self._on_demand = self.options.kv_allocation == "on-demand"
+        self._decode_budget = self.options.decode_tokens_in_budget
+        self._admit_early = self.options.admission == "kv-fits"
+        self.cache = PrefixKvCache(profile.kv_tokens // BLOCK_TOKENS, record_events=kv_events)
         self.waiting: deque[Attempt] = deque()
         self.running: list[Attempt] = []
         self.tokens_in_flight = 0
@@ -81,16 +147,30 @@ class Instance:
         self.scheduled = False
         self.step_start_s = 0.0
         self.step_end_s = 0.0
+        # Counters as vLLM's /metrics exports them (cumulative).
+        self.preemptions = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.preempted_prefix_cache_queries = 0
+        self.preempted_prefix_cache_hits = 0
         self._steps = 1
         self._alpha = 0.0
         self._beta = 0.0
+        self._gamma = 0.0
+        self._noise = 1.0
+        self._rng: random.Random | None = None
+        if profile.noise_sigma > 0:
+            self._rng = random.Random(noise_seed(spec.instance_id, profile, self.options))
         self._decoders: list[Attempt] = []
         self._chunks: list[tuple[Attempt, int]] = []
+        self._growth_starts: list[int] | None = None  # sorted first growth step of each decoder
         self.first_tokens: list[Attempt] = []  # got their first token since the caller last took them
 
     # --- inputs -------------------------------------------------------------------------------
 
     def fits_ever(self, attempt: Attempt) -> bool:
+        """Prompt + output budget fit in the whole cache (vLLM refuses what exceeds its
+        ``max_model_len``, which it checks fits in the KV cache at start-up)."""
         return attempt.reserved_blocks <= self.cache.capacity
 
     def enqueue(self, attempt: Attempt, now_s: float) -> None:
@@ -110,7 +190,7 @@ class Instance:
             self._truncate(now_s)
             return False
         self.waiting.remove(attempt)
-        self.tokens_in_flight -= attempt.request.input_tokens
+        self.tokens_in_flight -= attempt.request.input_tokens + attempt.generated  # pre-empted: > 0
         if self.scheduled:
             self._truncate(now_s)  # whoever waited behind it may fit at the next boundary
         return True
@@ -126,33 +206,59 @@ class Instance:
     def heartbeat(self, now_s: float) -> tuple[int, int, int, int]:
         """(waiting, running, tokens in flight, KV blocks used) as the engine would report now."""
         tokens = self.tokens_in_flight
+        used = self.cache.referenced
         if self.scheduled and not self._chunks:
-            tokens += self._steps_done(now_s) * len(self._decoders)
-        return len(self.waiting), len(self.running), tokens, self.cache.referenced
+            done = self._steps_done(now_s)
+            tokens += done * len(self._decoders)
+            started = min(done, self._steps - 1)  # the step in progress holds its blocks already
+            if self._on_demand and started > 0:
+                used += self._blocks_grown(started)
+        return len(self.waiting), len(self.running), tokens, used
 
     # --- the step loop ------------------------------------------------------------------------
 
     def finish_step(self, now_s: float) -> list[Attempt]:
         """Apply the step (or macro-step) ending now; return attempts that ended; plan the next."""
         self._account_busy(self.step_start_s, now_s)
+        on_demand = self._on_demand
+        cache = self.cache
         for attempt, chunk in self._chunks:
             attempt.context += chunk
             attempt.prefill_left -= chunk
+            if on_demand or attempt.prefill_left == 0:
+                hashes = attempt.request.block_hashes
+                have = len(attempt.keyed_blocks)
+                computed = min(attempt.context // BLOCK_TOKENS, len(hashes)) if on_demand else len(hashes)
+                if computed > have:
+                    new_blocks = hashes[have:computed]
+                    cache.commit(new_blocks)
+                    attempt.keyed_blocks.extend(new_blocks)
+                    attempt.anonymous_blocks -= len(new_blocks)
             if attempt.prefill_left == 0:
-                new_blocks = attempt.request.block_hashes[len(attempt.keyed_blocks) :]
-                self.cache.commit(new_blocks)
-                attempt.keyed_blocks.extend(new_blocks)
-                attempt.anonymous_blocks -= len(new_blocks)
-                attempt.generated = 1
+                attempt.generated += 1  # a resumed request's recompute yields its next token
                 attempt.context += 1  # context = prompt + generated tokens from now on
-                if not attempt.abort_requested:  # a client that gave up never sees it
+                # A client that gave up never sees it; a resumed request saw it long ago.
+                if attempt.first_token_s is None and not attempt.abort_requested:
                     attempt.first_token_s = now_s
                     self.first_tokens.append(attempt)
                 self.tokens_in_flight += 1
         steps = self._steps
-        for attempt in self._decoders:
-            attempt.generated += steps
-            attempt.context += steps
+        if on_demand and steps > 1:
+            grown = 0
+            for attempt in self._decoders:
+                attempt.generated += steps
+                context = attempt.context = attempt.context + steps
+                need = -(-(context - 1) // BLOCK_TOKENS)  # the last step wrote token context - 1
+                if need > attempt.blocks:
+                    grown += need - attempt.blocks
+                    attempt.anonymous_blocks += need - attempt.blocks
+                    attempt.blocks = need
+            if grown:
+                cache.allocate(grown)  # fits: the plan cut the macro-step to the free blocks
+        else:
+            for attempt in self._decoders:
+                attempt.generated += steps
+                attempt.context += steps
         self.tokens_in_flight += steps * len(self._decoders)
 
         ended = []
@@ -177,78 +283,249 @@ class Instance:
         self.cache.release(attempt.keyed_blocks, attempt.anonymous_blocks)
         self.tokens_in_flight -= attempt.request.input_tokens + attempt.generated
 
-    def _admit(self, now_s: float) -> None:
-        """Move waiting attempts into the batch, FCFS, while seats and KV reservations allow."""
-        while self.waiting and len(self.running) < self.profile.max_seqs:
-            attempt = self.waiting[0]
-            blocks = attempt.request.block_hashes
-            matched = self.cache.acquire(blocks, attempt.reserved_blocks)
-            if matched is None:
-                return
-            self.waiting.popleft()
-            input_tokens = attempt.request.input_tokens
+    def _preempt(self, victim: Attempt) -> None:
+        """Recompute pre-emption: free every block, back to the front of the queue."""
+        self.cache.release(victim.keyed_blocks, victim.anonymous_blocks)
+        victim.keyed_blocks = []
+        victim.anonymous_blocks = 0
+        victim.blocks = 0
+        victim.context = 0
+        victim.prefill_left = 0
+        victim.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(victim)
+
+    def _schedule_running(self, budget: int) -> tuple[list[tuple[Attempt, int]], list[Attempt], int, bool]:
+        """vLLM's first loop: the running requests, in order, while the budget lasts.
+
+        Returns (prefill chunks, decoders, budget left, whether anyone was pre-empted)."""
+        running = self.running
+        cache = self.cache
+        on_demand = self._on_demand
+        decode_budget = self._decode_budget
+        chunks: list[tuple[Attempt, int]] = []
+        decoders: list[Attempt] = []
+        preempted = False
+        index = 0
+        while index < len(running):
+            attempt = running[index]
+            left = attempt.prefill_left
+            if left > 0:
+                if budget == 0:
+                    if decode_budget:
+                        break
+                    index += 1
+                    continue
+                tokens = left if left < budget else budget
+                needed = attempt.context + tokens
+            else:
+                if decode_budget:
+                    if budget == 0:
+                        break
+                    tokens = 1
+                else:
+                    tokens = 0
+                needed = attempt.context  # the token this step writes is the context's last
+            if on_demand and needed > attempt.blocks * BLOCK_TOKENS:
+                need = -(-needed // BLOCK_TOKENS) - attempt.blocks
+                while need > cache.free:
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is attempt:
+                        break
+                if index == len(running):  # it pre-empted itself: nothing else can run
+                    break
+                cache.allocate(need)
+                attempt.blocks += need
+                attempt.anonymous_blocks += need
+            if left > 0:
+                chunks.append((attempt, tokens))
+            else:
+                decoders.append(attempt)
+            budget -= tokens
+            index += 1
+        return chunks, decoders, budget, preempted
+
+    def _schedule_waiting(self, budget: int, chunks: list[tuple[Attempt, int]], now_s: float) -> None:
+        """vLLM's second loop: queued requests, FCFS, head of line blocks."""
+        waiting = self.waiting
+        running = self.running
+        cache = self.cache
+        on_demand = self._on_demand
+        max_seqs = self.profile.max_seqs
+        while waiting and budget > 0 and len(running) < max_seqs:
+            attempt = waiting[0]
+            request = attempt.request
+            tokens = request.input_tokens + attempt.generated  # resumed: recompute the output too
+            hashes = request.block_hashes
+            matched = cache.match(hashes)
             # A fully cached prompt still recomputes its last token to produce logits.
-            cached = min(matched * BLOCK_TOKENS, input_tokens - 1)
+            cached = min(matched * BLOCK_TOKENS, tokens - 1)
+            chunk = min(tokens - cached, budget)
+            total = -(-(cached + chunk) // BLOCK_TOKENS) if on_demand else attempt.reserved_blocks
+            if cache.acquire(hashes, total, matched) is None:
+                return
+            waiting.popleft()
+            self._start(attempt, tokens, matched, cached, total, now_s)
+            chunks.append((attempt, chunk))
+            budget -= chunk
+
+    def _admit_when_kv_fits(self, now_s: float) -> None:
+        """Option ``admission="kv-fits"`` (older model): move queued attempts into the running
+        set, FCFS, while seats and KV reservations allow, whether or not the budget reaches them."""
+        waiting = self.waiting
+        cache = self.cache
+        while waiting and len(self.running) < self.profile.max_seqs:
+            attempt = waiting[0]
+            request = attempt.request
+            tokens = request.input_tokens
+            hashes = request.block_hashes
+            matched = cache.match(hashes)
+            total = attempt.reserved_blocks
+            if cache.acquire(hashes, total, matched) is None:
+                return
+            waiting.popleft()
+            self._start(attempt, tokens, matched, min(matched * BLOCK_TOKENS, tokens - 1), total, now_s)
+
+    def _start(
+        self, attempt: Attempt, tokens: int, matched: int, cached: int, total: int, now_s: float
+    ) -> None:
+        """``attempt`` leaves the queue holding ``total`` blocks, the first ``matched`` reused."""
+        hits = min(matched, (tokens - 1) // BLOCK_TOKENS) * BLOCK_TOKENS
+        if attempt.preemptions:
+            self.preempted_prefix_cache_queries += tokens
+            self.preempted_prefix_cache_hits += hits
+        else:
+            self.prefix_cache_queries += tokens
+            self.prefix_cache_hits += hits
+        if attempt.admitted_s is None:
             attempt.admitted_s = now_s
             attempt.cached_tokens = cached
-            attempt.context = cached
-            attempt.prefill_left = input_tokens - cached
-            attempt.keyed_blocks = list(blocks[:matched])
-            attempt.anonymous_blocks = attempt.reserved_blocks - matched
-            self.running.append(attempt)
+        attempt.context = cached
+        attempt.prefill_left = tokens - cached
+        attempt.keyed_blocks = list(attempt.request.block_hashes[:matched])
+        attempt.anonymous_blocks = total - matched
+        attempt.blocks = total
+        self.running.append(attempt)
 
     def _plan(self, now_s: float) -> None:
         """Form the next step at a step boundary (or on an idle instance) and schedule it."""
-        self._admit(now_s)
-        if not self.running:
+        self._growth_starts = None
+        profile = self.profile
+        if self._admit_early:
+            self._admit_when_kv_fits(now_s)
+        chunks, decoders, budget, preempted = self._schedule_running(profile.prefill_budget_tokens)
+        if not preempted and not self._admit_early:
+            self._schedule_waiting(budget, chunks, now_s)
+        if not chunks and not decoders:
             self._chunks, self._decoders = [], []
             return
-        profile = self.profile
-        decoders = [a for a in self.running if a.prefill_left == 0]
-        decode_context = sum(a.context for a in decoders)
-        chunks = []
-        budget = profile.prefill_budget_tokens
+        decode_context = 0
+        for attempt in decoders:
+            decode_context += attempt.context
         prefill_s = 0.0
-        for attempt in self.running:
-            if budget == 0:
-                break
-            if attempt.prefill_left > 0:
-                chunk = min(attempt.prefill_left, budget)
-                budget -= chunk
-                chunks.append((attempt, chunk))
-                prefill_s += profile.prefill_chunk_s(chunk, attempt.context)
+        for attempt, chunk in chunks:
+            prefill_s += profile.prefill_chunk_s(chunk, attempt.context)
+        per_context = profile.decode_s_per_context_token
         self._alpha = (
-            profile.t0_s
-            + prefill_s
-            + profile.decode_s_per_seq * len(decoders)
-            + profile.decode_s_per_context_token * decode_context
+            profile.t0_s + prefill_s + profile.decode_s_per_seq * len(decoders) + per_context * decode_context
         )
-        if chunks:
+        growth = profile.attention_growth_tokens
+        if growth > 0:
+            self._alpha += per_context * sum(a.context * a.context for a in decoders) / growth
+        self._gamma = 0.0
+        if chunks or preempted:
             self._steps, self._beta = 1, 0.0
         else:
             self._steps = min(a.target_tokens - a.generated for a in decoders)
-            self._beta = profile.decode_s_per_context_token * len(decoders)
+            self._beta = per_context * len(decoders)
+            if growth > 0:
+                self._beta += 2 * per_context * decode_context / growth
+                self._gamma = per_context * len(decoders) / growth
+            if self._on_demand and self._steps > 1:
+                self._steps = self._steps_blocks_allow(decoders, self._steps)
+        if self._rng is not None:
+            self._noise = self._rng.lognormvariate(profile.noise_mu, profile.noise_sigma)
         self._chunks, self._decoders = chunks, decoders
         self.step_start_s = now_s
         self.step_end_s = now_s + self._elapsed(self._steps)
         self.scheduled = True
         self.version += 1
 
+    def _steps_blocks_allow(self, decoders: list[Attempt], steps: int) -> int:
+        """The longest prefix (1..steps) of the macro-step whose block growth fits in the free
+        blocks (step 0's blocks are already taken)."""
+        free = self.cache.free
+        if len(decoders) * ((steps - 2) // BLOCK_TOKENS + 1) <= free:
+            return steps  # even if every decoder crossed every boundary it could
+
+        def growth(k: int) -> int:
+            """Blocks the decoders need for steps 1..k-1 beyond those they hold."""
+            total = 0
+            for a in decoders:
+                extra = -(-(a.context + k - 1) // BLOCK_TOKENS) - a.blocks
+                if extra > 0:
+                    total += extra
+            return total
+
+        if growth(steps) <= free:
+            return steps
+        lo, hi = 1, steps  # growth(1) == 0 fits; growth(steps) does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if growth(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def _blocks_grown(self, last: int) -> int:
+        """Blocks the decoders' growth has needed in steps 1..``last`` of the macro-step (vLLM
+        takes them when it schedules each step; here when the macro-step ends): decoder j needs
+        one at step r_j = 512*blocks - context + 1 and every 512 steps after."""
+        starts = self._growth_starts
+        if starts is None:
+            starts = self._growth_starts = sorted(
+                BLOCK_TOKENS * a.blocks - a.context + 1 for a in self._decoders
+            )
+        total = 0
+        while last >= 0:
+            crossed = bisect_right(starts, last)
+            if crossed == 0:
+                break
+            total += crossed
+            last -= BLOCK_TOKENS
+        return total
+
     def _elapsed(self, steps: int) -> float:
         """Duration of the first ``steps`` steps of the current macro-step."""
-        return steps * self._alpha + self._beta * steps * (steps - 1) / 2
+        elapsed = steps * self._alpha + self._beta * steps * (steps - 1) / 2
+        if self._gamma:
+            elapsed += self._gamma * (steps - 1) * steps * (2 * steps - 1) / 6
+        return elapsed * self._noise
 
     def _steps_done(self, now_s: float) -> int:
         """Steps of the current macro-step completed by ``now_s`` (0..steps)."""
         elapsed = now_s - self.step_start_s
         if elapsed <= 0:
             return 0
+        if self._gamma:
+            lo, hi = 0, self._steps  # the largest k with _elapsed(k) <= elapsed
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if self._elapsed(mid) <= elapsed:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            return lo
+        scaled = elapsed / self._noise
         alpha, beta = self._alpha, self._beta
         if beta == 0:
-            done = int(elapsed / alpha)
+            done = int(scaled / alpha)
         else:
             half = alpha - beta / 2
-            done = int((-half + math.sqrt(half * half + 2 * beta * elapsed)) / beta)
+            done = int((-half + math.sqrt(half * half + 2 * beta * scaled)) / beta)
         done = max(0, min(done, self._steps))
         # Guard the float solution at the edges.
         while done > 0 and self._elapsed(done) > elapsed:

@@ -4,9 +4,13 @@
   hashes from the start and stops at the first miss.
 - Blocks are reference-counted while a request uses them; unreferenced blocks stay resident
   (still reusable) until evicted, least recently used first.
-- Capacity is in blocks. A request reserves, at admission, every block its sequence will occupy
-  (prompt + output): the engine never pre-empts, so it must know the memory is there. Only full
-  prompt blocks are ever shared; the rest of the reservation is anonymous.
+- Capacity is in blocks. Two ways to take them (``EngineOptions.kv_allocation``):
+  on demand, as vLLM V1's ``KVCacheManager.allocate_slots`` does (``acquire`` the prompt's
+  resident prefix plus the blocks of the first chunk, then ``allocate`` one block at a time as
+  the sequence grows; a block is *free* if unreferenced, cached or not, and a cached free block
+  is evicted LRU when it is reused for something else); or as a reservation of every block the
+  sequence may occupy (prompt + output budget) when it is first scheduled. Only full prompt
+  blocks are ever shared; the rest is anonymous.
 
 Counters: ``referenced`` blocks are in use by running requests (keyed or anonymous);
 ``evictable`` keyed blocks have refcount 0; ``referenced + evictable <= capacity``.
@@ -34,6 +38,11 @@ class PrefixKvCache:
     def evictable(self) -> int:
         return len(self._evictable)
 
+    @property
+    def free(self) -> int:
+        """Blocks a new allocation may take now: unreferenced ones (cached blocks get evicted)."""
+        return self.capacity - self.referenced
+
     def resident(self, block: int) -> bool:
         return block in self._refcount
 
@@ -47,14 +56,16 @@ class PrefixKvCache:
             matched += 1
         return matched
 
-    def acquire(self, blocks: Sequence[int], total_blocks: int) -> int | None:
-        """Reserve ``total_blocks`` for a sequence whose full prompt blocks are ``blocks``.
+    def acquire(self, blocks: Sequence[int], total_blocks: int, matched: int | None = None) -> int | None:
+        """Take ``total_blocks`` for a sequence whose full prompt blocks are ``blocks``.
 
         Reuses the resident prefix (referencing it) and allocates the rest, evicting LRU
         unreferenced blocks as needed. Returns the number of reused leading blocks, or None
-        (and changes nothing) if the reservation does not fit now.
+        (and changes nothing) if they do not fit now. ``matched``: ``match(blocks)``, if the
+        caller has just computed it.
         """
-        matched = self.match(blocks)
+        if matched is None:
+            matched = self.match(blocks)
         reused = blocks[:matched]
         refcount = self._refcount
         reused_idle = sum(1 for block in reused if refcount[block] == 0)
@@ -69,6 +80,12 @@ class PrefixKvCache:
         self._evict(need)
         self.referenced += need
         return matched
+
+    def allocate(self, count: int) -> None:
+        """Take ``count`` more anonymous blocks (a growing sequence); the caller has checked
+        ``count <= free``. LRU unreferenced blocks are evicted as needed."""
+        self._evict(count)
+        self.referenced += count
 
     def commit(self, blocks: Sequence[int]) -> None:
         """Prompt blocks a request has just computed become shareable (they were anonymous).
@@ -93,7 +110,8 @@ class PrefixKvCache:
             self.events.append(("stored", tuple(stored)))
 
     def release(self, keyed: Sequence[int], anonymous: int) -> None:
-        """A request ended: drop its references; its prompt blocks stay resident until evicted.
+        """A request ended (or was pre-empted): drop its references; its prompt blocks stay
+        resident until evicted.
 
         Blocks are released tail first, so a prompt's tail is evicted before its shared head.
         """

@@ -1,12 +1,25 @@
-"""Engine profiles: the step-time model of one inference instance and its capacity.
+"""Engine profiles: the step-time model of one inference instance, its capacity and its options.
 
-Step time of one continuous-batching step (chunked prefill)::
+Step time of one continuous-batching step (chunked prefill), the *nominal law*::
 
     T = T0 + a*sum(P_new) + b*sum(P_new*(n_ctx + P_new/2)) + c*B_dec + d*sum(C_dec)
 
 P_new: new prefill tokens of a request in this step; n_ctx: its tokens already in the KV cache
 (the b term is prefill attention, quadratic in context); B_dec: decoding requests in the step;
-C_dec: their context lengths (decode attention reads the whole KV cache).
+C_dec: their context lengths (decode attention reads the whole KV cache). TokenPilot's latency
+predictor is written from this law.
+
+A profile may depart from it (``attention_growth_tokens`` > 0, ``noise_sigma`` > 0): this is the
+*perturbed law* of the robustness runs, one the predictor was not written from::
+
+    T = f * ( T0 + a*sum(P_new) + b*sum(P_new*m*(1 + m/L)) + c*B_dec + d*sum(C_dec*(1 + C_dec/L)) )
+
+with m = n_ctx + P_new/2 (mean position of the new tokens) and L = ``attention_growth_tokens``:
+attention per token pair grows with context (it has doubled at context L), super-linearly, in
+prefill and in decode. f is a multiplicative noise factor, lognormal with mean 1 and standard
+deviation ~``noise_sigma``, drawn once per planned (macro-)step from a generator seeded from the
+instance id and ``EngineOptions.noise_seed`` (reproducible run to run; see ``sim/engine/instance.py``
+for why one factor per macro-step keeps the closed form exact).
 
 Where the figures come from (public sources, fitted by hand, bf16, vLLM-class engine):
 - Decode (T0, c, d): ML.ENERGY leaderboard, vLLM on H100 80GB, median inter-token latency at
@@ -22,16 +35,70 @@ Where the figures come from (public sources, fitted by hand, bf16, vLLM-class en
 - KV tokens: (0.9 * 80 GB * TP - weights - activations) / KV bytes per token, with KV bytes per
   token = 2 * layers * kv_heads * head_dim * 2 B from each model's config: 128 KiB (Llama-3-8B),
   160 KiB (Qwen3-14B), 320 KiB (Llama-3-70B, spread over 4 GPUs).
+- Scheduler limits: vLLM V1's ``max_num_seqs`` (1024 on an H100-class GPU for the OpenAI server)
+  is ``max_seqs``; ``max_num_batched_tokens`` (8192 on H100-class GPUs) is
+  ``prefill_budget_tokens`` -- a per-step budget that decode tokens consume too, unless
+  ``EngineOptions.decode_tokens_in_budget`` is off (the simulator's older, prefill-only budget).
+
+The perturbed profile ``llama3-8b-h100-perturbed`` (model ``llama3-8b``): T0 +8 %, a -16 %,
+b +20 % with L = 32k tokens (1.2x the nominal prefill attention at short context, 2x near 22k),
+c -14 %, d -21 % with the same growth (equal to the nominal d per token near 9k context, twice it
+near 50k), noise sigma 0.10: cheaper than the nominal law on short requests, dearer on long ones.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, field
+from typing import Literal
+
+KvAllocation = Literal["on-demand", "reserve"]
+Admission = Literal["first-chunk", "kv-fits"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """How the simulated engine schedules; the defaults are vLLM V1's behaviour.
+
+    - ``kv_allocation``: ``"on-demand"`` (vLLM's paged allocation: blocks for each prompt chunk
+      as it is scheduled and for the output as it grows, one block at a time; recompute
+      pre-emption of the newest running request when a block is needed and none is free; full
+      prompt blocks become shareable as soon as they are computed) or ``"reserve"`` (the
+      simulator's older model: prompt + output budget reserved when the request is first
+      scheduled, never pre-empted; prompt blocks shareable when its prefill completes).
+    - ``decode_tokens_in_budget``: each decoding request consumes one token of the step's
+      ``prefill_budget_tokens`` (vLLM's ``max_num_batched_tokens``); off: decodes are free and
+      the budget is prefill-only (older model).
+    - ``admission``: ``"first-chunk"`` (vLLM: a request leaves the waiting queue when its first
+      prefill chunk is scheduled) or ``"kv-fits"`` (older model, with ``"reserve"`` only: it
+      leaves the queue -- and counts as running -- as soon as its reservation fits, budget or
+      not).
+    - ``noise_seed``: seeds the per-instance step-time noise of profiles with ``noise_sigma`` > 0.
+    """
+
+    kv_allocation: KvAllocation = "on-demand"
+    decode_tokens_in_budget: bool = True
+    admission: Admission = "first-chunk"
+    noise_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kv_allocation not in ("on-demand", "reserve"):
+            raise ValueError(f"kv_allocation must be 'on-demand' or 'reserve', got {self.kv_allocation!r}")
+        if self.admission not in ("first-chunk", "kv-fits"):
+            raise ValueError(f"admission must be 'first-chunk' or 'kv-fits', got {self.admission!r}")
+        if self.admission == "kv-fits" and self.kv_allocation != "reserve":
+            raise ValueError("admission 'kv-fits' needs kv_allocation 'reserve'")
+
+    @classmethod
+    def legacy(cls) -> EngineOptions:
+        """The simulator's behaviour before it followed vLLM V1 (with a profile's ``max_seqs``
+        at 256, as it was): reservations, prefill-only budget, admission when KV fits."""
+        return cls(kv_allocation="reserve", decode_tokens_in_budget=False, admission="kv-fits")
 
 
 @dataclass(frozen=True, slots=True)
 class EngineProfile:
-    """Timing and capacity of one engine instance (seconds, tokens)."""
+    """Timing, capacity and scheduling options of one engine instance (seconds, tokens)."""
 
     name: str
     t0_s: float
@@ -40,22 +107,67 @@ class EngineProfile:
     decode_s_per_seq: float
     decode_s_per_context_token: float
     kv_tokens: int
-    max_seqs: int
+    max_seqs: int = 1024
     prefill_budget_tokens: int = 8192
+    attention_growth_tokens: float = 0.0  # L of the perturbed law; 0: the nominal (linear) law
+    noise_sigma: float = 0.0  # multiplicative step-time noise; 0: none
+    options: EngineOptions = field(default_factory=EngineOptions)
 
     def prefill_chunk_s(self, new_tokens: int, cached_tokens: int) -> float:
-        """The prefill terms of the step time for one request's chunk."""
-        return self.prefill_s_per_token * new_tokens + self.prefill_s_per_token_pair * new_tokens * (
-            cached_tokens + new_tokens / 2
-        )
+        """The prefill terms of the step time for one request's chunk (before noise)."""
+        mean_position = cached_tokens + new_tokens / 2
+        pair = self.prefill_s_per_token_pair * new_tokens * mean_position
+        if self.attention_growth_tokens > 0:
+            pair *= 1 + mean_position / self.attention_growth_tokens
+        return self.prefill_s_per_token * new_tokens + pair
 
+    def decode_terms_s(self, sequences: int, context_sum: int, context_sq_sum: int = 0) -> float:
+        """The decode terms of the step time for ``sequences`` decoders whose contexts sum to
+        ``context_sum`` (and whose squares sum to ``context_sq_sum``; used by the perturbed law)."""
+        growth = self.attention_growth_tokens
+        attention = self.decode_s_per_context_token * context_sum
+        if growth > 0:
+            attention += self.decode_s_per_context_token * context_sq_sum / growth
+        return self.decode_s_per_seq * sequences + attention
+
+    def decode_alone_s(self, context: int, steps: int) -> float:
+        """``steps`` decode steps of one request alone, its context growing from ``context``
+        (before noise; closed form of the law above)."""
+        total = 0.0
+        if steps > 0:
+            k = steps
+            sums = k * context + k * (k - 1) / 2  # sum of contexts over the steps
+            squares = k * context * context + context * k * (k - 1) + (k - 1) * k * (2 * k - 1) / 6
+            total = k * (self.t0_s + self.decode_s_per_seq) + self.decode_s_per_context_token * sums
+            if self.attention_growth_tokens > 0:
+                total += self.decode_s_per_context_token * squares / self.attention_growth_tokens
+        return total
+
+    @property
+    def noise_mu(self) -> float:
+        """Location of the lognormal noise, so that its mean is 1."""
+        return -self.noise_sigma * self.noise_sigma / 2
+
+
+_LLAMA_8B = EngineProfile("llama3-8b-h100", 6.5e-3, 25e-6, 1e-9, 35e-6, 76e-9, 420_000)
 
 PROFILES: dict[str, EngineProfile] = {
     p.name: p
     for p in (
-        EngineProfile("llama3-8b-h100", 6.5e-3, 25e-6, 1e-9, 35e-6, 76e-9, 420_000, 256),
-        EngineProfile("qwen3-14b-h100", 12e-3, 40e-6, 2e-9, 60e-6, 95e-9, 255_000, 256),
-        EngineProfile("llama3-70b-tp4-h100", 17e-3, 65e-6, 2e-9, 72e-6, 48e-9, 490_000, 256),
+        _LLAMA_8B,
+        EngineProfile("qwen3-14b-h100", 12e-3, 40e-6, 2e-9, 60e-6, 95e-9, 255_000),
+        EngineProfile("llama3-70b-tp4-h100", 17e-3, 65e-6, 2e-9, 72e-6, 48e-9, 490_000),
+        EngineProfile(
+            "llama3-8b-h100-perturbed",
+            t0_s=7.0e-3,
+            prefill_s_per_token=21e-6,
+            prefill_s_per_token_pair=1.2e-9,
+            decode_s_per_seq=30e-6,
+            decode_s_per_context_token=60e-9,
+            kv_tokens=_LLAMA_8B.kv_tokens,
+            attention_growth_tokens=32_768.0,
+            noise_sigma=0.10,
+        ),
     )
 }
 
@@ -63,6 +175,7 @@ PROFILE_MODELS: dict[str, str] = {
     "llama3-8b-h100": "llama3-8b",
     "qwen3-14b-h100": "qwen3-14b",
     "llama3-70b-tp4-h100": "llama3-70b",
+    "llama3-8b-h100-perturbed": "llama3-8b",
 }
 """The model each named profile serves (used when a fleet spec names no model)."""
 
@@ -72,3 +185,8 @@ def get_profile(name: str) -> EngineProfile:
         return PROFILES[name]
     except KeyError:
         raise ValueError(f"unknown engine profile {name!r}; known: {', '.join(PROFILES)}") from None
+
+
+def noise_seed(instance_id: str, profile: EngineProfile, options: EngineOptions) -> int:
+    """The seed of one instance's step-time noise: stable across runs and processes."""
+    return zlib.crc32(f"{profile.name}/{instance_id}/{options.noise_seed}".encode())

@@ -2,11 +2,14 @@
 
 Every request is served alone on an idle instance of the fleet's fastest profile (for it) that
 already holds every prompt block any earlier request carried (``ideal``: unlimited cache, no
-queueing, no batching, no client give-ups), or every block still in one least-recently-used
-cache as large as the whole fleet's KV memory (``ideal-fleet-cache``: the most any placement of
-prefixes on the real, finite caches could keep; still no queueing). Its prefill runs in
-budget-sized chunks at the step-time formula, then it decodes alone (batch of one). Reported like
-a policy, so each policy's distance from the floor is visible.
+queueing, no batching, no client give-ups: the strict floor), or every block still in one
+least-recently-used cache as large as the whole fleet's KV memory (``ideal-fleet-cache``: no
+queueing, and a cache of the fleet's size; *not* a strict floor per request: one pooled LRU
+evicts blocks that separate per-instance caches may keep, so some requests of a real policy
+beat it). Its prefill runs in budget-sized chunks at the step-time law, then it decodes alone
+(batch of one). On a profile with step-time noise the bounds use the law's mean (noise 1), so
+they are floors in expectation, not for each request. Reported like a policy, so each
+policy's distance from the floor is visible.
 """
 
 from __future__ import annotations
@@ -30,8 +33,7 @@ def _served_alone(profile: EngineProfile, input_tokens: int, cached: int, output
         ttft += profile.t0_s + profile.prefill_chunk_s(chunk, context)
         context += chunk
     steps = output - 1
-    per_step = profile.t0_s + profile.decode_s_per_seq + profile.decode_s_per_context_token * input_tokens
-    decode = steps * per_step + profile.decode_s_per_context_token * steps * (steps - 1) / 2
+    decode = profile.decode_alone_s(input_tokens, steps)
     return ttft, decode
 
 

@@ -188,6 +188,9 @@ class LiveFleet:
                     tokens_in_flight=tokens,
                     kv_blocks_used=kv_used,
                     kv_blocks_total=instance.cache.capacity,
+                    prefix_cache_queries=instance.prefix_cache_queries,
+                    prefix_cache_hits=instance.prefix_cache_hits,
+                    preemptions=instance.preemptions,
                 )
             )
         return beats

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import count
 from typing import cast
 
@@ -42,6 +42,7 @@ from agents.policy.types import (
 )
 from sim.engine.fleet import FleetSpec
 from sim.engine.instance import Attempt, Instance
+from sim.engine.profiles import EngineOptions
 from sim.loop.clients import ClientRules
 from sim.workloads.trace import DEFAULT_OUTPUT_BUDGET, TraceRequest, Workload
 
@@ -56,6 +57,7 @@ class SimConfig:
     seed: int = 0
     heartbeat_s: float = 0.25
     signal_delay_s: float = 0.02  # heartbeat/KV-event delivery delay: tens of ms in a deployment
+    engine: EngineOptions | None = None  # None: each profile's own options (vLLM V1's behaviour)
     retry_share: float = 0.5
     output_budget: int | None = None
     slo_classes: dict[str, SloClass] = field(default_factory=lambda: dict(DEFAULT_SLO_CLASSES))
@@ -93,7 +95,10 @@ class Simulation:
         arrivals = [r.arrival_s for r in workload.requests]
         self.window = (min(arrivals), max(arrivals))
         kv_events = scheduler.wants_kv_events
-        self.instances = [Instance(spec, self.window, kv_events) for spec in fleet.instances]
+        self.instances = [
+            Instance(spec, self.window, kv_events, self._engine_options(spec.profile.options))
+            for spec in fleet.instances
+        ]
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = count()
         self._attempts: list[Attempt] = []
@@ -103,6 +108,10 @@ class Simulation:
         self._versions = count(1)
         self._dcs = _dc_view(fleet)
         self._view = self._snapshot(0.0)
+
+    def _engine_options(self, own: EngineOptions) -> EngineOptions:
+        """The configured engine options, else the profile's; noise seeded by the run's seed."""
+        return self.config.engine or replace(own, noise_seed=self.config.seed)
 
     def run(self, progress: ProgressFn | None = None) -> RunResult:
         for request in self.workload.requests:

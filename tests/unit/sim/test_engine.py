@@ -11,6 +11,7 @@ import pytest
 from agents.policy.defaults import HomeDc, PassThrough
 from agents.policy.pipeline import Scheduler
 from agents.policy.types import BLOCK_TOKENS, BoolArray, ClusterView, Placement, RequestView
+from sim.engine.profiles import EngineOptions, KvAllocation
 from sim.loop.runner import SimConfig, Simulation, simulate
 from tests.unit.sim.helpers import LLAMA, fleet_of, request, with_budget, workload
 
@@ -133,7 +134,8 @@ def test_abort_of_a_blocked_waiting_request_lets_the_next_one_in_at_the_next_ste
     # 11 blocks of KV, reservations = prompt + 2048 budget. "a" decodes holding 6; "b" (needs 10)
     # blocks the queue head; "c" (needs 5, would fit) waits behind it. b's client gives up
     # (batch deadline) mid-decode: c must start at the next step boundary, not when a ends.
-    tiny = replace(LLAMA, kv_tokens=11 * BLOCK_TOKENS)
+    # (Reservations: with vLLM's on-demand allocation b would simply run.)
+    tiny = replace(LLAMA, kv_tokens=11 * BLOCK_TOKENS, options=EngineOptions(kv_allocation="reserve"))
     a = request("a", 0.0, 1000, 2000, slo_class="batch", deadline_s=1000.0)
     b = request("b", 0.2, 3000, 1, slo_class="batch", deadline_s=0.3)
     c = request("c", 0.21, 400, 1, slo_class="batch", deadline_s=1000.0)
@@ -163,15 +165,20 @@ class ViewRecorder:
         pass
 
 
-def test_heartbeats_do_not_reveal_the_true_output_length() -> None:
+@pytest.mark.parametrize("allocation", ["reserve", "on-demand"])
+def test_heartbeats_do_not_reveal_the_true_output_length(allocation: KvAllocation) -> None:
     shown = []
+    profile = replace(LLAMA, options=EngineOptions(kv_allocation=allocation))
     for true_output in (500, 1900):  # both still decoding when "b" arrives at 0.3 s
         recorder = ViewRecorder()
         reqs = workload(request("a", 0.0, 1024, true_output), request("b", 0.3, 100, 1))
         Simulation(
-            reqs, fleet_of(1), Scheduler("recorder", PassThrough(), HomeDc(), recorder), SimConfig()
+            reqs, fleet_of(1, profile), Scheduler("recorder", PassThrough(), HomeDc(), recorder), SimConfig()
         ).run()
         view = recorder.views[-1]
         shown.append((view.kv_used.tolist(), view.tokens_in_flight.tolist(), view.running.tolist()))
     assert shown[0] == shown[1]
-    assert shown[0][0][0] == -(-(1024 + 2048) // BLOCK_TOKENS)  # reserved for the budget
+    if allocation == "reserve":
+        assert shown[0][0][0] == -(-(1024 + 2048) // BLOCK_TOKENS)  # reserved for the budget
+    else:  # the blocks its context occupies so far: prompt + ~40 tokens at 0.3 s
+        assert shown[0][0][0] == -(-(1024 + 41) // BLOCK_TOKENS)
