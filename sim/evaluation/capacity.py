@@ -46,6 +46,7 @@ class Probe:
     ttft_p50_s: float | None
     ttft_p95_s: float | None
     goodput_tokens_per_s: float
+    ttft_prediction_mape: float | None = None  # the policy's own TTFT predictions, after warm-up
 
 
 Measure = Callable[[float], Probe]
@@ -77,6 +78,7 @@ def probe(
         ttft_p50_s=totals["ttft_p50_s"],  # type: ignore[arg-type]
         ttft_p95_s=totals["ttft_p95_s"],  # type: ignore[arg-type]
         goodput_tokens_per_s=totals["goodput_tokens_per_s"],  # type: ignore[arg-type]
+        ttft_prediction_mape=totals["ttft_prediction_mape"],  # type: ignore[arg-type]
     )
 
 
@@ -133,6 +135,7 @@ class Capacity:
             "ttft_p95_s": None if found is None else found.ttft_p95_s,
             "goodput_tokens_per_s": None if found is None else found.goodput_tokens_per_s,
             "interactive_slo_share": None if found is None else found.interactive_slo_share,
+            "ttft_prediction_mape": None if found is None else found.ttft_prediction_mape,
             "probes": [asdict(p) for p in self.probes],
         }
 
@@ -156,11 +159,12 @@ def capacities(
     precision: float = DEFAULT_PRECISION,
     params: StageParams | None = None,
     jobs: int = 1,
+    references: Sequence[str] | None = None,
 ) -> dict[str, object]:
     """The capacity JSON: ``{"capacity": {POLICY: {...}}, "compared_at": {...}, ...}``.
 
-    ``compared_at``: every policy at the capacity of the best policy other than the first one
-    named (the first is the one being judged: "at the best peer's capacity, how do we do?")."""
+    ``compared_at``: every policy at the capacity of the best of ``references`` (default: every
+    policy but the first, the one being judged: "at the best peer's capacity, how do we do?")."""
     check_policies(policies, params)
     tasks = [(workload, fleet, name, config, start, precision, params) for name in policies]
     if jobs > 1 and len(tasks) > 1:
@@ -178,7 +182,8 @@ def capacities(
         "precision": precision,
         "capacity": {c.policy: c.document() for c in found},
     }
-    others = [c for c in found[1:] if c.result is not None]
+    chosen = set(references) if references is not None else {c.policy for c in found[1:]}
+    others = [c for c in found if c.policy in chosen and c.result is not None]
     if others:
         reference = max(others, key=lambda c: c.result.rate_scale if c.result else 0.0)
         assert reference.result is not None

@@ -6,8 +6,7 @@ What it draws depends on what the file holds:
 - a ``capacity`` document: ``capacity.png`` (interactive requests within their objective
   against the rate scale, one line per policy through every probe the search made, the 99 %
   target and each policy's capacity marked);
-- a scoreboard file (``runs``): the simulate pictures of each run, prefixed with its workload
-  and load.
+- a scoreboard file (``runs``): the capacity picture of each (workload, engine) run.
 Returns the files written. matplotlib runs headless (the Agg backend).
 """
 
@@ -39,7 +38,11 @@ def draw(document: Mapping[str, Any], out: Path) -> list[Path]:
     if "runs" in document:
         written: list[Path] = []
         for run in document["runs"]:
-            written += simulate_plots(run, out, f"{run['workload']}-x{run['rate_scale']}-")
+            if "capacity" in run:
+                name = f"{run['workload']}-{run.get('engine', 'default')}-capacity.png"
+                written.append(capacity_plot(run, out / name))
+            else:
+                written += simulate_plots(run, out, f"{run['workload']}-x{run['rate_scale']}-")
         return written
     raise NotAResult("not a simulate, capacity or scoreboard result (no 'results', 'capacity' or 'runs')")
 
@@ -106,7 +109,8 @@ def capacity_plot(document: Mapping[str, Any], path: Path) -> Path:
     axes.set_xscale("log")
     axes.set_xlabel("arrival-rate scale (x the trace's rate, log scale)")
     axes.set_ylabel("interactive requests within TTFT and TPOT")
-    axes.set_title(f"SLO capacity — {document['workload']} on {document['fleet']}")
+    engine = f", {document['engine']} engine" if "engine" in document else ""
+    axes.set_title(f"SLO capacity — {document['workload']} on {document['fleet']}{engine}")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize=8)
     return _save(figure, path)
