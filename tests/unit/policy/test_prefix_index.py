@@ -222,3 +222,38 @@ def test_sorted_distinct_equals_numpy_unique() -> None:
     values = np.random.default_rng(0).integers(-50, 50, 1_000)
     assert np.array_equal(sorted_distinct(values), np.unique(values))
     assert len(sorted_distinct(np.array([], dtype=np.int64))) == 0
+
+
+def test_match_array_equals_plain_sets_on_random_data() -> None:
+    # Without evictions the index holds exactly what was added and not removed: the matched
+    # depth per row is then the number of leading prompt blocks in that instance's set. Over
+    # 64 instances (multi-word holder masks), depths beyond 255 (more than 8 bit planes), views
+    # in slot order (the no-scatter path) and shuffled / partial / with unknown instances.
+    rng = random.Random(11)
+    ids = [f"i{k}" for k in range(70)]
+    index, held = PrefixIndex(), {i: set[int]() for i in ids}
+    for i in ids:
+        index.set_capacity(i, 1 << 20)  # slots in order of ``ids``
+    chains = [[rng.getrandbits(48) for _ in range(rng.choice([3, 40, 300, 700]))] for _ in range(6)]
+    in_order = cluster_view(len(ids), ids=ids)
+    for step in range(300):
+        instance_id, chain = rng.choice(ids), rng.choice(chains)
+        if rng.random() < 0.75:
+            blocks = chain[: rng.randint(1, len(chain))]
+            index.add(instance_id, blocks)
+            held[instance_id].update(blocks)
+        else:
+            blocks = rng.sample(chain, rng.randint(1, min(len(chain), 20)))
+            index.remove(instance_id, blocks)
+            held[instance_id].difference_update(blocks)
+        shown = [i for i in ids if rng.random() < 0.8] + ["stranger"]
+        rng.shuffle(shown)
+        for view in (in_order, cluster_view(len(shown), ids=shown)):
+            prompt = [*rng.choice(chains)[: rng.randint(1, 700)], rng.getrandbits(48)]
+            expected = []
+            for i in view.instance_ids:
+                depth = 0
+                while depth < len(prompt) and prompt[depth] in held.get(i, ()):
+                    depth += 1
+                expected.append(depth)
+            assert index.match_array(prompt, view).tolist() == expected, step
