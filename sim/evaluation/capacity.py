@@ -87,10 +87,12 @@ def bisect_capacity(
     start: float = 1.0,
     precision: float = DEFAULT_PRECISION,
     target: float = DEFAULT_TARGET,
+    min_scale: float = MIN_SCALE,
 ) -> tuple[Probe | None, list[Probe]]:
     """The highest probed scale meeting ``target`` with a failing one within ``1 + precision``
-    above it, and every probe in the order made. ``None`` when even ``MIN_SCALE`` fails; the
-    last probe (at ``MAX_SCALE``) when nothing up to it fails."""
+    above it, and every probe in the order made. ``None`` when even ``min_scale`` fails (a
+    slower trace takes longer to simulate: a floor keeps a hopeless search short); the last
+    probe (at ``MAX_SCALE``) when nothing up to it fails."""
     if not (math.isfinite(start) and start > 0 and precision > 0):
         raise ValueError("start must be a finite scale > 0 and precision > 0")
     probes: list[Probe] = []
@@ -105,9 +107,9 @@ def bisect_capacity(
     high: Probe | None = None if low is not None else first
     while low is None:  # halve until a scale meets the target
         assert high is not None
-        if high.rate_scale <= MIN_SCALE:
+        if high.rate_scale <= min_scale:
             return None, probes
-        candidate = at(max(high.rate_scale / 2, MIN_SCALE))
+        candidate = at(max(high.rate_scale / 2, min_scale))
         low, high = (candidate, high) if candidate.interactive_slo_share >= target else (None, candidate)
     while high is None:  # double until one does not
         if low.rate_scale >= MAX_SCALE:
@@ -123,7 +125,7 @@ def bisect_capacity(
 @dataclass(frozen=True, slots=True)
 class Capacity:
     policy: str
-    result: Probe | None  # None: not even ``MIN_SCALE`` meets the target
+    result: Probe | None  # None: not even the lowest scale probed meets the target
     probes: tuple[Probe, ...]
 
     def document(self) -> dict[str, object]:
@@ -131,6 +133,7 @@ class Capacity:
         found = self.result
         return {
             "rate_scale": None if found is None else round(found.rate_scale, 4),
+            "below": min(p.rate_scale for p in self.probes) if found is None else None,
             "ttft_p50_s": None if found is None else found.ttft_p50_s,
             "ttft_p95_s": None if found is None else found.ttft_p95_s,
             "goodput_tokens_per_s": None if found is None else found.goodput_tokens_per_s,
@@ -141,11 +144,14 @@ class Capacity:
 
 
 def _capacity_of(
-    args: tuple[Workload, FleetSpec, str, SimConfig, float, float, StageParams | None],
+    args: tuple[Workload, FleetSpec, str, SimConfig, float, float, StageParams | None, float],
 ) -> Capacity:
-    workload, fleet, policy, config, start, precision, params = args
+    workload, fleet, policy, config, start, precision, params, min_scale = args
     found, probes = bisect_capacity(
-        lambda scale: probe(workload, fleet, policy, config, scale, params), start, precision
+        lambda scale: probe(workload, fleet, policy, config, scale, params),
+        start,
+        precision,
+        min_scale=min_scale,
     )
     return Capacity(policy, found, tuple(probes))
 
@@ -160,13 +166,14 @@ def capacities(
     params: StageParams | None = None,
     jobs: int = 1,
     references: Sequence[str] | None = None,
+    min_scale: float = MIN_SCALE,
 ) -> dict[str, object]:
     """The capacity JSON: ``{"capacity": {POLICY: {...}}, "compared_at": {...}, ...}``.
 
     ``compared_at``: every policy at the capacity of the best of ``references`` (default: every
     policy but the first, the one being judged: "at the best peer's capacity, how do we do?")."""
     check_policies(policies, params)
-    tasks = [(workload, fleet, name, config, start, precision, params) for name in policies]
+    tasks = [(workload, fleet, name, config, start, precision, params, min_scale) for name in policies]
     if jobs > 1 and len(tasks) > 1:
         with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
             found = list(pool.map(_capacity_of, tasks))
@@ -215,7 +222,7 @@ def format_capacity(document: Mapping[str, Any]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for name, c in document["capacity"].items():
-        scale = "< " + _num(MIN_SCALE) if c["rate_scale"] is None else _num(c["rate_scale"])
+        scale = "< " + _num(c["below"]) if c["rate_scale"] is None else _num(c["rate_scale"])
         rows.append(
             f"| {name} | {scale} | {_sec(c['ttft_p50_s'])} | {_sec(c['ttft_p95_s'])} "
             f"| {_num(c['goodput_tokens_per_s'], 0)} | {_share(c['interactive_slo_share'])} "

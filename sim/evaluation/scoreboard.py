@@ -82,7 +82,14 @@ def run(
             if engines and engine not in engines:
                 continue
             document = capacities(
-                trace, parse_fleet(fleet), POLICIES, config, workload.start, jobs=jobs, references=PEERS
+                trace,
+                parse_fleet(fleet),
+                POLICIES,
+                config,
+                workload.start,
+                jobs=jobs,
+                references=PEERS,
+                min_scale=workload.start / 8,  # below: reported as "< start/8", not searched
             )
             document["workload"], document["engine"] = workload.name, engine
             documents.append(document)
@@ -122,7 +129,7 @@ def capacity_table(documents: Sequence[Mapping[str, Any]]) -> str:
         "|---|" + "---|" * len(runs),
     ]
     for policy in POLICIES:
-        cells = [_scale(d["capacity"][policy]["rate_scale"]) for d in documents]
+        cells = [_capacity_cell(d["capacity"][policy]) for d in documents]
         rows.append(f"| {policy} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -186,6 +193,12 @@ def _change(value: float | None, reference: float | None) -> float | None:
 
 def _scale(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
+
+
+def _capacity_cell(found: Mapping[str, Any]) -> str:
+    if found["rate_scale"] is None:
+        return "-" if found.get("below") is None else f"< {found['below']:.3g}"
+    return _scale(found["rate_scale"])
 
 
 def _times(value: float | None) -> str:

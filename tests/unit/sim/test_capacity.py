@@ -81,3 +81,10 @@ def test_capacity_document_orders_policies_by_what_they_carry() -> None:
     assert compared["reference"] == "round-robin"
     assert compared["rate_scale"] == found["round-robin"]["rate_scale"]
     assert set(compared["policies"]) == {"least-tokens", "round-robin"}
+
+
+def test_a_floor_keeps_a_hopeless_search_short() -> None:
+    _, measure = monotone(0.1)
+    found, probes = bisect_capacity(measure, start=2.0, min_scale=0.5)  # type: ignore[arg-type]
+    assert found is None
+    assert [p.rate_scale for p in probes] == [2.0, 1.0, 0.5]
