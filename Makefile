@@ -49,7 +49,8 @@ bench-decision: install
 	$(PY) -m bench.decision --instances 16,256,4096 --blocks-per-instance 100000
 
 scoreboard: install
-	$(PY) -m sim.evaluation.scoreboard
+	mkdir -p out
+	$(PY) -m sim.evaluation.scoreboard --jobs 2 --json out/scoreboard.json
 
 # The fault suite (several minutes): bad input, worker kill, store and broker outages, in figures.
 faults: install
