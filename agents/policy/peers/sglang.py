@@ -110,9 +110,14 @@ class SglangCacheAware(InstanceSelector):
 
 
 class SglangGatewayCacheAware(SglangCacheAware):
-    """The same policy as the later SGLang model gateway ships it
-    (``sgl-model-gateway/src/policies/cache_aware.rs`` at
-    b93974f140de1e545d9134d87e77f0bd1fbf3014): a low match goes to the least-loaded worker."""
+    """The same policy as the later SGLang model gateway ships it: ``sgl-project/sglang``
+    ``sgl-model-gateway/src/policies/cache_aware.rs`` at
+    b93974f140de1e545d9134d87e77f0bd1fbf3014, where a low match goes to the least-loaded
+    worker instead of the smallest tree. Shipped defaults, the same as the router's
+    (``sgl-model-gateway/src/main.rs`` at f47e04e04c2a9408b8b106fb62612daa45d4b067, ``CliArgs``):
+    ``cache_threshold`` 0.3, ``balance_abs_threshold`` 64, ``balance_rel_threshold`` 1.5,
+    ``eviction_interval`` 120 s, ``max_tree_size`` 67 108 864 (2^26). Departures: those of
+    ``SglangCacheAware``."""
 
     name = "sglang-gateway-cache-aware"
     default_low_match: LowMatch = "least_loaded"
