@@ -26,8 +26,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agents.policy.stages import AdmissionStage, DcSelectionStage, InstanceSelectionStage
-from agents.policy.types import BlocksChanged, ClusterView, DcChoice, Observation, Outcome, RequestView
+from agents.policy.stages import (
+    AdmissionStage,
+    DcSelectionStage,
+    HoldAware,
+    InstanceSelectionStage,
+    PlacementAware,
+    RouterAware,
+)
+from agents.policy.types import (
+    Admission,
+    BlocksChanged,
+    BoolArray,
+    ClusterView,
+    DcChoice,
+    Observation,
+    Outcome,
+    RequestView,
+)
 
 NO_CAPACITY_POOL = "no_capacity"
 
@@ -55,6 +71,7 @@ class _Admitted:
     request: RequestView
     choice: DcChoice
     reason: str  # admission's
+    candidates: BoolArray  # the DC's candidates, within admission's share if it set one
 
 
 class Scheduler:
@@ -78,6 +95,8 @@ class Scheduler:
         self._held: dict[tuple[str, int], _Held] = {}  # insertion order = FIFO across pools
         self._pool_sizes: dict[str, int] = {}
         self._offered_version = -1
+        if isinstance(admission, RouterAware):
+            admission.bind_router(instance_selection)
 
     @property
     def wants_kv_events(self) -> bool:
@@ -111,7 +130,11 @@ class Scheduler:
 
     def withdraw(self, request_id: str, attempt: int) -> bool:
         """Drop a held request (its client gave up); False if it was not held."""
-        return self._release((request_id, attempt))
+        if not self._release((request_id, attempt)):
+            return False
+        if isinstance(self.admission, HoldAware):
+            self.admission.withdrawn((request_id, attempt))
+        return True
 
     def holds(self, key: tuple[str, int]) -> bool:
         """Whether the request attempt ``key`` (``RequestView.key``) is held."""
@@ -156,6 +179,7 @@ class Scheduler:
                         answer.reason,
                         answer.reason,
                         predicted_ttft_s=answer.predicted_ttft_s,
+                        retry_after_s=answer.retry_after_s,
                     )
                 )
             elif answer.action == "queue":
@@ -163,7 +187,7 @@ class Scheduler:
             else:
                 choice = self.dc_selection.select(request, view, now_s)
                 if choice.candidates.any():
-                    admitted.append(_Admitted(request, choice, answer.reason))
+                    admitted.append(_Admitted(request, choice, answer.reason, _within(choice, answer)))
                 else:
                     outcomes += self._hold(request, NO_CAPACITY_POOL, choice.reason, now_s)
         return outcomes, admitted
@@ -171,13 +195,13 @@ class Scheduler:
     def _place(self, admitted: list[_Admitted], view: ClusterView, now_s: float) -> list[Outcome]:
         """Instance selection for the admitted requests, as one batch."""
         requests = [a.request for a in admitted]
-        placements = self.instance_selection.place(
-            requests, [a.choice.candidates for a in admitted], view, now_s
-        )
+        placements = self.instance_selection.place(requests, [a.candidates for a in admitted], view, now_s)
         outcomes = []
         for entry, placement in zip(admitted, placements, strict=True):
             self._release(entry.request.key)
             row = placement.instance
+            if isinstance(self.admission, PlacementAware):
+                self.admission.placed(entry.request, view.instance_ids[row])
             outcomes.append(
                 Outcome(
                     entry.request,
@@ -215,6 +239,16 @@ class Scheduler:
             return False
         self._pool_sizes[entry.pool] -= 1
         return True
+
+
+def _within(choice: DcChoice, answer: Admission) -> BoolArray:
+    """The DC's candidates inside admission's share (``Admission.candidates``); the DC's alone
+    when admission set none, or when the two do not meet (a share never blocks a request the
+    DC selection can place: admission holds a request itself when it must wait)."""
+    if answer.candidates is None:
+        return choice.candidates
+    both = choice.candidates & answer.candidates
+    return both if both.any() else choice.candidates
 
 
 def _rejected(request: RequestView, reason: str) -> Outcome:

@@ -2,7 +2,7 @@
 
     tokenpilot                          = pass-through + home-dc + tokenpilot
     pass-through+home-dc+least-tokens   (every stage named)
-    slomax+tokenpilot                   (once the SLOMax admission stage is registered)
+    slomax+tokenpilot                   (SLOMax admission in front of TokenPilot)
 
 A name lists at most one stage of each kind, in pipeline order (admission, DC selection,
 instance selection); the instance-selection stage is required, the others default to
@@ -28,12 +28,13 @@ from agents.policy.peers import (
     SglangGatewayCacheAware,
 )
 from agents.policy.pipeline import HoldLimits, Scheduler
+from agents.policy.slomax import SloMax
 from agents.policy.tokenpilot import TokenPilot
 
 StageParams = Mapping[str, Mapping[str, Any]]
 """stage name -> keyword arguments of its constructor."""
 
-ADMISSION: dict[str, Callable[..., Any]] = {"pass-through": PassThrough}
+ADMISSION: dict[str, Callable[..., Any]] = {"pass-through": PassThrough, "slomax": SloMax}
 DC_SELECTION: dict[str, Callable[..., Any]] = {"home-dc": HomeDc}
 INSTANCE_SELECTION: dict[str, Callable[..., Any]] = {
     cls.name: cls

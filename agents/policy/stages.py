@@ -93,3 +93,27 @@ class InstanceSelectionStage(Protocol):
     ) -> list[Placement]: ...
 
     def observe(self, event: Observation) -> None: ...
+
+
+@runtime_checkable
+class RouterAware(Protocol):
+    """An admission stage that reads the router's predictions: the ``Scheduler`` hands it the
+    instance-selection stage once, at construction (it may use ``predict_ttft`` if present)."""
+
+    def bind_router(self, router: object) -> None: ...
+
+
+@runtime_checkable
+class HoldAware(Protocol):
+    """An admission stage told when a request it had queued leaves its pool unanswered (its
+    client gave up), so it can forget it."""
+
+    def withdrawn(self, key: tuple[str, int]) -> None: ...
+
+
+@runtime_checkable
+class PlacementAware(Protocol):
+    """An admission stage told where each request it admitted was placed (instance id), e.g. to
+    keep per-instance shares."""
+
+    def placed(self, request: RequestView, instance_id: str) -> None: ...

@@ -125,13 +125,28 @@ class Admission:
     """The admission stage's answer for one request.
 
     ``queue`` holds the request in the named ``pool`` until a later snapshot; ``reject`` ends
-    it with ``reason``; ``predicted_ttft_s`` is the prediction the answer was based on, if any.
+    it with ``reason`` (its code first: ``cannot_meet_slo: ...``); ``predicted_ttft_s`` is the
+    prediction the answer was based on, if any; ``retry_after_s`` (rejects) when trying again
+    could succeed (None: no hint). ``candidates`` (admits): the rows the request may run on,
+    a capacity share over the view (None: any row the DC selection allows); shared, read-only.
     """
 
     action: AdmissionAction
     reason: str = ""
     pool: str = ""
     predicted_ttft_s: float | None = None
+    retry_after_s: float | None = None
+    candidates: BoolArray | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TtftPrediction:
+    """A router's prediction for a request were it sent now, on the instance it would pick:
+    ``ttft_s`` in all, of which ``wait_s`` waiting for work queued ahead (the rest is its own
+    prefill). Seconds."""
+
+    ttft_s: float
+    wait_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +191,7 @@ class Outcome:
     instance: int = -1
     instance_id: str = ""
     predicted_ttft_s: float | None = None
+    retry_after_s: float | None = None
 
 
 def empty_view(version: int = 0) -> ClusterView:

@@ -28,8 +28,9 @@ from typing import cast
 import numpy as np
 
 from agents.policy import Scheduler, build_scheduler
-from agents.policy.common.slo import DEFAULT_SLO_CLASSES, SloClass
+from agents.policy.common.slo import DEFAULT_SLO_CLASSES, SloClass, meets_slo
 from agents.policy.registry import StageParams
+from agents.policy.slomax.feedback import InMemoryGoodput
 from agents.policy.types import (
     BlocksChanged,
     ClusterView,
@@ -44,6 +45,7 @@ from sim.engine.fleet import FleetSpec
 from sim.engine.instance import Attempt, Instance
 from sim.engine.profiles import EngineOptions
 from sim.loop.clients import ClientRules
+from sim.loop.feedback import OutcomeSink, bind_feedback
 from sim.workloads.trace import DEFAULT_OUTPUT_BUDGET, TraceRequest, Workload
 
 _COMPLETION_STATUS: dict[str, OutcomeStatus] = {"ok": "ok", "aborted": "timeout"}
@@ -86,7 +88,16 @@ ProgressFn = Callable[[int], None]
 
 
 class Simulation:
-    def __init__(self, workload: Workload, fleet: FleetSpec, scheduler: Scheduler, config: SimConfig) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        fleet: FleetSpec,
+        scheduler: Scheduler,
+        config: SimConfig,
+        feedback: OutcomeSink | None = None,
+    ) -> None:
+        """``feedback``: where ended attempts and rejects are recorded for an admission stage
+        that closes its loop on them (default: in memory, if the stage wants feedback)."""
         self.workload = workload
         self.fleet = fleet
         self.scheduler = scheduler
@@ -108,6 +119,7 @@ class Simulation:
         self._versions = count(1)
         self._dcs = _dc_view(fleet)
         self._view = self._snapshot(0.0)
+        self.feedback = bind_feedback(scheduler, feedback or InMemoryGoodput())
 
     def _engine_options(self, own: EngineOptions) -> EngineOptions:
         """The configured engine options, else the profile's; noise seeded by the run's seed."""
@@ -193,6 +205,8 @@ class Simulation:
                 self._after(instance, index, now)
                 return
             attempt.instance = instance  # the engine refuses it; the router sees an error
+        elif self.feedback is not None:
+            self.feedback.rejected(now, attempt.request.slo_class)
         attempt.status = "rejected"
         self._end(attempt, now)
 
@@ -274,6 +288,8 @@ class Simulation:
         if attempt.first_token_s is not None and attempt.generated > 1:
             tpot = (now - attempt.first_token_s) / (attempt.generated - 1)
         status = _COMPLETION_STATUS.get(attempt.status, "error")
+        if self.feedback is not None:
+            self._record(attempt, status, ttft, tpot, now)
         self.scheduler.observe(
             Finished(
                 request_id=attempt.request.request_id,
@@ -288,6 +304,21 @@ class Simulation:
                 time_s=now,
             )
         )
+
+    def _record(
+        self, attempt: Attempt, status: str, ttft: float | None, tpot: float | None, now: float
+    ) -> None:
+        """The attempt's end, judged as the feedback sink judges a completion (``met_slo``)."""
+        assert self.feedback is not None
+        request = attempt.request
+        slo = self.config.slo_classes.get(request.slo_class)
+        met = (
+            status == "ok"
+            and slo is not None
+            and ttft is not None
+            and meets_slo(slo, ttft, tpot, now - attempt.arrival_s, _deadline_from(request, attempt))
+        )
+        self.feedback.completed(now, request.slo_class, status, met, attempt.generated, attempt.attempt)
 
     def _timeout_at(self, attempt: Attempt) -> float | None:
         request = attempt.request
@@ -345,6 +376,13 @@ def simulate(
     """Run one policy (a fresh scheduler seeded with ``config.seed``) over the workload."""
     scheduler = build_scheduler(policy_name, seed=config.seed, params=params)
     return Simulation(workload, fleet, scheduler, config).run(progress)
+
+
+def _deadline_from(request: TraceRequest, attempt: Attempt) -> float | None:
+    """The attempt's deadline relative to its own arrival (as ``Completion`` stores it)."""
+    if request.deadline_s is None:
+        return None
+    return request.arrival_s + request.deadline_s - attempt.arrival_s
 
 
 def _dc_view(fleet: FleetSpec) -> DcView:

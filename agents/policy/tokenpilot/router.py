@@ -64,6 +64,7 @@ from agents.policy.types import (
     Observation,
     Placement,
     RequestView,
+    TtftPrediction,
 )
 
 FEATURES = (
@@ -238,6 +239,29 @@ class TokenPilot(InstanceSelector):
             joined * (cached + joined / 2),
         )
         return Placement(row, "min predicted TTFT", float(predicted[row]))
+
+    def predict_ttft(
+        self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float
+    ) -> TtftPrediction | None:
+        """The lowest predicted TTFT over the rows of ``mask`` were ``request`` sent now, and how
+        much of it is waiting: all but its own prefill on an idle instance (the prefill queued
+        ahead, the decode batch its steps share, KV it lacks). None: no row. What SLOMax admits
+        by; nothing is recorded (the queues only drain to ``now_s``)."""
+        if not mask.any():
+            return None
+        self.index.size_like(view)
+        features, own_tokens, own_pairs = self._features(request, view, now_s)
+        predicted = np.empty(len(view))
+        for profile, rows in self._profile_rows(view):
+            predicted[rows] = features[rows] @ self.model_for(profile).theta
+        row = int(np.argmin(np.where(mask, predicted, np.inf)))
+        # Its own prefill on an idle instance: the rest is waiting (queue ahead, decode batch, KV).
+        alone = np.array(
+            [np.ceil(own_tokens[row] / self.prefill_budget), 0.0, 0.0, own_tokens[row], own_pairs[row], 0.0]
+        )
+        ttft = float(predicted[row])
+        own_s = float(alone @ self.model_for(str(view.profile[row])).theta)
+        return TtftPrediction(ttft, max(ttft - own_s, 0.0))
 
     def features(self, request: RequestView, view: ClusterView, now_s: float) -> FloatArray:
         """The model's features of ``request`` on every row of ``view`` (n x len(FEATURES))."""

@@ -1,0 +1,429 @@
+"""SLOMax: tiered admission by predicted feasibility, queue pools per class, capacity shares.
+
+For each offer (new arrivals, and the held requests again at every new snapshot) the requests
+are considered in serving order:
+
+    (tier, class rank, tenant's virtual token counter, slack)
+
+class rank: interactive 0, long_context 1, batch 2 (a batch request whose deadline is near,
+``urgent`` below, ranks 0); slack = objective - waited (interactive, long_context) or deadline -
+now - output budget x ``tpot_estimate_s`` (batch). With ``ttft`` the predicted TTFT were the
+request sent now and ``wait`` the part of it spent waiting (all but its own prefill on an idle
+instance), each request gets one answer:
+
+- ``reject`` ``cannot_meet_slo`` when its objective is out of reach even if sent now: waited +
+  ttft > its class's TTFT objective; for batch, now + ttft + output budget x ``tpot_estimate_s``
+  > its deadline. A held request that becomes infeasible is rejected with ``expired``.
+  ``over_quota``: the tenant's tokens in flight (input + output budget) would pass
+  ``tenant_quota_tokens`` (a tenant holding nothing is always let through once). Rejects carry
+  ``retry_after_s`` where trying again could succeed (how late the prediction is).
+- ``admit`` when the request is feasible and its class's gate is open:
+    interactive:  ttft <= headroom x objective (1 s of a 2 s objective by default)
+    long_context: ttft <= long_headroom x objective (4.5 s of 15 s), and an instance prefills
+                  fewer than ``long_prefills_per_instance`` long prompts: the request may only be
+                  placed on such an instance (``Admission.candidates``)
+    batch:        urgent (slack < ``deadline_margin_s``), or the pool is not saturated (ttft <=
+                  ``saturation`` x the interactive objective and no interactive request waits),
+                  or batch work in flight + this request stays within ``batch_share`` of the
+                  pool's token capacity (work-conserving: below saturation batch takes whatever
+                  is idle)
+- ``queue`` in the pool named after its class otherwise: offered again at the next snapshot.
+
+Why the gates are on the predicted TTFT, well below the objective: a request admitted into a
+long queue meets its own TTFT but its prefill then runs beside the decodes of the instance,
+and prefill chunks are what stretch time per output token (measured on the synthetic mix at its
+L67 load: with the gates at the objective itself, 2 771 of 21 323 interactive requests missed
+their TPOT; at these defaults, ~1 %). Long prompts (48k-80k tokens, ~5 s of prefill at 0.3-0.5 s
+a step) are the strongest such interference, hence their own, tighter gate.
+
+``ttft`` is the router's own prediction (``predict_ttft``, TokenPilot's calibrated model) where
+the router has one, else a pool estimate: prefill tokens admitted and not yet first-token'd,
+spread over the ready instances, at ``prefill_tokens_per_s`` each (no cache knowledge). Within
+one offer, what was admitted before a request is added to its prediction the same way (the
+router places the admitted requests only after admission). Running work is never pre-empted:
+SLOMax only decides what starts.
+
+Tenants inside a tier are served by token-weighted fair queuing (``fairness.py``). ``headroom``
+and ``batch_share`` are moved by the control loop (``controller.py``) from measured goodput
+read through a ``GoodputSource`` (``bind_feedback``); without one they keep their defaults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from agents.policy.common.slo import DEFAULT_SLO_CLASSES, LONG_CONTEXT_INPUT_TOKENS, SloClass
+from agents.policy.slomax.classes import BATCH, INTERACTIVE, LONG_CONTEXT, Classified, ClassRules
+from agents.policy.slomax.controller import Controller, Knobs, Step
+from agents.policy.slomax.fairness import VirtualTokenCounter
+from agents.policy.slomax.feedback import GoodputSource
+from agents.policy.types import (
+    BLOCK_TOKENS,
+    Admission,
+    BoolArray,
+    ClusterView,
+    Finished,
+    FirstToken,
+    Observation,
+    RequestView,
+    TtftPrediction,
+)
+
+_RANK = {INTERACTIVE: 0, LONG_CONTEXT: 1, BATCH: 2}
+
+
+class TtftPredictor(Protocol):
+    def predict_ttft(
+        self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float
+    ) -> TtftPrediction | None: ...
+
+
+@dataclass(slots=True)
+class _InFlight:
+    slo_class: str
+    tenant: str
+    tokens: int  # input + output budget: what it may hold of the pool's capacity
+    prefill: int  # input tokens, until its first token
+    prefilling: bool
+    instance_id: str = ""  # where it was placed (once known)
+
+
+@dataclass(slots=True)
+class _Offer:
+    index: int
+    request: RequestView
+    cls: Classified
+    rank: int
+    slack_hint: float  # a cheap slack (no prediction) to order by
+
+
+class SloMax:
+    name = "slomax"
+    wants_kv_events = False
+
+    def __init__(
+        self,
+        seed: int = 0,
+        long_input_tokens: int = LONG_CONTEXT_INPUT_TOKENS,
+        long_output_tokens: int | None = None,
+        tenant_tiers: Mapping[str, int] | None = None,
+        tenant_classes: Mapping[str, str] | None = None,
+        tenant_weights: Mapping[str, float] | None = None,
+        headroom: float = 0.5,
+        long_headroom: float = 0.3,
+        batch_share: float = 0.3,
+        saturation: float = 0.25,
+        long_prefills_per_instance: int = 1,
+        deadline_margin_s: float = 60.0,
+        tpot_estimate_s: float = 0.05,
+        prefill_tokens_per_s: float = 40_000.0,
+        tenant_quota_tokens: int | None = None,
+        vtc_input_weight: float = 1.0,
+        vtc_output_weight: float = 2.0,
+        control_interval_s: float = 10.0,
+        control_span_s: float = 60.0,
+    ) -> None:
+        del seed  # deterministic
+        self.rules = ClassRules(
+            long_input_tokens=long_input_tokens,
+            long_output_tokens=long_output_tokens,
+            tenant_tiers=dict(tenant_tiers or {}),
+            tenant_classes=dict(tenant_classes or {}),
+            tenant_weights=dict(tenant_weights or {}),
+        )
+        self.slo: dict[str, SloClass] = dict(DEFAULT_SLO_CLASSES)
+        knobs = Knobs(headroom, batch_share)
+        self.controller = Controller(
+            knobs=knobs, default=knobs, interval_s=control_interval_s, span_s=control_span_s
+        )
+        self.saturation = saturation
+        self.long_headroom = long_headroom
+        self.long_prefills_per_instance = long_prefills_per_instance
+        self.deadline_margin_s = deadline_margin_s
+        self.tpot_estimate_s = tpot_estimate_s
+        self.prefill_tokens_per_s = prefill_tokens_per_s
+        self.tenant_quota_tokens = tenant_quota_tokens
+        self.fair = VirtualTokenCounter(vtc_input_weight, vtc_output_weight)
+        self._router: TtftPredictor | None = None
+        self._source: GoodputSource | None = None
+        self._record: Callable[[Step], None] | None = None
+        self._next_control_s: float | None = None
+        self._in_flight: dict[tuple[str, int], _InFlight] = {}
+        self._class_tokens: dict[str, int] = {}
+        self._tenant_tokens: dict[str, int] = {}
+        self._prefill_tokens = 0
+        self._long_on: dict[str, int] = {}  # instance id -> long prompts placed there, prefilling
+        self._held: set[tuple[str, int]] = set()
+        self._backlogged: set[str] = set()  # tenants with requests in the previous offer
+        self._mask_key: tuple[int, str] = (-1, "")
+        self._mask: BoolArray = np.zeros(0, dtype=bool)
+        self.counts: dict[str, int] = {}  # answers by action and reason code (for metrics)
+
+    # --- wiring ---------------------------------------------------------------------------------
+
+    def bind_router(self, router: object) -> None:
+        """Use the router's TTFT prediction where it has one (``Scheduler`` calls this)."""
+        self._router = router if callable(getattr(router, "predict_ttft", None)) else None  # type: ignore[assignment]
+
+    def bind_feedback(self, source: GoodputSource, record: Callable[[Step], None] | None = None) -> None:
+        """Close the loop: read outcomes from ``source`` every ``interval_s``; ``record`` each step."""
+        self._source, self._record = source, record
+
+    @property
+    def knobs(self) -> Knobs:
+        return self.controller.knobs
+
+    def control(self, now_s: float) -> Step | None:
+        """One control step if one is due (called at every offer; cheap when not due)."""
+        if self._source is None:
+            return None
+        if self._next_control_s is None:
+            self._next_control_s = now_s + self.controller.interval_s
+            return None
+        if now_s < self._next_control_s:
+            return None
+        self._next_control_s = now_s + self.controller.interval_s
+        step = self.controller.update(self._source.window(now_s, self.controller.span_s), now_s)
+        if self._record is not None:
+            self._record(step)
+        return step
+
+    # --- deciding -------------------------------------------------------------------------------
+
+    def admit(self, requests: Sequence[RequestView], view: ClusterView, now_s: float) -> list[Admission]:
+        self.control(now_s)
+        answers: list[Admission | None] = [None] * len(requests)
+        offers = [self._offer(i, r, now_s) for i, r in enumerate(requests)]
+        active = {o.request.tenant for o in offers}
+        for tenant in active - self._backlogged:  # back after a gap: no credit for idleness
+            self.fair.lift(tenant, self._backlogged & active)
+        self._backlogged = active
+        offers.sort(key=lambda o: (o.cls.tier, o.rank, self.fair.counter(o.request.tenant), o.slack_hint))
+        ready = max(int(view.ready.sum()), 1)
+        capacity = int(view.kv_total[view.ready].sum()) * BLOCK_TOKENS
+        pending = 0  # prefill tokens admitted in this offer, not yet seen by the router
+        shares = _LongShares(view, self._long_on, self.long_prefills_per_instance)
+        interactive_waits = False
+        batch_closed = False  # a batch request was refused its gate: later ones are too
+        for offer in offers:
+            request, cls = offer.request, offer.cls
+            if batch_closed and cls.slo_class == BATCH and offer.rank == _RANK[BATCH]:
+                answers[offer.index] = self._queue(request, BATCH, "batch gate closed: the pool is saturated")
+                continue
+            predicted = self._predict(request, view, now_s, ready, pending)
+            answer = self._decide(offer, predicted, now_s, capacity, interactive_waits, shares)
+            if answer.action == "admit":
+                pending += request.input_tokens
+                shares.taken(cls.slo_class)
+                self._admitted(request, cls)
+            elif answer.action == "queue":
+                interactive_waits |= cls.slo_class == INTERACTIVE
+                batch_closed |= cls.slo_class == BATCH
+            answers[offer.index] = answer
+            self._count(answer)
+        return [a for a in answers if a is not None]
+
+    def _offer(self, index: int, request: RequestView, now_s: float) -> _Offer:
+        cls = self.rules.classify(request)
+        rank = _RANK[cls.slo_class]
+        if cls.slo_class == BATCH:
+            slack = self._batch_slack(request, now_s, 0.0)
+            if slack < self.deadline_margin_s:
+                rank = 0  # urgent: served with interactive work
+        else:
+            slack = self._objective(cls) - (now_s - request.arrival_s)
+        return _Offer(index, request, cls, rank, slack)
+
+    def _decide(
+        self,
+        offer: _Offer,
+        predicted: TtftPrediction,
+        now_s: float,
+        capacity: int,
+        interactive_waits: bool,
+        shares: _LongShares,
+    ) -> Admission:
+        request, cls = offer.request, offer.cls
+        name = cls.slo_class
+        held = request.key in self._held
+        ttft, wait = predicted.ttft_s, predicted.wait_s
+        quota = self.tenant_quota_tokens
+        holds = self._tenant_tokens.get(request.tenant, 0)
+        if quota is not None and holds and holds + request.input_tokens + request.output_budget > quota:
+            detail = f"tenant {request.tenant} holds {holds} of its {quota} tokens in flight"
+            return self._reject(request, "over_quota", detail, 1.0)
+        if name == BATCH:
+            slack = self._batch_slack(request, now_s, ttft)
+            if slack < 0:
+                code = "expired" if held else "cannot_meet_slo"
+                return self._reject(request, code, f"deadline out of reach by {-slack:.1f} s", None, ttft)
+            urgent = slack < self.deadline_margin_s
+            saturated = interactive_waits or ttft > self.saturation * self._objective_of(INTERACTIVE)
+            share = self.knobs.batch_share * capacity
+            tokens = self._class_tokens.get(BATCH, 0) + request.input_tokens + request.output_budget
+            if urgent or not saturated or tokens <= share:
+                why = "urgent" if urgent else "idle capacity" if not saturated else "within batch share"
+                return self._admit(f"slomax: batch {why}", ttft, shares.for_class(name))
+            return self._queue(request, BATCH, f"batch gate closed: predicted wait {wait:.2f} s", ttft)
+        objective = self._objective(cls)
+        waited = now_s - request.arrival_s
+        if waited + ttft > objective:
+            code = "expired" if held else "cannot_meet_slo"
+            detail = f"waited {waited:.2f} s + predicted TTFT {ttft:.2f} s > {objective:g} s objective"
+            return self._reject(request, code, detail, waited + ttft - objective, ttft)
+        if name == LONG_CONTEXT and not shares.long_room():
+            return self._queue(request, name, "every instance is prefilling its share of long prompts", ttft)
+        headroom = self.knobs.headroom if name == INTERACTIVE else self.long_headroom
+        if ttft <= headroom * objective:
+            return self._admit(f"slomax: {name} within headroom", ttft, shares.for_class(name))
+        return self._queue(
+            request, name, f"predicted wait {wait:.2f} s over {headroom:.2f} x objective", ttft
+        )
+
+    def _predict(
+        self, request: RequestView, view: ClusterView, now_s: float, ready: int, pending: int
+    ) -> TtftPrediction:
+        """The router's prediction (else the pool estimate), plus this offer's earlier admits."""
+        queued_s = pending / (ready * self.prefill_tokens_per_s)
+        if self._router is not None:
+            predicted = self._router.predict_ttft(request, view, self._model_mask(request, view), now_s)
+            if predicted is not None:
+                return TtftPrediction(predicted.ttft_s + queued_s, predicted.wait_s + queued_s)
+        wait = self._prefill_tokens / (ready * self.prefill_tokens_per_s) + queued_s
+        return TtftPrediction(wait + request.input_tokens / self.prefill_tokens_per_s, wait)
+
+    def _model_mask(self, request: RequestView, view: ClusterView) -> BoolArray:
+        key = (view.version, request.model)
+        if key != self._mask_key:
+            self._mask_key, self._mask = key, view.ready & (view.model == request.model)
+        return self._mask
+
+    def _objective(self, cls: Classified) -> float:
+        return self._objective_of(cls.slo_class)
+
+    def _objective_of(self, name: str) -> float:
+        ttft = self.slo[name].ttft_s
+        return float("inf") if ttft is None else ttft
+
+    def _batch_slack(self, request: RequestView, now_s: float, predicted: float) -> float:
+        if request.deadline_s is None:
+            return float("inf")
+        service = predicted + request.output_budget * self.tpot_estimate_s
+        return request.deadline_s - now_s - service
+
+    # --- answers and accounting -------------------------------------------------------------------
+
+    def _admit(self, reason: str, ttft: float, candidates: BoolArray | None) -> Admission:
+        return Admission("admit", reason, predicted_ttft_s=ttft, candidates=candidates)
+
+    def _queue(
+        self, request: RequestView, pool: str, reason: str, predicted: float | None = None
+    ) -> Admission:
+        self._held.add(request.key)
+        return Admission("queue", f"slomax: {reason}", pool=pool, predicted_ttft_s=predicted)
+
+    def _reject(
+        self,
+        request: RequestView,
+        code: str,
+        detail: str,
+        retry_after_s: float | None,
+        predicted: float | None = None,
+    ) -> Admission:
+        self._held.discard(request.key)
+        hint = "" if retry_after_s is None else f"; retry after {retry_after_s:.1f} s"
+        return Admission(
+            "reject", f"{code}: {detail}{hint}", predicted_ttft_s=predicted, retry_after_s=retry_after_s
+        )
+
+    def _admitted(self, request: RequestView, cls: Classified) -> None:
+        self._held.discard(request.key)
+        if request.key in self._in_flight:
+            return  # offered again (held for capacity by the pipeline): counted once
+        tokens = request.input_tokens + request.output_budget
+        self._in_flight[request.key] = _InFlight(
+            cls.slo_class, request.tenant, tokens, request.input_tokens, True
+        )
+        self._class_tokens[cls.slo_class] = self._class_tokens.get(cls.slo_class, 0) + tokens
+        self._tenant_tokens[request.tenant] = self._tenant_tokens.get(request.tenant, 0) + tokens
+        self._prefill_tokens += request.input_tokens
+        self.fair.charge(request.key, request.tenant, cls.weight, request.input_tokens, request.output_budget)
+
+    def _count(self, answer: Admission) -> None:
+        code = answer.reason.split(":", 1)[0] if answer.action == "reject" else answer.action
+        self.counts[code] = self.counts.get(code, 0) + 1
+
+    def observe(self, event: Observation) -> None:
+        if isinstance(event, FirstToken):
+            entry = self._in_flight.get((event.request_id, event.attempt))
+            if entry is not None:
+                self._prefilled(entry)
+        elif isinstance(event, Finished):
+            key = (event.request_id, event.attempt)
+            self._held.discard(key)
+            entry = self._in_flight.pop(key, None)
+            if entry is None:
+                return
+            self._prefilled(entry)
+            self._class_tokens[entry.slo_class] -= entry.tokens
+            self._tenant_tokens[entry.tenant] -= entry.tokens
+            self.fair.settle(key, event.output_tokens)
+
+    def placed(self, request: RequestView, instance_id: str) -> None:
+        entry = self._in_flight.get(request.key)
+        if entry is not None and entry.prefilling and not entry.instance_id:
+            entry.instance_id = instance_id
+            if entry.slo_class == LONG_CONTEXT:
+                self._long_on[instance_id] = self._long_on.get(instance_id, 0) + 1
+
+    def withdrawn(self, key: tuple[str, int]) -> None:
+        """A held request left its pool without an answer (its client gave up)."""
+        self._held.discard(key)
+
+    def _prefilled(self, entry: _InFlight) -> None:
+        if entry.prefilling:
+            entry.prefilling = False
+            self._prefill_tokens -= entry.prefill
+            if entry.slo_class == LONG_CONTEXT and entry.instance_id:
+                left = self._long_on[entry.instance_id] - 1
+                if left:
+                    self._long_on[entry.instance_id] = left
+                else:
+                    del self._long_on[entry.instance_id]
+
+
+class _LongShares:
+    """Per instance, long prompts prefilling (placed, no first token yet) against the bound.
+
+    Long prompts may go only where fewer than ``limit`` are prefilling; other classes keep off
+    the instances that prefill one, as long as some instance does not (work-conserving: if
+    every instance prefills a long prompt, they may go anywhere). Long prompts admitted in one
+    offer are counted against the free instances before the router places them.
+    """
+
+    def __init__(self, view: ClusterView, long_on: Mapping[str, int], limit: int) -> None:
+        counts = np.zeros(len(view), dtype=np.int64)
+        for instance_id, n in long_on.items():
+            row = view.index_of.get(instance_id)
+            if row is not None:
+                counts[row] = n
+        self._room: BoolArray = view.ready & (counts < limit)
+        busy = view.ready & (counts > 0)
+        quiet = view.ready & ~busy
+        self._quiet: BoolArray | None = quiet if busy.any() and quiet.any() else None
+        self._free = int(self._room.sum())
+
+    def long_room(self) -> bool:
+        return self._free > 0
+
+    def taken(self, slo_class: str) -> None:
+        if slo_class == LONG_CONTEXT:
+            self._free -= 1
+
+    def for_class(self, slo_class: str) -> BoolArray | None:
+        """The rows a request of ``slo_class`` may use (None: any)."""
+        return self._room if slo_class == LONG_CONTEXT else None

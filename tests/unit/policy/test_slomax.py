@@ -1,0 +1,264 @@
+"""SLOMax: classification, admission reasons, pool order, shares, fairness and the controller."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.policy.baselines import LeastTokens
+from agents.policy.defaults import HomeDc
+from agents.policy.pipeline import Scheduler
+from agents.policy.slomax import SloMax
+from agents.policy.slomax.classes import ClassRules
+from agents.policy.slomax.controller import Controller, Knobs
+from agents.policy.slomax.fairness import VirtualTokenCounter
+from agents.policy.slomax.feedback import ClassWindow, InMemoryGoodput
+from agents.policy.types import ClusterView, Finished, FirstToken, RequestView, TtftPrediction
+from tests.unit.policy.helpers import cluster_view
+
+
+def req(
+    rid: str,
+    *,
+    tenant: str = "t",
+    slo_class: str = "",
+    input_tokens: int = 1000,
+    budget: int = 100,
+    arrival: float = 0.0,
+    deadline: float | None = None,
+    task_type: str = "chat",
+) -> RequestView:
+    return RequestView(
+        rid, 1, tenant, "m", slo_class, input_tokens, budget, (), arrival, deadline, task_type=task_type
+    )
+
+
+class FixedPredictor(LeastTokens):
+    """A router whose predicted TTFT is set by the test."""
+
+    def __init__(self, ttft_s: float) -> None:
+        super().__init__()
+        self.ttft_s = ttft_s
+
+    def predict_ttft(
+        self, request: RequestView, view: ClusterView, mask: object, now_s: float
+    ) -> TtftPrediction:
+        return TtftPrediction(self.ttft_s, self.ttft_s)  # all of it waiting for the queue ahead
+
+
+def slomax(predicted: float, **kwargs: object) -> tuple[Scheduler, SloMax, FixedPredictor]:
+    admission = SloMax(**kwargs)  # type: ignore[arg-type]
+    router = FixedPredictor(predicted)
+    return Scheduler("slomax+test", admission, HomeDc(), router), admission, router
+
+
+# --- classification ---------------------------------------------------------------------------
+
+
+def test_classification_follows_declared_class_task_type_input_length_and_tenant_override() -> None:
+    rules = ClassRules(long_input_tokens=8000, tenant_classes={"etl": "batch"}, tenant_tiers={"gold": 0})
+    assert rules.classify(req("a", slo_class="long_context")).slo_class == "long_context"
+    assert rules.classify(req("b", task_type="batch")).slo_class == "batch"
+    assert rules.classify(req("c", input_tokens=9000)).slo_class == "long_context"
+    assert rules.classify(req("d", input_tokens=7000)).slo_class == "interactive"
+    assert rules.classify(req("e", tenant="etl")).slo_class == "batch"
+    assert (rules.classify(req("f", tenant="gold")).tier, rules.classify(req("g")).tier) == (0, 1)
+    with pytest.raises(ValueError, match="unknown classes"):
+        ClassRules(tenant_classes={"x": "premium"})
+
+
+# --- admission --------------------------------------------------------------------------------
+
+
+def test_feasible_interactive_is_admitted_and_infeasible_is_rejected_early_with_a_retry_hint() -> None:
+    s, _, router = slomax(predicted=0.5)
+    (ok,) = s.submit([req("a")], cluster_view(2), 0.0)
+    assert ok.action == "admit"
+    router.ttft_s = 2.5  # the interactive objective is 2 s
+    (no,) = s.submit([req("b")], cluster_view(2), 0.0)
+    assert no.action == "reject" and no.reason.startswith("cannot_meet_slo")
+    assert no.retry_after_s == pytest.approx(0.5) and "retry after" in no.reason
+
+
+def test_an_interactive_request_over_the_headroom_is_held_then_expires_when_its_objective_passes() -> None:
+    s, _, router = slomax(predicted=1.8, headroom=0.75)  # waits 1.8 > 0.75 x 2 s: held, still feasible
+    (held,) = s.submit([req("a")], cluster_view(2), 0.0)
+    assert (held.action, held.pool) == ("queue", "interactive")
+    router.ttft_s = 1.0
+    (gone,) = s.tick(cluster_view(2), 1.5)  # waited 1.5 + 1.0 > 2 s
+    assert gone.action == "reject" and gone.reason.startswith("expired")
+
+
+def test_batch_waits_while_the_pool_is_saturated_and_takes_idle_capacity_otherwise() -> None:
+    s, _, router = slomax(predicted=0.2, batch_share=0.0)
+    batch = req("b", task_type="batch", deadline=3600.0)
+    (idle,) = s.submit([batch], cluster_view(2), 0.0)
+    assert idle.action == "admit" and "idle capacity" in idle.admission_reason
+    router.ttft_s = 1.5  # saturated: over 0.5 x the interactive objective
+    (busy,) = s.submit([req("b2", task_type="batch", deadline=3600.0)], cluster_view(2), 0.0)
+    assert (busy.action, busy.pool) == ("queue", "batch")
+
+
+def test_a_batch_request_near_its_deadline_is_urgent_and_one_that_cannot_make_it_is_rejected() -> None:
+    s, _, _ = slomax(predicted=1.5, batch_share=0.0, tpot_estimate_s=0.05)  # service = 1.5 + 100 x 0.05
+    (urgent,) = s.submit([req("u", task_type="batch", deadline=40.0)], cluster_view(2), 0.0)
+    assert urgent.action == "admit" and "urgent" in urgent.admission_reason
+    (late,) = s.submit([req("l", task_type="batch", deadline=5.0)], cluster_view(2), 0.0)
+    assert late.action == "reject" and late.reason.startswith("cannot_meet_slo")
+
+
+def test_the_batch_share_lets_batch_in_beside_saturation_up_to_its_tokens() -> None:
+    # capacity: 2 instances x 1000 blocks x 512 tokens = 1 024 000; share 0.001 -> 1 024 tokens
+    s, _, _ = slomax(predicted=1.5, batch_share=0.001)
+    outcomes = s.submit(
+        [req(f"b{i}", task_type="batch", deadline=3600.0, input_tokens=500, budget=100) for i in range(2)],
+        cluster_view(2),
+        0.0,
+    )
+    assert {o.request.request_id: o.action for o in outcomes} == {"b0": "admit", "b1": "queue"}
+
+
+def test_long_prompts_prefilling_are_bounded_per_instance_until_their_first_token() -> None:
+    s, _, _ = slomax(predicted=1.0, long_prefills_per_instance=1)
+    longs = [req(f"l{i}", input_tokens=40_000) for i in range(3)]
+    outcomes = s.submit(longs, cluster_view(2), 0.0)
+    assert {o.request.request_id: o.action for o in outcomes} == {"l0": "admit", "l1": "admit", "l2": "queue"}
+    s.observe(FirstToken("l0", 1, "i0", 1.0, 1.0))
+    (now,) = s.tick(cluster_view(2), 1.0)
+    assert (now.request.request_id, now.action) == ("l2", "admit")
+
+
+def test_interactive_is_served_before_batch_and_tiers_before_both() -> None:
+    s, _, _ = slomax(predicted=0.1, tenant_tiers={"gold": 0})
+    requests = [
+        req("b", task_type="batch", deadline=3600.0),
+        req("i"),
+        req("g", tenant="gold", task_type="batch"),
+    ]
+    admission = s.admission
+    assert isinstance(admission, SloMax)
+    order = [o.request.request_id for o in s.submit(requests, cluster_view(2), 0.0)]
+    assert sorted(order) == ["b", "g", "i"]
+    assert admission.counts == {"admit": 3}
+
+
+def test_a_tenant_over_its_quota_is_rejected_with_the_reason() -> None:
+    s, _, _ = slomax(predicted=0.1, tenant_quota_tokens=1500)
+    outcomes = {o.request.request_id: o for o in s.submit([req("a"), req("b")], cluster_view(2), 0.0)}
+    assert outcomes["a"].action == "admit"  # 1 100 tokens each: the second would pass 1 500
+    assert outcomes["b"].action == "reject" and outcomes["b"].reason.startswith("over_quota")
+
+
+def test_finished_requests_release_their_share() -> None:
+    s, admission, _ = slomax(predicted=1.5, batch_share=0.001)
+    (first,) = s.submit(
+        [req("b0", task_type="batch", deadline=3600.0, input_tokens=500)], cluster_view(2), 0.0
+    )
+    s.observe(Finished("b0", 1, first.instance_id, "ok", 500, 0, 40, 0.5, 0.02, 2.0))
+    (again,) = s.submit(
+        [req("b1", task_type="batch", deadline=3600.0, input_tokens=500)], cluster_view(2), 2.0
+    )
+    assert again.action == "admit"
+    assert admission.fair.counter("t") == pytest.approx(2 * (500 + 2 * 100) - 2 * (100 - 40))
+
+
+# --- fairness ----------------------------------------------------------------------------------
+
+
+def test_virtual_token_counter_serves_the_lighter_tenant_first_and_gives_idleness_no_credit() -> None:
+    vtc = VirtualTokenCounter()
+    vtc.charge(("a", 1), "heavy", 1.0, 1000, 500)  # 1000 + 2 x 500
+    vtc.charge(("b", 1), "light", 1.0, 100, 50)
+    assert vtc.counter("light") < vtc.counter("heavy")
+    vtc.settle(("a", 1), output_tokens=100)  # produced 100 of its 500 budget
+    assert vtc.counter("heavy") == pytest.approx(1000 + 2 * 100)
+    vtc.lift("newcomer", ["heavy", "light", "newcomer"])
+    assert vtc.counter("newcomer") == vtc.counter("light")
+
+
+def test_a_flooding_tenant_cannot_take_the_other_tenants_share() -> None:
+    """Saturated, room for one batch request per round: one tenant offers 5 per round, the other
+    1; token-weighted fair queuing serves them alternately, not in proportion to what they offer."""
+    admission = SloMax(batch_share=0.0006)  # 1 024 000 x 0.0006 = 614 tokens: one request at a time
+    admission.bind_router(FixedPredictor(1.5))  # saturated
+    waiting: list[RequestView] = []
+    served = {"flood": 0, "quiet": 0}
+    for k in range(20):
+        waiting += [
+            req(f"f{k}-{i}", tenant="flood", task_type="batch", deadline=1e6, input_tokens=400)
+            for i in range(5)
+        ]
+        waiting.append(req(f"q{k}", tenant="quiet", task_type="batch", deadline=1e6, input_tokens=400))
+        answers = admission.admit(waiting, cluster_view(2), float(k))
+        admitted = [r for r, a in zip(waiting, answers, strict=True) if a.action == "admit"]
+        assert len(admitted) == 1
+        (done,) = admitted
+        served[done.tenant] += 1
+        admission.observe(Finished(done.request_id, 1, "i0", "ok", 400, 0, 100, 0.1, 0.01, k + 0.5))
+        waiting = [r for r in waiting if r is not done]
+    assert served["quiet"] >= 9  # about half of the 20 rounds, though it offers 1/6 of the requests
+
+
+# --- feedback and the controller ------------------------------------------------------------------
+
+
+def window(
+    met: int, finished: int = 100, batch_missed: int = 0, newest: float = 100.0
+) -> dict[str, ClassWindow]:
+    """One window of outcomes whose newest event is at ``newest``."""
+    return {
+        "interactive": ClassWindow("interactive", finished=finished, met=met, newest_s=newest),
+        "batch": ClassWindow("batch", finished=10, met=10 - batch_missed, newest_s=newest),
+    }
+
+
+def test_the_controller_tightens_on_missed_objectives_and_holds_inside_the_dead_band() -> None:
+    c = Controller(knobs=Knobs(0.75, 0.3), default=Knobs(0.75, 0.3))
+    step = c.update(window(met=90), 100.0)
+    assert step.action == "tighten" and c.knobs.batch_share == pytest.approx(0.24)
+    assert c.knobs.headroom == pytest.approx(0.65)
+    assert c.update(window(met=985), 110.0).action == "hold"  # 0.985 within [0.98, 0.99)
+
+
+def test_the_controller_holds_on_stale_or_missing_feedback() -> None:
+    c = Controller()
+    assert c.update({}, 100.0).action == "stale"
+    assert c.update(window(met=50, newest=10.0), 100.0).action == "stale"
+    assert c.knobs == Knobs()
+
+
+def test_a_step_change_of_load_converges_without_oscillation() -> None:
+    """Load steps up at t=100: interactive misses while the batch share is over 0.3, batch misses
+    deadlines below 0.1. The loop steps the share down, never below what batch needs, and then
+    stops: no move for the last windows, and at most one reversal on the way."""
+    c = Controller(knobs=Knobs(0.75, 0.6), default=Knobs(0.75, 0.6), dwell=2)
+    shares = []
+    for k in range(30):
+        share = c.knobs.batch_share
+        met = 1000 if k < 10 or share <= 0.3 else 900
+        misses = 1 if share < 0.1 else 0
+        now = 100.0 + 10 * k
+        c.update(window(met=met, finished=1000, batch_missed=misses, newest=now), now)
+        shares.append(round(c.knobs.batch_share, 4))
+    after = shares[10:]
+    reversals = sum(1 for a, b, d in zip(after, after[1:], after[2:], strict=False) if (b - a) * (d - b) < 0)
+    assert 0.1 <= after[-1] <= 0.3 and reversals <= 1
+    assert len(set(after[-10:])) == 1  # settled
+
+
+def test_in_memory_goodput_windows_count_by_class() -> None:
+    g = InMemoryGoodput()
+    g.completed(1.0, "interactive", "ok", True, 100, 1)
+    g.completed(2.0, "interactive", "timeout", False, 30, 2)
+    g.rejected(3.0, "batch")
+    w = g.window(10.0, 60.0)
+    i = w["interactive"]
+    assert (i.finished, i.met, i.output_tokens, i.good_tokens, i.timeouts, i.retries) == (
+        2,
+        1,
+        130,
+        100,
+        1,
+        1,
+    )
+    assert i.compliant_share == pytest.approx(100 / 130) and w["batch"].rejected == 1
+    assert g.window(100.0, 60.0) == {}
