@@ -1,25 +1,65 @@
 """Where the simulator records outcomes for an admission stage that closes its loop on them.
 
-An ``OutcomeSink`` gets every attempt that ended on an instance and every reject; it is also the
-``GoodputSource`` the stage reads (in memory: ``agents.policy.slomax.feedback.InMemoryGoodput``;
-through ClickHouse: ``infra.clickhouse.goodput.ClickHouseOutcomes``), so the simulated control loop
-reads exactly what the production one reads.
+An ``OutcomeSink`` gets every attempt that ended on an instance (``EndedAttempt``: what a
+``Completion`` event carries) and every reject, and is the ``GoodputSource`` the stage reads:
+``MemoryOutcomes`` here, or ``infra.clickhouse.goodput.ClickHouseOutcomes`` (the simulator writes
+completions and rejects into ClickHouse and the control loop reads them back with the production
+query). Both judge ``met`` by the same rule (``met_slo``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from agents.policy.pipeline import Scheduler
-from agents.policy.slomax.feedback import GoodputSource
+from agents.policy.slomax.feedback import ClassWindow, GoodputSource, InMemoryGoodput
+
+
+@dataclass(frozen=True, slots=True)
+class EndedAttempt:
+    """One attempt's end, as its ``Completion`` event would report it (times on the sim clock)."""
+
+    time_s: float
+    request_id: str
+    attempt: int
+    tenant: str
+    model: str
+    instance_id: str
+    slo_class: str
+    status: str  # ok | timeout | aborted | error
+    arrival_s: float
+    ttft_s: float | None
+    tpot_s: float | None
+    e2e_s: float | None
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    deadline_s: float | None  # absolute
+    met: bool
 
 
 class OutcomeSink(GoodputSource, Protocol):
-    def completed(
-        self, time_s: float, slo_class: str, status: str, met: bool, output_tokens: int, attempt: int
-    ) -> None: ...
+    def ended(self, attempt: EndedAttempt) -> None: ...
 
     def rejected(self, time_s: float, slo_class: str) -> None: ...
+
+
+class MemoryOutcomes:
+    """``OutcomeSink`` in memory."""
+
+    def __init__(self) -> None:
+        self.goodput = InMemoryGoodput()
+
+    def ended(self, attempt: EndedAttempt) -> None:
+        a = attempt
+        self.goodput.completed(a.time_s, a.slo_class, a.status, a.met, a.output_tokens, a.attempt)
+
+    def rejected(self, time_s: float, slo_class: str) -> None:
+        self.goodput.rejected(time_s, slo_class)
+
+    def window(self, now_s: float, span_s: float) -> dict[str, ClassWindow]:
+        return self.goodput.window(now_s, span_s)
 
 
 @runtime_checkable

@@ -30,7 +30,6 @@ import numpy as np
 from agents.policy import Scheduler, build_scheduler
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES, SloClass, meets_slo
 from agents.policy.registry import StageParams
-from agents.policy.slomax.feedback import InMemoryGoodput
 from agents.policy.types import (
     BlocksChanged,
     ClusterView,
@@ -45,7 +44,7 @@ from sim.engine.fleet import FleetSpec
 from sim.engine.instance import Attempt, Instance
 from sim.engine.profiles import EngineOptions
 from sim.loop.clients import ClientRules
-from sim.loop.feedback import OutcomeSink, bind_feedback
+from sim.loop.feedback import EndedAttempt, MemoryOutcomes, OutcomeSink, bind_feedback
 from sim.workloads.trace import DEFAULT_OUTPUT_BUDGET, TraceRequest, Workload
 
 _COMPLETION_STATUS: dict[str, OutcomeStatus] = {"ok": "ok", "aborted": "timeout"}
@@ -119,7 +118,7 @@ class Simulation:
         self._versions = count(1)
         self._dcs = _dc_view(fleet)
         self._view = self._snapshot(0.0)
-        self.feedback = bind_feedback(scheduler, feedback or InMemoryGoodput())
+        self.feedback = bind_feedback(scheduler, feedback or MemoryOutcomes())
 
     def _engine_options(self, own: EngineOptions) -> EngineOptions:
         """The configured engine options, else the profile's; noise seeded by the run's seed."""
@@ -309,16 +308,39 @@ class Simulation:
         self, attempt: Attempt, status: str, ttft: float | None, tpot: float | None, now: float
     ) -> None:
         """The attempt's end, judged as the feedback sink judges a completion (``met_slo``)."""
-        assert self.feedback is not None
+        assert self.feedback is not None and attempt.instance is not None
         request = attempt.request
         slo = self.config.slo_classes.get(request.slo_class)
+        e2e = now - attempt.arrival_s
+        deadline = None if request.deadline_s is None else request.arrival_s + request.deadline_s
+        relative = None if deadline is None else deadline - attempt.arrival_s
         met = (
             status == "ok"
             and slo is not None
             and ttft is not None
-            and meets_slo(slo, ttft, tpot, now - attempt.arrival_s, _deadline_from(request, attempt))
+            and meets_slo(slo, ttft, tpot, e2e, relative)
         )
-        self.feedback.completed(now, request.slo_class, status, met, attempt.generated, attempt.attempt)
+        self.feedback.ended(
+            EndedAttempt(
+                now,
+                request.request_id,
+                attempt.attempt,
+                request.tenant,
+                request.model or self.fleet.default_model,
+                attempt.instance.spec.instance_id,
+                request.slo_class,
+                status,
+                attempt.arrival_s,
+                ttft,
+                tpot,
+                e2e if status == "ok" else None,
+                request.input_tokens,
+                attempt.cached_tokens,
+                attempt.generated,
+                deadline,
+                met,
+            )
+        )
 
     def _timeout_at(self, attempt: Attempt) -> float | None:
         request = attempt.request
@@ -372,17 +394,12 @@ def simulate(
     config: SimConfig,
     progress: ProgressFn | None = None,
     params: StageParams | None = None,
+    feedback: OutcomeSink | None = None,
 ) -> RunResult:
-    """Run one policy (a fresh scheduler seeded with ``config.seed``) over the workload."""
+    """Run one policy (a fresh scheduler seeded with ``config.seed``) over the workload;
+    ``feedback``: where a closed-loop admission stage's outcomes go (default: in memory)."""
     scheduler = build_scheduler(policy_name, seed=config.seed, params=params)
-    return Simulation(workload, fleet, scheduler, config).run(progress)
-
-
-def _deadline_from(request: TraceRequest, attempt: Attempt) -> float | None:
-    """The attempt's deadline relative to its own arrival (as ``Completion`` stores it)."""
-    if request.deadline_s is None:
-        return None
-    return request.arrival_s + request.deadline_s - attempt.arrival_s
+    return Simulation(workload, fleet, scheduler, config, feedback).run(progress)
 
 
 def _dc_view(fleet: FleetSpec) -> DcView:

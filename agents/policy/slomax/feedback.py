@@ -11,6 +11,9 @@ writes: ``infra/clickhouse/goodput.py``); the simulator from the same ClickHouse
 - ``timeouts`` / ``aborted``: ended with status ``timeout`` / ``aborted``; ``retries``: ended
   attempts numbered 2 or more; ``rejected``: admission rejects decided in the window;
 - ``newest_s``: the newest event time counted, so the controller can tell stale feedback.
+
+Times are compared in whole milliseconds, truncated, as the store keeps them (DateTime64(3)), so
+both sources put an event on the same side of a window's edge.
 """
 
 from __future__ import annotations
@@ -48,9 +51,13 @@ class GoodputSource(Protocol):
     def window(self, now_s: float, span_s: float) -> dict[str, ClassWindow]: ...
 
 
+def _ms(time_s: float) -> int:
+    return int(time_s * 1000)
+
+
 @dataclass(frozen=True, slots=True)
 class _Ended:
-    time_s: float
+    time_ms: int
     slo_class: str
     status: str
     met: bool
@@ -70,18 +77,18 @@ class InMemoryGoodput:
         self, time_s: float, slo_class: str, status: str, met: bool, output_tokens: int, attempt: int
     ) -> None:
         """One attempt ended on an instance (records arrive in time order)."""
-        self._ended.append(_Ended(time_s, slo_class, status, met, output_tokens, attempt))
+        self._ended.append(_Ended(_ms(time_s), slo_class, status, met, output_tokens, attempt))
         self._forget(time_s)
 
     def rejected(self, time_s: float, slo_class: str) -> None:
-        self._rejects.append((time_s, slo_class))
+        self._rejects.append((_ms(time_s), slo_class))
         self._forget(time_s)
 
     def window(self, now_s: float, span_s: float) -> dict[str, ClassWindow]:
-        start = now_s - span_s
+        start, end = _ms(now_s - span_s), _ms(now_s)
         totals: dict[str, dict[str, float]] = {}
         for e in self._ended:
-            if start < e.time_s <= now_s:
+            if start < e.time_ms <= end:
                 t = totals.setdefault(e.slo_class, _zero())
                 t["finished"] += 1
                 t["met"] += e.met
@@ -90,17 +97,17 @@ class InMemoryGoodput:
                 t["timeouts"] += e.status == "timeout"
                 t["aborted"] += e.status == "aborted"
                 t["retries"] += e.attempt > 1
-                t["newest_s"] = max(t["newest_s"], e.time_s)
-        for time_s, slo_class in self._rejects:
-            if start < time_s <= now_s:
+                t["newest_s"] = max(t["newest_s"], e.time_ms / 1000)
+        for time_ms, slo_class in self._rejects:
+            if start < time_ms <= end:
                 t = totals.setdefault(slo_class, _zero())
                 t["rejected"] += 1
-                t["newest_s"] = max(t["newest_s"], time_s)
+                t["newest_s"] = max(t["newest_s"], time_ms / 1000)
         return {name: _window(name, t) for name, t in totals.items()}
 
     def _forget(self, now_s: float) -> None:
-        horizon = now_s - self.keep_s
-        while self._ended and self._ended[0].time_s < horizon:
+        horizon = _ms(now_s - self.keep_s)
+        while self._ended and self._ended[0].time_ms < horizon:
             self._ended.popleft()
         while self._rejects and self._rejects[0][0] < horizon:
             self._rejects.popleft()

@@ -1,0 +1,158 @@
+"""SLOMax's ``GoodputSource`` on ClickHouse, and where its control steps are written.
+
+``ClickHouseGoodput.window(now_s, span_s)`` reads the feedback tables (``completions``, and the
+rejects in ``admission_decisions``) for ``ts`` in ``(now_s - span_s, now_s]`` and counts per
+``slo_class`` exactly as ``agents.policy.slomax.feedback.InMemoryGoodput`` does (see its
+docstring): ``met`` is the ``met_slo`` column the sink judged at insert time. ``FINAL`` reads each
+event once however often it was delivered (ReplacingMergeTree on ``event_id``). Times are the
+driver's clock as epoch seconds (wall time in the service; the simulator writes its own clock).
+
+``ClickHouseOutcomes`` is the simulator's ``OutcomeSink`` on ClickHouse: it writes each ended
+attempt as a ``Completion`` and each reject as an ``AdmissionDecision`` through the production
+sink (which judges ``met_slo`` itself), and its ``window`` flushes them and reads them back with
+the query above: the simulated control loop reads what the production one reads.
+
+``record(step)`` appends the control step to ``slomax_adjustments`` (what was read, what moved,
+why). Both are called from the control loop's thread: the service runs them off the event loop,
+and a failing store makes the loop hold its state (``Controller`` treats no data as stale).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import get_args
+
+from clickhouse_connect.driver.client import Client
+
+from agents.policy.common.slo import SloClass
+from agents.policy.slomax.controller import Step
+from agents.policy.slomax.feedback import ClassWindow
+from infra.clickhouse.sink import FeedbackSink
+from schemas.events import AdmissionDecision, Completion
+from sim.loop.feedback import EndedAttempt
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+_RANGE = (
+    "ts > fromUnixTimestamp64Milli({lo:Int64}, 'UTC') AND ts <= fromUnixTimestamp64Milli({hi:Int64}, 'UTC')"
+)
+
+_COMPLETIONS_SQL = f"""
+SELECT
+    slo_class,
+    count(),
+    sum(met_slo),
+    sum(output_tokens),
+    sum(output_tokens * met_slo),
+    countIf(status = 'timeout'),
+    countIf(status = 'aborted'),
+    countIf(attempt > 1),
+    max(toUnixTimestamp64Milli(ts)) / 1000
+FROM completions FINAL
+WHERE {_RANGE}
+GROUP BY slo_class
+"""
+
+_REJECTS_SQL = f"""
+SELECT slo_class, count(), max(toUnixTimestamp64Milli(ts)) / 1000
+FROM admission_decisions FINAL
+WHERE {_RANGE} AND action = 'reject'
+GROUP BY slo_class
+"""
+
+ADJUSTMENT_COLUMNS = (
+    "ts", "policy", "action", "reason", "interactive_met_share", "batch_misses", "headroom_before",
+    "headroom_after", "batch_share_before", "batch_share_after",
+)  # fmt: skip
+
+
+class ClickHouseGoodput:
+    def __init__(self, client: Client, policy: str = "slomax") -> None:
+        self._client = client
+        self.policy = policy
+
+    def window(self, now_s: float, span_s: float) -> dict[str, ClassWindow]:
+        bounds = {"lo": int((now_s - span_s) * 1000), "hi": int(now_s * 1000)}
+        counts: dict[str, dict[str, float]] = {}
+        for name, finished, met, out, good, timeouts, aborted, retries, newest in self._client.query(
+            _COMPLETIONS_SQL, parameters=bounds
+        ).result_rows:
+            counts[name] = {
+                "finished": finished, "met": met, "output_tokens": out, "good_tokens": good,
+                "timeouts": timeouts, "aborted": aborted, "retries": retries, "rejected": 0,
+                "newest_s": newest,
+            }  # fmt: skip
+        for name, rejected, newest in self._client.query(_REJECTS_SQL, parameters=bounds).result_rows:
+            entry = counts.setdefault(name, {"newest_s": newest})
+            entry["rejected"] = rejected
+            entry["newest_s"] = max(entry["newest_s"], newest)
+        return {
+            name: ClassWindow(
+                name,
+                **{k: int(v) for k, v in c.items() if k != "newest_s"},
+                newest_s=float(c["newest_s"]),
+            )
+            for name, c in counts.items()
+        }
+
+    def record(self, step: Step) -> None:
+        """Append ``step`` to ``slomax_adjustments``."""
+        row = [
+            _EPOCH + timedelta(milliseconds=int(step.time_s * 1000)), self.policy, step.action, step.reason,
+            step.interactive_met_share, step.batch_misses, step.before.headroom, step.after.headroom,
+            step.before.batch_share, step.after.batch_share,
+        ]  # fmt: skip
+        self._client.insert("slomax_adjustments", [row], column_names=list(ADJUSTMENT_COLUMNS))
+
+
+_STATUSES = get_args(Completion.model_fields["status"].annotation)
+
+
+class ClickHouseOutcomes:
+    """The simulator's outcomes written to ClickHouse and read back (see the module docstring)."""
+
+    def __init__(self, client: Client, slo_classes: Mapping[str, SloClass], policy: str = "slomax") -> None:
+        self.sink = FeedbackSink(client, slo_classes)
+        self.source = ClickHouseGoodput(client, policy)
+        self.policy = policy
+        self._completions: list[Completion] = []
+        self._rejects: list[AdmissionDecision] = []
+        self._count = 0
+
+    def ended(self, attempt: EndedAttempt) -> None:
+        a = attempt
+        self._completions.append(
+            Completion.model_validate(
+                {
+                    "ts": a.time_s, "request_id": a.request_id, "attempt": a.attempt,
+                    "instance_id": a.instance_id, "model": a.model, "tenant": a.tenant,
+                    "slo_class": a.slo_class, "status": a.status if a.status in _STATUSES else "error",
+                    "arrival_ts": a.arrival_s, "ttft_s": a.ttft_s, "tpot_s": a.tpot_s, "e2e_s": a.e2e_s,
+                    "input_tokens": a.input_tokens, "cached_tokens": a.cached_tokens,
+                    "output_tokens": a.output_tokens, "deadline_ts": a.deadline_s,
+                }
+            )
+        )  # fmt: skip
+
+    def rejected(self, time_s: float, slo_class: str) -> None:
+        self._count += 1
+        self._rejects.append(
+            AdmissionDecision(
+                ts=time_s, request_id=f"sim-reject-{self._count}", model="sim", slo_class=slo_class,
+                action="reject", reason="simulated reject", policy=self.policy,
+            )
+        )  # fmt: skip
+
+    def window(self, now_s: float, span_s: float) -> dict[str, ClassWindow]:
+        self.flush()
+        return self.source.window(now_s, span_s)
+
+    def flush(self) -> None:
+        """Write what was recorded since the last window (the end of a run)."""
+        if self._completions:
+            self.sink.write_completions(self._completions)
+            self._completions = []
+        if self._rejects:
+            self.sink.write_admission(self._rejects)
+            self._rejects = []
