@@ -206,6 +206,7 @@ class RoutingService:
                 action=outcome.action,
                 reason=outcome.admission_reason,
                 predicted_ttft_s=outcome.predicted_ttft_s if outcome.action == "reject" else None,
+                retry_after_s=outcome.retry_after_s,
             )
             if outcome.action == "reject":
                 routed.append(Routed(request, admission, None))

@@ -21,11 +21,14 @@ from typing import Any
 import faust
 
 from agents.handlers import SchedulerAgents
+from agents.policy import Scheduler, build_scheduler
 from agents.policy.pipeline import HoldLimits
+from agents.policy.slomax import SloMax
 from agents.policy.types import DcView
 from agents.routing import RoutingService
 from infra import metrics
 from infra.clickhouse.feedback import ClickHouseFeedback
+from infra.clickhouse.goodput import StoreGoodput
 from infra.kafka.broker import embedded_broker, free_port
 from infra.settings import Settings
 from schemas import topics
@@ -72,12 +75,23 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
         fetch_max_wait_ms=settings.consumer_fetch_max_wait_ms,
     )
     store = ClickHouseFeedback.from_settings(settings) if feedback else None
+    hold = HoldLimits(settings.hold_max_per_pool, settings.hold_timeout_s)
+
+    def make_scheduler() -> Scheduler:
+        """A pool's scheduler; SLOMax's control loop reads its goodput from the feedback store."""
+        scheduler = build_scheduler(settings.policy, params=settings.policy_params, hold=hold)
+        if store is not None and isinstance(scheduler.admission, SloMax):
+            source = StoreGoodput(store, settings.policy)
+            scheduler.admission.bind_feedback(source, source.record)
+        return scheduler
+
     service = RoutingService(
         settings.policy,
         params=settings.policy_params,
         worker=f"{socket.gethostname()}:{os.getpid()}",
-        hold=HoldLimits(settings.hold_max_per_pool, settings.hold_timeout_s),
+        hold=hold,
         known_pools=settings.pools,
+        make_scheduler=make_scheduler,
     )
     cache = SnapshotCache(dc_view(settings))
     lane = RequestLane(

@@ -243,7 +243,9 @@ class Completion(Event):
 
 class AdmissionDecision(Event):
     """The admission stage's answer: admit now, hold in ``queue_pool``, or reject, with the
-    reason and the predicted TTFT it was based on (if the stage predicts one)."""
+    reason (its code first, e.g. ``cannot_meet_slo: ...``), the predicted TTFT it was based on
+    (if the stage predicts one) and, for a reject, ``retry_after_s``: when trying again could
+    succeed (None: no hint)."""
 
     request_id: Label
     attempt: Attempt = 1
@@ -255,6 +257,7 @@ class AdmissionDecision(Event):
     policy: Label
     queue_pool: Label = ""
     predicted_ttft_s: Prediction | None = None
+    retry_after_s: Prediction | None = None
 
 
 class RoutingDecision(Event):

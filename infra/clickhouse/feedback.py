@@ -42,6 +42,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,6 +62,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+MAX_CALLS = 16
+"""Most ``submit``-ted calls waiting for the store thread."""
 MAX_SPLIT_WRITES = 64
 """At most this many extra writes to isolate the refused rows of one batch."""
 REPEAT_LOG_S = 60.0
@@ -141,6 +144,9 @@ class ClickHouseFeedback:
         self._flush_now = False
         self._down_log = _Throttled()
         self._drop_log = _Throttled()
+        self._calls: deque[tuple[Callable[[Client], Any], Callable[[Any, BaseException | None], None]]] = (
+            deque()
+        )
 
         metrics.feedback_store_up.set(0)
         metrics.feedback_buffer_rows.set(0)
@@ -211,6 +217,33 @@ class ClickHouseFeedback:
                 reason,
             )
 
+    def submit(
+        self, call: Callable[[Client], Any], done: Callable[[Any, BaseException | None], None]
+    ) -> bool:
+        """Run ``call(client)`` on the store thread (the one that owns the client), between
+        writes; ``done(result, error)`` is called there with its outcome. Never blocks: False
+        (nothing queued) while the store is down, closing, or ``MAX_CALLS`` calls wait. For
+        the few reads the service makes (SLOMax's control loop), not for bulk work."""
+        with self._cond:
+            if not self._up or self._closing or len(self._calls) >= MAX_CALLS:
+                return False
+            self._calls.append((call, done))
+            self._cond.notify_all()
+        return True
+
+    def _run_calls(self, client: Client) -> None:
+        while True:
+            with self._cond:
+                if not self._calls:
+                    return
+                call, done = self._calls.popleft()
+            try:
+                result = call(client)
+            except Exception as exc:
+                done(None, exc)
+            else:
+                done(result, None)
+
     # -- state, for tests and operators -------------------------------------------------------
 
     @property
@@ -270,6 +303,8 @@ class ClickHouseFeedback:
                 if self._closing and (not self._up or time.monotonic() >= self._deadline):
                     return  # closing: no more attempts on a store that is down, nor past the deadline
                 try:
+                    assert client is not None
+                    self._run_calls(client)
                     if not (self._drain_spool(sink) or self._flush_buffer(sink)):
                         return  # closing, and everything is stored
                     if self._up:
@@ -347,7 +382,7 @@ class ClickHouseFeedback:
         go round again (rows stored, or rows reached the spool), False when closing and empty."""
         with self._cond:
             while True:
-                if self.spool.rows > 0:
+                if self.spool.rows > 0 or self._calls:
                     return True
                 now = time.monotonic()
                 due = self._flush_now or (self._since is not None and now - self._since >= self._flush_s)

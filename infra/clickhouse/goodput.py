@@ -12,6 +12,9 @@ attempt as a ``Completion`` and each reject as an ``AdmissionDecision`` through 
 sink (which judges ``met_slo`` itself), and its ``window`` flushes them and reads them back with
 the query above: the simulated control loop reads what the production one reads.
 
+``StoreGoodput`` is the streaming worker's source: it runs those reads and writes on the feedback
+store's own thread (``ClickHouseFeedback.submit``), so routing never waits on ClickHouse.
+
 ``record(step)`` appends the control step to ``slomax_adjustments`` (what was read, what moved,
 why). Both are called from the control loop's thread: the service runs them off the event loop,
 and a failing store makes the loop hold its state (``Controller`` treats no data as stale).
@@ -19,6 +22,8 @@ and a failing store makes the loop hold its state (``Controller`` treats no data
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import get_args
@@ -28,9 +33,12 @@ from clickhouse_connect.driver.client import Client
 from agents.policy.common.slo import SloClass
 from agents.policy.slomax.controller import Step
 from agents.policy.slomax.feedback import ClassWindow
+from infra.clickhouse.feedback import ClickHouseFeedback
 from infra.clickhouse.sink import FeedbackSink
 from schemas.events import AdmissionDecision, Completion
 from sim.loop.feedback import EndedAttempt
+
+log = logging.getLogger(__name__)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -156,3 +164,55 @@ class ClickHouseOutcomes:
         if self._rejects:
             self.sink.write_admission(self._rejects)
             self._rejects = []
+
+
+class StoreGoodput:
+    """SLOMax's ``GoodputSource`` in the service, never blocking the caller.
+
+    ``window(now_s, span_s)`` returns the windows of the latest read that finished and asks the
+    store thread for a fresh one (one read in flight at a time): the loop steps on feedback one
+    control interval old. The first call returns nothing (the controller holds: stale). While
+    the store is down no read is queued and the last windows age until the controller holds.
+    ``record(step)`` queues the step's row the same way (dropped, and logged, if the store is down).
+    """
+
+    def __init__(self, store: ClickHouseFeedback, policy: str) -> None:
+        self._store = store
+        self.policy = policy
+        self._lock = threading.Lock()
+        self._latest: dict[str, ClassWindow] = {}
+        self._reading = False
+
+    def window(self, now_s: float, span_s: float) -> dict[str, ClassWindow]:
+        with self._lock:
+            latest, reading = self._latest, self._reading
+            self._reading = True
+        if not reading:
+
+            def read(client: Client) -> dict[str, ClassWindow]:
+                return ClickHouseGoodput(client, self.policy).window(now_s, span_s)
+
+            if not self._store.submit(read, self._read):
+                with self._lock:
+                    self._reading = False
+        return latest
+
+    def _read(self, windows: dict[str, ClassWindow] | None, error: BaseException | None) -> None:
+        with self._lock:
+            self._reading = False
+            if error is None and windows is not None:
+                self._latest = windows
+        if error is not None:
+            log.warning("slomax: reading goodput from ClickHouse failed (%s); the loop holds", error)
+
+    def record(self, step: Step) -> None:
+        def write(client: Client) -> None:
+            ClickHouseGoodput(client, self.policy).record(step)
+
+        if not self._store.submit(write, self._written):
+            log.info("slomax: the feedback store is down; control step at %.0f not recorded", step.time_s)
+
+    @staticmethod
+    def _written(_: object, error: BaseException | None) -> None:
+        if error is not None:
+            log.warning("slomax: writing a control step to ClickHouse failed (%s)", error)

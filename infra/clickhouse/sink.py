@@ -48,7 +48,7 @@ REQUEST_COLUMNS = (
 )  # fmt: skip
 ADMISSION_COLUMNS = (
     "event_id", "ts", "schema_version", "request_id", "attempt", "tenant", "model", "slo_class",
-    "action", "reason", "policy", "queue_pool", "predicted_ttft_s",
+    "action", "reason", "policy", "queue_pool", "predicted_ttft_s", "retry_after_s",
 )  # fmt: skip
 ROUTING_COLUMNS = (
     "event_id", "ts", "schema_version", "request_id", "attempt", "tenant", "model", "slo_class", "dc",
@@ -198,7 +198,7 @@ def _request_row(r: InferenceRequest) -> Row:
 def _admission_row(a: AdmissionDecision) -> Row:
     return [
         a.event_id, _time(a.ts), a.schema_version, a.request_id, a.attempt, a.tenant, a.model, a.slo_class,
-        a.action, a.reason, a.policy, a.queue_pool, a.predicted_ttft_s,
+        a.action, a.reason, a.policy, a.queue_pool, a.predicted_ttft_s, a.retry_after_s,
     ]  # fmt: skip
 
 
