@@ -24,6 +24,7 @@ from agents.handlers import SchedulerAgents
 from agents.policy import Scheduler, build_scheduler
 from agents.policy.pipeline import HoldLimits
 from agents.policy.slomax import SloMax
+from agents.policy.slomax.controller import Step
 from agents.policy.types import DcView
 from agents.routing import RoutingService
 from infra import metrics
@@ -82,7 +83,15 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
         scheduler = build_scheduler(settings.policy, params=settings.policy_params, hold=hold)
         if store is not None and isinstance(scheduler.admission, SloMax):
             source = StoreGoodput(store, settings.policy)
-            scheduler.admission.bind_feedback(source, source.record)
+
+            def record(step: Step) -> None:
+                metrics.slomax_knob.labels(policy=settings.policy, knob="headroom").set(step.after.headroom)
+                metrics.slomax_knob.labels(policy=settings.policy, knob="batch_share").set(
+                    step.after.batch_share
+                )
+                source.record(step)
+
+            scheduler.admission.bind_feedback(source, record)
         return scheduler
 
     service = RoutingService(

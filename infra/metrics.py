@@ -8,6 +8,7 @@ process never collide on names. Expose it with ``render()`` (mount at ``/metrics
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Collection, Sequence
 
 from prometheus_client import (
@@ -21,6 +22,7 @@ from prometheus_client import (
 )
 
 from agents.routing import Routed
+from schemas.events import AdmissionDecision
 
 REGISTRY = CollectorRegistry()
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -59,6 +61,30 @@ queue_depth = Gauge(
     "queue_depth",
     "Requests waiting, per queue pool.",
     ["pool"],
+    namespace=NAMESPACE,
+    registry=REGISTRY,
+)
+admissions_total = Counter(
+    "admissions",
+    "Admission answers per model pool: action (admit, queue, reject) and, for rejects, the reason "
+    "code (cannot_meet_slo, over_quota, no_capacity, expired, queue_full, unknown_model, other).",
+    ["pool", "action", "reason"],
+    namespace=NAMESPACE,
+    registry=REGISTRY,
+)
+admission_wait_seconds = Histogram(
+    "admission_wait_seconds",
+    "Time from a request's arrival (its ts) to its admission, per model pool: queue-pool wait.",
+    ["pool"],
+    namespace=NAMESPACE,
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 15.0, 60.0, 300.0, 1800.0),
+    registry=REGISTRY,
+)
+slomax_knob = Gauge(
+    "slomax_knob",
+    "SLOMax's control-loop state in force, per policy: headroom (share of the interactive TTFT "
+    "objective a prediction may use) and batch_share (of the pool's token capacity).",
+    ["policy", "knob"],
     namespace=NAMESPACE,
     registry=REGISTRY,
 )
@@ -138,6 +164,19 @@ def observe_many(histogram: Histogram, value: float, count: int) -> None:
             return
 
 
+REASON_CODES = frozenset(
+    {"cannot_meet_slo", "over_quota", "no_capacity", "expired", "queue_full", "unknown_model"}
+)
+
+
+def reason_code(admission: AdmissionDecision) -> str:
+    """The reject's reason code (the text before its first ':'), from a fixed set; '' otherwise."""
+    if admission.action != "reject":
+        return ""
+    code = admission.reason.split(":", 1)[0].strip()
+    return code if code in REASON_CODES else "other"
+
+
 MAX_POOL_LABELS = 32
 """Distinct ``pool`` label values when no pools are configured (then ``other``)."""
 
@@ -166,10 +205,22 @@ class PrometheusTelemetry:
         return label
 
     def decided_batch(self, policy: str, outcomes: Sequence[Routed], latency_s: float) -> None:
-        """Counts per outcome once per batch; per routed request one sample of ``latency_s``
-        (its batch's arrival -> decisions sent) and one of its policy time."""
+        """Counts per outcome once per batch, and per pool by action and reject reason; per
+        routed request one sample of ``latency_s`` (its batch's arrival -> decisions sent), one
+        of its policy time, and its wait since arrival."""
         for outcome, count in collections.Counter(o.admission.action for o in outcomes).items():
             decisions_total.labels(policy=policy, outcome=outcome).inc(count)
+        now = time.time()
+        answers = collections.Counter(
+            (self.pool_label(o.request.model), o.admission.action, reason_code(o.admission)) for o in outcomes
+        )
+        for (pool, action, reason), count in answers.items():
+            admissions_total.labels(pool=pool, action=action, reason=reason).inc(count)
+        for o in outcomes:
+            if o.admission.action == "admit":  # its wait in a queue pool (0 when admitted at once)
+                admission_wait_seconds.labels(pool=self.pool_label(o.request.model)).observe(
+                    max(now - o.request.ts, 0.0)
+                )
         routed = [o.routing for o in outcomes if o.routing is not None]
         if routed:
             observe_many(decision_latency_seconds, latency_s, len(routed))

@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.request
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from infra.clickhouse.client import connect
 from schemas.events import AdmissionDecision, Completion, InferenceRequest
@@ -74,6 +77,8 @@ def test_slomax_admits_holds_rejects_and_its_loop_reads_clickhouse(broker: str, 
                 return answers.values
 
         raw = asyncio.run(scenario())
+        with urllib.request.urlopen(worker.metrics_url(), timeout=10) as response:
+            samples = [s for f in text_string_to_metric_families(response.read().decode()) for s in f.samples]
     finally:
         worker.stop()  # the embedded store admits one process at a time
     answers = [AdmissionDecision.model_validate_json(v) for v in raw]
@@ -96,6 +101,15 @@ def test_slomax_admits_holds_rejects_and_its_loop_reads_clickhouse(broker: str, 
             parameters={"p": pool},
         ).result_rows[0][0]
     assert rejects >= 2
+    counted = {
+        (s.labels["action"], s.labels["reason"]): s.value
+        for s in samples
+        if s.name == "tokenfleet_admissions_total" and s.labels["pool"] == pool
+    }
+    assert counted[("reject", "cannot_meet_slo")] == 1 and counted[("reject", "expired")] == 1
+    assert counted[("admit", "")] >= 10 and counted[("queue", "")] >= 1
+    knobs = {s.labels["knob"]: s.value for s in samples if s.name == "tokenfleet_slomax_knob"}
+    assert knobs["batch_share"] < 0.3  # the share in force after the loop tightened
     tightened = [s for s in steps if s[0] == "tighten"]
     assert tightened, steps
     _action, met, before, after = tightened[0]
