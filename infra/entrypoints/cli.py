@@ -40,9 +40,11 @@ app = typer.Typer(
 batch_app = typer.Typer(help="offline batch jobs", rich_markup_mode=None)
 schemas_app = typer.Typer(help="event contracts", rich_markup_mode=None)
 db_app = typer.Typer(help="the ClickHouse store", rich_markup_mode=None)
+slomax_app = typer.Typer(help="SLOMax admission control", rich_markup_mode=None)
 app.add_typer(batch_app, name="batch")
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(db_app, name="db")
+app.add_typer(slomax_app, name="slomax")
 
 POLICY_HELP = (
     "a router (round-robin, least-tokens, dynamo-kv, tokenpilot, ...) or stages joined with '+' "
@@ -547,6 +549,34 @@ def db_migrate() -> None:
     finally:
         client.close()
     print("\n".join(applied) if applied else "database is up to date")
+
+
+@slomax_app.command("status")
+def slomax_status(
+    steps: Annotated[
+        int, typer.Option("--steps", metavar="N", help="control steps to show", callback=_whole(1, 1000))
+    ] = 5,
+) -> None:
+    """SLOMax's shares and thresholds in force (the configured policy's), its last control steps
+    and the rejects of the last 5 minutes by reason, read from the store."""
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    from infra.clickhouse.client import connect
+    from infra.clickhouse.migrate import migrate
+    from infra.slomax_status import status_lines
+
+    settings = _settings()
+    try:
+        client = connect(settings.clickhouse_url)
+    except ClickHouseError as exc:
+        raise ValueError(f"cannot open the store: {_first_line(exc)}") from None
+    try:
+        migrate(client)  # a fresh store has the tables (and nothing in them) rather than an error
+        print("\n".join(status_lines(client, settings, steps)))
+    except ClickHouseError as exc:
+        raise ValueError(f"cannot read the store: {_first_line(exc)}") from None
+    finally:
+        client.close()
 
 
 @app.command()

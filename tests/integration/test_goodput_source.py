@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -11,7 +12,7 @@ from clickhouse_connect.driver.client import Client
 
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES
 from agents.policy.slomax.controller import Controller, Knobs
-from agents.policy.slomax.feedback import InMemoryGoodput
+from agents.policy.slomax.feedback import ClassWindow, InMemoryGoodput
 from infra.clickhouse import FeedbackSink, connect, migrate
 from infra.clickhouse.goodput import ClickHouseGoodput, ClickHouseOutcomes
 from infra.clickhouse.sink import met_slo
@@ -125,3 +126,42 @@ def test_a_simulated_run_closes_its_loop_through_clickhouse_exactly_as_through_m
     decided = [(a.request.request_id, a.attempt, a.status, a.first_token_s) for a in memory.attempts]
     assert decided == [(a.request.request_id, a.attempt, a.status, a.first_token_s) for a in stored.attempts]
     assert {a.status for a in memory.attempts} >= {"ok", "rejected"}  # the loop had work to do
+
+
+def test_slomax_status_prints_the_configuration_and_the_last_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from infra.entrypoints.cli import main
+
+    url = f"chdb:///{tmp_path / 'clickhouse'}"
+    now = time.time()
+    with connect(url) as opened:
+        migrate(opened)
+        source = ClickHouseGoodput(opened, policy="slomax+tokenpilot")
+        controller = Controller()
+        source.record(controller.update({}, now - 20))
+        met = {"interactive": ClassWindow("interactive", finished=100, met=90, newest_s=now - 10)}
+        source.record(controller.update(met, now - 10))
+        FeedbackSink(opened, DEFAULT_SLO_CLASSES).write_admission(
+            [
+                AdmissionDecision(
+                    request_id="z", model="m", slo_class="interactive", action="reject",
+                    reason="cannot_meet_slo: late", policy="slomax+tokenpilot", ts=now - 5,
+                )
+            ]
+        )  # fmt: skip
+    monkeypatch.setenv("TOKENFLEET_CLICKHOUSE_DSN", url)
+    monkeypatch.setenv("TOKENFLEET_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("TOKENFLEET_POLICY", "slomax+tokenpilot")
+    monkeypatch.setenv(
+        "TOKENFLEET_POLICY_PARAMS", '{"slomax": {"batch_share": 0.3, "tenant_tiers": {"gold": 0}}}'
+    )
+    assert main(["slomax", "status"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "policy slomax+tokenpilot (admission: slomax)"
+    assert "batch_share=0.3" in out[1] and out[2] == "tenant_tiers: {'gold': 0}"
+    assert out[3].startswith("in force (slomax+tokenpilot, since") and out[3].endswith(
+        "headroom 0.400, batch_share 0.240"
+    )
+    assert "tighten" in out[5] and "stale" in out[6]
+    assert out[-1].endswith("interactive/cannot_meet_slo 1")
