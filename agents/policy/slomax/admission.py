@@ -37,8 +37,8 @@ their TPOT; at these defaults, ~1 %). Long prompts (48k-80k tokens, ~5 s of pref
 a step) are the strongest such interference, hence their own, tighter gate.
 
 ``ttft`` is the router's own prediction (``predict_ttft``, TokenPilot's calibrated model) where
-the router has one, else a pool estimate: prefill tokens admitted and not yet first-token'd,
-spread over the ready instances, at ``prefill_tokens_per_s`` each (no cache knowledge). Within
+the router has one, else what the class's admitted requests recently got (``_ObservedTtft``)
+plus the request's prompt at ``prefill_tokens_per_s`` (no cache knowledge). Within
 one offer, what was admitted before a request is added to its prediction the same way (the
 router places the admitted requests only after admission). Running work is never pre-empted:
 SLOMax only decides what starts.
@@ -87,7 +87,6 @@ class _InFlight:
     slo_class: str
     tenant: str
     tokens: int  # input + output budget: what it may hold of the pool's capacity
-    prefill: int  # input tokens, until its first token
     prefilling: bool
     instance_id: str = ""  # where it was placed (once known)
 
@@ -118,6 +117,7 @@ class SloMax:
         batch_share: float = 0.3,
         saturation: float = 0.25,
         long_prefills_per_instance: int = 1,
+        long_share: float = 0.25,
         deadline_margin_s: float = 60.0,
         tpot_estimate_s: float = 0.05,
         prefill_tokens_per_s: float = 40_000.0,
@@ -143,6 +143,7 @@ class SloMax:
         self.saturation = saturation
         self.long_headroom = long_headroom
         self.long_prefills_per_instance = long_prefills_per_instance
+        self.long_share = long_share
         self.deadline_margin_s = deadline_margin_s
         self.tpot_estimate_s = tpot_estimate_s
         self.prefill_tokens_per_s = prefill_tokens_per_s
@@ -155,9 +156,9 @@ class SloMax:
         self._in_flight: dict[tuple[str, int], _InFlight] = {}
         self._class_tokens: dict[str, int] = {}
         self._tenant_tokens: dict[str, int] = {}
-        self._prefill_tokens = 0
         self._long_on: dict[str, int] = {}  # instance id -> long prompts placed there, prefilling
         self._held: set[tuple[str, int]] = set()
+        self._observed = _ObservedTtft()
         self._backlogged: set[str] = set()  # tenants with requests in the previous offer
         self._mask_key: tuple[int, str] = (-1, "")
         self._mask: BoolArray = np.zeros(0, dtype=bool)
@@ -206,7 +207,7 @@ class SloMax:
         ready = max(int(view.ready.sum()), 1)
         capacity = int(view.kv_total[view.ready].sum()) * BLOCK_TOKENS
         pending = 0  # prefill tokens admitted in this offer, not yet seen by the router
-        shares = _LongShares(view, self._long_on, self.long_prefills_per_instance)
+        shares = _LongShares(view, self._long_on, self.long_prefills_per_instance, self.long_share)
         interactive_waits = False
         batch_closed = False  # a batch request was refused its gate: later ones are too
         for offer in offers:
@@ -293,7 +294,7 @@ class SloMax:
             predicted = self._router.predict_ttft(request, view, self._model_mask(request, view), now_s)
             if predicted is not None:
                 return TtftPrediction(predicted.ttft_s + queued_s, predicted.wait_s + queued_s)
-        wait = self._prefill_tokens / (ready * self.prefill_tokens_per_s) + queued_s
+        wait = self._observed.wait_s(self.rules.classify(request).slo_class, now_s) + queued_s
         return TtftPrediction(wait + request.input_tokens / self.prefill_tokens_per_s, wait)
 
     def _model_mask(self, request: RequestView, view: ClusterView) -> BoolArray:
@@ -345,12 +346,9 @@ class SloMax:
         if request.key in self._in_flight:
             return  # offered again (held for capacity by the pipeline): counted once
         tokens = request.input_tokens + request.output_budget
-        self._in_flight[request.key] = _InFlight(
-            cls.slo_class, request.tenant, tokens, request.input_tokens, True
-        )
+        self._in_flight[request.key] = _InFlight(cls.slo_class, request.tenant, tokens, True)
         self._class_tokens[cls.slo_class] = self._class_tokens.get(cls.slo_class, 0) + tokens
         self._tenant_tokens[request.tenant] = self._tenant_tokens.get(request.tenant, 0) + tokens
-        self._prefill_tokens += request.input_tokens
         self.fair.charge(request.key, request.tenant, cls.weight, request.input_tokens, request.output_budget)
 
     def _count(self, answer: Admission) -> None:
@@ -361,6 +359,7 @@ class SloMax:
         if isinstance(event, FirstToken):
             entry = self._in_flight.get((event.request_id, event.attempt))
             if entry is not None:
+                self._observed.add(entry.slo_class, event.ttft_s, event.time_s)
                 self._prefilled(entry)
         elif isinstance(event, Finished):
             key = (event.request_id, event.attempt)
@@ -387,7 +386,6 @@ class SloMax:
     def _prefilled(self, entry: _InFlight) -> None:
         if entry.prefilling:
             entry.prefilling = False
-            self._prefill_tokens -= entry.prefill
             if entry.slo_class == LONG_CONTEXT and entry.instance_id:
                 left = self._long_on[entry.instance_id] - 1
                 if left:
@@ -396,26 +394,52 @@ class SloMax:
                     del self._long_on[entry.instance_id]
 
 
-class _LongShares:
-    """Per instance, long prompts prefilling (placed, no first token yet) against the bound.
+class _ObservedTtft:
+    """The fallback prediction for a router that has none: per class, the recent TTFT its
+    admitted requests got (an exponential average, weight ``alpha`` per first token), decaying
+    by half every ``half_life_s`` without a new first token, so a loop that stopped admitting
+    because the average was high cannot stay stuck on it."""
 
-    Long prompts may go only where fewer than ``limit`` are prefilling; other classes keep off
-    the instances that prefill one, as long as some instance does not (work-conserving: if
-    every instance prefills a long prompt, they may go anywhere). Long prompts admitted in one
-    offer are counted against the free instances before the router places them.
+    def __init__(self, alpha: float = 0.1, half_life_s: float = 2.0) -> None:
+        self.alpha, self.half_life_s = alpha, half_life_s
+        self._mean: dict[str, tuple[float, float]] = {}  # class -> (average, when last updated)
+
+    def add(self, slo_class: str, ttft_s: float, time_s: float) -> None:
+        old = self.wait_s(slo_class, time_s)
+        self._mean[slo_class] = (old + self.alpha * (ttft_s - old), time_s)
+
+    def wait_s(self, slo_class: str, now_s: float) -> float:
+        mean, at = self._mean.get(slo_class, (0.0, now_s))
+        return float(mean * 0.5 ** (max(now_s - at, 0.0) / self.half_life_s))
+
+
+class _LongShares:
+    """Where long prompts may prefill: a share of the instances, kept apart from short work.
+
+    At most ``max(1, floor(long_share x ready))`` instances prefill long prompts at once, each
+    at most ``limit`` of them (placed, no first token yet). A long prompt goes to an instance
+    already prefilling long prompts if one has room, else to a new one while the share allows,
+    else it waits in its pool. Interactive and batch requests keep off the instances prefilling
+    long prompts while another instance is free of them (work-conserving: if none is, they go
+    anywhere): a long prefill's chunks stall every decode of its instance for seconds. The
+    router places what admission let through only after it, so one offer admits at most one
+    long prompt per instance it may use.
     """
 
-    def __init__(self, view: ClusterView, long_on: Mapping[str, int], limit: int) -> None:
+    def __init__(self, view: ClusterView, long_on: Mapping[str, int], limit: int, long_share: float) -> None:
         counts = np.zeros(len(view), dtype=np.int64)
         for instance_id, n in long_on.items():
             row = view.index_of.get(instance_id)
             if row is not None:
                 counts[row] = n
-        self._room: BoolArray = view.ready & (counts < limit)
         busy = view.ready & (counts > 0)
         quiet = view.ready & ~busy
+        allowed = max(1, int(long_share * int(view.ready.sum())))
+        open_busy = busy & (counts < limit)
+        self._new = max(allowed - int(busy.sum()), 0)  # instances that may start a long prefill
+        self._room: BoolArray = open_busy | quiet if self._new > 0 else open_busy
+        self._free = int(open_busy.sum()) + self._new  # one per instance per offer: placed later
         self._quiet: BoolArray | None = quiet if busy.any() and quiet.any() else None
-        self._free = int(self._room.sum())
 
     def long_room(self) -> bool:
         return self._free > 0
@@ -426,4 +450,4 @@ class _LongShares:
 
     def for_class(self, slo_class: str) -> BoolArray | None:
         """The rows a request of ``slo_class`` may use (None: any)."""
-        return self._room if slo_class == LONG_CONTEXT else None
+        return self._room if slo_class == LONG_CONTEXT else self._quiet

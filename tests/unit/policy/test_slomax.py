@@ -118,13 +118,30 @@ def test_the_batch_share_lets_batch_in_beside_saturation_up_to_its_tokens() -> N
 
 
 def test_long_prompts_prefilling_are_bounded_per_instance_until_their_first_token() -> None:
-    s, _, _ = slomax(predicted=1.0, long_prefills_per_instance=1)
+    s, _, _ = slomax(predicted=1.0, long_prefills_per_instance=1, long_share=1.0)
     longs = [req(f"l{i}", input_tokens=40_000) for i in range(3)]
-    outcomes = s.submit(longs, cluster_view(2), 0.0)
-    assert {o.request.request_id: o.action for o in outcomes} == {"l0": "admit", "l1": "admit", "l2": "queue"}
-    s.observe(FirstToken("l0", 1, "i0", 1.0, 1.0))
+    outcomes = {o.request.request_id: o for o in s.submit(longs, cluster_view(2), 0.5)}
+    assert {k: o.action for k, o in outcomes.items()} == {"l0": "admit", "l1": "admit", "l2": "queue"}
+    assert {outcomes["l0"].instance_id, outcomes["l1"].instance_id} == {"i0", "i1"}  # one each
+    s.observe(FirstToken("l0", 1, outcomes["l0"].instance_id, 1.0, 1.0))
     (now,) = s.tick(cluster_view(2), 1.0)
-    assert (now.request.request_id, now.action) == ("l2", "admit")
+    assert (now.request.request_id, now.action, now.instance_id) == (
+        "l2",
+        "admit",
+        outcomes["l0"].instance_id,
+    )
+
+
+def test_long_prompts_keep_to_their_share_of_instances_and_short_work_keeps_off_them() -> None:
+    s, _, _ = slomax(predicted=0.5, long_prefills_per_instance=2, long_share=0.25)  # 1 of 4 instances
+    longs = [req(f"l{i}", input_tokens=40_000) for i in range(3)]
+    outcomes = {o.request.request_id: o for o in s.submit(longs, cluster_view(4), 0.0)}
+    assert [outcomes[f"l{i}"].action for i in range(3)] == ["admit", "queue", "queue"]
+    busy = outcomes["l0"].instance_id
+    (second,) = s.tick(cluster_view(4), 0.1)  # room for one more there, and nowhere else
+    assert (second.request.request_id, second.instance_id) == ("l1", busy)
+    shorts = s.submit([req(f"s{i}") for i in range(6)], cluster_view(4), 0.2)
+    assert all(o.action == "admit" and o.instance_id != busy for o in shorts)
 
 
 def test_interactive_is_served_before_batch_and_tiers_before_both() -> None:
