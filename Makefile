@@ -19,7 +19,7 @@ install: $(VENV)/.installed
 # a Faust worker, an emulated fleet and the Mooncake trace, for about a minute.
 demo: install
 	mkdir -p out
-	$(VENV)/bin/tokenfleet demo --duration 60 --json out/demo.json
+	$(VENV)/bin/tokenfleet demo --duration 60 --policy round-robin --policy slomax+tokenpilot --json out/demo.json
 
 # The routing policies side by side in the fleet simulator (~20 s).
 simulate: install

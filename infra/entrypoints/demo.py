@@ -318,15 +318,21 @@ def summary_table(result: Mapping[str, Any]) -> Table:
 
 
 def comparison(results: Mapping[str, Mapping[str, Any]]) -> Group:
-    """A heading, then per class each policy's TTFT p50 / p95 side by side."""
+    """A heading, then per class each policy's goodput, compliant share and TTFT p50 / p95 side
+    by side (and the totals)."""
     table = _table("class", *results)
-    for name in sorted({c for r in results.values() for c in r["per_class"]}):
+    classes = sorted({c for r in results.values() for c in r["per_class"]})
+    for name in [*classes, "all"]:
         cells = [name]
         for r in results.values():
-            row = r["per_class"].get(name, {})
-            cells.append(f"{_seconds(row.get('ttft_p50_s'))} / {_seconds(row.get('ttft_p95_s'))}")
+            row = r.get("total", {}) if name == "all" else r["per_class"].get(name, {})
+            cells.append(
+                f"{row.get('goodput_tokens_per_s', 0.0):.1f} tok/s, {row.get('compliant_share', 0.0):.1%}, "
+                f"{_seconds(row.get('ttft_p50_s'))} / {_seconds(row.get('ttft_p95_s'))} s"
+            )
         table.add_row(*(Text(c) for c in cells))
-    return Group(Text("comparison (TTFT p50 / p95 s, read back from ClickHouse)"), table)
+    heading = "comparison (goodput, compliant share, TTFT p50 / p95; same load, read back from ClickHouse)"
+    return Group(Text(heading), table)
 
 
 def _seconds(value: float | None) -> str:

@@ -174,7 +174,8 @@ def test_provisioning_defines_the_data_sources_the_dashboards_use() -> None:
 
 @pytest.fixture(scope="module")
 def demo_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    """A data dir filled by a real ``tokenfleet demo`` run, and its JSON summary."""
+    """A data dir filled by a real ``tokenfleet demo`` run (``slomax+tokenpilot``), and its JSON
+    summary."""
     data_dir = tmp_path_factory.mktemp("dashboards-demo")
     summary = data_dir / "demo.json"
     command = [
@@ -182,6 +183,8 @@ def demo_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
         "-m",
         "infra.entrypoints.cli",
         "demo",
+        "--policy",
+        "slomax+tokenpilot",  # so the SLOMax panels (control steps) have data too
         "--duration",
         str(DEMO_SECONDS),
         "--json",

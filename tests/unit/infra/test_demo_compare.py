@@ -24,22 +24,29 @@ def _rows(lines: list[str]) -> list[list[str]]:
     return [line.split() for line in lines[rule + 1 :] if line.strip()]
 
 
-def test_comparison_lists_every_class_of_every_policy() -> None:
+def test_comparison_lists_every_class_of_every_policy_side_by_side() -> None:
+    interactive = {
+        "ttft_p50_s": 0.397,
+        "ttft_p95_s": 1.366,
+        "goodput_tokens_per_s": 812.3,
+        "compliant_share": 0.7,
+    }
     results: dict[str, dict[str, Any]] = {
-        "round-robin": {"per_class": {"interactive": {"ttft_p50_s": 0.397, "ttft_p95_s": 1.366}}},
-        "tokenpilot": {
+        "round-robin": {"per_class": {"interactive": interactive}, "total": interactive},
+        "slomax+tokenpilot": {
             "per_class": {
-                "interactive": {"ttft_p50_s": 0.357, "ttft_p95_s": 1.069},
+                "interactive": {**interactive, "ttft_p50_s": 0.357, "compliant_share": 0.99},
                 "long_context": {"ttft_p50_s": 2.055, "ttft_p95_s": None},
-            }
+            },
         },
     }
-    lines = _render(comparison(results))
-    assert lines[0] == "comparison (TTFT p50 / p95 s, read back from ClickHouse)"
-    assert lines[1].split() == ["class", "round-robin", "tokenpilot"]
-    assert _rows(lines) == [
-        ["interactive", "0.397", "/", "1.366", "0.357", "/", "1.069"],
-        ["long_context", "-", "/", "-", "2.055", "/", "-"],
+    lines = _render(comparison(results), width=160)
+    assert lines[0].startswith("comparison (goodput, compliant share, TTFT p50 / p95")
+    assert lines[1].split() == ["class", "round-robin", "slomax+tokenpilot"]
+    assert [" ".join(row) for row in _rows(lines)] == [
+        "interactive 812.3 tok/s, 70.0%, 0.397 / 1.366 s 812.3 tok/s, 99.0%, 0.357 / 1.366 s",
+        "long_context 0.0 tok/s, 0.0%, - / - s 0.0 tok/s, 0.0%, 2.055 / - s",
+        "all 812.3 tok/s, 70.0%, 0.397 / 1.366 s 0.0 tok/s, 0.0%, - / - s",
     ]
 
 
