@@ -27,14 +27,18 @@ instance), each request gets one answer:
                   or batch work in flight + this request stays within ``batch_share`` of the
                   pool's token capacity (work-conserving: below saturation batch takes whatever
                   is idle)
+  and in every class, an instance with prefill room for the request's own prefill: one whose
+  decodes would still produce a token within ``tpot_headroom`` x the interactive TPOT objective
+  (``prefill_share.py``); the request may only be placed on such rows (urgent batch: anywhere)
 - ``queue`` in the pool named after its class otherwise: offered again at the next snapshot.
 
-Why the gates are on the predicted TTFT, well below the objective: a request admitted into a
-long queue meets its own TTFT but its prefill then runs beside the decodes of the instance,
-and prefill chunks are what stretch time per output token (measured on the synthetic mix at its
-L67 load: with the gates at the objective itself, 2 771 of 21 323 interactive requests missed
-their TPOT; at these defaults, ~1 %). Long prompts (48k-80k tokens, ~5 s of prefill at 0.3-0.5 s
-a step) are the strongest such interference, hence their own, tighter gate.
+Why the gates are on the predicted TTFT well below the objective, and on prefill room: a
+request admitted into a long queue meets its own TTFT, but its prefill then runs beside the
+decodes of its instance, and prefill chunks are what stretch time per output token (measured on
+the synthetic mix at its L67 load, ``python -m bench.slomax``: with the TTFT gate at the
+objective itself, 2 771 of 21 323 interactive requests missed their TPOT). Long prompts
+(48k-80k tokens, ~5 s of prefill at 0.3-0.5 s a step) are the strongest such interference,
+hence their own, tighter gate and their share of the instances.
 
 ``ttft`` is the router's own prediction (``predict_ttft``, TokenPilot's calibrated model) where
 the router has one, else what the class's admitted requests recently got (``_ObservedTtft``)
@@ -56,11 +60,13 @@ from typing import Protocol
 
 import numpy as np
 
+from agents.policy.common.numeric import FloatArray
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES, LONG_CONTEXT_INPUT_TOKENS, SloClass
 from agents.policy.slomax.classes import BATCH, INTERACTIVE, LONG_CONTEXT, Classified, ClassRules
 from agents.policy.slomax.controller import Controller, Knobs, Step
 from agents.policy.slomax.fairness import VirtualTokenCounter
 from agents.policy.slomax.feedback import GoodputSource
+from agents.policy.slomax.prefill_share import PrefillLoad
 from agents.policy.types import (
     BLOCK_TOKENS,
     Admission,
@@ -74,6 +80,12 @@ from agents.policy.types import (
 )
 
 _RANK = {INTERACTIVE: 0, LONG_CONTEXT: 1, BATCH: 2}
+_NO_ROOM = "no instance has prefill room: more would slow its decodes past the TPOT objective"
+
+
+def _own_prefill_s(predicted: TtftPrediction) -> float:
+    """The request's own prefill time: what of its predicted TTFT is not waiting."""
+    return max(predicted.ttft_s - predicted.wait_s, 0.0)
 
 
 class TtftPredictor(Protocol):
@@ -88,6 +100,7 @@ class _InFlight:
     tenant: str
     tokens: int  # input + output budget: what it may hold of the pool's capacity
     prefilling: bool
+    prefill_s: float  # its own predicted prefill time
     instance_id: str = ""  # where it was placed (once known)
 
 
@@ -118,6 +131,8 @@ class SloMax:
         saturation: float = 0.25,
         long_prefills_per_instance: int = 1,
         long_share: float = 0.25,
+        tpot_headroom: float = 0.7,
+        prefill_window_s: float = 4.0,
         deadline_margin_s: float = 60.0,
         tpot_estimate_s: float = 0.05,
         prefill_tokens_per_s: float = 40_000.0,
@@ -144,6 +159,9 @@ class SloMax:
         self.long_headroom = long_headroom
         self.long_prefills_per_instance = long_prefills_per_instance
         self.long_share = long_share
+        self.tpot_headroom = tpot_headroom
+        self.prefill = PrefillLoad(prefill_window_s)
+        self._now = 0.0
         self.deadline_margin_s = deadline_margin_s
         self.tpot_estimate_s = tpot_estimate_s
         self.prefill_tokens_per_s = prefill_tokens_per_s
@@ -196,6 +214,7 @@ class SloMax:
     # --- deciding -------------------------------------------------------------------------------
 
     def admit(self, requests: Sequence[RequestView], view: ClusterView, now_s: float) -> list[Admission]:
+        self._now = now_s  # the placements of this offer follow it at the same instant
         self.control(now_s)
         answers: list[Admission | None] = [None] * len(requests)
         offers = [self._offer(i, r, now_s) for i, r in enumerate(requests)]
@@ -207,7 +226,8 @@ class SloMax:
         ready = max(int(view.ready.sum()), 1)
         capacity = int(view.kv_total[view.ready].sum()) * BLOCK_TOKENS
         pending = 0  # prefill tokens admitted in this offer, not yet seen by the router
-        shares = _LongShares(view, self._long_on, self.long_prefills_per_instance, self.long_share)
+        room = self.prefill.room(view, now_s, self.tpot_headroom * self._tpot_objective())
+        rows = _Rows(view, self._long_on, self.long_prefills_per_instance, self.long_share, room)
         interactive_waits = False
         batch_closed = False  # a batch request was refused its gate: later ones are too
         for offer in offers:
@@ -216,11 +236,12 @@ class SloMax:
                 answers[offer.index] = self._queue(request, BATCH, "batch gate closed: the pool is saturated")
                 continue
             predicted = self._predict(request, view, now_s, ready, pending)
-            answer = self._decide(offer, predicted, now_s, capacity, interactive_waits, shares)
+            answer = self._decide(offer, predicted, now_s, capacity, interactive_waits, rows)
             if answer.action == "admit":
                 pending += request.input_tokens
-                shares.taken(cls.slo_class)
-                self._admitted(request, cls)
+                own = _own_prefill_s(predicted)
+                rows.taken(cls.slo_class, answer.candidates, own)
+                self._admitted(request, cls, own)
             elif answer.action == "queue":
                 interactive_waits |= cls.slo_class == INTERACTIVE
                 batch_closed |= cls.slo_class == BATCH
@@ -246,7 +267,7 @@ class SloMax:
         now_s: float,
         capacity: int,
         interactive_waits: bool,
-        shares: _LongShares,
+        rows: _Rows,
     ) -> Admission:
         request, cls = offer.request, offer.cls
         name = cls.slo_class
@@ -268,7 +289,10 @@ class SloMax:
             tokens = self._class_tokens.get(BATCH, 0) + request.input_tokens + request.output_budget
             if urgent or not saturated or tokens <= share:
                 why = "urgent" if urgent else "idle capacity" if not saturated else "within batch share"
-                return self._admit(f"slomax: batch {why}", ttft, shares.for_class(name))
+                where = rows.for_request(name, _own_prefill_s(predicted), urgent)
+                if where is None:
+                    return self._queue(request, BATCH, _NO_ROOM, ttft)
+                return self._admit(f"slomax: batch {why}", ttft, where)
             return self._queue(request, BATCH, f"batch gate closed: predicted wait {wait:.2f} s", ttft)
         objective = self._objective(cls)
         waited = now_s - request.arrival_s
@@ -276,11 +300,14 @@ class SloMax:
             code = "expired" if held else "cannot_meet_slo"
             detail = f"waited {waited:.2f} s + predicted TTFT {ttft:.2f} s > {objective:g} s objective"
             return self._reject(request, code, detail, waited + ttft - objective, ttft)
-        if name == LONG_CONTEXT and not shares.long_room():
+        if name == LONG_CONTEXT and not rows.long_room():
             return self._queue(request, name, "every instance is prefilling its share of long prompts", ttft)
         headroom = self.knobs.headroom if name == INTERACTIVE else self.long_headroom
         if ttft <= headroom * objective:
-            return self._admit(f"slomax: {name} within headroom", ttft, shares.for_class(name))
+            where = rows.for_request(name, _own_prefill_s(predicted))
+            if where is None:
+                return self._queue(request, name, _NO_ROOM, ttft)
+            return self._admit(f"slomax: {name} within headroom", ttft, where)
         return self._queue(
             request, name, f"predicted wait {wait:.2f} s over {headroom:.2f} x objective", ttft
         )
@@ -305,6 +332,10 @@ class SloMax:
 
     def _objective(self, cls: Classified) -> float:
         return self._objective_of(cls.slo_class)
+
+    def _tpot_objective(self) -> float:
+        tpot = self.slo[INTERACTIVE].tpot_s
+        return float("inf") if tpot is None else tpot
 
     def _objective_of(self, name: str) -> float:
         ttft = self.slo[name].ttft_s
@@ -341,12 +372,12 @@ class SloMax:
             "reject", f"{code}: {detail}{hint}", predicted_ttft_s=predicted, retry_after_s=retry_after_s
         )
 
-    def _admitted(self, request: RequestView, cls: Classified) -> None:
+    def _admitted(self, request: RequestView, cls: Classified, prefill_s: float) -> None:
         self._held.discard(request.key)
         if request.key in self._in_flight:
             return  # offered again (held for capacity by the pipeline): counted once
         tokens = request.input_tokens + request.output_budget
-        self._in_flight[request.key] = _InFlight(cls.slo_class, request.tenant, tokens, True)
+        self._in_flight[request.key] = _InFlight(cls.slo_class, request.tenant, tokens, True, prefill_s)
         self._class_tokens[cls.slo_class] = self._class_tokens.get(cls.slo_class, 0) + tokens
         self._tenant_tokens[request.tenant] = self._tenant_tokens.get(request.tenant, 0) + tokens
         self.fair.charge(request.key, request.tenant, cls.weight, request.input_tokens, request.output_budget)
@@ -376,6 +407,7 @@ class SloMax:
         entry = self._in_flight.get(request.key)
         if entry is not None and entry.prefilling and not entry.instance_id:
             entry.instance_id = instance_id
+            self.prefill.add(instance_id, entry.prefill_s, self._now)
             if entry.slo_class == LONG_CONTEXT:
                 self._long_on[instance_id] = self._long_on.get(instance_id, 0) + 1
 
@@ -413,20 +445,25 @@ class _ObservedTtft:
         return float(mean * 0.5 ** (max(now_s - at, 0.0) / self.half_life_s))
 
 
-class _LongShares:
-    """Where long prompts may prefill: a share of the instances, kept apart from short work.
+class _Rows:
+    """Where the requests of one offer may go: the long-prompt share and each row's prefill room.
 
-    At most ``max(1, floor(long_share x ready))`` instances prefill long prompts at once, each
-    at most ``limit`` of them (placed, no first token yet). A long prompt goes to an instance
-    already prefilling long prompts if one has room, else to a new one while the share allows,
-    else it waits in its pool. Interactive and batch requests keep off the instances prefilling
-    long prompts while another instance is free of them (work-conserving: if none is, they go
-    anywhere): a long prefill's chunks stall every decode of its instance for seconds. The
-    router places what admission let through only after it, so one offer admits at most one
-    long prompt per instance it may use.
+    Long prompts prefill on a share of the instances: at most ``max(1, floor(long_share x
+    ready))`` at once, each at most ``limit`` of them (placed, no first token yet). A long prompt
+    goes to an instance already prefilling long prompts if one has room, else to a new one while
+    the share allows, else it waits in its pool. Interactive and batch requests keep off the
+    instances prefilling long prompts while another instance has room (work-conserving): a long
+    prefill's chunks stall every decode of its instance for seconds.
+
+    Every request needs a row with prefill room for its own prefill (``prefill_share.py``);
+    urgent batch work may use any row. The router places what admission let through only after
+    it, so an admitted request's prefill is charged evenly to the rows it may use, and one offer
+    admits at most one long prompt per instance it may use.
     """
 
-    def __init__(self, view: ClusterView, long_on: Mapping[str, int], limit: int, long_share: float) -> None:
+    def __init__(
+        self, view: ClusterView, long_on: Mapping[str, int], limit: int, long_share: float, room: FloatArray
+    ) -> None:
         counts = np.zeros(len(view), dtype=np.int64)
         for instance_id, n in long_on.items():
             row = view.index_of.get(instance_id)
@@ -436,18 +473,28 @@ class _LongShares:
         quiet = view.ready & ~busy
         allowed = max(1, int(long_share * int(view.ready.sum())))
         open_busy = busy & (counts < limit)
-        self._new = max(allowed - int(busy.sum()), 0)  # instances that may start a long prefill
-        self._room: BoolArray = open_busy | quiet if self._new > 0 else open_busy
-        self._free = int(open_busy.sum()) + self._new  # one per instance per offer: placed later
+        new = max(allowed - int(busy.sum()), 0)  # instances that may start a long prefill
+        self._long: BoolArray = open_busy | quiet if new > 0 else open_busy
+        self._free = int(open_busy.sum()) + new
         self._quiet: BoolArray | None = quiet if busy.any() and quiet.any() else None
+        self.room = room
 
     def long_room(self) -> bool:
         return self._free > 0
 
-    def taken(self, slo_class: str) -> None:
+    def for_request(self, slo_class: str, prefill_s: float, urgent: bool = False) -> BoolArray | None:
+        """The rows a request of ``slo_class`` with ``prefill_s`` of own prefill may use; None:
+        none has room (it waits)."""
+        fits: BoolArray = np.isfinite(self.room) if urgent else self.room >= prefill_s
+        share = self._long if slo_class == LONG_CONTEXT else self._quiet
+        if share is not None:
+            both = fits & share
+            if both.any() or slo_class == LONG_CONTEXT:
+                return both if both.any() else None
+        return fits if fits.any() else None
+
+    def taken(self, slo_class: str, rows: BoolArray | None, prefill_s: float) -> None:
         if slo_class == LONG_CONTEXT:
             self._free -= 1
-
-    def for_class(self, slo_class: str) -> BoolArray | None:
-        """The rows a request of ``slo_class`` may use (None: any)."""
-        return self._room if slo_class == LONG_CONTEXT else self._quiet
+        if rows is not None and rows.any():
+            self.room[rows] -= prefill_s / int(rows.sum())
