@@ -12,6 +12,10 @@
    throughput (tokens/s), admitted interactive requests that met their objective, their P99
    TTFT, batch requests finished before their deadline, and rejects by reason code.
 
+3. Fairness (``--fairness``): two equal-weight tenants on the same mix, one offering 5x the
+   other's load (tenant-0's requests are ``light``, tenant-1..5's are ``heavy``), at L67: the
+   light tenant's goodput with the heavy one present / its goodput alone, per policy.
+
 "admitted": the request's last attempt was not rejected by the scheduler. Every batch job of
 these workloads is feasible at submission (its whole work, alone on the fleet, takes minutes
 against deadlines of 10-30 minutes), so batch met share is over all batch requests.
@@ -24,6 +28,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +37,7 @@ from agents.policy.common.slo import DEFAULT_SLO_CLASSES
 from agents.policy.slomax import SloMax
 from sim.engine.fleet import FleetSpec, parse_fleet
 from sim.evaluation.metrics import outcomes, percentile, report
-from sim.loop.runner import SimConfig, Simulation
+from sim.loop.runner import SimConfig, Simulation, simulate
 from sim.workloads.sources import open_workload
 from sim.workloads.trace import Workload
 
@@ -91,6 +96,40 @@ def find_l67(
     return min(tried, key=lambda probe: abs(probe[1] - TARGET))
 
 
+def tenants_of(workload: Workload) -> Workload:
+    """The mix as two tenants: tenant-0 stays ``light``, every other tenant becomes ``heavy``."""
+    relabelled = tuple(
+        replace(r, tenant="light" if r.tenant == "tenant-0" else "heavy") for r in workload.requests
+    )
+    return Workload(f"{workload.name}+two-tenants", relabelled)
+
+
+def tenant_goodput(
+    workload: Workload, fleet: FleetSpec, policy: str, config: SimConfig, tenant: str
+) -> float:
+    """Goodput (tokens/s over the run's window) of ``tenant``'s requests."""
+    result = simulate(workload, fleet, policy, config)
+    own = [a for a in result.attempts if a.request.tenant == tenant]
+    good = sum(r.good_tokens for r in outcomes(own, result.window, config.slo_classes))
+    return good / max(result.window[1] - result.window[0], 1e-9)
+
+
+def fairness(workload: Workload, fleet: FleetSpec, config: SimConfig, scale: float) -> dict[str, Any]:
+    both = tenants_of(workload).scaled(scale)
+    alone = Workload(f"{both.name}-light-alone", tuple(r for r in both.requests if r.tenant == "light"))
+    heavy = sum(r.tenant == "heavy" for r in both.requests)
+    figures: dict[str, Any] = {"light_requests": len(alone.requests), "heavy_requests": heavy}
+    for policy in POLICIES[:2]:
+        with_heavy = tenant_goodput(both, fleet, policy, config, "light")
+        by_itself = tenant_goodput(alone, fleet, policy, config, "light")
+        figures[policy] = {
+            "light_goodput_with_heavy": round(with_heavy, 1),
+            "light_goodput_alone": round(by_itself, 1),
+            "kept": round(with_heavy / by_itself, 4) if by_itself else None,
+        }
+    return figures
+
+
 def _cell(value: object) -> str:
     if value is None:
         return "-"
@@ -137,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--low", type=float, default=2.5, help="lowest rate scale of the L67 scan")
     parser.add_argument("--high", type=float, default=4.5, help="highest rate scale of the L67 scan")
     parser.add_argument("--l67", type=float, help="skip the scan: use this rate scale as L67")
+    parser.add_argument("--fairness", action="store_true", help="also the two-tenant fairness run")
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
     workload = open_workload(args.workload, seed=args.seed)
@@ -160,6 +200,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         figures = {policy: run(scaled, fleet, policy, config) for policy in POLICIES}
         results["loads"][label] = {"rate_scale": round(scale, 4), "policies": figures}
         print(table(f"{label} (rate scale {scale:.3f})", figures), flush=True)
+    if args.fairness:
+        fair = fairness(workload, fleet, config, l67)
+        results["fairness"] = fair
+        print(
+            f"fairness at L67 ({fair['light_requests']} light vs {fair['heavy_requests']} heavy requests): "
+            + "; ".join(
+                f"{p}: light keeps {fair[p]['kept']:.1%} of its goodput alone "
+                f"({fair[p]['light_goodput_with_heavy']} vs {fair[p]['light_goodput_alone']} tokens/s)"
+                for p in POLICIES[:2]
+            ),
+            flush=True,
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from agents.policy.baselines import LeastTokens
@@ -12,6 +14,7 @@ from agents.policy.slomax.classes import ClassRules
 from agents.policy.slomax.controller import Controller, Knobs
 from agents.policy.slomax.fairness import VirtualTokenCounter
 from agents.policy.slomax.feedback import ClassWindow, InMemoryGoodput
+from agents.policy.slomax.prefill_share import PrefillLoad
 from agents.policy.types import ClusterView, Finished, FirstToken, RequestView, TtftPrediction
 from tests.unit.policy.helpers import cluster_view
 
@@ -279,3 +282,24 @@ def test_in_memory_goodput_windows_count_by_class() -> None:
     )
     assert i.compliant_share == pytest.approx(100 / 130) and w["batch"].rejected == 1
     assert g.window(100.0, 60.0) == {}
+
+
+def test_prefill_room_follows_the_decode_step_and_the_recent_prefill() -> None:
+    load = PrefillLoad(tau_s=4.0, law=(0.01, 0.0, 0.0))  # every decode step takes 10 ms
+    view = cluster_view(2)
+    # target 0.08 s: tpot = 0.01 / (1 - u) <= 0.08 while u <= 7/8, i.e. 3.5 s of the last 4 s
+    assert load.room(view, 0.0, 0.08).tolist() == pytest.approx([3.5, 3.5])
+    load.add("i0", 3.0, 0.0)
+    assert load.room(view, 0.0, 0.08).tolist() == pytest.approx([0.5, 3.5])
+    assert load.room(view, 4.0, 0.08)[0] == pytest.approx(3.5 - 3.0 * math.exp(-1.0))  # decays
+
+
+def test_without_prefill_room_a_request_waits_and_then_goes_where_room_is() -> None:
+    s, admission, _ = slomax(predicted=0.3)
+    admission.prefill = PrefillLoad(tau_s=4.0, law=(0.08, 0.0, 0.0))  # 80 ms steps: over 0.7 x 0.1 s
+    (held,) = s.submit([req("a")], cluster_view(2), 0.0)
+    assert held.action == "queue" and "prefill room" in held.reason
+    admission.prefill = PrefillLoad(tau_s=4.0, law=(0.01, 0.0, 0.0))
+    admission.prefill.add("i1", 10.0, 0.5)  # i1 just took 10 s of prefill: no room there
+    (placed,) = s.tick(cluster_view(2), 0.5)
+    assert (placed.action, placed.instance_id) == ("admit", "i0")
