@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MOONCAKE := sim/traces/mooncake/conversation_trace.jsonl
 
-.PHONY: install demo simulate test lint bench bench-stream bench-broker bench-decision scoreboard faults clean
+.PHONY: install demo simulate test lint bench bench-stream bench-broker bench-decision scoreboard goodput faults clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,11 @@ bench-decision: install
 scoreboard: install
 	mkdir -p out
 	$(PY) -m sim.evaluation.scoreboard --jobs 2 --json out/scoreboard.json
+
+# SLOMax against FCFS at L67 and 1.5 x L67, and the two-tenant fairness run (~15 min).
+goodput: install
+	mkdir -p out
+	$(PY) -m bench.slomax --fairness --json out/slomax.json
 
 # The fault suite (several minutes): bad input, worker kill, store and broker outages, in figures.
 faults: install
