@@ -534,14 +534,10 @@ def db_migrate() -> None:
     """Apply pending migrations, and re-apply those whose tables or columns are missing."""
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
-    from infra.clickhouse.client import connect
     from infra.clickhouse.migrate import migrate
 
     settings = _settings()
-    try:
-        client = connect(settings.clickhouse_url)
-    except ClickHouseError as exc:
-        raise ValueError(f"cannot open the store: {_first_line(exc)}") from None
+    client = _open_store(settings.clickhouse_url)
     try:
         applied = migrate(client)
     except ClickHouseError as exc:
@@ -561,15 +557,11 @@ def slomax_status(
     and the rejects of the last 5 minutes by reason, read from the store."""
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
-    from infra.clickhouse.client import connect
     from infra.clickhouse.migrate import migrate
     from infra.slomax_status import status_lines
 
     settings = _settings()
-    try:
-        client = connect(settings.clickhouse_url)
-    except ClickHouseError as exc:
-        raise ValueError(f"cannot open the store: {_first_line(exc)}") from None
+    client = _open_store(settings.clickhouse_url)
     try:
         migrate(client)  # a fresh store has the tables (and nothing in them) rather than an error
         print("\n".join(status_lines(client, settings, steps)))
@@ -610,15 +602,12 @@ def sql(
     one SELECT, WITH, SHOW, DESCRIBE, EXPLAIN or EXISTS statement, run with readonly=1."""
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
-    from infra.clickhouse.client import check_read_only, connect, query_settings
+    from infra.clickhouse.client import check_read_only, query_settings
 
     if not write:
         check_read_only(query)  # before the store is opened
     settings = _settings()
-    try:
-        client = connect(settings.clickhouse_url)
-    except ClickHouseError as exc:
-        raise ValueError(f"cannot open the store: {_first_line(exc)}") from None
+    client = _open_store(settings.clickhouse_url)
     try:
         try:
             result = client.query(query, settings=query_settings(max_rows, timeout, write))
@@ -632,6 +621,18 @@ def sql(
             print("\t".join("" if v is None else str(v) for v in row))
     finally:
         client.close()
+
+
+def _open_store(url: str) -> Any:
+    """A client on the store at ``url``; a store that cannot be opened is one line (exit 2)."""
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    from infra.clickhouse.client import connect
+
+    try:
+        return connect(url)
+    except ClickHouseError as exc:
+        raise ValueError(f"cannot open the store: {_first_line(exc)}") from None
 
 
 def _first_line(exc: BaseException) -> str:

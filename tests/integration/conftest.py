@@ -1,4 +1,5 @@
-"""Integration fixtures: one real embedded Kafka broker (Tansu) for the session."""
+"""Integration fixtures: one real embedded Kafka broker (Tansu) for the session, and a migrated
+embedded ClickHouse store (chdb) per test."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from clickhouse_connect.driver.client import Client
 
+from infra.clickhouse.client import connect
+from infra.clickhouse.migrate import migrate
 from infra.kafka.broker import embedded_broker, ensure_topics
 
 
@@ -17,3 +21,12 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with embedded_broker(log_path=log) as bootstrap:
         ensure_topics(bootstrap, partitions=4)
         yield bootstrap
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[Client]:
+    """An open client on a migrated store in the test's own data dir."""
+    # The engine serves one data dir per process: close before the next test opens its own.
+    with connect(f"chdb:///{tmp_path / 'clickhouse'}") as opened:
+        migrate(opened)
+        yield opened

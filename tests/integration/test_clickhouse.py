@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -17,14 +16,6 @@ from infra.clickhouse.migrate import load_migrations
 from schemas.events import AdmissionDecision, Completion, InferenceRequest, RoutingDecision
 
 T0 = 1_700_000_000.0
-
-
-@pytest.fixture
-def client(tmp_path: Path) -> Iterator[Client]:
-    # The engine serves one data dir per process: close before the next test opens its own.
-    with connect(f"chdb:///{tmp_path / 'clickhouse'}") as opened:
-        migrate(opened)
-        yield opened
 
 
 @pytest.fixture

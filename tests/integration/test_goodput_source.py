@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -22,13 +21,6 @@ from sim.loop.runner import SimConfig, simulate
 from sim.workloads.sources import open_workload
 
 T0 = 1_700_000_000.0
-
-
-@pytest.fixture
-def client(tmp_path: Path) -> Iterator[Client]:
-    with connect(f"chdb:///{tmp_path / 'clickhouse'}") as opened:
-        migrate(opened)
-        yield opened
 
 
 def events() -> tuple[list[Completion], list[AdmissionDecision]]:
