@@ -98,7 +98,7 @@ def test_control_steps_are_written_with_what_they_read(client: Client) -> None:
     rows = client.query(
         "SELECT policy, action, reason, headroom_before, headroom_after FROM slomax_adjustments"
     ).result_rows
-    assert rows == [("slomax+tokenpilot", "stale", step.reason, 0.5, 0.5)]
+    assert rows == [("slomax+tokenpilot", "stale", step.reason, 0.65, 0.65)]
 
 
 def test_a_simulated_run_closes_its_loop_through_clickhouse_exactly_as_through_memory(tmp_path: Path) -> None:
@@ -153,7 +153,7 @@ def test_slomax_status_prints_the_configuration_and_the_last_steps(
     assert out[0] == "policy slomax+tokenpilot (admission: slomax)"
     assert "batch_share=0.3" in out[1] and out[2] == "tenant_tiers: {'gold': 0}"
     assert out[3].startswith("in force (slomax+tokenpilot, since") and out[3].endswith(
-        "headroom 0.400, batch_share 0.240"
+        "headroom 0.550, batch_share 0.240"
     )
     assert "tighten" in out[5] and "stale" in out[6]
     assert out[-1].endswith("interactive/cannot_meet_slo 1")

@@ -18,7 +18,7 @@ instance), each request gets one answer:
   ``tenant_quota_tokens`` (a tenant holding nothing is always let through once). Rejects carry
   ``retry_after_s`` where trying again could succeed (how late the prediction is).
 - ``admit`` when the request is feasible and its class's gate is open:
-    interactive:  ttft <= headroom x objective (1 s of a 2 s objective by default)
+    interactive:  ttft <= headroom x objective (1.3 s of a 2 s objective by default)
     long_context: ttft <= long_headroom x objective (4.5 s of 15 s), and an instance prefills
                   fewer than ``long_prefills_per_instance`` long prompts: the request may only be
                   placed on such an instance (``Admission.candidates``)
@@ -125,7 +125,7 @@ class SloMax:
         tenant_tiers: Mapping[str, int] | None = None,
         tenant_classes: Mapping[str, str] | None = None,
         tenant_weights: Mapping[str, float] | None = None,
-        headroom: float = 0.5,
+        headroom: float = 0.65,
         long_headroom: float = 0.3,
         batch_share: float = 0.3,
         saturation: float = 0.25,

@@ -39,7 +39,7 @@ from agents.policy.slomax.feedback import ClassWindow
 
 @dataclass(frozen=True, slots=True)
 class Knobs:
-    headroom: float = 0.5
+    headroom: float = 0.65
     batch_share: float = 0.3
 
 
