@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -75,14 +76,15 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
         heartbeat_interval_s=settings.broker_heartbeat_interval_s,
         fetch_max_wait_ms=settings.consumer_fetch_max_wait_ms,
     )
-    store = ClickHouseFeedback.from_settings(settings) if feedback else None
+    run_id = settings.run_id or f"{settings.app_id}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    store = ClickHouseFeedback.from_settings(settings, run_id) if feedback else None
     hold = HoldLimits(settings.hold_max_per_pool, settings.hold_timeout_s)
 
     def make_scheduler() -> Scheduler:
         """A pool's scheduler; SLOMax's control loop reads its goodput from the feedback store."""
         scheduler = build_scheduler(settings.policy, params=settings.policy_params, hold=hold)
         if store is not None and isinstance(scheduler.admission, SloMax):
-            source = StoreGoodput(store, settings.policy)
+            source = StoreGoodput(store, settings.policy, run_id)
 
             def record(step: Step) -> None:
                 metrics.slomax_knob.labels(policy=settings.policy, knob="headroom").set(step.after.headroom)

@@ -63,6 +63,12 @@ class Settings(BaseSettings):
         default_factory=dict, description="data centre -> round trip from the ingress, ms"
     )
     app_id: str = "tokenfleet"
+    run_id: str = Field(
+        default="",
+        max_length=128,
+        description="stamped on every row this worker stores (with its policy), so one run can be "
+        "read apart from the others in a shared store; empty = app id and start time",
+    )
     worker_web_port: int = Field(default=6066, ge=0, description="Faust web + /metrics; 0 = any free port")
     # Tansu holds a consumer-group join for half the rebalance timeout: keep these low there.
     broker_rebalance_timeout_s: float = 6.0

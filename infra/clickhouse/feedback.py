@@ -116,9 +116,13 @@ class ClickHouseFeedback:
         retry_for_s: float = DEFAULT_RETRY_FOR_S,
         close_timeout_s: float = 10.0,
         backoff_s: tuple[float, float] = (0.5, 10.0),
+        run_id: str = "",
+        run_policy: str = "",
     ) -> None:
+        """``run_id`` / ``run_policy`` are stamped on every row written (``FeedbackSink``)."""
         split_database(url)  # a malformed URL is a configuration error: fail now, not in a loop
         self._url = url
+        self.run_id, self.run_policy = run_id, run_policy
         self._slo = dict(slo_classes)
         self._batch_size = batch_size
         self._flush_s = flush_s
@@ -157,7 +161,7 @@ class ClickHouseFeedback:
         self._spooler.start()
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ClickHouseFeedback:
+    def from_settings(cls, settings: Settings, run_id: str = "") -> ClickHouseFeedback:
         return cls(
             settings.clickhouse_url,
             settings.slo(),
@@ -168,6 +172,8 @@ class ClickHouseFeedback:
             spool_max_bytes=settings.feedback_spool_max_bytes,
             retry_for_s=settings.feedback_retry_s,
             close_timeout_s=settings.feedback_close_s,
+            run_id=run_id or settings.run_id,
+            run_policy=settings.policy,
         )
 
     # -- the port: enqueue only ---------------------------------------------------------------
@@ -338,7 +344,13 @@ class ClickHouseFeedback:
         client = connect(self._url)
         try:
             applied = migrate(client)
-            sink = FeedbackSink(client, self._slo, retry_for_s=self._retry_for_s)
+            sink = FeedbackSink(
+                client,
+                self._slo,
+                retry_for_s=self._retry_for_s,
+                run_id=self.run_id,
+                run_policy=self.run_policy,
+            )
         except BaseException:
             with contextlib.suppress(Exception):
                 client.close()

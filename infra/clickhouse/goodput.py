@@ -46,6 +46,8 @@ _RANGE = (
     "ts > fromUnixTimestamp64Milli({lo:Int64}, 'UTC') AND ts <= fromUnixTimestamp64Milli({hi:Int64}, 'UTC')"
 )
 
+_RUN = "({run:String} = '' OR run_id = {run:String})"
+
 _COMPLETIONS_SQL = f"""
 SELECT
     slo_class,
@@ -58,14 +60,14 @@ SELECT
     countIf(attempt > 1),
     max(toUnixTimestamp64Milli(ts)) / 1000
 FROM completions FINAL
-WHERE {_RANGE}
+WHERE {_RANGE} AND {_RUN}
 GROUP BY slo_class
 """
 
 _REJECTS_SQL = f"""
 SELECT slo_class, count(), max(toUnixTimestamp64Milli(ts)) / 1000
 FROM admission_decisions FINAL
-WHERE {_RANGE} AND action = 'reject'
+WHERE {_RANGE} AND {_RUN} AND action = 'reject'
 GROUP BY slo_class
 """
 
@@ -76,12 +78,15 @@ ADJUSTMENT_COLUMNS = (
 
 
 class ClickHouseGoodput:
-    def __init__(self, client: Client, policy: str = "slomax") -> None:
+    """Windows of the rows of run ``run_id`` (every run: "")."""
+
+    def __init__(self, client: Client, policy: str = "slomax", run_id: str = "") -> None:
         self._client = client
         self.policy = policy
+        self.run_id = run_id
 
     def window(self, now_s: float, span_s: float) -> dict[str, ClassWindow]:
-        bounds = {"lo": int((now_s - span_s) * 1000), "hi": int(now_s * 1000)}
+        bounds = {"lo": int((now_s - span_s) * 1000), "hi": int(now_s * 1000), "run": self.run_id}
         counts: dict[str, dict[str, float]] = {}
         for name, finished, met, out, good, timeouts, aborted, retries, newest in self._client.query(
             _COMPLETIONS_SQL, parameters=bounds
@@ -176,9 +181,10 @@ class StoreGoodput:
     ``record(step)`` queues the step's row the same way (dropped, and logged, if the store is down).
     """
 
-    def __init__(self, store: ClickHouseFeedback, policy: str) -> None:
+    def __init__(self, store: ClickHouseFeedback, policy: str, run_id: str = "") -> None:
         self._store = store
         self.policy = policy
+        self.run_id = run_id
         self._lock = threading.Lock()
         self._latest: dict[str, ClassWindow] = {}
         self._reading = False
@@ -190,7 +196,7 @@ class StoreGoodput:
         if not reading:
 
             def read(client: Client) -> dict[str, ClassWindow]:
-                return ClickHouseGoodput(client, self.policy).window(now_s, span_s)
+                return ClickHouseGoodput(client, self.policy, self.run_id).window(now_s, span_s)
 
             if not self._store.submit(read, self._read):
                 with self._lock:

@@ -62,6 +62,9 @@ COMPLETION_COLUMNS = (
 )  # fmt: skip
 
 
+RUN_COLUMNS = ("run_id", "run_policy")
+"""Appended to every event table's row: the run and policy of the worker that stored it."""
+
 PERMANENT_ERRORS = (ProgrammingError, DataError, IntegrityError, NotSupportedError)
 """The rows' or the query's fault: retrying cannot help."""
 
@@ -133,11 +136,19 @@ class FeedbackSink:
     """
 
     def __init__(
-        self, client: Client, slo_classes: Mapping[str, SloClass], retry_for_s: float = DEFAULT_RETRY_FOR_S
+        self,
+        client: Client,
+        slo_classes: Mapping[str, SloClass],
+        retry_for_s: float = DEFAULT_RETRY_FOR_S,
+        run_id: str = "",
+        run_policy: str = "",
     ) -> None:
+        """Every row written carries ``run_id`` and ``run_policy`` (the run and policy of the
+        worker that stores it), so one run can be read apart in a shared store."""
         self._client = client
         self._slo = dict(slo_classes)
         self._retry_for_s = retry_for_s
+        self._run = [run_id, run_policy]
         sync_slo_classes(client, self._slo, retry_for_s)
 
     def write_requests(self, events: Sequence[InferenceRequest]) -> int:
@@ -166,10 +177,10 @@ class FeedbackSink:
         rows: dict[str, Row] = {}
         for event in events:
             if event.event_id not in rows:  # the first copy of a repeated event wins
-                rows[event.event_id] = to_row(event)
+                rows[event.event_id] = to_row(event) + self._run
         if not rows:
             return 0
-        return _retrying(self._retry_for_s)(self._insert_new, table, columns, rows)
+        return _retrying(self._retry_for_s)(self._insert_new, table, [*columns, *RUN_COLUMNS], rows)
 
     def _insert_new(self, table: str, columns: Sequence[str], rows: Mapping[str, Row]) -> int:
         stored = self._client.query(

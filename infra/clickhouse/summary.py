@@ -17,7 +17,9 @@ from clickhouse_connect.driver.client import Client
 
 EVENT_TABLES = ("requests", "admission_decisions", "routing_decisions", "completions")
 
-_SINCE = "ts >= fromUnixTimestamp64Milli({since_ms:Int64}, 'UTC')"
+_SINCE = (
+    "ts >= fromUnixTimestamp64Milli({since_ms:Int64}, 'UTC') AND ({run:String} = '' OR run_id = {run:String})"
+)
 
 _WINDOW_SQL = f"""
 SELECT count(), min(toUnixTimestamp64Milli(arrival_ts)) / 1000, max(toUnixTimestamp64Milli(ts)) / 1000
@@ -62,20 +64,22 @@ ORDER BY is_total, slo_class
 _COUNTS = ("requests", "completions", "completed", "aborted", "timeout", "error")
 
 
-def clickhouse_rows(client: Client) -> int:
-    """Distinct events stored across the four event tables."""
-    counts = " + ".join(f"(SELECT count() FROM {table} FINAL)" for table in EVENT_TABLES)
-    return int(client.query(f"SELECT {counts}").result_rows[0][0])
+def clickhouse_rows(client: Client, run_id: str = "") -> int:
+    """Distinct events stored across the four event tables (of run ``run_id``; "" = all)."""
+    where = "WHERE run_id = {run:String}" if run_id else ""
+    counts = " + ".join(f"(SELECT count() FROM {table} FINAL {where})" for table in EVENT_TABLES)
+    return int(client.query(f"SELECT {counts}", parameters={"run": run_id}).result_rows[0][0])
 
 
-def summary(client: Client, since_ts: float | None = None) -> dict[str, object]:
+def summary(client: Client, since_ts: float | None = None, run_id: str = "") -> dict[str, object]:
     """``{"window_s", "clickhouse_rows", "total": {...}, "per_class": {CLASS: {...}}}``.
 
     Each class (and ``total``) has: requests, completions (attempts ended), completed, aborted,
     timeout, error, ttft_p50_s, ttft_p95_s, output_tokens_per_s, goodput_tokens_per_s,
-    compliant_share. Only completions with ``ts >= since_ts`` count (default: all).
+    compliant_share. Only completions with ``ts >= since_ts`` (default: all) of run ``run_id``
+    (the ``run_id`` column the sink stamps; "" = every run) count.
     """
-    since = {"since_ms": 0 if since_ts is None else int(since_ts * 1000)}
+    since = {"since_ms": 0 if since_ts is None else int(since_ts * 1000), "run": run_id}
     count, first_arrival, last_end = client.query(_WINDOW_SQL, parameters=since).result_rows[0]
     window_s = max(float(last_end) - float(first_arrival), 1e-9) if count else 0.0
     per_class: dict[str, object] = {}
@@ -90,7 +94,7 @@ def summary(client: Client, since_ts: float | None = None) -> dict[str, object]:
                 per_class[str(row["slo_class"])] = metrics
     return {
         "window_s": round(window_s, 6),
-        "clickhouse_rows": clickhouse_rows(client),
+        "clickhouse_rows": clickhouse_rows(client, run_id),
         "total": total,
         "per_class": per_class,
     }

@@ -217,12 +217,13 @@ class LoadProgress:
         )
 
 
-def _start_worker(bootstrap: str, settings: Settings, policy: str) -> WorkerProcess:
+def _start_worker(bootstrap: str, settings: Settings, policy: str, run_id: str) -> WorkerProcess:
     return WorkerProcess(
         bootstrap,
         settings.data_dir,
         {
             "TOKENFLEET_POLICY": policy,
+            "TOKENFLEET_RUN_ID": run_id,
             "TOKENFLEET_CLICKHOUSE_DSN": settings.clickhouse_url,
             # The configured metrics port if it is free, else any free one (see worker.log).
             "TOKENFLEET_WORKER_WEB_PORT": str(
@@ -258,18 +259,19 @@ def run_demo(settings: Settings, options: DemoOptions) -> int:
 
 def _run_once(settings: Settings, options: DemoOptions, policy: str) -> dict[str, Any]:
     since = time.time()
+    run_id = f"demo-{policy}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(since))}"
     print(f"demo: policy {policy}, fleet {options.fleet}, {options.duration:.0f} s of load", file=sys.stderr)
     with embedded_broker(log_path=settings.data_dir / "tansu.log") as bootstrap:
         ensure_topics(bootstrap, settings.topic_partitions)
         print(f"demo: embedded Kafka (Tansu) on {bootstrap}", file=sys.stderr)
-        worker = _start_worker(bootstrap, settings, policy)
+        worker = _start_worker(bootstrap, settings, policy, run_id)
         try:
             counts = asyncio.run(_orchestrate(bootstrap, settings, options, worker))
         finally:
             worker.stop()
     client = connect(settings.clickhouse_url)
     try:
-        result = {**counts, **summary(client, since_ts=since)}
+        result = {"run_id": run_id, **counts, **summary(client, run_id=run_id)}
     finally:
         client.close()
     print(summary_line(result, policy))

@@ -13,6 +13,7 @@ from agents.policy.common.slo import DEFAULT_SLO_CLASSES
 from infra.clickhouse import FeedbackSink, connect, migrate, summary
 from infra.clickhouse.client import split_database
 from infra.clickhouse.migrate import load_migrations
+from infra.clickhouse.summary import clickhouse_rows
 from schemas.events import AdmissionDecision, Completion, InferenceRequest, RoutingDecision
 
 T0 = 1_700_000_000.0
@@ -323,6 +324,7 @@ def test_migrate_repairs_dropped_tables_and_their_columns(
         "0001_create_requests (repaired: missing requests)",
         "0006_create_goodput_per_minute (repaired: missing goodput_per_minute)",
         "0008_add_admission_pool_and_home_dc (repaired: missing requests.home_dc)",
+        "0011_add_run_columns (repaired: missing requests.run_id, requests.run_policy)",
     ]
     with connect(store) as opened:
         columns = {row[0] for row in opened.query("DESCRIBE TABLE requests").result_rows}
@@ -344,3 +346,26 @@ def test_migrate_repairs_in_library_use_too(tmp_path: Path) -> None:
             "0008_add_admission_pool_and_home_dc (repaired: missing admission_decisions.queue_pool)"
         ]
         assert migrate(opened) == []
+
+
+def test_rows_carry_their_run_and_the_summary_reads_one_run(client: Client) -> None:
+    first = FeedbackSink(
+        client, DEFAULT_SLO_CLASSES, retry_for_s=5.0, run_id="run-a", run_policy="round-robin"
+    )
+    second = FeedbackSink(
+        client, DEFAULT_SLO_CLASSES, retry_for_s=5.0, run_id="run-b", run_policy="slomax+tokenpilot"
+    )
+    first.write_completions([completion("a1"), completion("a2")])
+    second.write_completions([completion("b1", output_tokens=10)])
+    rows = client.query("SELECT request_id, run_id, run_policy FROM completions FINAL ORDER BY request_id")
+    assert rows.result_rows == [
+        ("a1", "run-a", "round-robin"),
+        ("a2", "run-a", "round-robin"),
+        ("b1", "run-b", "slomax+tokenpilot"),
+    ]
+
+    def completions(run_id: str) -> object:
+        return cast(dict[str, Any], summary(client, run_id=run_id)["total"])["completions"]
+
+    assert (completions("run-a"), completions("run-b"), completions("")) == (2, 1, 3)
+    assert clickhouse_rows(client, "run-b") == 1
