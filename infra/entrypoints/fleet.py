@@ -112,7 +112,8 @@ async def run_fleet(
     settings') and new clients started; the engines keep their state and the events not
     delivered are sent again (at least once). It keeps trying until ``stop``. A partition whose
     high watermark goes down (the broker lost its log: a restarted embedded Tansu, which the
-    clients already reconnected to) is read again from its start, without a reconnect.
+    clients already reconnected to) makes every partition be read again from its start, without
+    a reconnect.
     """
     if heartbeat_s <= 0:
         raise ValueError("heartbeat_s must be > 0")
@@ -239,11 +240,19 @@ class _FleetLoop:
                 self.ready.set()
             lost = liveness.check()
             if lost:
-                # The broker lost its log (a restarted embedded Tansu): these positions point into
-                # a log that is gone. Read the new log from its start rather than reconnect (a
-                # new consumer's group join costs seconds); the engines run each attempt once.
-                log.warning("fleet: the broker lost the log of %s; reading it again from the start", lost)
-                await self.consumer.seek_to_beginning(*lost)
+                # The broker lost its log (a restarted embedded Tansu): our positions point into a
+                # log that is gone. Read the new log from its start rather than reconnect (a new
+                # consumer's group join costs seconds); the engines run each attempt once. Every
+                # partition, not only those whose high watermark went down: the broker lost all of
+                # them at once, and a partition the new log had already grown past our old
+                # position on would otherwise skip the decisions written there since the restart.
+                partitions = list(self.consumer.assignment())
+                log.warning(
+                    "fleet: the broker lost its log (%s); reading %d partitions again from the start",
+                    lost,
+                    len(partitions),
+                )
+                await self.consumer.seek_to_beginning(*partitions)
             # One instant for the whole batch: decisions polled together reach the engines together.
             now = time.time()
             for records in batches.values():

@@ -4,8 +4,8 @@ The embedded broker (Tansu) keeps its log in memory: the broker started again on
 has no topics, no committed offsets and no consumer groups. The worker's watchdog sees that (a
 high watermark went down, or its topics are gone) and exits; its supervisor recreates the topics
 and starts a fresh worker. The fleet's dispatcher keeps its engines and its clients (which
-reconnect on their own): a partition whose high watermark went down is read again from its
-start; only a dispatcher whose fetches or deliveries stop altogether starts new clients (and
+reconnect on their own): once a partition's high watermark went down, every partition is read
+again from its start; only a dispatcher whose fetches or deliveries stop altogether starts new clients (and
 recreates the topics). This test owns its broker (not the session's).
 """
 
