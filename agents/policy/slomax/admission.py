@@ -29,7 +29,7 @@ instance), each request gets one answer:
                   is idle)
   and in every class, an instance with prefill room for the request's own prefill: one whose
   decodes would still produce a token within ``tpot_headroom`` x the interactive TPOT objective
-  (``prefill_share.py``); the request may only be placed on such rows (urgent batch: anywhere)
+  (``placement.py``); the request may only be placed on such rows (urgent batch: anywhere)
 - ``queue`` in the pool named after its class otherwise: offered again at the next snapshot.
 
 Why the gates are on the predicted TTFT well below the objective, and on prefill room: a
@@ -60,13 +60,12 @@ from typing import Protocol
 
 import numpy as np
 
-from agents.policy.common.numeric import FloatArray
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES, LONG_CONTEXT_INPUT_TOKENS, SloClass
 from agents.policy.slomax.classes import BATCH, INTERACTIVE, LONG_CONTEXT, Classified, ClassRules
 from agents.policy.slomax.controller import Controller, Knobs, Step
 from agents.policy.slomax.fairness import VirtualTokenCounter
 from agents.policy.slomax.feedback import GoodputSource
-from agents.policy.slomax.prefill_share import PrefillLoad
+from agents.policy.slomax.placement import PrefillLoad, Rows
 from agents.policy.types import (
     BLOCK_TOKENS,
     Admission,
@@ -227,7 +226,7 @@ class SloMax:
         capacity = int(view.kv_total[view.ready].sum()) * BLOCK_TOKENS
         pending = 0  # prefill tokens admitted in this offer, not yet seen by the router
         room = self.prefill.room(view, now_s, self.tpot_headroom * self._tpot_objective())
-        rows = _Rows(view, self._long_on, self.long_prefills_per_instance, self.long_share, room)
+        rows = Rows(view, self._long_on, self.long_prefills_per_instance, self.long_share, room)
         interactive_waits = False
         batch_closed = False  # a batch request was refused its gate: later ones are too
         for offer in offers:
@@ -267,7 +266,7 @@ class SloMax:
         now_s: float,
         capacity: int,
         interactive_waits: bool,
-        rows: _Rows,
+        rows: Rows,
     ) -> Admission:
         request, cls = offer.request, offer.cls
         name = cls.slo_class
@@ -443,58 +442,3 @@ class _ObservedTtft:
     def wait_s(self, slo_class: str, now_s: float) -> float:
         mean, at = self._mean.get(slo_class, (0.0, now_s))
         return float(mean * 0.5 ** (max(now_s - at, 0.0) / self.half_life_s))
-
-
-class _Rows:
-    """Where the requests of one offer may go: the long-prompt share and each row's prefill room.
-
-    Long prompts prefill on a share of the instances: at most ``max(1, floor(long_share x
-    ready))`` at once, each at most ``limit`` of them (placed, no first token yet). A long prompt
-    goes to an instance already prefilling long prompts if one has room, else to a new one while
-    the share allows, else it waits in its pool. Interactive and batch requests keep off the
-    instances prefilling long prompts while another instance has room (work-conserving): a long
-    prefill's chunks stall every decode of its instance for seconds.
-
-    Every request needs a row with prefill room for its own prefill (``prefill_share.py``);
-    urgent batch work may use any row. The router places what admission let through only after
-    it, so an admitted request's prefill is charged evenly to the rows it may use, and one offer
-    admits at most one long prompt per instance it may use.
-    """
-
-    def __init__(
-        self, view: ClusterView, long_on: Mapping[str, int], limit: int, long_share: float, room: FloatArray
-    ) -> None:
-        counts = np.zeros(len(view), dtype=np.int64)
-        for instance_id, n in long_on.items():
-            row = view.index_of.get(instance_id)
-            if row is not None:
-                counts[row] = n
-        busy = view.ready & (counts > 0)
-        quiet = view.ready & ~busy
-        allowed = max(1, int(long_share * int(view.ready.sum())))
-        open_busy = busy & (counts < limit)
-        new = max(allowed - int(busy.sum()), 0)  # instances that may start a long prefill
-        self._long: BoolArray = open_busy | quiet if new > 0 else open_busy
-        self._free = int(open_busy.sum()) + new
-        self._quiet: BoolArray | None = quiet if busy.any() and quiet.any() else None
-        self.room = room
-
-    def long_room(self) -> bool:
-        return self._free > 0
-
-    def for_request(self, slo_class: str, prefill_s: float, urgent: bool = False) -> BoolArray | None:
-        """The rows a request of ``slo_class`` with ``prefill_s`` of own prefill may use; None:
-        none has room (it waits)."""
-        fits: BoolArray = np.isfinite(self.room) if urgent else self.room >= prefill_s
-        share = self._long if slo_class == LONG_CONTEXT else self._quiet
-        if share is not None:
-            both = fits & share
-            if both.any() or slo_class == LONG_CONTEXT:
-                return both if both.any() else None
-        return fits if fits.any() else None
-
-    def taken(self, slo_class: str, rows: BoolArray | None, prefill_s: float) -> None:
-        if slo_class == LONG_CONTEXT:
-            self._free -= 1
-        if rows is not None and rows.any():
-            self.room[rows] -= prefill_s / int(rows.sum())

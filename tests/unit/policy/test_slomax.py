@@ -14,7 +14,7 @@ from agents.policy.slomax.classes import ClassRules
 from agents.policy.slomax.controller import Controller, Knobs
 from agents.policy.slomax.fairness import VirtualTokenCounter
 from agents.policy.slomax.feedback import ClassWindow, InMemoryGoodput
-from agents.policy.slomax.prefill_share import PrefillLoad
+from agents.policy.slomax.placement import PrefillLoad
 from agents.policy.types import ClusterView, Finished, FirstToken, RequestView, TtftPrediction
 from tests.unit.policy.helpers import cluster_view
 
