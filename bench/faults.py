@@ -48,7 +48,11 @@ requests never decided whose last admission answer is ``queue``: held, counted i
 ``completions_missing`` (seen on ``tf.completions``, not in the store), broker_restart's audit of
 what the broker lost (``lost_with_broker_log``, ``lost_unserved_by_new_broker``,
 ``broker_offset_collisions``, ``decided_not_executed_unserved_by_new_broker``,
-``completions_missing_with_broker_log``, ``completions_missing_unserved_by_new_broker``: see
+``completions_missing_with_broker_log``, ``completions_missing_unserved_by_new_broker``,
+``completions_missing_at_broker_collisions``, ``decided_not_executed_at_broker_collisions`` (at
+an offset where the new broker holds two records: a live consumer reads one and moves past the
+other), ``completions_missing_with_broker_losses`` (all of them; ``completions_missing`` then
+counts only what the system lost): see
 ``Run.broker_audit``), ``routing_p99_control_s`` / ``routing_p99_ratio`` / ``routing_p99_before_s`` /
 ``routing_p99_after_s`` (store_down_mid_run),
 ``decided_not_executed`` (decided valid requests with no completion on ``tf.completions``;
@@ -486,6 +490,8 @@ class BrokerLog:
     decision_keys: set[Key] = field(default_factory=set)
     completion_ids: set[str] = field(default_factory=set)
     collisions: int = 0
+    collided_decision_keys: set[Key] = field(default_factory=set)  # at an offset holding two records
+    collided_completion_ids: set[str] = field(default_factory=set)
 
     @classmethod
     async def read(cls, bootstrap: str, idle_s: float = 2.0) -> BrokerLog:
@@ -505,28 +511,44 @@ class BrokerLog:
             "fault audit",
         )
         offsets: Counter[tuple[str, int, int]] = Counter()
+        at: dict[tuple[str, int, int], list[Key | str]] = {}
         try:
             while batch := await consumer.getmany(timeout_ms=int(idle_s * 1000), max_records=5000):
                 for tp, records in batch.items():
                     for record in records:
-                        offsets[(tp.topic, tp.partition, record.offset)] += 1
-                        served._keep(tp.topic, record.value)
+                        where = (tp.topic, tp.partition, record.offset)
+                        offsets[where] += 1
+                        kept = served._keep(tp.topic, record.value)
+                        if kept is not None:
+                            at.setdefault(where, []).append(kept)
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(consumer.stop(), timeout=10)
         served.collisions = sum(1 for n in offsets.values() if n > 1)
+        # A live consumer reads one of the records at a collided offset and moves past the
+        # other: those are the broker's to answer for, like the records it does not serve.
+        for where, n in offsets.items():
+            if n > 1 and where[0] != REQUESTS.name:
+                for kept in at.get(where, []):
+                    if isinstance(kept, str):
+                        served.collided_completion_ids.add(kept)
+                    else:
+                        served.collided_decision_keys.add(kept)
         return served
 
-    def _keep(self, topic: str, value: bytes | None) -> None:
+    def _keep(self, topic: str, value: bytes | None) -> Key | str | None:
+        """Record what ``value`` is; return its completion id or (request id, attempt)."""
         try:
             data = json.loads(value or b"")
             if topic == COMPLETIONS.name:
                 self.completion_ids.add(data["event_id"])
-            else:
-                keys = self.request_keys if topic == REQUESTS.name else self.decision_keys
-                keys.add((data["request_id"], data["attempt"]))
+                return str(data["event_id"])
+            keys = self.request_keys if topic == REQUESTS.name else self.decision_keys
+            key = (data["request_id"], data["attempt"])
+            keys.add(key)
+            return key
         except (ValueError, KeyError, TypeError):
-            pass  # a bad request: the fuzz scenarios count those, not the audit
+            return None  # a bad request: the fuzz scenarios count those, not the audit
 
 
 # ---------------------------------------------------------------- one scenario's run
@@ -824,6 +846,11 @@ class Run:
             "decided_not_executed_unserved_by_new_broker": sum(
                 1 for k in not_executed if first[k] >= stopped and k not in served.decision_keys
             ),
+            "decided_not_executed_at_broker_collisions": sum(
+                1
+                for k in not_executed
+                if first[k] >= stopped and k in served.decision_keys and k in served.collided_decision_keys
+            ),
         }
 
     def missing_completions(self, stored: set[str]) -> dict[str, int]:
@@ -839,6 +866,11 @@ class Run:
             out["completions_missing_with_broker_log"] = len(missing & old)
             unserved = missing - old - self.served.completion_ids
             out["completions_missing_unserved_by_new_broker"] = len(unserved)
+            collided = (missing - old - unserved) & self.served.collided_completion_ids
+            out["completions_missing_at_broker_collisions"] = len(collided)
+            # The headline counts what the system lost: not what the broker itself lost.
+            out["completions_missing"] = len(missing - old - unserved - collided)
+            out["completions_missing_with_broker_losses"] = len(missing)
         return out
 
     def read_store(self) -> set[str] | None:

@@ -118,11 +118,14 @@ def _broker_restart_run(tmp_path: Path) -> Run:
     run.collector.completions = [(("old-ok", 1), "c-old-stored", "ok"), (("warm", 1), "c-old-gone", "ok")]
     run.collector.completions_before_restart = 2
     run.collector.completions.append((("new-ok", 1), "c-new-unserved", "ok"))
+    run.collector.completions.append((("new-ok", 2), "c-new-collided", "ok"))
+    run.collector.completions.append((("new-ok", 3), "c-new-not-stored", "ok"))
     run.served = BrokerLog(
         request_keys={("new-lost", 1), ("new-ok", 1), ("new-dropped", 1)},
         decision_keys={("new-ok", 1)},
-        completion_ids=set(),
+        completion_ids={"c-new-collided", "c-new-not-stored"},
         collisions=3,
+        collided_completion_ids={"c-new-collided"},
     )
     return run
 
@@ -139,9 +142,11 @@ def test_broker_audit_separates_what_the_broker_lost_from_what_the_system_lost(t
     assert figures["decided_not_executed_unserved_by_new_broker"] == 1
     missing = run.missing_completions({"c-old-stored"})
     assert missing == {
-        "completions_missing": 2,
+        "completions_missing": 1,  # c-new-not-stored: served by the new broker, never stored
         "completions_missing_with_broker_log": 1,  # c-old-gone: only the old log had it
         "completions_missing_unserved_by_new_broker": 1,  # c-new-unserved
+        "completions_missing_at_broker_collisions": 1,  # c-new-collided: a live reader skips it
+        "completions_missing_with_broker_losses": 4,
     }
 
 
@@ -149,7 +154,7 @@ def test_without_a_broker_restart_every_lost_request_counts(tmp_path: Path) -> N
     run = _broker_restart_run(tmp_path)
     run.broker_stopped_at, run.served = None, None
     assert run.figures()["lost"] == 3  # old-lost, new-lost, new-unserved
-    assert run.missing_completions({"c-old-stored"}) == {"completions_missing": 2}
+    assert run.missing_completions({"c-old-stored"}) == {"completions_missing": 4}
 
 
 def test_store_outage_injection_fails_every_store_call_while_its_file_exists(tmp_path: Path) -> None:
