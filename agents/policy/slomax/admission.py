@@ -56,7 +56,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -87,6 +87,7 @@ def _own_prefill_s(predicted: TtftPrediction) -> float:
     return max(predicted.ttft_s - predicted.wait_s, 0.0)
 
 
+@runtime_checkable
 class TtftPredictor(Protocol):
     def predict_ttft(
         self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float
@@ -185,7 +186,7 @@ class SloMax:
 
     def bind_router(self, router: object) -> None:
         """Use the router's TTFT prediction where it has one (``Scheduler`` calls this)."""
-        self._router = router if callable(getattr(router, "predict_ttft", None)) else None  # type: ignore[assignment]
+        self._router = router if isinstance(router, TtftPredictor) else None
 
     def bind_feedback(self, source: GoodputSource, record: Callable[[Step], None] | None = None) -> None:
         """Close the loop: read outcomes from ``source`` every ``interval_s``; ``record`` each step."""
@@ -234,11 +235,11 @@ class SloMax:
             if batch_closed and cls.slo_class == BATCH and offer.rank == _RANK[BATCH]:
                 answers[offer.index] = self._queue(request, BATCH, "batch gate closed: the pool is saturated")
                 continue
-            predicted = self._predict(request, view, now_s, ready, pending)
-            answer = self._decide(offer, predicted, now_s, capacity, interactive_waits, rows)
+            predicted = self._predict(offer, view, now_s, ready, pending)
+            own = _own_prefill_s(predicted)
+            answer = self._decide(offer, predicted.ttft_s, own, now_s, capacity, interactive_waits, rows)
             if answer.action == "admit":
                 pending += request.input_tokens
-                own = _own_prefill_s(predicted)
                 rows.taken(cls.slo_class, answer.candidates, own)
                 self._admitted(request, cls, own)
             elif answer.action == "queue":
@@ -256,13 +257,14 @@ class SloMax:
             if slack < self.deadline_margin_s:
                 rank = 0  # urgent: served with interactive work
         else:
-            slack = self._objective(cls) - (now_s - request.arrival_s)
+            slack = self._objective_of(cls.slo_class) - (now_s - request.arrival_s)
         return _Offer(index, request, cls, rank, slack)
 
     def _decide(
         self,
         offer: _Offer,
-        predicted: TtftPrediction,
+        ttft: float,
+        own_prefill_s: float,
         now_s: float,
         capacity: int,
         interactive_waits: bool,
@@ -271,7 +273,6 @@ class SloMax:
         request, cls = offer.request, offer.cls
         name = cls.slo_class
         held = request.key in self._held
-        ttft, wait = predicted.ttft_s, predicted.wait_s
         quota = self.tenant_quota_tokens
         holds = self._tenant_tokens.get(request.tenant, 0)
         if quota is not None and holds and holds + request.input_tokens + request.output_budget > quota:
@@ -288,12 +289,12 @@ class SloMax:
             tokens = self._class_tokens.get(BATCH, 0) + request.input_tokens + request.output_budget
             if urgent or not saturated or tokens <= share:
                 why = "urgent" if urgent else "idle capacity" if not saturated else "within batch share"
-                where = rows.for_request(name, _own_prefill_s(predicted), urgent)
+                where = rows.for_request(name, own_prefill_s, urgent)
                 if where is None:
                     return self._queue(request, BATCH, _NO_ROOM, ttft)
                 return self._admit(f"slomax: batch {why}", ttft, where)
-            return self._queue(request, BATCH, f"batch gate closed: predicted wait {wait:.2f} s", ttft)
-        objective = self._objective(cls)
+            return self._queue(request, BATCH, f"batch gate closed: predicted TTFT {ttft:.2f} s", ttft)
+        objective = self._objective_of(name)
         waited = now_s - request.arrival_s
         if waited + ttft > objective:
             code = "expired" if held else "cannot_meet_slo"
@@ -303,24 +304,25 @@ class SloMax:
             return self._queue(request, name, "every instance is prefilling its share of long prompts", ttft)
         headroom = self.knobs.headroom if name == INTERACTIVE else self.long_headroom
         if ttft <= headroom * objective:
-            where = rows.for_request(name, _own_prefill_s(predicted))
+            where = rows.for_request(name, own_prefill_s)
             if where is None:
                 return self._queue(request, name, _NO_ROOM, ttft)
             return self._admit(f"slomax: {name} within headroom", ttft, where)
         return self._queue(
-            request, name, f"predicted wait {wait:.2f} s over {headroom:.2f} x objective", ttft
+            request, name, f"predicted TTFT {ttft:.2f} s over {headroom:.2f} x objective", ttft
         )
 
     def _predict(
-        self, request: RequestView, view: ClusterView, now_s: float, ready: int, pending: int
+        self, offer: _Offer, view: ClusterView, now_s: float, ready: int, pending: int
     ) -> TtftPrediction:
         """The router's prediction (else the pool estimate), plus this offer's earlier admits."""
+        request = offer.request
         queued_s = pending / (ready * self.prefill_tokens_per_s)
         if self._router is not None:
             predicted = self._router.predict_ttft(request, view, self._model_mask(request, view), now_s)
             if predicted is not None:
                 return TtftPrediction(predicted.ttft_s + queued_s, predicted.wait_s + queued_s)
-        wait = self._observed.wait_s(self.rules.classify(request).slo_class, now_s) + queued_s
+        wait = self._observed.wait_s(offer.cls.slo_class, now_s) + queued_s
         return TtftPrediction(wait + request.input_tokens / self.prefill_tokens_per_s, wait)
 
     def _model_mask(self, request: RequestView, view: ClusterView) -> BoolArray:
@@ -328,9 +330,6 @@ class SloMax:
         if key != self._mask_key:
             self._mask_key, self._mask = key, view.ready & (view.model == request.model)
         return self._mask
-
-    def _objective(self, cls: Classified) -> float:
-        return self._objective_of(cls.slo_class)
 
     def _tpot_objective(self) -> float:
         tpot = self.slo[INTERACTIVE].tpot_s
