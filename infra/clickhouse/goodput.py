@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
 from typing import get_args
 
 from clickhouse_connect.driver.client import Client
@@ -34,13 +33,12 @@ from agents.policy.common.slo import SloClass
 from agents.policy.slomax.controller import Step
 from agents.policy.slomax.feedback import ClassWindow
 from infra.clickhouse.feedback import ClickHouseFeedback
-from infra.clickhouse.sink import FeedbackSink
+from infra.clickhouse.sink import FeedbackSink, ms_time
 from schemas.events import AdmissionDecision, Completion
 from sim.loop.feedback import EndedAttempt
 
 log = logging.getLogger(__name__)
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 _RANGE = (
     "ts > fromUnixTimestamp64Milli({lo:Int64}, 'UTC') AND ts <= fromUnixTimestamp64Milli({hi:Int64}, 'UTC')"
@@ -112,7 +110,7 @@ class ClickHouseGoodput:
     def record(self, step: Step) -> None:
         """Append ``step`` to ``slomax_adjustments``."""
         row = [
-            _EPOCH + timedelta(milliseconds=int(step.time_s * 1000)), self.policy, step.action, step.reason,
+            ms_time(step.time_s), self.policy, step.action, step.reason,
             step.interactive_met_share, step.batch_misses, step.before.headroom, step.after.headroom,
             step.before.batch_share, step.after.batch_share,
         ]  # fmt: skip

@@ -88,7 +88,7 @@ def _retrying(retry_for_s: float) -> Retrying:
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def _time(ts: float | None) -> datetime | None:
+def ms_time(ts: float | None) -> datetime | None:
     """``ts`` truncated to the millisecond a DateTime64(3) column keeps, exactly: through
     ``datetime.fromtimestamp`` a float is first rounded to microseconds, so 1.9999995 s was
     stored as 2.000 s rather than 1.999 s."""
@@ -166,9 +166,9 @@ class FeedbackSink:
     def _completion_row(self, c: Completion) -> Row:
         good = met_slo(c, self._slo.get(c.slo_class))
         return [
-            c.event_id, _time(c.ts), c.schema_version, c.request_id, c.attempt, c.instance_id, c.model,
-            c.tenant, c.slo_class, c.status, _time(c.arrival_ts), c.ttft_s, c.tpot_s, c.e2e_s,
-            c.input_tokens, c.cached_tokens, c.output_tokens, _time(c.deadline_ts), int(good),
+            c.event_id, ms_time(c.ts), c.schema_version, c.request_id, c.attempt, c.instance_id, c.model,
+            c.tenant, c.slo_class, c.status, ms_time(c.arrival_ts), c.ttft_s, c.tpot_s, c.e2e_s,
+            c.input_tokens, c.cached_tokens, c.output_tokens, ms_time(c.deadline_ts), int(good),
         ]  # fmt: skip
 
     def _write(
@@ -200,22 +200,22 @@ class FeedbackSink:
 
 def _request_row(r: InferenceRequest) -> Row:
     return [
-        r.event_id, _time(r.ts), r.schema_version, r.request_id, r.attempt, r.tenant, r.model, r.task_type,
-        r.slo_class or "", r.input_tokens, r.output_budget, len(r.prompt_block_hashes), _time(r.deadline_ts),
-        list(r.allowed_regions), r.true_output_tokens, r.home_dc,
+        r.event_id, ms_time(r.ts), r.schema_version, r.request_id, r.attempt, r.tenant, r.model, r.task_type,
+        r.slo_class or "", r.input_tokens, r.output_budget, len(r.prompt_block_hashes),
+        ms_time(r.deadline_ts), list(r.allowed_regions), r.true_output_tokens, r.home_dc,
     ]  # fmt: skip
 
 
 def _admission_row(a: AdmissionDecision) -> Row:
     return [
-        a.event_id, _time(a.ts), a.schema_version, a.request_id, a.attempt, a.tenant, a.model, a.slo_class,
+        a.event_id, ms_time(a.ts), a.schema_version, a.request_id, a.attempt, a.tenant, a.model, a.slo_class,
         a.action, a.reason, a.policy, a.queue_pool, a.predicted_ttft_s, a.retry_after_s,
     ]  # fmt: skip
 
 
 def _routing_row(d: RoutingDecision) -> Row:
     return [
-        d.event_id, _time(d.ts), d.schema_version, d.request_id, d.attempt, d.tenant, d.model, d.slo_class,
+        d.event_id, ms_time(d.ts), d.schema_version, d.request_id, d.attempt, d.tenant, d.model, d.slo_class,
         d.dc, d.instance_id, d.policy, d.reason, d.predicted_ttft_s, d.decision_latency_s,
         d.request.input_tokens, d.request.output_budget,
     ]  # fmt: skip
