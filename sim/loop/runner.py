@@ -312,7 +312,7 @@ class Simulation:
         request = attempt.request
         slo = self.config.slo_classes.get(request.slo_class)
         e2e = now - attempt.arrival_s
-        deadline = None if request.deadline_s is None else request.arrival_s + request.deadline_s
+        deadline = _deadline_at(request)
         relative = None if deadline is None else deadline - attempt.arrival_s
         met = (
             status == "ok"
@@ -343,9 +343,7 @@ class Simulation:
         )
 
     def _timeout_at(self, attempt: Attempt) -> float | None:
-        request = attempt.request
-        deadline = None if request.deadline_s is None else request.arrival_s + request.deadline_s
-        return self.clients.give_up_at(attempt, deadline)
+        return self.clients.give_up_at(attempt, _deadline_at(attempt.request))
 
     def _request_view(self, attempt: Attempt) -> RequestView:
         request = attempt.request
@@ -359,7 +357,7 @@ class Simulation:
             output_budget=attempt.output_budget,
             block_hashes=request.block_hashes,
             arrival_s=attempt.arrival_s,
-            deadline_s=None if request.deadline_s is None else request.arrival_s + request.deadline_s,
+            deadline_s=_deadline_at(request),
             task_type=request.task_type,
         )
 
@@ -400,6 +398,11 @@ def simulate(
     ``feedback``: where a closed-loop admission stage's outcomes go (default: in memory)."""
     scheduler = build_scheduler(policy_name, seed=config.seed, params=params)
     return Simulation(workload, fleet, scheduler, config, feedback).run(progress)
+
+
+def _deadline_at(request: TraceRequest) -> float | None:
+    """The request's absolute deadline (its own is relative to its first arrival)."""
+    return None if request.deadline_s is None else request.arrival_s + request.deadline_s
 
 
 def _dc_view(fleet: FleetSpec) -> DcView:
