@@ -385,8 +385,9 @@ class ClickHouseFeedback:
         refused = self._store(sink, batch.table, list(batch.events))
         for rows, error in refused:
             self._quarantine(batch.table, rows, error)
-        self.spool.done(batch)
-        metrics.feedback_spooled_rows.set(self.spool.rows)
+        with self._cond:  # flush() sees the spool and its gauge change together
+            self.spool.done(batch)
+            metrics.feedback_spooled_rows.set(self.spool.rows)
         return True
 
     def _flush_buffer(self, sink: FeedbackSink) -> bool:
