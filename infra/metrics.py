@@ -136,6 +136,22 @@ feedback_dropped_rows_total = Counter(
 )
 
 
+gateway_requests_total = Counter(
+    "gateway_requests",
+    "Gateway calls by outcome (ok, aborted, error, or the HTTP error code).",
+    ["status"],
+    namespace=NAMESPACE,
+    registry=REGISTRY,
+)
+gateway_decision_seconds = Histogram(
+    "gateway_decision_seconds",
+    "From a gateway call's arrival to the scheduler's answer (publish, route, read back).",
+    buckets=(1e-3, 2e-3, 3e-3, 5e-3, 7.5e-3, 10e-3, 20e-3, 50e-3, 100e-3, 250e-3, 1.0, 5.0),
+    namespace=NAMESPACE,
+    registry=REGISTRY,
+)
+
+
 def render() -> bytes:
     """The registry in the Prometheus text format (serve with ``CONTENT_TYPE``)."""
     return generate_latest(REGISTRY)

@@ -100,6 +100,30 @@ class Settings(BaseSettings):
     event_batch_window_s: float = Field(default=0.05, ge=0)
     request_batch_max: int = Field(default=256, ge=1, description="requests routed per lane batch, at most")
     slo_classes: dict[str, SloClassSetting] = Field(default_factory=_default_slo_classes)
+    inventory: Path | None = Field(
+        default=None,
+        description="the real engines' inventory YAML (infra/engines/vllm/inventory.py): the gateway "
+        "and dispatcher reach its instances, the worker takes its models' tokenizers from it",
+    )
+    tokenizers: dict[str, Path] = Field(
+        default_factory=dict,
+        description="model pool -> a directory with its tokenizer.json, for requests that carry a "
+        "prompt without input_tokens (the inventory's tokenizers are added to these)",
+    )
+    scrape_interval_s: float = Field(
+        default=0.5, gt=0, description="how often each engine's /metrics is read"
+    )
+
+    def tokenizer_dirs(self) -> dict[str, Path]:
+        """Model pool -> tokenizer directory: ``tokenizers`` over the inventory's."""
+        found: dict[str, Path] = {}
+        if self.inventory is not None:
+            from infra.engines.vllm.inventory import load_inventory
+
+            for model in load_inventory(self.inventory).models.values():
+                if model.tokenizer is not None:
+                    found[model.name] = model.tokenizer
+        return {**found, **self.tokenizers}
 
     @cached_property
     def clickhouse_url(self) -> str:

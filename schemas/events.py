@@ -61,6 +61,18 @@ MAX_BATCH_REQUESTS = 10_000
 """Most requests in one batch job (one message; bigger jobs are split by the client)."""
 MAX_BATCH_DEADLINE_S = 10_000_000.0
 """Longest batch deadline: 116 days after submission."""
+MAX_PROMPT_CHARS = 200_000
+"""Most characters of a prompt (text, or all chat messages together): ~50 000 tokens; a routing
+decision embedding it stays well under the 1 MB a Kafka producer sends by default."""
+MAX_PROMPT_TOKEN_IDS = 32_768
+"""Most token ids of a tokenized prompt (~200 KB of JSON)."""
+MAX_TOKEN_ID = 2**31 - 1
+MAX_MESSAGES = 512
+"""Most messages of one chat request."""
+MAX_STOP = 4
+"""Most stop sequences (OpenAI's limit)."""
+MAX_RESPONSE_CHARS = 400_000
+"""Most characters of a response's text on ``tf.responses``."""
 
 # --- bounded field types --------------------------------------------------------------------------
 
@@ -106,14 +118,47 @@ class Event(BaseModel):
     schema_version: Literal[1] = SCHEMA_VERSION
 
 
+class ChatMessage(BaseModel):
+    """One message of a chat request, as the OpenAI chat API names it (text content only)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str = Field(max_length=MAX_PROMPT_CHARS)
+
+
+class Sampling(BaseModel):
+    """Sampling parameters, by their OpenAI names (``max_tokens`` is the request's
+    ``output_budget``). ``ignore_eos`` is vLLM's: generate exactly ``max_tokens`` (benchmarks)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    stop: tuple[Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH)], ...] = Field(
+        default=(), max_length=MAX_STOP
+    )
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    ignore_eos: bool = False
+
+
 class InferenceRequest(Event):
     """A client's request to the fleet. ``output_budget`` is its ``max_tokens`` cap.
 
+    The prompt, for requests real engines execute: at most one of ``prompt`` (a completion),
+    ``messages`` (a chat) or ``prompt_token_ids``; with ``sampling``. Requests for the emulated
+    fleet carry none and give ``input_tokens``. When a prompt is given, ``input_tokens`` (0 =
+    unknown) and ``prompt_block_hashes`` may be left out: the scheduler computes them with the
+    model's tokenizer (``infra/prompts.py``) before routing; token ids count themselves.
+
     ``prompt_block_hashes``: chained hashes of the prompt's full 512-token blocks (equal hash at
-    position i = equal prefix up to block i). ``attempt`` > 1 marks a client retry of the same
-    ``request_id``. ``deadline_ts``: absolute deadline (batch). ``allowed_regions``: data
-    centres the tenant's residency rules allow (empty = any). ``home_dc``: the data centre the
-    request entered the fleet at (empty = no preference).
+    position i = equal prefix up to block i; ``agents.prompt_blocks``). ``attempt`` > 1 marks a
+    client retry of the same ``request_id``. ``deadline_ts``: absolute deadline (batch).
+    ``allowed_regions``: data centres the tenant's residency rules allow (empty = any).
+    ``home_dc``: the data centre the request entered the fleet at (empty = no preference).
+    ``reply``: who executes the decision and answers — ``kafka``: the dispatcher, which writes
+    the answer to ``tf.responses``; ``http``: the gateway that accepted the request (the
+    dispatcher leaves it alone).
     """
 
     request_id: Name
@@ -121,8 +166,15 @@ class InferenceRequest(Event):
     tenant: Name = "default"
     model: Name
     task_type: Label = "chat"
+    prompt: str | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
+    messages: tuple[ChatMessage, ...] | None = Field(default=None, min_length=1, max_length=MAX_MESSAGES)
+    prompt_token_ids: tuple[Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)], ...] | None = Field(
+        default=None, min_length=1, max_length=MAX_PROMPT_TOKEN_IDS
+    )
+    sampling: Sampling = Sampling()
+    reply: Literal["kafka", "http"] = "kafka"
     prompt_block_hashes: BlockHashes = ()
-    input_tokens: int = Field(ge=1, le=MAX_TOKENS)
+    input_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS)
     output_budget: int = Field(ge=1, le=MAX_TOKENS)
     slo_class: Label | None = None
     deadline_ts: Timestamp | None = None
@@ -135,6 +187,26 @@ class InferenceRequest(Event):
         description="Emulation only: how many tokens the emulated engine will generate. "
         "Policies never read it; real clients leave it empty.",
     )
+
+    @model_validator(mode="after")
+    def _one_prompt_and_a_length(self) -> Self:
+        given = [f for f in ("prompt", "messages", "prompt_token_ids") if getattr(self, f) is not None]
+        if len(given) > 1:
+            raise ValueError(
+                f"give at most one of prompt, messages, prompt_token_ids (got {', '.join(given)})"
+            )
+        if self.messages is not None and sum(len(m.content) for m in self.messages) > MAX_PROMPT_CHARS:
+            raise ValueError(f"the messages hold more than {MAX_PROMPT_CHARS} characters")
+        if self.input_tokens == 0:
+            if self.prompt_token_ids is not None:
+                object.__setattr__(self, "input_tokens", len(self.prompt_token_ids))
+            elif not given:
+                raise ValueError("input_tokens must be >= 1 when the request carries no prompt")
+        return self
+
+    @property
+    def has_prompt(self) -> bool:
+        return self.prompt is not None or self.messages is not None or self.prompt_token_ids is not None
 
 
 class BatchJob(Event):
@@ -241,6 +313,24 @@ class Completion(Event):
     deadline_ts: Timestamp | None = None
 
 
+class Response(Event):
+    """The answer to one request attempt, on ``tf.responses`` keyed by request id: what the
+    engine generated (``text``), why it stopped (``finish_reason``: ``stop``, ``length``, ...)
+    and the usage the engine reported; ``status`` as in its ``Completion`` (``error`` says why)."""
+
+    request_id: Name
+    attempt: Attempt = 1
+    instance_id: Label
+    model: Label
+    status: Literal["ok", "timeout", "aborted", "error"]
+    text: str = Field(default="", max_length=MAX_RESPONSE_CHARS)
+    finish_reason: Label | None = None
+    prompt_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS)
+    completion_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS)
+    cached_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS)
+    error: Reason = ""
+
+
 class AdmissionDecision(Event):
     """The admission stage's answer: admit now, hold in ``queue_pool``, or reject, with the
     reason (its code first, e.g. ``cannot_meet_slo: ...``), the predicted TTFT it was based on
@@ -312,5 +402,6 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     Completion,
     AdmissionDecision,
     RoutingDecision,
+    Response,
     DeadLetter,
 )

@@ -13,6 +13,7 @@ from schemas.events import (
     Heartbeat,
     InferenceRequest,
     KvEvent,
+    Response,
     ResponseStarted,
     RoutingDecision,
 )
@@ -36,6 +37,8 @@ ADMISSION = TopicSpec("tf.admission", AdmissionDecision, "model")
 DECISIONS = TopicSpec("tf.decisions", RoutingDecision, "model")
 BATCH_JOBS = TopicSpec("tf.batch.jobs", BatchJob, "job_id")
 DLQ = TopicSpec("tf.dlq", DeadLetter, "source_topic")
+# Answers are for the client that asked, not for a pool's worker: keyed by request id.
+RESPONSES = TopicSpec("tf.responses", Response, "request_id")
 
 ALL_TOPICS = (
     REQUESTS,
@@ -47,6 +50,7 @@ ALL_TOPICS = (
     DECISIONS,
     BATCH_JOBS,
     DLQ,
+    RESPONSES,
 )
 
 

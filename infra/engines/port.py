@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from schemas.events import Completion, Heartbeat, KvEvent, ResponseStarted, RoutingDecision
+from schemas.events import Completion, Heartbeat, KvEvent, Response, ResponseStarted, RoutingDecision
 
-EngineEvent = ResponseStarted | Completion | KvEvent
+EngineEvent = ResponseStarted | Completion | Response | KvEvent
 
 
 class EngineError(RuntimeError):
@@ -53,7 +53,8 @@ class EnginePort(Protocol):
     What comes back for one dispatched attempt, through ``events``: at most one
     ``ResponseStarted`` (its first token reached the client), then exactly one ``Completion``
     (``ok``; ``timeout``: the client gave up waiting; ``aborted``: ``abort`` was called;
-    ``error``: the endpoint is unknown, refused it or failed). ``KvEvent``s come as the
+    ``error``: the endpoint is unknown, refused it or failed), and, from engines that generate
+    real text, one ``Response`` with it just before the ``Completion``. ``KvEvent``s come as the
     endpoints' caches change, whichever request caused it.
 
     Raises: only ``EngineError`` (any method, once the engines as a whole are unusable, e.g.

@@ -51,6 +51,7 @@ POLICY_HELP = (
     "(an unknown name lists them all)"
 )
 WORKLOAD_HELP = "trace file (Mooncake JSONL, Azure CSV) or 'synthetic[:k=v,...]'"
+INVENTORY_HELP = "the engines' inventory YAML (default: TOKENFLEET_INVENTORY)"
 FLEET_HELP = "COUNTxPROFILE[+...] or a fleet YAML file"
 EMBEDDED_HELP = (
     "no TOKENFLEET_KAFKA_BOOTSTRAP: publish into a throwaway embedded broker (what is published "
@@ -417,20 +418,85 @@ def fleet_command(
             callback=_real(0.001, 1e6, low_open=False),
         ),
     ] = 1.0,
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine",
+            metavar="KIND",
+            help="emulated (the simulator's engine model, --fleet) or vllm (the real servers of --inventory)",
+        ),
+    ] = "emulated",
+    inventory: Annotated[
+        str | None,
+        typer.Option("--inventory", metavar="FILE", help=INVENTORY_HELP),
+    ] = None,
 ) -> None:
-    """Run emulated inference instances in real time."""
+    """The dispatcher: execute routing decisions on emulated instances or real vLLM servers."""
     from infra.bootstrap import kafka_bootstrap
     from infra.entrypoints.fleet import run_fleet
-    from sim.engine.fleet import parse_fleet
 
-    parse_fleet(fleet)  # fail fast on a bad spec
     settings = _settings()
+    engines: Any = fleet
+    if engine == "vllm":
+        from infra.engines.vllm.adapter import VllmEngines
+
+        engines = VllmEngines(_inventory(inventory, settings), scrape_s=settings.scrape_interval_s)
+    elif engine == "emulated":
+        from sim.engine.fleet import parse_fleet
+
+        parse_fleet(fleet)  # fail fast on a bad spec
+    else:
+        raise ValueError(f"--engine must be emulated or vllm, not {engine!r}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     with kafka_bootstrap(settings) as bootstrap:
         counts = _run_until_interrupted(
-            run_fleet(bootstrap, fleet, speed=speed, heartbeat_s=settings.heartbeat_interval_s)
+            run_fleet(bootstrap, engines, speed=speed, heartbeat_s=settings.heartbeat_interval_s)
         )
     print(f"fleet stopped: {counts}")
+
+
+@app.command()
+def gateway(
+    inventory: Annotated[
+        str | None,
+        typer.Option("--inventory", metavar="FILE", help=INVENTORY_HELP),
+    ] = None,
+    host: Annotated[str, typer.Option("--host", metavar="ADDR")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", metavar="N", callback=_whole(1, 65535))] = 8000,
+    decision_timeout: Annotated[
+        float,
+        typer.Option(
+            "--decision-timeout",
+            metavar="S",
+            help="answer 503 when the scheduler has not decided within S seconds",
+            callback=_real(0.0, MAX_SECONDS),
+        ),
+    ] = 30.0,
+) -> None:
+    """OpenAI-compatible HTTP front door (/v1/chat/completions, /v1/completions, /v1/models)."""
+    from infra.bootstrap import kafka_bootstrap
+    from infra.gateway.server import Gateway, GatewayOptions, serve
+    from infra.prompts import Prompts
+
+    settings = _settings()
+    _require_broker(settings, embedded=False)
+    found = _inventory(inventory, settings)
+    dirs = {m.name: m.tokenizer for m in found.models.values() if m.tokenizer is not None}
+    prompts = Prompts.from_dirs({**dirs, **settings.tokenizers})
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    with kafka_bootstrap(settings) as bootstrap:
+        gw = Gateway(bootstrap, found, prompts, GatewayOptions(decision_timeout_s=decision_timeout))
+        _run_until_interrupted(serve(gw, host, port, asyncio.Event()))
+
+
+def _inventory(path: str | None, settings: Any) -> Any:
+    """The inventory of ``--inventory`` or ``TOKENFLEET_INVENTORY`` (``InventoryError`` if none)."""
+    from infra.engines.vllm.inventory import InventoryError, load_inventory
+
+    chosen = path or settings.inventory
+    if chosen is None:
+        raise InventoryError("no engine inventory: pass --inventory FILE or set TOKENFLEET_INVENTORY")
+    return load_inventory(chosen)
 
 
 @app.command()
@@ -501,6 +567,33 @@ def batch_submit(
     with kafka_bootstrap(settings) as bootstrap:
         job = asyncio.run(submit_batch(bootstrap, Path(file), deadline_s, model=model))
     print(f"submitted batch job {job.job_id}: {len(job.requests)} requests, deadline in {deadline_s:.0f} s")
+
+
+@batch_app.command("results")
+def batch_results(
+    job: Annotated[str, typer.Argument(metavar="JOB")],
+    out: Annotated[str, typer.Option("--out", metavar="FILE", help="where to write the answers (JSONL)")],
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            metavar="S",
+            help="wait up to S seconds for every answer",
+            callback=_real(0.0, MAX_SECONDS),
+        ),
+    ] = 60.0,
+) -> None:
+    """Collect a batch job's answers from tf.responses into a JSONL file."""
+    from infra.bootstrap import kafka_bootstrap
+    from infra.entrypoints.batch_results import collect_results
+
+    settings = _settings()
+    _require_broker(settings, embedded=False)
+    with kafka_bootstrap(settings) as bootstrap:
+        written, expected = asyncio.run(collect_results(bootstrap, job, Path(out), timeout))
+    print(f"{written} of {expected} answers of {job} written to {out}")
+    if written < expected:
+        raise typer.Exit(1)
 
 
 def _require_broker(settings: Any, embedded: bool) -> None:
@@ -663,13 +756,43 @@ def demo(
     json_out: Annotated[
         str | None, typer.Option("--json", metavar="OUT", help="write the summary as JSON")
     ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine",
+            metavar="KIND",
+            help="emulated (the emulated fleet, --fleet, load from --workload) or vllm (two real vLLM "
+            "servers on a tiny model, the gateway, the openai client as load; `make engine` first)",
+        ),
+    ] = "emulated",
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            "--concurrency", metavar="N", help="--engine vllm: users at once", callback=_whole(1, 256)
+        ),
+    ] = 8,
 ) -> None:
-    """Broker + ClickHouse + worker + emulated fleet + load, end to end."""
+    """Broker + ClickHouse + worker + fleet (emulated or real vLLM) + load, end to end."""
     from agents.policy.registry import parse_policy
     from infra.entrypoints.demo import DemoOptions, run_demo
 
     for name in policy or []:
         parse_policy(name)
+    if engine == "vllm":
+        from infra.entrypoints.demo_vllm import VllmDemoOptions, run_vllm_demo
+
+        vllm_options = VllmDemoOptions(
+            duration=duration,
+            concurrency=concurrency,
+            json_path=Path(json_out) if json_out is not None else None,
+            policy_names=tuple(policy) if policy else VllmDemoOptions.policy_names,
+        )
+        code = run_vllm_demo(_settings(), vllm_options)
+        if code:
+            raise typer.Exit(code)
+        return
+    if engine != "emulated":
+        raise ValueError(f"--engine must be emulated or vllm, not {engine!r}")
     options = DemoOptions(
         workload=workload,
         fleet=fleet,

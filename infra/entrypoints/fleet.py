@@ -1,10 +1,12 @@
-"""The dispatcher: routing decisions in; first tokens, completions, KV events, heartbeats out.
+"""The dispatcher: routing decisions in; first tokens, completions, responses, KV events, heartbeats out.
 
 One asyncio loop around an engine port (``infra.engines.port.EnginePort``): wait for decisions
 or the engines' next wakeup (whichever is first, never longer than to the next heartbeat),
 dispatch what arrived, collect the engines' events, send. Every message is JSON keyed by its
-topic's key (the model pool). Invalid decisions are logged and skipped: the worker that wrote
-them owns the dead-letter topic. ``tokenfleet fleet`` runs it over the emulated engines.
+topic's key (the model pool; a response's, its request id). Invalid decisions are logged and
+skipped: the worker that wrote them owns the dead-letter topic. ``tokenfleet fleet`` runs it
+over the emulated engines, or over real vLLM servers (``--engine vllm``). Decisions about
+requests a gateway accepted (``reply="http"``) are that gateway's to execute: skipped here.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from infra.engines.port import EngineEvent, EnginePort
 from infra.kafka.broker import ensure_topics_async
 from infra.kafka.clients import send_event, start_client
 from schemas.codec import DecodeError, decode
-from schemas.events import Completion, Event, Heartbeat, KvEvent, ResponseStarted, RoutingDecision
-from schemas.topics import COMPLETIONS, DECISIONS, FIRST_TOKENS, HEARTBEATS, KV_EVENTS, TopicSpec
+from schemas.events import Completion, Event, Heartbeat, KvEvent, Response, ResponseStarted, RoutingDecision
+from schemas.topics import COMPLETIONS, DECISIONS, FIRST_TOKENS, HEARTBEATS, KV_EVENTS, RESPONSES, TopicSpec
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,7 @@ _MAX_POLL_RECORDS = 2000
 _TOPIC_OF: dict[type[Event], TopicSpec] = {
     ResponseStarted: FIRST_TOKENS,
     Completion: COMPLETIONS,
+    Response: RESPONSES,
     KvEvent: KV_EVENTS,
     Heartbeat: HEARTBEATS,
 }
@@ -45,9 +48,11 @@ _TOPIC_OF: dict[type[Event], TopicSpec] = {
 class FleetCounts:
     decisions: int  # valid decisions executed
     duplicates: int  # redelivered decisions (same event id) skipped
+    gateway_requests: int  # decisions about requests a gateway executes itself (reply="http")
     invalid: int  # messages skipped as undecodable
     first_tokens: int
     completions: int
+    responses: int
     kv_events: int
     heartbeats: int
     reconnects: int = 0  # times the broker was lost and the clients started again
@@ -82,7 +87,7 @@ _SEND_FAILURES_BEFORE_RECONNECT = 3  # sends refused in a row (not timed out) be
 
 async def run_fleet(
     bootstrap: str,
-    fleet_spec: str,
+    fleet_spec: str | EnginePort,
     speed: float = 1.0,
     heartbeat_s: float = 0.25,
     stop: asyncio.Event | None = None,
@@ -96,11 +101,13 @@ async def run_fleet(
     partitions: int | None = None,
     reconnect: Reconnect | None = None,
 ) -> FleetCounts:
-    """Emulate ``fleet_spec`` (``EmulatedEngines.from_spec``) at ``speed`` until ``stop`` is set
-    (or the task is cancelled). Stops within ``heartbeat_s`` of ``stop``; events produced up to
-    then are delivered; attempts still running are abandoned (logged). ``ready`` is set once the
-    consumer has its partitions: start sending load then, as TTFT counts from each request's
-    ``ts`` and a consumer-group join (seconds) costs ``speed`` times that in emulated time.
+    """Drive ``fleet_spec`` — an engine port (real engines), or a fleet spec to emulate
+    (``EmulatedEngines.from_spec``) at ``speed`` — until ``stop`` is set (or the task is
+    cancelled); the engines are closed at the end. Stops within ``heartbeat_s`` of ``stop``;
+    events produced up to then are delivered; attempts still running are abandoned (logged).
+    ``ready`` is set once the consumer has its partitions: start sending load then, as TTFT
+    counts from each request's ``ts`` and a consumer-group join (seconds) costs ``speed`` times
+    that in emulated time.
 
     The consumer-group timeouts default low because Tansu holds a join for half the rebalance
     timeout. ``auto_offset_reset="earliest"``: a new group also executes decisions published
@@ -122,11 +129,15 @@ async def run_fleet(
         from infra.settings import Settings
 
         partitions = Settings().topic_partitions
-    engines = EmulatedEngines.from_spec(fleet_spec, speed, start_wall=time.time())
+    if isinstance(fleet_spec, str):
+        engines: EnginePort = EmulatedEngines.from_spec(fleet_spec, speed, start_wall=time.time())
+        log.info("emulated fleet %s: %d endpoints, speed x%g", fleet_spec, len(engines.endpoints), speed)
+    else:
+        engines = fleet_spec
+        log.info("dispatching to %d engines", len(engines.endpoints))
     if stop is None:
         stop = asyncio.Event()
     loop = _FleetLoop(engines, heartbeat_s, ready, reconnect)
-    log.info("emulated fleet %s: %d endpoints, speed x%g", fleet_spec, len(engines.endpoints), speed)
     try:
         failures = 0
         lost_at = topics_s = 0.0
@@ -216,7 +227,7 @@ class _FleetLoop:
         self.reconnect_limits = reconnect
         self.producer: Any = None
         self.consumer: Any = None
-        self.decisions = self.duplicates = self.invalid = self.reconnects = 0
+        self.decisions = self.duplicates = self.invalid = self.reconnects = self.gateway_requests = 0
         self.sent: Counter[TopicSpec] = Counter()
         self._backlog: list[EngineEvent | Heartbeat] = []  # not delivered before an outage
         self._failed_sends = 0  # in a row
@@ -279,6 +290,9 @@ class _FleetLoop:
             self.invalid += 1
             log.warning("skipping an invalid routing decision: %s", exc.reason)
             return
+        if decision.request.reply != "kafka":
+            self.gateway_requests += 1  # the gateway that accepted it runs it and answers
+            return
         if await self.engines.dispatch(decision, now):
             self.decisions += 1
         else:
@@ -317,9 +331,11 @@ class _FleetLoop:
         return FleetCounts(
             decisions=self.decisions,
             duplicates=self.duplicates,
+            gateway_requests=self.gateway_requests,
             invalid=self.invalid,
             first_tokens=self.sent[FIRST_TOKENS],
             completions=self.sent[COMPLETIONS],
+            responses=self.sent[RESPONSES],
             kv_events=self.sent[KV_EVENTS],
             heartbeats=self.sent[HEARTBEATS],
             reconnects=self.reconnects,

@@ -7,6 +7,7 @@ how long to generate; policies never read it.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import re
 import time
@@ -139,15 +140,18 @@ async def submit_batch(
     """
     if not 0 < deadline_s <= MAX_DURATION_S:  # NaN too
         raise ValueError(f"the deadline must be > 0 and at most {MAX_DURATION_S:.0e} s")
-    workload = load_workload(path)
     job_id = job_id or f"job-{uuid.uuid4().hex[:12]}"
     now = time.time()
-    requests = tuple(
-        to_inference_request(
-            replace(r, slo_class="batch", deadline_s=deadline_s), model, now, f"{job_id}/{r.request_id}"
+    if _is_openai_batch(path):
+        requests = prompt_requests(path, job_id, model, now, deadline_s)
+    else:
+        workload = load_workload(path)
+        requests = tuple(
+            to_inference_request(
+                replace(r, slo_class="batch", deadline_s=deadline_s), model, now, f"{job_id}/{r.request_id}"
+            )
+            for r in workload.requests
         )
-        for r in workload.requests
-    )
     tenants = {r.tenant for r in requests}
     job = BatchJob(
         ts=now,
@@ -177,6 +181,60 @@ async def submit_batch(
     finally:
         await producer.stop()
     return job
+
+
+def _is_openai_batch(path: Path) -> bool:
+    """Whether ``path`` holds OpenAI batch lines (``{"custom_id", "url", "body"}``), not a trace."""
+    try:
+        with path.open() as lines:
+            first = next((line for line in lines if line.strip()), "")
+        record = json.loads(first)
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and "body" in record
+
+
+def prompt_requests(
+    path: Path, job_id: str, model: str, now: float, deadline_s: float
+) -> tuple[InferenceRequest, ...]:
+    """The requests of an OpenAI batch file (one ``{"custom_id", "url", "body"}`` a line, ``url``
+    ``/v1/chat/completions`` or ``/v1/completions``; the body's ``model`` defaults to ``model``),
+    ids ``JOB/custom_id``, class ``batch``, due ``deadline_s`` from now, answered on
+    ``tf.responses``. ``ValueError`` names the bad line."""
+    from infra.gateway.openai_api import ApiError, parse_body
+
+    requests = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ApiError(400, "expected a JSON object")
+            url = record.get("url", "/v1/chat/completions")
+            kinds = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+            if url not in kinds:
+                raise ApiError(400, f"url must be one of {sorted(kinds)}, not {url!r}")
+            body = {"model": model, **(record.get("body") or {})}
+            custom_id = str(record.get("custom_id") or f"line-{number}")
+            request, _call = parse_body(
+                kinds[url],  # type: ignore[arg-type]
+                body,
+                f"{job_id}/{custom_id}",
+                "default",
+                "batch",
+                {str(body["model"])},
+            )
+        except ApiError as exc:
+            raise ValueError(f"{path}:{number}: {exc.message}") from None
+        except ValueError as exc:
+            raise ValueError(f"{path}:{number}: not JSON ({exc})") from None
+        requests.append(
+            request.model_copy(update={"ts": now, "deadline_ts": now + deadline_s, "reply": "kafka"})
+        )
+    if not requests:
+        raise ValueError(f"{path}: no requests")
+    return tuple(requests)
 
 
 def _partitions(partitions: int | None) -> int:

@@ -30,3 +30,6 @@ def client(tmp_path: Path) -> Iterator[Client]:
     with connect(f"chdb:///{tmp_path / 'clickhouse'}") as opened:
         migrate(opened)
         yield opened
+
+
+from tests.integration.vllm_servers import vllm_pair  # noqa: E402, F401  (two real vLLM servers, session-wide)

@@ -15,8 +15,12 @@ Update with one sample ``(x, y)`` and the a-priori prediction ``p = theta . x``:
   ``min(e, k sigma)`` (clipped, so outliers cannot inflate it).
 * statistics, ``g = h (c/m)^2``: ``A <- lambda A + g x x^T``, ``b <- lambda b + g x y``,
   ``W <- lambda W + g``, ``N <- lambda N + 1``.
-* fit: in normalised coordinates ``u = theta * s``, ``s_j = sqrt(A_jj / W)`` (the weighted RMS
-  of feature j: features span ~10 orders of magnitude), minimise
+* fit: in normalised coordinates ``u = theta * s``, ``s_j = max(sqrt(A_jj / W), c/(1024 |prior_j|))``
+  (the weighted RMS of feature j — features span ~10 orders of magnitude — but at least the
+  value at which the prior's term is 0.1 % of a typical sample: a feature seen only
+  in a narrow low range, e.g. a fresh deployment's short prompts, cannot pull its coefficient
+  far from the prior, which would then blow up the prediction of the first long prompt by
+  orders of magnitude), minimise
   ``u^T A' u - 2 b'^T u + rho |u - u0|^2`` with ``rho = prior_weight (W/N) lambda^n``: the prior
   ``u0 = prior * s`` weighs ``prior_weight`` typical samples, fading as ``n`` samples are learnt.
   Non-negative: coefficients that come out negative are fixed at 0 and the rest re-solved
@@ -41,6 +45,7 @@ _SIGMA_RATE = 0.02  # adaptation rate of the residual scale sigma
 _SIGMA_FLOOR = 1e-9  # in units of e; keeps the Huber test well defined
 _RIDGE_FLOOR = 1e-9  # relative ridge that keeps the solve well posed once the prior has faded
 _ERROR_FLOOR = 1 / 64  # the error scale m is at least this share of the typical scale c
+_REACH_SHARE = 1 / 1024  # see ``s_j`` in the module docstring
 
 
 class OnlineLinearModel:
@@ -72,6 +77,10 @@ class OnlineLinearModel:
         self.feature_names = names
         self._k = len(names)
         self._prior = np.maximum(theta, 0.0) if nonnegative else theta.copy()
+        # Per unit of the typical scale c: the feature value at which the prior's term is
+        # ``_REACH_SHARE`` of a typical sample (0 where the prior is 0).
+        magnitude = np.abs(self._prior)
+        self._reach = np.divide(_REACH_SHARE, magnitude, out=np.zeros(self._k), where=magnitude > 0)
         self._prior_weight = float(prior_weight)
         self._lambda = float(forgetting)
         self._huber_k = float(huber_k)
@@ -170,7 +179,7 @@ class OnlineLinearModel:
         free = seen.copy()
         scales = np.sqrt(np.diag(self._A)[seen] / self._W)
         s = np.ones(self._k)
-        s[seen] = scales
+        s[seen] = np.maximum(scales, self._reach[seen] * self._c)
         A = self._A / np.outer(s, s)
         b = self._b / s
         u0 = self._prior * s

@@ -21,9 +21,11 @@ prefill token and token pair) summed over those steps.
 The queue ahead is the router's own bookkeeping (it sends every request of the pool): each send
 adds its uncached tokens and pairs to ``Q_i, R_i``; between decisions the queue drains at the
 engine's prefill rate, ``prefill_budget`` tokens per step of the predicted step time; an abort
-before the first token removes what the request had left; and an instance idle at its heartbeat
-with nothing sent since has an empty queue. Only token counts enter the queue, never predicted
-seconds, so a prediction error cannot compound from one decision to the next.
+before the first token removes what the request had left; a first token clips the queue to what
+was sent there after that request (prefill is FCFS: everything before it is done); and an
+instance idle at its heartbeat with nothing sent since has an empty queue. Only token counts
+enter the queue, never predicted seconds, so a prediction error cannot compound from one
+decision to the next.
 
 θ is not hand-tuned: one ``OnlineLinearModel`` per engine profile is calibrated online from
 completions (the features recorded at decision time against the TTFT the completion reports),
@@ -61,6 +63,7 @@ from agents.policy.types import (
     BlocksChanged,
     ClusterView,
     Finished,
+    FirstToken,
     Observation,
     Placement,
     RequestView,
@@ -91,6 +94,7 @@ class _Sent:
     pairs: float
     due_s: float  # predicted first token
     waits_for_step: bool  # sent to a busy instance: it starts at the next step boundary
+    mark: tuple[float, float]  # its instance's tokens and pairs ever sent, it included
 
 
 @dataclass(slots=True)
@@ -117,6 +121,7 @@ class PrefillQueues:
     def __init__(self) -> None:
         self._slot_of: dict[str, int] = {}
         self._state = np.zeros((3, 16))  # tokens, pairs, as-of time, by slot
+        self._sent = np.zeros((2, 16))  # tokens and pairs ever added, by slot (never drained)
         self._view: ClusterView | None = None  # the snapshot the row arrays are aligned with
         self._slots = np.zeros(0, dtype=np.int64)  # slot of each row of _view
         self.tokens = np.zeros(0)
@@ -145,9 +150,29 @@ class PrefillQueues:
         self.pairs *= left
         np.maximum(self.as_of, now_s, out=self.as_of)
 
-    def add(self, row: int, tokens: float, pairs: float) -> None:
+    def add(self, row: int, tokens: float, pairs: float) -> tuple[float, float]:
+        """Queue a send on ``row``; returns the instance's tokens and pairs ever sent, this one
+        included (the mark ``first_token`` compares against)."""
         self.tokens[row] += tokens
         self.pairs[row] += pairs
+        slot = self._slots[row]
+        self._sent[:, slot] += (tokens, pairs)
+        return float(self._sent[0, slot]), float(self._sent[1, slot])
+
+    def first_token(self, instance_id: str, mark: tuple[float, float]) -> None:
+        """A request sent at ``mark`` has its first token: prefill is FCFS, so everything sent
+        there up to it is prefilled, and at most what was sent after it is still queued."""
+        slot = self._slot_of.get(instance_id)
+        if slot is None:
+            return
+        after = np.maximum(self._sent[:, slot] - mark, 0.0)
+        row = None if self._view is None else self._view.index_of.get(instance_id)
+        if row is not None:
+            self.tokens[row] = min(self.tokens[row], after[0])
+            self.pairs[row] = min(self.pairs[row], after[1])
+        else:
+            state = self._state[:2, slot]
+            np.minimum(state, after, out=state)
 
     def remove(self, instance_id: str, tokens: float, pairs: float) -> None:
         """Take out what an aborted request had left at most (not below empty)."""
@@ -165,6 +190,7 @@ class PrefillQueues:
             slot = self._slot_of[instance_id] = len(self._slot_of)
             if slot >= self._state.shape[1]:
                 self._state = np.concatenate([self._state, np.zeros_like(self._state)], axis=1)
+                self._sent = np.concatenate([self._sent, np.zeros_like(self._sent)], axis=1)
         return slot
 
     def _save(self) -> None:
@@ -238,7 +264,8 @@ class TokenPilot(InstanceSelector):
             joined,
             joined * (cached + joined / 2),
         )
-        return Placement(row, "min predicted TTFT", float(predicted[row]))
+        reason = f"min predicted TTFT ({cached:.0f} of {request.input_tokens} prompt tokens cached)"
+        return Placement(row, reason, float(predicted[row]))
 
     def predict_ttft(
         self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float
@@ -344,7 +371,7 @@ class TokenPilot(InstanceSelector):
         instance_id = view.instance_ids[row]
         chosen = self._chosen
         key = (request.request_id, request.attempt)
-        self.queues.add(row, chosen.tokens, chosen.pairs)
+        mark = self.queues.add(row, chosen.tokens, chosen.pairs)
         # Busy (a decode batch, or prefill queued ahead of it): it starts at the next step boundary.
         busy = chosen.features[_STEPS_X_BATCH] > 0 or chosen.features[_PREFILL_TOKENS] > chosen.tokens
         self._sent[key] = _Sent(
@@ -355,6 +382,7 @@ class TokenPilot(InstanceSelector):
             chosen.pairs,
             chosen.now_s + chosen.predicted_s,
             bool(busy),
+            mark,
         )
         if chosen.joined_tokens > 0:
             self._joined(self._last_queued.get(instance_id), chosen)
@@ -391,6 +419,11 @@ class TokenPilot(InstanceSelector):
 
     def observe(self, event: Observation) -> None:
         super().observe(event)
+        if isinstance(event, FirstToken):
+            sent_first = self._sent.get((event.request_id, event.attempt))
+            if sent_first is not None:
+                self.queues.first_token(sent_first.instance_id, sent_first.mark)
+            return
         if not isinstance(event, Finished):
             return
         sent = self._sent.pop((event.request_id, event.attempt), None)

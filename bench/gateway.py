@@ -1,0 +1,251 @@
+"""Gateway benchmark: what putting TokenFleet in front of real vLLM servers costs per request.
+
+``python -m bench.gateway [--requests N] [--concurrency 1,16] [--max-tokens 8] [--json OUT]``
+
+Two real vLLM CPU servers (tiny model, random weights), the embedded broker and an
+``EngineStack`` (worker routing with TokenPilot, dispatcher, gateway). The official ``openai``
+client sends streamed completions, each with a fresh ~200-token prompt (no prefix-cache hit on
+either path), ``max_tokens`` tokens with ``ignore_eos``. At each concurrency, every client
+alternates: one request straight to an engine (the two in turn), the next through the gateway,
+so both paths see the same load on the same servers. TTFT is the client's time to the first
+streamed chunk.
+
+The gateway's added latency is split from the decision records on ``tf.decisions``: arrival at
+the gateway (the request's ``ts``) -> the worker wrote its decision (the record's timestamp, ms)
+is the publish + broker + worker share; the policy's own time is the decision's
+``decision_latency_s``; the rest (reading the decision back, connecting to the engine) is the
+gateway's. The embedded broker's produce -> consume round trip is measured on its own, with a
+plain producer and consumer. Figures go to stdout, progress to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from openai import AsyncOpenAI
+
+from infra.engines.vllm.inventory import dump_inventory
+from infra.engines.vllm.launcher import VllmServers, server_specs
+from infra.engines.vllm.tiny_model import ensure_tiny_model
+from infra.entrypoints.engine_stack import EngineStack, StackOptions
+from infra.kafka.broker import embedded_broker, ensure_topics, ensure_topics_async
+from schemas.codec import DecodeError, decode
+from schemas.events import RoutingDecision
+from schemas.topics import DECISIONS
+
+MODEL = "tiny-llama"
+WORDS = (
+    "amber",
+    "basalt",
+    "cedar",
+    "dune",
+    "ember",
+    "fjord",
+    "garnet",
+    "heron",
+    "iris",
+    "jade",
+    "kelp",
+    "lumen",
+)
+
+
+def _prompt(rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(120))
+
+
+async def _one(client: AsyncOpenAI, prompt: str, max_tokens: int, tag: str | None) -> tuple[float, float]:
+    """(TTFT, E2E) seconds of one streamed completion."""
+    started = time.perf_counter()
+    first = None
+    headers = {"X-TokenFleet-Tenant": tag} if tag else None
+    stream = await client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        stream=True,
+        extra_body={"ignore_eos": True},
+        extra_headers=headers,
+    )
+    async for _chunk in stream:
+        if first is None:
+            first = time.perf_counter() - started
+    return first if first is not None else float("nan"), time.perf_counter() - started
+
+
+async def _phase(
+    gateway: AsyncOpenAI,
+    engines: list[AsyncOpenAI],
+    requests: int,
+    concurrency: int,
+    max_tokens: int,
+    tag: str,
+) -> dict[str, list[tuple[float, float]]]:
+    results: dict[str, list[tuple[float, float]]] = {"direct": [], "gateway": []}
+    rng = random.Random(concurrency)
+    prompts = [_prompt(rng) for _ in range(2 * requests)]
+    counter = iter(range(2 * requests))
+
+    async def client_loop() -> None:
+        for index in counter:
+            path = "gateway" if index % 2 else "direct"
+            target = gateway if path == "gateway" else engines[(index // 2) % len(engines)]
+            results[path].append(
+                await _one(target, prompts[index], max_tokens, tag if path == "gateway" else None)
+            )
+
+    await asyncio.gather(*(client_loop() for _ in range(concurrency)))
+    return results
+
+
+async def _broker_round_trip(bootstrap: str, count: int = 200) -> list[float]:
+    topic = "tf.bench-roundtrip"
+    await ensure_topics_async(bootstrap, 1, names=[topic])
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="latest", fetch_max_wait_ms=5
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0)
+    await consumer.start()
+    await producer.start()
+    try:
+        await consumer.seek_to_end()
+        samples = []
+        for i in range(count):
+            started = time.perf_counter()
+            await producer.send_and_wait(topic, str(i).encode())
+            while True:
+                batch = await consumer.getmany(timeout_ms=1000)
+                if any(r.value == str(i).encode() for records in batch.values() for r in records):
+                    break
+            samples.append(time.perf_counter() - started)
+        return samples
+    finally:
+        await producer.stop()
+        await consumer.stop()
+
+
+async def _decision_shares(bootstrap: str, tag: str) -> dict[str, list[float]]:
+    """Per gateway request of ``tag``: arrival -> decision written, and the policy's own time."""
+    consumer = AIOKafkaConsumer(DECISIONS.name, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+    await consumer.start()
+    shares: dict[str, list[float]] = {"to_decision_s": [], "policy_s": []}
+    try:
+        idle = 0
+        while idle < 5:
+            batch = await consumer.getmany(timeout_ms=300, max_records=5000)
+            idle = 0 if batch else idle + 1
+            for records in batch.values():
+                for record in records:
+                    if record.value is None or tag.encode() not in record.value:
+                        continue
+                    try:
+                        decision = decode(RoutingDecision, record.value)
+                    except DecodeError:
+                        continue
+                    if decision.tenant == tag:
+                        shares["to_decision_s"].append(record.timestamp / 1000 - decision.request.ts)
+                        shares["policy_s"].append(decision.decision_latency_s)
+    finally:
+        await consumer.stop()
+    return shares
+
+
+def _q(values: list[float], q: float) -> float:
+    ordered = sorted(v for v in values if v == v)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
+
+
+async def run(requests: int, concurrencies: list[int], max_tokens: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="tokenfleet-gateway-bench-") as tmp:
+        data = Path(tmp)
+        model_dir = ensure_tiny_model(data / "model", MODEL)
+        servers = VllmServers(server_specs(2), model_dir, data / "servers", served_model_name=MODEL)
+        print("bench: starting 2 vLLM servers", file=sys.stderr)
+        with servers, embedded_broker(log_path=data / "tansu.log") as bootstrap:
+            ensure_topics(bootstrap, 4)
+            inventory = data / "inventory.yaml"
+            inventory.write_text(dump_inventory(servers.inventory()))
+            async with EngineStack(bootstrap, inventory, data, StackOptions(app_id="bench-gateway")) as stack:
+                gateway = AsyncOpenAI(
+                    base_url=stack.gateway_url + "/v1", api_key="-", max_retries=0, timeout=60
+                )
+                engines = [
+                    AsyncOpenAI(base_url=i.url + "/v1", api_key="-", max_retries=0, timeout=60)
+                    for i in stack.inventory.instances
+                ]
+                print("bench: warm-up", file=sys.stderr)
+                await _phase(gateway, engines, 10, 2, max_tokens, "bench-warmup")
+                report: dict[str, Any] = {"requests_per_path": requests, "max_tokens": max_tokens, "runs": {}}
+                for concurrency in concurrencies:
+                    tag = f"bench-c{concurrency}"
+                    print(f"bench: concurrency {concurrency}, {requests} requests per path", file=sys.stderr)
+                    results = await _phase(gateway, engines, requests, concurrency, max_tokens, tag)
+                    shares = await _decision_shares(bootstrap, tag)
+                    direct = [t for t, _ in results["direct"]]
+                    through = [t for t, _ in results["gateway"]]
+                    report["runs"][str(concurrency)] = {
+                        "direct_ttft_p50_s": _q(direct, 0.5),
+                        "direct_ttft_p99_s": _q(direct, 0.99),
+                        "gateway_ttft_p50_s": _q(through, 0.5),
+                        "gateway_ttft_p99_s": _q(through, 0.99),
+                        "added_p50_s": _q(through, 0.5) - _q(direct, 0.5),
+                        "to_decision_p50_s": _q(shares["to_decision_s"], 0.5),
+                        "policy_p50_s": _q(shares["policy_s"], 0.5),
+                        "decisions_seen": len(shares["to_decision_s"]),
+                    }
+                for c in (gateway, *engines):
+                    await c.close()
+            round_trips = await _broker_round_trip(bootstrap)
+            report["broker_round_trip_p50_s"] = statistics.median(round_trips)
+            report["broker_round_trip_p99_s"] = _q(round_trips, 0.99)
+    return report
+
+
+def _print(report: dict[str, Any]) -> None:
+    ms = 1000.0
+    print(
+        f"gateway benchmark: {report['requests_per_path']} requests per path,"
+        f" max_tokens {report['max_tokens']}"
+    )
+    print(f"{'conc':>4}  {'direct p50':>10} {'p99':>7}  {'gateway p50':>11} {'p99':>7}  {'added p50':>9}"
+          f"  {'to decision':>11} {'policy':>7}")  # fmt: skip
+    for concurrency, r in report["runs"].items():
+        print(
+            f"{concurrency:>4}  {r['direct_ttft_p50_s'] * ms:>8.1f}ms {r['direct_ttft_p99_s'] * ms:>5.1f}ms"
+            f"  {r['gateway_ttft_p50_s'] * ms:>9.1f}ms {r['gateway_ttft_p99_s'] * ms:>5.1f}ms"
+            f"  {r['added_p50_s'] * ms:>7.1f}ms  {r['to_decision_p50_s'] * ms:>9.1f}ms"
+            f" {r['policy_p50_s'] * ms:>5.2f}ms"
+        )
+    print(
+        f"embedded broker produce->consume round trip: p50 {report['broker_round_trip_p50_s'] * ms:.1f} ms,"
+        f" p99 {report['broker_round_trip_p99_s'] * ms:.1f} ms"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.gateway", description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=100, help="requests per path per concurrency")
+    parser.add_argument("--concurrency", default="1,16", help="comma-separated client concurrencies")
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    concurrencies = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    report = asyncio.run(run(args.requests, concurrencies, args.max_tokens))
+    _print(report)
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Real vLLM engines behind the engine port: inventory, /metrics scrape, KV events, HTTP adapter."""

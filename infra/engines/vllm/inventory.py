@@ -1,0 +1,171 @@
+"""The engine inventory: which vLLM servers exist, what they serve, where, and how to reach them.
+
+A YAML file, one for the worker, the dispatcher and the gateway::
+
+    models:
+      tiny-llama:                     # the model pool: requests name it in "model"
+        version: v1                   # what instances of it must serve (optional)
+        tokenizer: /srv/models/tiny   # a directory with tokenizer.json (+ tokenizer_config.json
+                                      # for the chat template); optional
+    instances:
+      - id: vllm-0
+        url: http://10.0.0.5:8000     # OpenAI-compatible server: /v1/*, /metrics, /health
+        model: tiny-llama
+        version: v1                   # default: the model's version
+        dc: eu-west                   # default: "local"
+        served_model_name: tiny-llama # what the engine calls the model (default: model)
+        kv_events: tcp://10.0.0.5:5557  # vLLM's ZMQ KV-event publisher (optional)
+        kv_replay: tcp://10.0.0.5:5558  # its replay endpoint (optional)
+
+``load_inventory`` raises ``InventoryError`` with one line saying what is wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import yaml
+
+
+class InventoryError(ValueError):
+    """The inventory file is missing, unreadable or invalid (the message says where)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelEntry:
+    name: str
+    version: str = ""
+    tokenizer: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceEntry:
+    instance_id: str
+    url: str  # without a trailing slash
+    model: str
+    version: str
+    dc: str = "local"
+    served_model_name: str = ""
+    kv_events: str | None = None
+    kv_replay: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    models: dict[str, ModelEntry] = field(default_factory=dict)
+    instances: tuple[InstanceEntry, ...] = ()
+
+    def instance(self, instance_id: str) -> InstanceEntry | None:
+        return next((i for i in self.instances if i.instance_id == instance_id), None)
+
+
+def load_inventory(path: Path | str) -> Inventory:
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise InventoryError(f"cannot read the inventory {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise InventoryError(f"the inventory {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    return parse_inventory(raw, str(path), base=Path(path).parent)
+
+
+def parse_inventory(raw: Any, where: str = "inventory", base: Path | None = None) -> Inventory:
+    if not isinstance(raw, dict):
+        raise InventoryError(f"{where}: expected a mapping with 'models' and 'instances'")
+    unknown = set(raw) - {"models", "instances"}
+    if unknown:
+        raise InventoryError(f"{where}: unknown keys {sorted(unknown)}")
+    models: dict[str, ModelEntry] = {}
+    for name, spec in (raw.get("models") or {}).items():
+        spec = spec or {}
+        _keys(spec, {"version", "tokenizer"}, f"{where}: models.{name}")
+        tokenizer = spec.get("tokenizer")
+        path = None if tokenizer is None else Path(str(tokenizer))
+        if path is not None and base is not None and not path.is_absolute():
+            path = base / path
+        models[str(name)] = ModelEntry(str(name), str(spec.get("version", "")), path)
+    instances: list[InstanceEntry] = []
+    items = raw.get("instances") or []
+    if not isinstance(items, list) or not items:
+        raise InventoryError(f"{where}: 'instances' must be a non-empty list")
+    for index, spec in enumerate(items):
+        at = f"{where}: instances[{index}]"
+        if not isinstance(spec, dict):
+            raise InventoryError(f"{at}: expected a mapping")
+        _keys(
+            spec, {"id", "url", "model", "version", "dc", "served_model_name", "kv_events", "kv_replay"}, at
+        )
+        for required in ("id", "url", "model"):
+            if not spec.get(required):
+                raise InventoryError(f"{at}: '{required}' is required")
+        url = str(spec["url"]).rstrip("/")
+        parsed = urlparse(url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise InventoryError(f"{at}: url {url!r} is not an http(s) URL")
+        model = str(spec["model"])
+        entry = models.setdefault(model, ModelEntry(model))
+        instances.append(
+            InstanceEntry(
+                instance_id=str(spec["id"]),
+                url=url,
+                model=model,
+                version=str(spec.get("version", entry.version)),
+                dc=str(spec.get("dc", "local")),
+                served_model_name=str(spec.get("served_model_name", model)),
+                kv_events=_zmq(spec.get("kv_events"), f"{at}: kv_events"),
+                kv_replay=_zmq(spec.get("kv_replay"), f"{at}: kv_replay"),
+            )
+        )
+    ids = [i.instance_id for i in instances]
+    duplicated = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicated:
+        raise InventoryError(f"{where}: duplicate instance ids {duplicated}")
+    return Inventory(models, tuple(instances))
+
+
+def dump_inventory(inventory: Inventory) -> str:
+    """The YAML of ``inventory`` (what ``load_inventory`` reads back)."""
+    models = {
+        m.name: {
+            k: v for k, v in (("version", m.version), ("tokenizer", m.tokenizer and str(m.tokenizer))) if v
+        }
+        for m in inventory.models.values()
+    }
+    instances = [
+        {
+            k: v
+            for k, v in (
+                ("id", i.instance_id),
+                ("url", i.url),
+                ("model", i.model),
+                ("version", i.version),
+                ("dc", i.dc),
+                ("served_model_name", i.served_model_name),
+                ("kv_events", i.kv_events),
+                ("kv_replay", i.kv_replay),
+            )
+            if v
+        }
+        for i in inventory.instances
+    ]
+    return yaml.safe_dump({"models": models, "instances": instances}, sort_keys=False)
+
+
+def _keys(spec: Any, allowed: set[str], at: str) -> None:
+    if not isinstance(spec, dict):
+        raise InventoryError(f"{at}: expected a mapping")
+    unknown = set(spec) - allowed
+    if unknown:
+        raise InventoryError(f"{at}: unknown keys {sorted(unknown)} (known: {sorted(allowed)})")
+
+
+def _zmq(value: Any, at: str) -> str | None:
+    if value in (None, ""):
+        return None
+    text = str(value)
+    if not text.startswith(("tcp://", "ipc://")):
+        raise InventoryError(f"{at}: {text!r} is not a ZMQ endpoint (tcp://host:port)")
+    return text
