@@ -1,7 +1,7 @@
 """Wire events -> the policy core's views: the one place the two sides of the seam meet.
 
-A stage never sees a wire event: only these views. ``true_output_tokens`` (emulation only) is
-never copied: no policy may read the true output length.
+A stage never sees a wire event: only these views. The true output length is not on the wire
+at all (the emulated fleet gets it from the workload): no policy can read it.
 """
 
 from __future__ import annotations

@@ -195,8 +195,7 @@ def valid_request(rng: random.Random, request_id: str, **fields: Any) -> Inferen
         "model": MODEL,
         "tenant": f"tenant-{rng.randrange(4)}",
         "input_tokens": input_tokens,
-        "output_budget": 64,
-        "true_output_tokens": rng.randint(4, 48),
+        "output_budget": rng.randint(4, 48),  # the emulated fleet generates the whole budget
         "prompt_block_hashes": tuple(rng.getrandbits(62) for _ in range(blocks)),
         "event_id": f"{rng.getrandbits(128):032x}",
     }
@@ -219,7 +218,7 @@ def _mutations() -> list[Callable[[random.Random, dict[str, Any]], bytes]]:
 
     def huge_number(rng: random.Random, base: dict[str, Any]) -> bytes:
         name = rng.choice(
-            ["input_tokens", "output_budget", "attempt", "ts", "deadline_ts", "true_output_tokens"]
+            ["input_tokens", "output_budget", "attempt", "ts", "deadline_ts", "prompt_block_hashes"]
         )
         raw = json.dumps({**base, name: 0}).encode()
         digits = "9" * rng.randint(12, 5000) if rng.random() < 0.5 else f"1e{rng.randint(20, 400)}"

@@ -180,13 +180,6 @@ class InferenceRequest(Event):
     deadline_ts: Timestamp | None = None
     allowed_regions: tuple[Label, ...] = Field(default=(), max_length=MAX_REGIONS)
     home_dc: str = Field(default="", max_length=MAX_HOME_DC_LENGTH)
-    true_output_tokens: int | None = Field(
-        default=None,
-        ge=1,
-        le=MAX_TOKENS,
-        description="Emulation only: how many tokens the emulated engine will generate. "
-        "Policies never read it; real clients leave it empty.",
-    )
 
     @model_validator(mode="after")
     def _one_prompt_and_a_length(self) -> Self:

@@ -44,7 +44,7 @@ DEFAULT_RETRY_FOR_S = 30.0
 REQUEST_COLUMNS = (
     "event_id", "ts", "schema_version", "request_id", "attempt", "tenant", "model", "task_type",
     "slo_class", "input_tokens", "output_budget", "prompt_blocks", "deadline_ts", "allowed_regions",
-    "true_output_tokens", "home_dc",
+    "home_dc",
 )  # fmt: skip
 ADMISSION_COLUMNS = (
     "event_id", "ts", "schema_version", "request_id", "attempt", "tenant", "model", "slo_class",
@@ -202,7 +202,7 @@ def _request_row(r: InferenceRequest) -> Row:
     return [
         r.event_id, ms_time(r.ts), r.schema_version, r.request_id, r.attempt, r.tenant, r.model, r.task_type,
         r.slo_class or "", r.input_tokens, r.output_budget, len(r.prompt_block_hashes),
-        ms_time(r.deadline_ts), list(r.allowed_regions), r.true_output_tokens, r.home_dc,
+        ms_time(r.deadline_ts), list(r.allowed_regions), r.home_dc,
     ]  # fmt: skip
 
 

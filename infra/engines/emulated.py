@@ -7,6 +7,8 @@ events are emulated seconds (see ``sim.loop.live``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from infra.engines.port import Endpoint, EngineError, EngineEvent
 from schemas.events import Heartbeat, RoutingDecision
 from sim.engine.fleet import parse_fleet
@@ -26,9 +28,16 @@ class EmulatedEngines:
         self._closed = False
 
     @classmethod
-    def from_spec(cls, spec: str, speed: float = 1.0, start_wall: float | None = None) -> EmulatedEngines:
-        """From a fleet spec (``sim.engine.fleet.parse_fleet``; ``ValueError`` if invalid)."""
-        return cls(LiveFleet(parse_fleet(spec), speed, start_wall))
+    def from_spec(
+        cls,
+        spec: str,
+        speed: float = 1.0,
+        start_wall: float | None = None,
+        output_tokens: Mapping[str, int] | None = None,
+    ) -> EmulatedEngines:
+        """From a fleet spec (``sim.engine.fleet.parse_fleet``; ``ValueError`` if invalid);
+        ``output_tokens``: the answers' lengths by request id (``LiveFleet``)."""
+        return cls(LiveFleet(parse_fleet(spec), speed, start_wall, output_tokens=output_tokens))
 
     @property
     def endpoints(self) -> tuple[Endpoint, ...]:

@@ -430,6 +430,16 @@ def fleet_command(
         str | None,
         typer.Option("--inventory", metavar="FILE", help=INVENTORY_HELP),
     ] = None,
+    workload: Annotated[
+        str | None,
+        typer.Option(
+            "--workload",
+            metavar="PATH",
+            help="emulated: the workload the load generator replays, for its answers' lengths "
+            "(without it every request generates its whole max_tokens budget)",
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", metavar="N", help="of a synthetic --workload")] = 0,
 ) -> None:
     """The dispatcher: execute routing decisions on emulated instances or real vLLM servers."""
     from infra.bootstrap import kafka_bootstrap
@@ -437,6 +447,12 @@ def fleet_command(
 
     settings = _settings()
     engines: Any = fleet
+    lengths = None
+    if workload is not None:
+        from infra.entrypoints.loadgen import workload_output_tokens
+        from sim.workloads.sources import open_workload
+
+        lengths = workload_output_tokens(open_workload(workload, seed=seed))
     if engine == "vllm":
         from infra.engines.vllm.adapter import VllmEngines
 
@@ -450,7 +466,13 @@ def fleet_command(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     with kafka_bootstrap(settings) as bootstrap:
         counts = _run_until_interrupted(
-            run_fleet(bootstrap, engines, speed=speed, heartbeat_s=settings.heartbeat_interval_s)
+            run_fleet(
+                bootstrap,
+                engines,
+                speed=speed,
+                heartbeat_s=settings.heartbeat_interval_s,
+                output_tokens=lengths,
+            )
         )
     print(f"fleet stopped: {counts}")
 

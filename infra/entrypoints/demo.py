@@ -30,7 +30,7 @@ from rich.text import Text
 from infra.clickhouse.client import connect
 from infra.clickhouse.summary import summary
 from infra.entrypoints.fleet import run_fleet
-from infra.entrypoints.loadgen import publish_workload
+from infra.entrypoints.loadgen import publish_workload, workload_output_tokens
 from infra.entrypoints.worker_process import WorkerProcess
 from infra.kafka.broker import embedded_broker, ensure_topics
 from infra.settings import Settings
@@ -103,6 +103,7 @@ async def _orchestrate(
             heartbeat_s=settings.heartbeat_interval_s,
             stop=stop_fleet,
             ready=fleet_ready,
+            output_tokens=workload_output_tokens(workload),
         )
     )
     # Traffic starts when everyone listens: the monitor ("latest" offsets), the fleet and the

@@ -18,6 +18,7 @@ import math
 import random
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,11 +101,14 @@ async def run_fleet(
     heartbeat_interval_s: float = 1.0,
     partitions: int | None = None,
     reconnect: Reconnect | None = None,
+    output_tokens: Mapping[str, int] | None = None,
 ) -> FleetCounts:
     """Drive ``fleet_spec`` — an engine port (real engines), or a fleet spec to emulate
     (``EmulatedEngines.from_spec``) at ``speed`` — until ``stop`` is set (or the task is
-    cancelled); the engines are closed at the end. Stops within ``heartbeat_s`` of ``stop``;
-    events produced up to then are delivered; attempts still running are abandoned (logged).
+    cancelled); the engines are closed at the end. ``output_tokens``: the emulated answers'
+    lengths by request id (the workload's; others generate their whole budget). Stops within
+    ``heartbeat_s`` of ``stop``; events produced up to then are delivered; attempts still
+    running are abandoned (logged).
     ``ready`` is set once the consumer has its partitions: start sending load then, as TTFT
     counts from each request's ``ts`` and a consumer-group join (seconds) costs ``speed`` times
     that in emulated time.
@@ -130,7 +134,9 @@ async def run_fleet(
 
         partitions = Settings().topic_partitions
     if isinstance(fleet_spec, str):
-        engines: EnginePort = EmulatedEngines.from_spec(fleet_spec, speed, start_wall=time.time())
+        engines: EnginePort = EmulatedEngines.from_spec(
+            fleet_spec, speed, start_wall=time.time(), output_tokens=output_tokens
+        )
         log.info("emulated fleet %s: %d endpoints, speed x%g", fleet_spec, len(engines.endpoints), speed)
     else:
         engines = fleet_spec

@@ -1,7 +1,8 @@
 """The load generator: a workload's requests onto ``tf.requests``, a batch file onto ``tf.batch.jobs``.
 
-Requests carry ``true_output_tokens`` (the trace's output length) so the emulated fleet knows
-how long to generate; policies never read it.
+Requests carry what a client knows (prompt counts and hashes, the ``max_tokens`` budget), never
+the trace's output length: the emulated fleet is given the workload's lengths by request id
+(``workload_output_tokens``), so the production contract has no emulation field.
 """
 
 from __future__ import annotations
@@ -65,8 +66,13 @@ def to_inference_request(
         output_budget=request.max_tokens or DEFAULT_OUTPUT_BUDGET,
         slo_class=request.slo_class,
         deadline_ts=None if request.deadline_s is None else now + request.deadline_s,
-        true_output_tokens=request.output_tokens,
     )
+
+
+def workload_output_tokens(workload: Workload) -> dict[str, int]:
+    """Request id -> output length, for the emulated fleet (``run_fleet(output_tokens=...)``):
+    the ids ``publish_workload`` gives the requests."""
+    return {r.request_id: r.output_tokens for r in workload.requests}
 
 
 async def publish_workload(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Mapping
 from itertools import count
 from typing import Literal
 
@@ -61,10 +62,15 @@ class LiveFleet:
         speed: float = 1.0,
         start_wall: float | None = None,
         slo_classes: dict[str, SloClass] | None = None,
+        output_tokens: Mapping[str, int] | None = None,
     ) -> None:
+        """``output_tokens``: how long each answer is, by request id (the workload's lengths, as
+        the load generator names its requests); a request not in it generates its whole
+        ``output_budget``. The length never travels on the bus: it is not part of a request."""
         if speed <= 0:
             raise ValueError("speed must be > 0")
         self.fleet = fleet
+        self.output_tokens: Mapping[str, int] = output_tokens or {}
         self.speed = speed
         self.start_wall = start_wall
         self.slo_classes = dict(DEFAULT_SLO_CLASSES if slo_classes is None else slo_classes)
@@ -298,7 +304,7 @@ class LiveFleet:
             request_id=request.request_id,
             arrival_s=self.sim_time(request.ts),
             input_tokens=request.input_tokens,
-            output_tokens=request.true_output_tokens or request.output_budget,
+            output_tokens=self.output_tokens.get(request.request_id, request.output_budget),
             # Already chained by the client; never more than the prompt's full blocks, or the
             # engine's KV reservation (prompt + budget) would not cover them.
             block_hashes=request.prompt_block_hashes[: request.input_tokens // BLOCK_TOKENS],

@@ -39,9 +39,8 @@ def a_request(request_id: str) -> InferenceRequest:
         request_id=request_id,
         model=POOL,
         input_tokens=200,
-        output_budget=64,
+        output_budget=8,
         prompt_block_hashes=(1, 2),
-        true_output_tokens=8,
     )
 
 

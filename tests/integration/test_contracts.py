@@ -73,7 +73,27 @@ def requests(draw: st.DrawFn) -> InferenceRequest:
         deadline_ts=draw(st.one_of(st.none(), stamps)),
         allowed_regions=draw(regions),
         home_dc=draw(st.one_of(st.sampled_from(("", *DCS)), st.text(max_size=events.MAX_HOME_DC_LENGTH))),
-        true_output_tokens=draw(st.one_of(st.none(), tokens)),
+        **draw(
+            st.one_of(
+                st.just({}),
+                st.builds(lambda text: {"prompt": text}, st.text(max_size=300)),
+                st.builds(
+                    lambda ids: {"prompt_token_ids": tuple(ids)},
+                    st.lists(st.integers(0, events.MAX_TOKEN_ID), min_size=1, max_size=50),
+                ),
+                st.builds(
+                    lambda texts: {
+                        "messages": tuple(events.ChatMessage(role="user", content=t) for t in texts)
+                    },
+                    st.lists(st.text(max_size=100), min_size=1, max_size=4),
+                ),
+            )
+        ),
+        sampling=events.Sampling(
+            temperature=draw(st.one_of(st.none(), st.floats(0, 2))),
+            stop=tuple(draw(st.lists(st.text(min_size=1, max_size=20), max_size=events.MAX_STOP))),
+        ),
+        reply=draw(st.sampled_from(("kafka", "http"))),
     )
 
 
@@ -195,7 +215,7 @@ def test_every_valid_request_is_routed_stored_and_summarised(
         "requests",
         request.event_id,
         "attempt, input_tokens, output_budget, prompt_blocks, toUnixTimestamp64Milli(ts), "
-        "toUnixTimestamp64Milli(deadline_ts), true_output_tokens, model, allowed_regions",
+        "toUnixTimestamp64Milli(deadline_ts), model, allowed_regions",
     ) == (
         request.attempt,
         request.input_tokens,
@@ -203,7 +223,6 @@ def test_every_valid_request_is_routed_stored_and_summarised(
         len(request.prompt_block_hashes),
         millis(request.ts),
         millis(request.deadline_ts),
-        request.true_output_tokens,
         request.model,
         list(request.allowed_regions),
     )
@@ -247,7 +266,7 @@ def test_the_extremes_together(client: Client, sink: FeedbackSink) -> None:
         prompt_block_hashes=_near_cap(0),
         input_tokens=events.MAX_TOKENS,
         output_budget=events.MAX_TOKENS,
-        true_output_tokens=events.MAX_TOKENS,
+        prompt="p" * events.MAX_PROMPT_CHARS,
         deadline_ts=MAX_TS,
         allowed_regions=DCS,
     )

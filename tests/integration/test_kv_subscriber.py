@@ -1,6 +1,6 @@
 """The KV-event subscriber against real ZMQ sockets, driven with a real vLLM's captured batches.
 
-The engine side is an in-process publisher speaking vLLM 0.32's protocol (``kv_events.py``'s
+The engine side is an in-process publisher speaking vLLM 0.32's protocol (``kv_wire.py``'s
 module docstring): a publishing socket sending ``[topic, seq, payload]`` and a ROUTER answering
 replay requests from its buffer, then the end marker. It publishes on an XPUB socket (a PUB that
 also reports subscriptions) so a test can wait until the subscriber is connected instead of
@@ -21,7 +21,9 @@ import zmq
 import zmq.asyncio
 
 from agents.prompt_blocks import chained_block_hashes
-from infra.engines.vllm.kv_events import END_SEQ, KvEventSubscriber, RouterBlocks, decode_kv_batch
+from infra.engines.vllm.kv_events import END_SEQ, KvEventSubscriber
+from infra.engines.vllm.kv_wire import decode_kv_batch
+from infra.engines.vllm.router_blocks import RouterBlocks
 from schemas.events import KvEvent
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"

@@ -15,14 +15,8 @@ import msgpack  # type: ignore[import-untyped]
 import pytest
 
 from agents.prompt_blocks import ROOT, block_hash, chained_block_hashes
-from infra.engines.vllm.kv_events import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KvBatch,
-    RouterBlocks,
-    decode_kv_batch,
-)
+from infra.engines.vllm.kv_wire import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, decode_kv_batch
+from infra.engines.vllm.router_blocks import RouterBlocks
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vllm"
 PROMPTS: dict[str, dict[str, list[int]]] = json.loads((FIXTURES / "prompts.json").read_text())

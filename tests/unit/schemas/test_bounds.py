@@ -84,7 +84,8 @@ def rejected(kind: type[Event], base: dict[str, Any], field: str, value: Any) ->
         ("input_tokens", 1e12),
         ("input_tokens", 10**12),
         ("output_budget", 2**32),
-        ("true_output_tokens", 10**12),
+        ("prompt", "x" * (events.MAX_PROMPT_CHARS + 1)),
+        ("prompt_token_ids", [events.MAX_TOKEN_ID + 1]),
         ("deadline_ts", float("nan")),
         ("deadline_ts", 1e20),
         ("deadline_ts", float("inf")),
@@ -225,7 +226,6 @@ def test_the_limits_are_valid_values() -> None:
             "attempt": events.MAX_ATTEMPT,
             "input_tokens": events.MAX_TOKENS,
             "output_budget": events.MAX_TOKENS,
-            "true_output_tokens": events.MAX_TOKENS,
             "model": "m" * events.MAX_NAME_LENGTH,
             "prompt_block_hashes": [events.MIN_BLOCK_HASH, events.MAX_BLOCK_HASH]
             * (events.MAX_BLOCK_HASHES // 2),

@@ -57,10 +57,9 @@ def routing_decision(
         model="llama3-8b",
         prompt_block_hashes=tuple(range(1, input_tokens // 512 + 1)),
         input_tokens=input_tokens,
-        output_budget=2048,
+        output_budget=output_tokens,  # the emulated engine generates the budget (no lengths given)
         slo_class=slo_class,
         deadline_ts=deadline_ts,
-        true_output_tokens=output_tokens,
     )
     return RoutingDecision(
         ts=at,
