@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MOONCAKE := sim/traces/mooncake/conversation_trace.jsonl
 
-.PHONY: install engine demo simulate test lint bench bench-stream bench-broker bench-decision scoreboard goodput faults clean
+.PHONY: install engine demo demo-vllm simulate test lint bench bench-stream bench-broker bench-gateway bench-decision scoreboard goodput faults clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,16 @@ bench-stream: install
 
 bench-broker: install
 	$(PY) -m bench.broker
+
+# TokenFleet in front of two real vLLM servers: the gateway's added latency (~5 min).
+bench-gateway: install engine
+	mkdir -p out
+	$(PY) -m bench.gateway --requests 100 --concurrency 1,16 --json out/gateway.json
+
+# The demo through two real vLLM servers, the gateway and the openai client (~5 min).
+demo-vllm: install engine
+	mkdir -p out
+	$(VENV)/bin/tokenfleet demo --engine vllm --duration 60 --json out/demo-vllm.json
 
 bench-decision: install
 	$(PY) -m bench.decision --instances 16,256,4096 --blocks-per-instance 100000

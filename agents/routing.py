@@ -63,13 +63,13 @@ class RoutingService:
         hold: HoldLimits | None = None,
         known_pools: Collection[str] = (),
         remembered: int = 100_000,
-        make_scheduler: Callable[[], Scheduler] | None = None,
+        make_scheduler: Callable[[str], Scheduler] | None = None,
         max_pools: int = 1024,
     ) -> None:
         """``make_scheduler`` builds each pool's scheduler (default: ``policy`` from the registry,
         with ``params`` and ``hold``); tests inject their own stages through it."""
         build_scheduler(policy, seed, params)  # fail fast on an unknown name or parameter
-        self.make_scheduler = make_scheduler or (lambda: build_scheduler(policy, seed, params, hold))
+        self.make_scheduler = make_scheduler or (lambda _pool: build_scheduler(policy, seed, params, hold))
         self.policy_name = policy
         self.worker = worker
         self.known_pools = frozenset(known_pools)
@@ -163,7 +163,7 @@ class RoutingService:
     def _pool(self, pool: str) -> _Pool:
         state = self._pools.get(pool)
         if state is None:
-            state = self._pools[pool] = _Pool(self.make_scheduler())
+            state = self._pools[pool] = _Pool(self.make_scheduler(pool))
         return state
 
     def _serves(self, pool: str) -> bool:

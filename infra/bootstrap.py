@@ -81,11 +81,11 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
     store = ClickHouseFeedback.from_settings(settings, run_id) if feedback else None
     hold = HoldLimits(settings.hold_max_per_pool, settings.hold_timeout_s)
 
-    def make_scheduler() -> Scheduler:
-        """A pool's scheduler; SLOMax's control loop reads its goodput from the feedback store."""
+    def make_scheduler(pool: str) -> Scheduler:
+        """A pool's scheduler; SLOMax's control loop reads the pool's goodput from the store."""
         scheduler = build_scheduler(settings.policy, params=settings.policy_params, hold=hold)
         if store is not None and isinstance(scheduler.admission, SloMax):
-            source = StoreGoodput(store, settings.policy, run_id)
+            source = StoreGoodput(store, settings.policy, run_id, pool)
 
             def record(step: Step) -> None:
                 metrics.slomax_knob.labels(policy=settings.policy, knob="headroom").set(step.after.headroom)

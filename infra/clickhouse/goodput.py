@@ -45,6 +45,7 @@ _RANGE = (
 )
 
 _RUN = "({run:String} = '' OR run_id = {run:String})"
+_POOL = "({pool:String} = '' OR model = {pool:String})"
 
 _COMPLETIONS_SQL = f"""
 SELECT
@@ -58,14 +59,14 @@ SELECT
     countIf(attempt > 1),
     max(toUnixTimestamp64Milli(ts)) / 1000
 FROM completions FINAL
-WHERE {_RANGE} AND {_RUN}
+WHERE {_RANGE} AND {_RUN} AND {_POOL}
 GROUP BY slo_class
 """
 
 _REJECTS_SQL = f"""
 SELECT slo_class, count(), max(toUnixTimestamp64Milli(ts)) / 1000
 FROM admission_decisions FINAL
-WHERE {_RANGE} AND {_RUN} AND action = 'reject'
+WHERE {_RANGE} AND {_RUN} AND {_POOL} AND action = 'reject'
 GROUP BY slo_class
 """
 
@@ -76,15 +77,22 @@ ADJUSTMENT_COLUMNS = (
 
 
 class ClickHouseGoodput:
-    """Windows of the rows of run ``run_id`` (every run: "")."""
+    """Windows of the rows of run ``run_id`` (every run: "") and model pool ``pool`` (every
+    pool: ""): one pool's control loop reads its own pool's outcomes."""
 
-    def __init__(self, client: Client, policy: str = "slomax", run_id: str = "") -> None:
+    def __init__(self, client: Client, policy: str = "slomax", run_id: str = "", pool: str = "") -> None:
         self._client = client
         self.policy = policy
         self.run_id = run_id
+        self.pool = pool
 
     def window(self, now_s: float, span_s: float) -> dict[str, ClassWindow]:
-        bounds = {"lo": int((now_s - span_s) * 1000), "hi": int(now_s * 1000), "run": self.run_id}
+        bounds = {
+            "lo": int((now_s - span_s) * 1000),
+            "hi": int(now_s * 1000),
+            "run": self.run_id,
+            "pool": self.pool,
+        }
         counts: dict[str, dict[str, float]] = {}
         for name, finished, met, out, good, timeouts, aborted, retries, newest in self._client.query(
             _COMPLETIONS_SQL, parameters=bounds
@@ -179,10 +187,11 @@ class StoreGoodput:
     ``record(step)`` queues the step's row the same way (dropped, and logged, if the store is down).
     """
 
-    def __init__(self, store: ClickHouseFeedback, policy: str, run_id: str = "") -> None:
+    def __init__(self, store: ClickHouseFeedback, policy: str, run_id: str = "", pool: str = "") -> None:
         self._store = store
         self.policy = policy
         self.run_id = run_id
+        self.pool = pool
         self._lock = threading.Lock()
         self._latest: dict[str, ClassWindow] = {}
         self._reading = False
@@ -194,7 +203,7 @@ class StoreGoodput:
         if not reading:
 
             def read(client: Client) -> dict[str, ClassWindow]:
-                return ClickHouseGoodput(client, self.policy, self.run_id).window(now_s, span_s)
+                return ClickHouseGoodput(client, self.policy, self.run_id, self.pool).window(now_s, span_s)
 
             if not self._store.submit(read, self._read):
                 with self._lock:

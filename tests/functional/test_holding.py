@@ -75,7 +75,7 @@ class Explodes(RoundRobin):
 
 
 def test_a_request_that_cannot_be_scheduled_is_dead_lettered_alone() -> None:
-    def make() -> Scheduler:
+    def make(_pool: str) -> Scheduler:
         return Scheduler("explodes", PassThrough(), HomeDc(), Explodes())
 
     agents, publisher = agents_with(RoutingService("round-robin", make_scheduler=make))

@@ -97,7 +97,7 @@ def malformed_request(request_id: str) -> InferenceRequest:
     """A request the wire would refuse (attempt 70 000: past MAX_ATTEMPT, and past the UInt16
     column), built around the model's validation as a buggy producer in this process could."""
     valid = InferenceRequest(request_id=request_id, model="m", input_tokens=1, output_budget=1)
-    return InferenceRequest.model_construct(**{**valid.model_dump(), "attempt": 70_000})
+    return valid.model_copy(update={"attempt": 70_000})  # model_copy does not validate
 
 
 async def send(store: ClickHouseFeedback, table: str, events: Sequence[Any]) -> float:
