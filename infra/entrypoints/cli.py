@@ -501,7 +501,7 @@ def gateway(
     from infra.prompts import Prompts
 
     settings = _settings()
-    _require_broker(settings, embedded=False)
+    _require_broker(settings, embedded=None)
     found = _inventory(inventory, settings)
     dirs = {m.name: m.tokenizer for m in found.models.values() if m.tokenizer is not None}
     prompts = Prompts.from_dirs({**dirs, **settings.tokenizers})
@@ -610,7 +610,7 @@ def batch_results(
     from infra.entrypoints.batch_results import collect_results
 
     settings = _settings()
-    _require_broker(settings, embedded=False)
+    _require_broker(settings, embedded=None)
     with kafka_bootstrap(settings) as bootstrap:
         written, expected = asyncio.run(collect_results(bootstrap, job, Path(out), timeout))
     print(f"{written} of {expected} answers of {job} written to {out}")
@@ -618,15 +618,17 @@ def batch_results(
         raise typer.Exit(1)
 
 
-def _require_broker(settings: Any, embedded: bool) -> None:
+def _require_broker(settings: Any, embedded: bool | None) -> None:
     """A command that only publishes needs a broker that outlives it: refuse to publish into a
-    throwaway embedded one unless ``--embedded`` asks for exactly that (and say so)."""
+    throwaway embedded one unless ``--embedded`` asks for exactly that (and say so). ``None``:
+    the command has no ``--embedded`` (it needs the worker's broker, whatever it does)."""
     if settings.kafka_bootstrap:
         return
     if not embedded:
+        offer = "" if embedded is None else ", or pass --embedded to publish into a throwaway embedded broker"
         raise ValueError(
             "no Kafka broker configured: set TOKENFLEET_KAFKA_BOOTSTRAP=host:port (the broker the "
-            "worker reads), or pass --embedded to publish into a throwaway embedded broker"
+            f"worker reads){offer}"
         )
     print(
         "warning: --embedded: publishing into an embedded broker that stops with this command; "

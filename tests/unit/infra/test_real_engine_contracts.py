@@ -155,3 +155,38 @@ def test_assembled_answers_and_rejections_map_to_http() -> None:
     assert (error.status, error.code, error.headers) == (429, "over_quota", {"Retry-After": "3"})
     shed = rejection(reject.model_copy(update={"reason": "cannot_meet_slo: ttft", "retry_after_s": None}))
     assert (shed.status, shed.headers) == (503, {})
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["gateway"], {}, "no Kafka broker configured"),
+        (["gateway"], {"TOKENFLEET_KAFKA_BOOTSTRAP": "127.0.0.1:1"}, "no engine inventory"),
+        (
+            ["gateway", "--inventory", "/no/such.yaml"],
+            {"TOKENFLEET_KAFKA_BOOTSTRAP": "127.0.0.1:1"},
+            "cannot read",
+        ),
+        (["gateway", "--port", "0"], {}, "--port"),
+        (["fleet", "--engine", "gpu"], {}, "--engine must be emulated or vllm"),
+        (["fleet", "--engine", "vllm"], {}, "no engine inventory"),
+        (["batch", "results", "job-1", "--out", "x.jsonl"], {}, "no Kafka broker configured"),
+        (["demo", "--engine", "tpu"], {}, "--engine must be emulated or vllm"),
+    ],
+)
+def test_real_engine_commands_say_what_is_wrong_in_one_line(
+    args: list[str],
+    env: dict[str, str],
+    message: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from infra.entrypoints.cli import main
+
+    monkeypatch.delenv("TOKENFLEET_KAFKA_BOOTSTRAP", raising=False)
+    monkeypatch.delenv("TOKENFLEET_INVENTORY", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
