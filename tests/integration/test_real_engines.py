@@ -171,6 +171,10 @@ def test_requests_sharing_a_long_prefix_land_where_it_is_cached(
             extra_body={"ignore_eos": True},
             extra_headers={"X-TokenFleet-Tenant": tag},
         )
+        # A user's next turn comes after the answer: by then the router has heard, through the
+        # bus, of the first token and the end (~0.1 s). Without the pause, the next request can
+        # race the first-token event and see the previous prefill still queued there.
+        time.sleep(0.5)
     decided = [d for d in decisions_for(engine_stack, runner, tag, 6) if d.tenant == tag]
     assert len(decided) == 6
     home = decided[0].instance_id

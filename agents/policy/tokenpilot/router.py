@@ -429,6 +429,8 @@ class TokenPilot(InstanceSelector):
         sent = self._sent.pop((event.request_id, event.attempt), None)
         if sent is None:
             return
+        if event.ttft_s is not None:  # it had its first token (the event may have been missed)
+            self.queues.first_token(sent.instance_id, sent.mark)
         if event.status == "ok" and event.ttft_s is not None:
             self.model_for(sent.profile).update(sent.features, event.ttft_s)
         elif event.ttft_s is None and event.time_s < sent.due_s:
