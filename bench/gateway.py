@@ -1,10 +1,11 @@
 """Gateway benchmark: what putting TokenFleet in front of real vLLM servers costs per request.
 
-``python -m bench.gateway [--requests N] [--concurrency 1,16] [--max-tokens 8] [--json OUT]``
+``python -m bench.gateway [--requests N] [--concurrency 1,16] [--max-tokens 8] [--policy P] [--json OUT]``
 
-Two real vLLM CPU servers (tiny model, random weights), the embedded broker and an
-``EngineStack`` (worker routing with TokenPilot, dispatcher, gateway). The official ``openai``
-client sends streamed completions, each with a fresh ~200-token prompt (no prefix-cache hit on
+Two real vLLM CPU servers (tiny model, random weights), the embedded broker, and the services
+each in its own process as deployed: a worker (routing with ``--policy``, default TokenPilot),
+``tokenfleet fleet --engine vllm`` and ``tokenfleet gateway``. The official ``openai`` client
+(in this process) sends streamed completions, each with a fresh ~120-word prompt (no prefix-cache hit on
 either path), ``max_tokens`` tokens with ``ignore_eos``. At each concurrency, every client
 alternates: one request straight to an engine (the two in turn), the next through the gateway,
 so both paths see the same load on the same servers. TTFT is the client's time to the first
@@ -22,23 +23,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import random
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from openai import AsyncOpenAI
 
-from infra.engines.vllm.inventory import dump_inventory
+from infra.engines.vllm.inventory import dump_inventory, load_inventory
 from infra.engines.vllm.launcher import VllmServers, server_specs
 from infra.engines.vllm.tiny_model import ensure_tiny_model
-from infra.entrypoints.engine_stack import EngineStack, StackOptions
-from infra.kafka.broker import embedded_broker, ensure_topics, ensure_topics_async
+from infra.entrypoints.worker_process import WorkerProcess
+from infra.kafka.broker import embedded_broker, ensure_topics_async, free_port
 from schemas.codec import DecodeError, decode
 from schemas.events import RoutingDecision
 from schemas.topics import DECISIONS
@@ -134,11 +140,11 @@ async def _broker_round_trip(bootstrap: str, count: int = 200) -> list[float]:
         await consumer.stop()
 
 
-async def _decision_shares(bootstrap: str, tag: str) -> dict[str, list[float]]:
+async def _decision_shares(bootstrap: str, tag: str) -> dict[str, Any]:
     """Per gateway request of ``tag``: arrival -> decision written, and the policy's own time."""
     consumer = AIOKafkaConsumer(DECISIONS.name, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
     await consumer.start()
-    shares: dict[str, list[float]] = {"to_decision_s": [], "policy_s": []}
+    shares: dict[str, Any] = {"to_decision_s": [], "policy_s": [], "per_instance": {}}
     try:
         idle = 0
         while idle < 5:
@@ -155,9 +161,74 @@ async def _decision_shares(bootstrap: str, tag: str) -> dict[str, list[float]]:
                     if decision.tenant == tag:
                         shares["to_decision_s"].append(record.timestamp / 1000 - decision.request.ts)
                         shares["policy_s"].append(decision.decision_latency_s)
+                        per = shares["per_instance"]
+                        per[decision.instance_id] = per.get(decision.instance_id, 0) + 1
     finally:
         await consumer.stop()
     return shares
+
+
+@contextlib.contextmanager
+def _deployed(bootstrap: str, inventory: Path, data: Path, policy: str) -> Iterator[str]:
+    """The worker, ``tokenfleet fleet --engine vllm`` and ``tokenfleet gateway``, each its own
+    process as deployed (so the load generator's CPU is not the gateway's); yields its URL."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "TOKENFLEET_KAFKA_BOOTSTRAP": bootstrap,
+        "TOKENFLEET_INVENTORY": str(inventory),
+        "TOKENFLEET_SCRAPE_INTERVAL_S": "0.25",
+        "TOKENFLEET_DATA_DIR": str(data / "services"),
+    }
+    worker = WorkerProcess(
+        bootstrap,
+        data / "worker",
+        {
+            "TOKENFLEET_APP_ID": "bench-gateway",
+            "TOKENFLEET_POLICY": policy,
+            "TOKENFLEET_INVENTORY": str(inventory),
+            "TOKENFLEET_POOLS": f'["{MODEL}"]',
+            "TOKENFLEET_CLICKHOUSE_DSN": "off",
+            "TOKENFLEET_WORKER_WEB_PORT": "0",
+        },
+    )
+    cli = [sys.executable, "-m", "infra.entrypoints.cli"]
+    logs = [(data / name).open("wb") for name in ("fleet.log", "gateway.log")]
+    services = [
+        subprocess.Popen(
+            [*cli, "fleet", "--engine", "vllm"], env=env, stdout=logs[0], stderr=subprocess.STDOUT
+        ),
+        subprocess.Popen(
+            [*cli, "gateway", "--port", str(port)], env=env, stdout=logs[1], stderr=subprocess.STDOUT
+        ),
+    ]
+    try:
+        worker.wait_ready(120)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        for service in services:
+            service.send_signal(signal.SIGINT)
+        for service in services:
+            try:
+                service.wait(15)
+            except subprocess.TimeoutExpired:
+                service.kill()
+        worker.stop()
+        for log in logs:
+            log.close()
+
+
+async def _until_answered(gateway: AsyncOpenAI, timeout_s: float) -> None:
+    """Until a call through the gateway is answered (every service up, heartbeats in)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await _one(gateway, "warm up", 1, "bench-warmup")
+            return
+        except Exception as exc:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the gateway answered no call within {timeout_s:.0f} s: {exc}") from exc
+            await asyncio.sleep(0.5)
 
 
 def _q(values: list[float], q: float) -> float:
@@ -165,27 +236,28 @@ def _q(values: list[float], q: float) -> float:
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
 
 
-async def run(requests: int, concurrencies: list[int], max_tokens: int) -> dict[str, Any]:
+async def run(requests: int, concurrencies: list[int], max_tokens: int, policy: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tokenfleet-gateway-bench-") as tmp:
         data = Path(tmp)
         model_dir = ensure_tiny_model(data / "model", MODEL)
         servers = VllmServers(server_specs(2), model_dir, data / "servers", served_model_name=MODEL)
         print("bench: starting 2 vLLM servers", file=sys.stderr)
         with servers, embedded_broker(log_path=data / "tansu.log") as bootstrap:
-            ensure_topics(bootstrap, 4)
+            await ensure_topics_async(bootstrap, 4)
             inventory = data / "inventory.yaml"
             inventory.write_text(dump_inventory(servers.inventory()))
-            async with EngineStack(bootstrap, inventory, data, StackOptions(app_id="bench-gateway")) as stack:
-                gateway = AsyncOpenAI(
-                    base_url=stack.gateway_url + "/v1", api_key="-", max_retries=0, timeout=60
-                )
+            with _deployed(bootstrap, inventory, data, policy) as gateway_url:
+                gateway = AsyncOpenAI(base_url=gateway_url + "/v1", api_key="-", max_retries=0, timeout=60)
                 engines = [
                     AsyncOpenAI(base_url=i.url + "/v1", api_key="-", max_retries=0, timeout=60)
-                    for i in stack.inventory.instances
+                    for i in load_inventory(inventory).instances
                 ]
+                await _until_answered(gateway, 120)
                 print("bench: warm-up", file=sys.stderr)
                 await _phase(gateway, engines, 10, 2, max_tokens, "bench-warmup")
-                report: dict[str, Any] = {"requests_per_path": requests, "max_tokens": max_tokens, "runs": {}}
+                report: dict[str, Any] = {
+                    "requests_per_path": requests, "max_tokens": max_tokens, "policy": policy, "runs": {}
+                }  # fmt: skip
                 for concurrency in concurrencies:
                     tag = f"bench-c{concurrency}"
                     print(f"bench: concurrency {concurrency}, {requests} requests per path", file=sys.stderr)
@@ -202,6 +274,7 @@ async def run(requests: int, concurrencies: list[int], max_tokens: int) -> dict[
                         "to_decision_p50_s": _q(shares["to_decision_s"], 0.5),
                         "policy_p50_s": _q(shares["policy_s"], 0.5),
                         "decisions_seen": len(shares["to_decision_s"]),
+                        "gateway_per_instance": shares["per_instance"],
                     }
                 for c in (gateway, *engines):
                     await c.close()
@@ -214,7 +287,7 @@ async def run(requests: int, concurrencies: list[int], max_tokens: int) -> dict[
 def _print(report: dict[str, Any]) -> None:
     ms = 1000.0
     print(
-        f"gateway benchmark: {report['requests_per_path']} requests per path,"
+        f"gateway benchmark ({report['policy']}): {report['requests_per_path']} requests per path,"
         f" max_tokens {report['max_tokens']}"
     )
     print(f"{'conc':>4}  {'direct p50':>10} {'p99':>7}  {'gateway p50':>11} {'p99':>7}  {'added p50':>9}"
@@ -224,7 +297,7 @@ def _print(report: dict[str, Any]) -> None:
             f"{concurrency:>4}  {r['direct_ttft_p50_s'] * ms:>8.1f}ms {r['direct_ttft_p99_s'] * ms:>5.1f}ms"
             f"  {r['gateway_ttft_p50_s'] * ms:>9.1f}ms {r['gateway_ttft_p99_s'] * ms:>5.1f}ms"
             f"  {r['added_p50_s'] * ms:>7.1f}ms  {r['to_decision_p50_s'] * ms:>9.1f}ms"
-            f" {r['policy_p50_s'] * ms:>5.2f}ms"
+            f" {r['policy_p50_s'] * ms:>5.2f}ms  routed {r['gateway_per_instance']}"
         )
     print(
         f"embedded broker produce->consume round trip: p50 {report['broker_round_trip_p50_s'] * ms:.1f} ms,"
@@ -237,10 +310,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=100, help="requests per path per concurrency")
     parser.add_argument("--concurrency", default="1,16", help="comma-separated client concurrencies")
     parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--policy", default="tokenpilot", help="the worker's routing policy")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     concurrencies = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    report = asyncio.run(run(args.requests, concurrencies, args.max_tokens))
+    report = asyncio.run(run(args.requests, concurrencies, args.max_tokens, args.policy))
     _print(report)
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

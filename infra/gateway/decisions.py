@@ -33,8 +33,9 @@ Answer = RoutingDecision | AdmissionDecision
 
 
 class DecisionWaiter:
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, fetch_max_wait_ms: int = 5) -> None:
         self.bootstrap = bootstrap
+        self.fetch_max_wait_ms = fetch_max_wait_ms
         self._pending: dict[Key, asyncio.Future[Answer]] = {}
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
@@ -71,7 +72,12 @@ class DecisionWaiter:
     async def _positioned_consumer(self) -> AIOKafkaConsumer:
         consumer = await start_client(
             lambda: AIOKafkaConsumer(
-                bootstrap_servers=self.bootstrap, enable_auto_commit=False, auto_offset_reset="latest"
+                bootstrap_servers=self.bootstrap,
+                enable_auto_commit=False,
+                auto_offset_reset="latest",
+                # A decision is awaited by a client: fetch at once. Brokers that hold a fetch
+                # for its whole wait (Tansu) would otherwise add up to aiokafka's 500 ms.
+                fetch_max_wait_ms=self.fetch_max_wait_ms,
             ),
             "gateway decision consumer",
         )
