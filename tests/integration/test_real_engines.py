@@ -9,6 +9,7 @@ kills a server, so it runs last.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 import urllib.request
@@ -22,7 +23,9 @@ from openai import OpenAI
 from infra.engines.vllm.inventory import dump_inventory
 from infra.engines.vllm.launcher import VllmServers
 from infra.engines.vllm.metrics import parse_metrics
+from infra.entrypoints.batch_results import collect_results
 from infra.entrypoints.engine_stack import EngineStack, StackOptions
+from infra.entrypoints.loadgen import submit_batch
 from schemas.codec import decode
 from schemas.events import Completion, InferenceRequest, Response, RoutingDecision, Sampling
 from schemas.topics import COMPLETIONS, DECISIONS, REQUESTS, RESPONSES
@@ -252,6 +255,34 @@ def test_a_kafka_published_request_gets_its_answer_on_tf_responses(
     (answer,) = runner.run(roundtrip())
     assert answer.status == "ok" and answer.completion_tokens == 7 and answer.finish_reason == "length"
     assert answer.prompt_tokens > 0 and answer.text != ""
+
+
+def test_a_batch_job_of_prompts_is_answered_and_its_results_collected(
+    stack: tuple[EngineStack, LoopThread], tmp_path: Path
+) -> None:
+    engine_stack, runner = stack
+    lines = [
+        {"custom_id": f"q{i}", "url": "/v1/chat/completions",
+         "body": {"messages": [{"role": "user", "content": f"batch question {i}"}], "max_tokens": 5,
+                  "ignore_eos": True}}
+        for i in range(4)
+    ] + [{"custom_id": "c", "url": "/v1/completions", "body": {"prompt": "complete me", "max_tokens": 3,
+                                                               "ignore_eos": True}}]  # fmt: skip
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "results.jsonl"
+
+    async def submit_and_collect() -> tuple[str, int, int]:
+        job = await submit_batch(engine_stack.bootstrap, batch, 600, model=MODEL, partitions=4)
+        written, expected = await collect_results(engine_stack.bootstrap, job.job_id, out, timeout_s=90)
+        return job.job_id, written, expected
+
+    job_id, written, expected = runner.run(submit_and_collect())
+    assert (written, expected) == (5, 5)
+    results = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["custom_id"] for r in results] == ["q0", "q1", "q2", "q3", "c"]
+    assert all(r["status"] == "ok" and r["request_id"].startswith(f"{job_id}/") for r in results)
+    assert [r["usage"]["completion_tokens"] for r in results] == [5, 5, 5, 5, 3]
 
 
 def test_a_killed_instance_gets_no_new_request_and_none_is_lost(
