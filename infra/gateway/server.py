@@ -80,14 +80,20 @@ class Gateway:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=4 * 1024 * 1024)
-        app.router.add_post("/v1/chat/completions", lambda r: self._call("chat", r))
-        app.router.add_post("/v1/completions", lambda r: self._call("completion", r))
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completion)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
-        app.on_startup.append(lambda _app: self.start())
-        app.on_cleanup.append(lambda _app: self.close())
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
         return app
+
+    async def _on_startup(self, _app: web.Application) -> None:
+        await self.start()
+
+    async def _on_cleanup(self, _app: web.Application) -> None:
+        await self.close()
 
     async def start(self) -> None:
         self._producer = await start_client(
@@ -119,6 +125,12 @@ class Gateway:
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         return web.Response(body=metrics.render(), content_type="text/plain")
+
+    async def _chat(self, http: web.Request) -> web.StreamResponse:
+        return await self._call("chat", http)
+
+    async def _completion(self, http: web.Request) -> web.StreamResponse:
+        return await self._call("completion", http)
 
     async def _call(self, kind: Kind, http: web.Request) -> web.StreamResponse:
         try:
@@ -230,6 +242,10 @@ class Gateway:
                 status = "aborted"  # writing to a client that left
                 raise asyncio.CancelledError from exc
             if stream is None:
+                if isinstance(exc, EngineHttpError) and 400 <= exc.status < 500:
+                    # The engine refused the call itself (e.g. a prompt beyond its context): so
+                    # would any other; the client gets the engine's answer, not a retry.
+                    raise ApiError(exc.status, f"the engine refused the request: {exc}") from None
                 raise _NothingSent(f"the engine {entry.instance_id} failed: {exc}") from None
             await stream.write(b"data: " + json.dumps({"error": {"message": str(exc)}}).encode() + b"\n\n")
             return stream

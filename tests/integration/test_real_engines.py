@@ -150,6 +150,9 @@ def test_unknown_model_and_bad_bodies_get_openai_errors(client: OpenAI) -> None:
         client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=MODEL, prompt="", max_tokens=4)
+    # Beyond the engine's context (4 096 tokens): the engine's own 400, passed on, not retried.
+    with pytest.raises(openai.BadRequestError, match="engine refused"):
+        client.completions.create(model=MODEL, prompt=list(range(1, 4200)), max_tokens=4)
 
 
 def test_requests_sharing_a_long_prefix_land_where_it_is_cached(
@@ -200,6 +203,14 @@ def test_requests_sharing_a_long_prefix_land_where_it_is_cached(
     assert hits[other] == 0, hits
     # ...and the KV events of that engine told the router it holds those blocks.
     assert engine_stack.engines.kv_stats()[home]["stored_blocks"] >= blocks
+
+    async def completions() -> list[Completion]:
+        async with Collector(engine_stack.bootstrap, COMPLETIONS, MODEL.encode()) as collector:
+            await asyncio.sleep(3)
+            return [decode(Completion, v) for v in collector.values if tag.encode() in v]
+
+    cached = sorted(c.cached_tokens for c in runner.run(completions()) if c.tenant == tag)
+    assert len(cached) == 6 and cached[0] < 512 and cached[1] >= 512 * blocks, cached  # as vLLM reported
 
 
 def test_a_client_disconnect_aborts_the_generation_at_the_engine(

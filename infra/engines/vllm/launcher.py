@@ -336,6 +336,7 @@ class VllmServers:
             "--dtype",
             "float32",
             "--enable-prefix-caching",
+            "--enable-prompt-tokens-details",  # usage.prompt_tokens_details.cached_tokens
             "--enforce-eager",
             "--block-size",
             str(self.block_size),
