@@ -261,6 +261,11 @@ class VllmServers:
         _signal_server(process, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=5)
+        # The engine-core process it spawned dies with it, but not in the same instant (a large
+        # process takes a moment to tear down): return once the whole group is gone.
+        deadline = time.monotonic() + 5
+        while _group_alive(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     # -- what the servers are --------------------------------------------------------------------
 
