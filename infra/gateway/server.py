@@ -10,8 +10,9 @@ first token and a ``Completion`` with TTFT / TPOT / E2E as measured here, from t
 call arrived. A client that disconnects aborts the generation at the engine (the connection to
 it is closed) and is recorded ``aborted``. An engine that fails before anything reached the
 client (it died, refused the call) costs an ``error`` attempt and the call is scheduled again as
-the next attempt, up to ``attempts`` (0.25 s × n apart); then 502. Admission rejects are HTTP 429 (``over_quota``)
-or 503, with ``Retry-After``; no answer within ``decision_timeout_s`` is 503.
+the next attempt, up to ``attempts`` (``retry_backoff_s`` times n apart); then 502. Admission
+rejects are HTTP 429 (``over_quota``) or 503, with ``Retry-After``; no answer within
+``decision_timeout_s`` is 503.
 
 ``/v1/models`` lists the inventory's models, ``/health`` says whether the broker link works,
 ``/metrics`` is Prometheus.
