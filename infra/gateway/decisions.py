@@ -39,7 +39,6 @@ class DecisionWaiter:
         self._pending: dict[Key, asyncio.Future[Answer]] = {}
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
-        self.seen = 0  # answers read (any gateway's)
 
     @property
     def running(self) -> bool:
@@ -112,7 +111,6 @@ class DecisionWaiter:
                 continue
             for tp, records in batches.items():
                 for record in records:
-                    self.seen += 1
                     self._offer(tp.topic, record.value)
 
     def _offer(self, topic: str, value: bytes | None) -> None:

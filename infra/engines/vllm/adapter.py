@@ -27,7 +27,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import aiohttp
 
@@ -69,14 +69,6 @@ class _Scraped:
     ready: bool = False
     metrics: EngineMetrics | None = None
     ts: float = 0.0
-    error: str = "not scraped yet"
-
-
-@dataclass
-class _Stats:
-    scrapes: int = 0
-    scrape_failures: int = 0
-    generations: dict[str, int] = field(default_factory=dict)  # by status
 
 
 class VllmEngines:
@@ -114,7 +106,6 @@ class VllmEngines:
         self._session: aiohttp.ClientSession | None = None
         self._scrapers: list[asyncio.Task[None]] = []
         self._closed = False
-        self.stats = _Stats()
 
     # -- the port -----------------------------------------------------------------------------
 
@@ -280,7 +271,6 @@ class VllmEngines:
     ) -> None:
         """Queue the ``Response`` and ``Completion`` of an ended attempt."""
         g = generation or Generation()
-        self.stats.generations[status] = self.stats.generations.get(status, 0) + 1
         self._outbox.append(outcome.response(decision, g, status, now, error))
         self._outbox.append(outcome.completion(decision, g, status, now))
         if error:
@@ -304,7 +294,6 @@ class VllmEngines:
         """Read ``entry``'s ``/health`` and ``/metrics`` once (each within ``scrape_s``)."""
         scraped = self._scraped[entry.instance_id]
         timeout = aiohttp.ClientTimeout(total=self.scrape_s)
-        self.stats.scrapes += 1
         try:
             async with self._http().get(entry.url + "/health", timeout=timeout) as health:
                 ready = health.status == 200
@@ -315,12 +304,11 @@ class VllmEngines:
             measured = parse_metrics(text, entry.served_model_name or entry.model)
             heartbeat_fields(measured, None, None, 0)  # the KV geometry is there (ValueError if not)
             scraped.metrics = measured
-            scraped.ready, scraped.error = ready, "" if ready else "/health is not 200"
+            scraped.ready = ready
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError, EngineHttpError) as exc:
-            self.stats.scrape_failures += 1
             if scraped.ready:
                 log.warning("engine %s stopped answering: %s", entry.instance_id, _first_line(exc))
-            scraped.ready, scraped.error = False, _first_line(exc)
+            scraped.ready = False
         scraped.ts = time.time()
         return scraped
 

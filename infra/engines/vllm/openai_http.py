@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -42,7 +42,6 @@ class Generation:
     first_token_ts: float | None = None
     last_token_ts: float | None = None
     chunks: int = 0
-    usage: dict[str, Any] = field(default_factory=dict)
 
 
 def engine_call(request: InferenceRequest, served_model_name: str) -> tuple[str, dict[str, Any]]:
@@ -131,7 +130,6 @@ def _take(generation: Generation, event: dict[str, Any]) -> None:
             generation.finish_reason = choice["finish_reason"]
     usage = event.get("usage")
     if usage:
-        generation.usage = usage
         generation.prompt_tokens = int(usage.get("prompt_tokens") or 0)
         generation.completion_tokens = int(usage.get("completion_tokens") or 0)
         details = usage.get("prompt_tokens_details") or {}
