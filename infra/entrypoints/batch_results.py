@@ -8,14 +8,13 @@ has one or ``timeout_s`` passes, then writes one JSON line per answer, in the jo
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
-from infra.kafka.clients import start_client
+from infra.kafka.clients import partition_reader
 from schemas.codec import DecodeError, decode
 from schemas.events import BatchJob, Response
 from schemas.topics import BATCH_JOBS, RESPONSES, TopicSpec
@@ -102,23 +101,12 @@ async def _find_job(bootstrap: str, job_id: str) -> BatchJob | None:
 
 async def _reader(bootstrap: str, spec: TopicSpec) -> AIOKafkaConsumer:
     """A consumer outside any group on every partition of ``spec``'s topic, from the start."""
-    consumer = await start_client(
-        lambda: AIOKafkaConsumer(
-            bootstrap_servers=bootstrap,
-            enable_auto_commit=False,
-            max_partition_fetch_bytes=32 * 1024 * 1024,
-            fetch_max_bytes=64 * 1024 * 1024,
-        ),
+    consumer: AIOKafkaConsumer = await partition_reader(
+        bootstrap,
+        (spec,),
+        "beginning",
         f"{spec.name} reader",
+        max_partition_fetch_bytes=32 * 1024 * 1024,
+        fetch_max_bytes=64 * 1024 * 1024,
     )
-    await consumer.topics()
-    partitions = [
-        TopicPartition(spec.name, p) for p in sorted(consumer.partitions_for_topic(spec.name) or ())
-    ]
-    if not partitions:
-        await consumer.stop()
-        raise ValueError(f"the topic {spec.name} does not exist on {bootstrap}")
-    consumer.assign(partitions)
-    await consumer.seek_to_beginning(*partitions)
-    await asyncio.sleep(0)
     return consumer

@@ -27,6 +27,7 @@ from aiokafka.errors import KafkaError
 
 from infra.engines.emulated import EmulatedEngines
 from infra.engines.port import EngineEvent, EnginePort
+from infra.errors import first_line
 from infra.kafka.broker import ensure_topics_async
 from infra.kafka.clients import send_event, start_client
 from schemas.codec import DecodeError, decode
@@ -192,7 +193,7 @@ async def run_fleet(
                 delay = ceiling * random.uniform(0.5, 1.0)
                 log.warning(
                     "fleet: lost the broker (%s); reconnecting in %.2f s",
-                    _first_line(exc), delay, exc_info=not isinstance(exc, BrokerLost),
+                    first_line(exc), delay, exc_info=not isinstance(exc, BrokerLost),
                 )  # fmt: skip
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), delay)
@@ -210,11 +211,6 @@ async def _stop_client(client: Any, timeout_s: float) -> None:
     """Stop a client without hanging on a broker that is gone."""
     with contextlib.suppress(Exception):
         await asyncio.wait_for(client.stop(), timeout_s)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 class _FleetLoop:
@@ -326,7 +322,7 @@ class _FleetLoop:
             if isinstance(exc, KafkaError) and self._failed_sends < _SEND_FAILURES_BEFORE_RECONNECT:
                 # One refused write (Tansu answers UnknownError to a produce that raced another
                 # right after its restart) is not a lost broker: send the backlog next round.
-                log.info("fleet: a send failed (%s); sending again", _first_line(exc))
+                log.info("fleet: a send failed (%s); sending again", first_line(exc))
                 return
             raise
         self._failed_sends = 0

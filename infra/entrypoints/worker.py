@@ -52,6 +52,7 @@ from typing import Any
 import faust
 
 from infra.bootstrap import build_worker_app, kafka_bootstrap
+from infra.errors import first_line
 from infra.kafka.broker import BrokerProbe, ensure_topics
 from infra.settings import Settings
 from schemas.topics import ALL_TOPICS
@@ -143,7 +144,7 @@ class _Supervisor:
                     delay = self.backoff.delay(failures)
                     log.warning(
                         "worker supervisor: kafka %s not usable (%s); next try in %.1f s",
-                        self.bootstrap, _first_line(exc), delay,
+                        self.bootstrap, first_line(exc), delay,
                     )  # fmt: skip
                     self._sleep(delay)
                     continue
@@ -226,11 +227,6 @@ def _describe(code: int) -> str:
         with contextlib.suppress(ValueError):
             return f"signal {signal.Signals(-code).name}"
     return f"code {code}"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 # --- the child -----------------------------------------------------------------------------

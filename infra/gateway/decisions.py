@@ -18,10 +18,10 @@ import json
 import logging
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 
-from infra.kafka.clients import start_client
+from infra.kafka.clients import TopicsMissing, partition_reader
 from schemas.codec import DecodeError, decode
 from schemas.events import AdmissionDecision, RoutingDecision
 from schemas.topics import ADMISSION, DECISIONS
@@ -69,30 +69,16 @@ class DecisionWaiter:
         self._pending.pop(key, None)
 
     async def _positioned_consumer(self) -> AIOKafkaConsumer:
-        consumer = await start_client(
-            lambda: AIOKafkaConsumer(
-                bootstrap_servers=self.bootstrap,
-                enable_auto_commit=False,
-                auto_offset_reset="latest",
-                # A decision is awaited by a client: fetch at once. Brokers that hold a fetch
-                # for its whole wait (Tansu) would otherwise add up to aiokafka's 500 ms.
-                fetch_max_wait_ms=self.fetch_max_wait_ms,
-            ),
+        consumer: AIOKafkaConsumer = await partition_reader(
+            self.bootstrap,
+            (ADMISSION, DECISIONS),
+            "end",
             "gateway decision consumer",
+            auto_offset_reset="latest",
+            # A decision is awaited by a client: fetch at once. Brokers that hold a fetch for its
+            # whole wait (Tansu) would otherwise add up to aiokafka's 500 ms.
+            fetch_max_wait_ms=self.fetch_max_wait_ms,
         )
-        await consumer.topics()  # fetch metadata, so the partitions are known
-        partitions = [
-            TopicPartition(spec.name, p)
-            for spec in (ADMISSION, DECISIONS)
-            for p in sorted(consumer.partitions_for_topic(spec.name) or ())
-        ]
-        if not partitions:
-            await consumer.stop()
-            raise KafkaError(f"the topics {ADMISSION.name} and {DECISIONS.name} do not exist")
-        consumer.assign(partitions)
-        await consumer.seek_to_end(*partitions)
-        for tp in partitions:
-            await consumer.position(tp)  # resolve "end" now, not at the first fetch
         return consumer
 
     async def _run(self) -> None:
@@ -106,7 +92,7 @@ class DecisionWaiter:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(consumer.stop(), 2.0)
                 await asyncio.sleep(0.5)
-                with contextlib.suppress(KafkaError, OSError):
+                with contextlib.suppress(KafkaError, OSError, TopicsMissing):
                     self._consumer = await self._positioned_consumer()
                 continue
             for tp, records in batches.items():

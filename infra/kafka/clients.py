@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Literal, Protocol, TypeVar
 
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
+from infra.errors import first_line
 from schemas.codec import encode
 from schemas.events import Event
 from schemas.topics import TopicSpec, key_of
@@ -55,6 +57,39 @@ async def send_event(producer: Any, spec: TopicSpec, event: Event) -> Awaitable[
     return future
 
 
+class TopicsMissing(ValueError):
+    """The broker does not have the topics a reader was asked for."""
+
+
+async def partition_reader(
+    bootstrap: str, specs: Sequence[TopicSpec], at: Literal["beginning", "end"], what: str, **config: Any
+) -> Any:
+    """A started consumer outside any group, assigned every partition of ``specs``' topics and
+    positioned at their beginning or end (resolved now, not at the first fetch, so nothing
+    written after this returns can be missed). ``config``: more ``AIOKafkaConsumer`` settings.
+    Raises ``TopicsMissing`` if none of the topics has a partition."""
+    consumer = await start_client(
+        lambda: AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **config), what
+    )
+    await consumer.topics()  # fetch metadata, so the partitions are known
+    partitions = [
+        TopicPartition(spec.name, p)
+        for spec in specs
+        for p in sorted(consumer.partitions_for_topic(spec.name) or ())
+    ]
+    if not partitions:
+        await consumer.stop()
+        raise TopicsMissing(f"the topics {', '.join(s.name for s in specs)} do not exist on {bootstrap}")
+    consumer.assign(partitions)
+    if at == "beginning":
+        await consumer.seek_to_beginning(*partitions)
+    else:
+        await consumer.seek_to_end(*partitions)
+    for tp in partitions:
+        await consumer.position(tp)
+    return consumer
+
+
 BROKER_ERRORS = (KafkaError, OSError)  # TimeoutError is an OSError
 
 
@@ -94,7 +129,7 @@ class ResilientProducer:
         try:
             future = await asyncio.wait_for(send_event(self.producer, spec, event), self.send_timeout_s)
         except BROKER_ERRORS as exc:
-            log.warning("%s: sending failed (%s); retrying", self.what, _first_line(exc))
+            log.warning("%s: sending failed (%s); retrying", self.what, first_line(exc))
             await self._retrying(self._resend)
             return
         self._pending[-1] = (spec, event, future)
@@ -108,7 +143,7 @@ class ResilientProducer:
         try:
             await self._wait_delivered()
         except BROKER_ERRORS as exc:
-            log.warning("%s: delivery failed (%s); retrying", self.what, _first_line(exc))
+            log.warning("%s: delivery failed (%s); retrying", self.what, first_line(exc))
             await self._retrying(self._resend)
 
     async def stop(self) -> None:
@@ -156,10 +191,5 @@ class ResilientProducer:
             state = "could not connect" if first else f"did not take {len(self._pending)} events"
             raise BrokerUnavailable(
                 f"{self.what}: the Kafka broker at {self.bootstrap} {state} within {self.budget_s:.0f} s "
-                f"({self.delivered} delivered before): {_first_line(exc)}"
+                f"({self.delivered} delivered before): {first_line(exc)}"
             ) from exc
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

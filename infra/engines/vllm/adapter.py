@@ -38,6 +38,7 @@ from infra.engines.vllm.kv_events import KvEventSubscriber
 from infra.engines.vllm.metrics import EngineMetrics, heartbeat_fields, parse_metrics
 from infra.engines.vllm.openai_http import EngineHttpError, Generation, engine_call, stream_generation
 from infra.engines.vllm.outcome import Status
+from infra.errors import first_line
 from schemas.events import Heartbeat, RoutingDecision
 
 log = logging.getLogger(__name__)
@@ -255,7 +256,7 @@ class VllmEngines:
         except TimeoutError:
             self._end(decision, generation, "timeout", time.time(), error="past its deadline")
         except (EngineHttpError, aiohttp.ClientError, ValueError, OSError) as exc:
-            self._end(decision, generation, "error", time.time(), error=_first_line(exc))
+            self._end(decision, generation, "error", time.time(), error=first_line(exc))
         else:
             self._end(decision, generation, "ok", time.time())
         finally:
@@ -307,7 +308,7 @@ class VllmEngines:
             scraped.ready = ready
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError, EngineHttpError) as exc:
             if scraped.ready:
-                log.warning("engine %s stopped answering: %s", entry.instance_id, _first_line(exc))
+                log.warning("engine %s stopped answering: %s", entry.instance_id, first_line(exc))
             scraped.ready = False
         scraped.ts = time.time()
         return scraped
@@ -321,8 +322,3 @@ class VllmEngines:
     def _check(self) -> None:
         if self._closed:
             raise EngineError("the vLLM engines are closed")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
