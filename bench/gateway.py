@@ -43,6 +43,7 @@ from openai import AsyncOpenAI
 from infra.engines.vllm.inventory import dump_inventory, load_inventory
 from infra.engines.vllm.launcher import VllmServers, server_specs
 from infra.engines.vllm.tiny_model import ensure_tiny_model
+from infra.entrypoints.engine_stack import StackOptions, worker_settings
 from infra.entrypoints.worker_process import WorkerProcess
 from infra.kafka.broker import embedded_broker, ensure_topics_async, free_port
 from schemas.codec import DecodeError, decode
@@ -183,14 +184,7 @@ def _deployed(bootstrap: str, inventory: Path, data: Path, policy: str) -> Itera
     worker = WorkerProcess(
         bootstrap,
         data / "worker",
-        {
-            "TOKENFLEET_APP_ID": "bench-gateway",
-            "TOKENFLEET_POLICY": policy,
-            "TOKENFLEET_INVENTORY": str(inventory),
-            "TOKENFLEET_POOLS": f'["{MODEL}"]',
-            "TOKENFLEET_CLICKHOUSE_DSN": "off",
-            "TOKENFLEET_WORKER_WEB_PORT": "0",
-        },
+        worker_settings(inventory, StackOptions(policy=policy, app_id="bench-gateway")),
     )
     cli = [sys.executable, "-m", "infra.entrypoints.cli"]
     logs = [(data / name).open("wb") for name in ("fleet.log", "gateway.log")]

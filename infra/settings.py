@@ -120,9 +120,7 @@ class Settings(BaseSettings):
         if self.inventory is not None:
             from infra.engines.vllm.inventory import load_inventory
 
-            for model in load_inventory(self.inventory).models.values():
-                if model.tokenizer is not None:
-                    found[model.name] = model.tokenizer
+            found = load_inventory(self.inventory).tokenizer_dirs()
         return {**found, **self.tokenizers}
 
     @cached_property

@@ -503,8 +503,7 @@ def gateway(
     settings = _settings()
     _require_broker(settings, embedded=None)
     found = _inventory(inventory, settings)
-    dirs = {m.name: m.tokenizer for m in found.models.values() if m.tokenizer is not None}
-    prompts = Prompts.from_dirs({**dirs, **settings.tokenizers})
+    prompts = Prompts.from_dirs({**found.tokenizer_dirs(), **settings.tokenizers})
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     with kafka_bootstrap(settings) as bootstrap:
         gw = Gateway(bootstrap, found, prompts, GatewayOptions(decision_timeout_s=decision_timeout))

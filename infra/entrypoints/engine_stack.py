@@ -38,6 +38,22 @@ class StackOptions:
     app_id: str = "tokenfleet-engines"
 
 
+def worker_settings(inventory_path: Path, options: StackOptions) -> dict[str, str]:
+    """The ``TOKENFLEET_*`` settings of a worker scheduling the engines of ``inventory_path``:
+    its pools are the inventory's models, its tokenizers the inventory's."""
+    models = sorted({i.model for i in load_inventory(inventory_path).instances})
+    return {
+        "TOKENFLEET_APP_ID": options.app_id,
+        "TOKENFLEET_POLICY": options.policy,
+        "TOKENFLEET_INVENTORY": str(inventory_path.resolve()),
+        "TOKENFLEET_POOLS": "[" + ",".join(f'"{m}"' for m in models) + "]",
+        "TOKENFLEET_CLICKHOUSE_DSN": options.clickhouse,
+        "TOKENFLEET_WORKER_WEB_PORT": "0",
+        "TOKENFLEET_HEARTBEAT_INTERVAL_S": str(options.heartbeat_s),
+        **options.worker_settings,
+    }
+
+
 class EngineStack:
     def __init__(
         self, bootstrap: str, inventory_path: Path, data_dir: Path, options: StackOptions | None = None
@@ -72,20 +88,10 @@ class EngineStack:
         await self.close()
 
     async def _start(self) -> None:
-        models = sorted({i.model for i in self.inventory.instances})
         self.worker = WorkerProcess(
             self.bootstrap,
             self.data_dir / "worker",
-            {
-                "TOKENFLEET_APP_ID": self.options.app_id,
-                "TOKENFLEET_POLICY": self.options.policy,
-                "TOKENFLEET_INVENTORY": str(self.inventory_path.resolve()),
-                "TOKENFLEET_POOLS": "[" + ",".join(f'"{m}"' for m in models) + "]",
-                "TOKENFLEET_CLICKHOUSE_DSN": self.options.clickhouse,
-                "TOKENFLEET_WORKER_WEB_PORT": "0",
-                "TOKENFLEET_HEARTBEAT_INTERVAL_S": str(self.options.heartbeat_s),
-                **self.options.worker_settings,
-            },
+            worker_settings(self.inventory_path, self.options),
             loglevel="info",
         )
         fleet_ready = asyncio.Event()
@@ -102,8 +108,9 @@ class EngineStack:
                 )
             )
         )
-        dirs = {m.name: m.tokenizer for m in self.inventory.models.values() if m.tokenizer is not None}
-        self.gateway = Gateway(self.bootstrap, self.inventory, Prompts.from_dirs(dirs))
+        self.gateway = Gateway(
+            self.bootstrap, self.inventory, Prompts.from_dirs(self.inventory.tokenizer_dirs())
+        )
         self._tasks.append(loop.create_task(serve(self.gateway, "127.0.0.1", self.port, self._stop)))
         await asyncio.wait_for(fleet_ready.wait(), 60)
         await self.worker.wait_ready_async(timeout_s=120)

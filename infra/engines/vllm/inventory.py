@@ -61,6 +61,10 @@ class Inventory:
     def instance(self, instance_id: str) -> InstanceEntry | None:
         return next((i for i in self.instances if i.instance_id == instance_id), None)
 
+    def tokenizer_dirs(self) -> dict[str, Path]:
+        """Model pool -> its tokenizer directory, for the models that name one."""
+        return {m.name: m.tokenizer for m in self.models.values() if m.tokenizer is not None}
+
 
 def load_inventory(path: Path | str) -> Inventory:
     try:
