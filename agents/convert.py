@@ -27,6 +27,7 @@ def request_view(request: InferenceRequest) -> RequestView:
         task_type=request.task_type,
         allowed_regions=request.allowed_regions,
         home_dc=request.home_dc,
+        model_version=request.model_version,
     )
 
 

@@ -156,6 +156,8 @@ class InferenceRequest(Event):
     client retry of the same ``request_id``. ``deadline_ts``: absolute deadline (batch).
     ``allowed_regions``: data centres the tenant's residency rules allow (empty = any).
     ``home_dc``: the data centre the request entered the fleet at (empty = no preference).
+    ``model_version``: the version of ``model`` it must run on (empty = the version the fleet's
+    rules pin for the model, else any); a scheduler never substitutes another.
     ``reply``: who executes the decision and answers — ``kafka``: the dispatcher, which writes
     the answer to ``tf.responses``; ``http``: the gateway that accepted the request (the
     dispatcher leaves it alone).
@@ -180,6 +182,7 @@ class InferenceRequest(Event):
     deadline_ts: Timestamp | None = None
     allowed_regions: tuple[Label, ...] = Field(default=(), max_length=MAX_REGIONS)
     home_dc: str = Field(default="", max_length=MAX_HOME_DC_LENGTH)
+    model_version: Label = ""
 
     @model_validator(mode="after")
     def _one_prompt_and_a_length(self) -> Self:

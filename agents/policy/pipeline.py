@@ -26,11 +26,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from agents.policy.fleetmind.notices import FleetNotice
 from agents.policy.stages import (
     AdmissionStage,
     DcSelectionStage,
     HoldAware,
     InstanceSelectionStage,
+    Noticing,
     PlacementAware,
     RouterAware,
 )
@@ -95,8 +97,9 @@ class Scheduler:
         self._held: dict[tuple[str, int], _Held] = {}  # insertion order = FIFO across pools
         self._pool_sizes: dict[str, int] = {}
         self._offered_version = -1
-        if isinstance(admission, RouterAware):
-            admission.bind_router(instance_selection)
+        for stage in (admission, dc_selection):
+            if isinstance(stage, RouterAware):
+                stage.bind_router(instance_selection)
 
     @property
     def wants_kv_events(self) -> bool:
@@ -148,6 +151,11 @@ class Scheduler:
     def held_total(self) -> int:
         return len(self._held)
 
+    def notices(self) -> list[FleetNotice]:
+        """What the stages have to tell operators since the last call (DC state changes,
+        reservation moves, replica advice), oldest first."""
+        return [n for stage in self._stages if isinstance(stage, Noticing) for n in stage.drain_notices()]
+
     def observe(self, event: Observation) -> None:
         stages = self._kv_stages if isinstance(event, BlocksChanged) else self._stages
         for stage in stages:
@@ -186,7 +194,10 @@ class Scheduler:
                 outcomes += self._hold(request, answer.pool or "default", answer.reason, now_s)
             else:
                 choice = self.dc_selection.select(request, view, now_s)
-                if choice.candidates.any():
+                if choice.reject:
+                    self._release(request.key)
+                    outcomes.append(_rejected(request, choice.reason))
+                elif choice.candidates.any():
                     admitted.append(_Admitted(request, choice, answer.reason, _within(choice, answer)))
                 else:
                     outcomes += self._hold(request, NO_CAPACITY_POOL, choice.reason, now_s)

@@ -3,11 +3,15 @@
     tokenpilot                          = pass-through + home-dc + tokenpilot
     pass-through+home-dc+least-tokens   (every stage named)
     slomax+tokenpilot                   (SLOMax admission in front of TokenPilot)
+    slomax+fleetmind+tokenpilot         (FleetMind picks the DC, its TokenPilot the instance)
+    local-only                          = pass-through + local-only + tokenpilot
 
 A name lists at most one stage of each kind, in pipeline order (admission, DC selection,
 instance selection); the instance-selection stage is required, the others default to
-``pass-through`` and ``home-dc``. Stage parameters come from a mapping (YAML, or the settings
-object): ``{"tokenpilot": {"tie_tolerance": 0.05}}``; every stage also gets the seed.
+``pass-through`` and ``home-dc``, and a name with a DC-selection stage but no router gets
+``tokenpilot`` (FleetMind picks the DC, that DC's TokenPilot the instance). Stage parameters
+come from a mapping (YAML, or the settings object): ``{"tokenpilot": {"tie_tolerance": 0.05}}``;
+every stage also gets the seed.
 Unknown stages and parameters are errors that list what is known. The simulator's ``ideal``
 bounds are not policies and are not here.
 """
@@ -20,6 +24,7 @@ from typing import Any
 
 from agents.policy.baselines import LeastRequest, LeastTokens, RandomChoice, RoundRobin
 from agents.policy.defaults import HomeDc, PassThrough
+from agents.policy.fleetmind import FleetMind, GlobalLeastLoad, LocalOnly
 from agents.policy.peers import (
     DynamoKv,
     LlmdDefault,
@@ -35,7 +40,12 @@ StageParams = Mapping[str, Mapping[str, Any]]
 """stage name -> keyword arguments of its constructor."""
 
 ADMISSION: dict[str, Callable[..., Any]] = {"pass-through": PassThrough, "slomax": SloMax}
-DC_SELECTION: dict[str, Callable[..., Any]] = {"home-dc": HomeDc}
+DC_SELECTION: dict[str, Callable[..., Any]] = {
+    "home-dc": HomeDc,
+    "fleetmind": FleetMind,
+    "local-only": LocalOnly,
+    "global-least-load": GlobalLeastLoad,
+}
 INSTANCE_SELECTION: dict[str, Callable[..., Any]] = {
     cls.name: cls
     for cls in (
@@ -51,6 +61,8 @@ INSTANCE_SELECTION: dict[str, Callable[..., Any]] = {
         TokenPilot,
     )
 }
+DC_DEFAULT_ROUTER = "tokenpilot"
+"""The instance selection of a policy that names a DC-selection stage and no router."""
 _KINDS = (
     ("admission", ADMISSION),
     ("DC selection", DC_SELECTION),
@@ -87,6 +99,8 @@ def parse_policy(name: str) -> tuple[str, str, str]:
                 "DC selection + instance selection"
             )
         chosen[kind], last_kind = part, kind
+    if chosen[2] is None and chosen[1] is not None:
+        chosen[2] = DC_DEFAULT_ROUTER  # a DC choice alone: each DC's TokenPilot picks the instance
     if chosen[2] is None:
         raise PolicyError(f"policy {name!r} names no instance-selection stage; known: {known_stages()}")
     return chosen[0] or "pass-through", chosen[1] or "home-dc", chosen[2]

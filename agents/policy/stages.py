@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from agents.policy.fleetmind.notices import FleetNotice
 from agents.policy.types import (
     Admission,
     BoolArray,
@@ -97,8 +98,9 @@ class InstanceSelectionStage(Protocol):
 
 @runtime_checkable
 class RouterAware(Protocol):
-    """An admission stage that reads the router's predictions: the ``Scheduler`` hands it the
-    instance-selection stage once, at construction (it may use ``predict_ttft`` if present)."""
+    """An admission or DC-selection stage that reads the router's predictions: the ``Scheduler``
+    hands it the instance-selection stage once, at construction (it may use ``predict_ttft`` or
+    ``predicted_ttfts`` if present)."""
 
     def bind_router(self, router: object) -> None: ...
 
@@ -117,3 +119,11 @@ class PlacementAware(Protocol):
     keep per-instance shares."""
 
     def placed(self, request: RequestView, instance_id: str) -> None: ...
+
+
+@runtime_checkable
+class Noticing(Protocol):
+    """A stage with something to tell operators (FleetMind's DC state changes, reservation
+    moves, replica advice): ``drain_notices`` returns what happened since the last call."""
+
+    def drain_notices(self) -> list[FleetNotice]: ...

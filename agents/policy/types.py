@@ -39,7 +39,8 @@ class RequestView:
     ``max_tokens`` cap, not the (unknowable) true output length. ``arrival_s`` and
     ``deadline_s`` are absolute times on the driver's clock (seconds). ``allowed_regions``: the
     data centres the request may run in (empty = any); ``home_dc``: where it entered the fleet
-    (empty = no preference).
+    (empty = no preference); ``model_version``: the version of ``model`` it must run on (empty =
+    whatever the DC selection's rules pin for the model).
     """
 
     request_id: str
@@ -55,6 +56,7 @@ class RequestView:
     task_type: str = "chat"
     allowed_regions: tuple[str, ...] = ()
     home_dc: str = ""
+    model_version: str = ""
 
     @property
     def key(self) -> tuple[str, int]:
@@ -155,12 +157,15 @@ class DcChoice:
 
     ``candidates`` is a mask over the view's rows (ready instances of the request's model in the
     chosen data centre(s)); it is shared and must not be mutated. An empty mask means no
-    allowed DC can serve the request now (it is held until a snapshot shows capacity).
+    allowed DC can serve the request now (it is held until a snapshot shows capacity), unless
+    ``reject`` is set: no allowed DC could ever serve it (the rules forbid every DC that has the
+    model version), so it is rejected at once with ``reason`` (its code first).
     """
 
     dc: str
     candidates: BoolArray
     reason: str = ""
+    reject: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -276,11 +276,7 @@ class TokenPilot(InstanceSelector):
         by; nothing is recorded (the queues only drain to ``now_s``)."""
         if not mask.any():
             return None
-        self.index.size_like(view)
-        features, own_tokens, own_pairs = self._features(request, view, now_s)
-        predicted = np.empty(len(view))
-        for profile, rows in self._profile_rows(view):
-            predicted[rows] = features[rows] @ self.model_for(profile).theta
+        predicted, own_tokens, own_pairs = self._predicted(request, view, now_s)
         row = int(np.argmin(np.where(mask, predicted, np.inf)))
         # Its own prefill on an idle instance: the rest is waiting (queue ahead, decode batch, KV).
         alone = np.array(
@@ -289,6 +285,22 @@ class TokenPilot(InstanceSelector):
         ttft = float(predicted[row])
         own_s = float(alone @ self.model_for(str(view.profile[row])).theta)
         return TtftPrediction(ttft, max(ttft - own_s, 0.0))
+
+    def predicted_ttfts(self, request: RequestView, view: ClusterView, now_s: float) -> FloatArray:
+        """The predicted TTFT of ``request`` on every row of ``view`` were it sent now (seconds;
+        what FleetMind compares DCs by). Nothing is recorded."""
+        return self._predicted(request, view, now_s)[0]
+
+    def _predicted(
+        self, request: RequestView, view: ClusterView, now_s: float
+    ) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """Predicted TTFT per row, and per row the request's own uncached tokens and pairs."""
+        self.index.size_like(view)
+        features, own_tokens, own_pairs = self._features(request, view, now_s)
+        predicted = np.empty(len(view))
+        for profile, rows in self._profile_rows(view):
+            predicted[rows] = features[rows] @ self.model_for(profile).theta
+        return predicted, own_tokens, own_pairs
 
     def features(self, request: RequestView, view: ClusterView, now_s: float) -> FloatArray:
         """The model's features of ``request`` on every row of ``view`` (n x len(FEATURES))."""
