@@ -1,14 +1,23 @@
-"""Wire events -> the policy core's views: the one place the two sides of the seam meet.
+"""Wire events <-> the policy core's views: the one place the two sides of the seam meet.
 
 A stage never sees a wire event: only these views. The true output length is not on the wire
-at all (the emulated fleet gets it from the workload): no policy can read it.
+at all (the emulated fleet gets it from the workload): no policy can read it. The other way,
+what the core has to tell operators (FleetMind's notices) becomes a wire event here.
 """
 
 from __future__ import annotations
 
 from agents.policy.common.slo import classify
+from agents.policy.fleetmind.notices import FleetNotice
 from agents.policy.types import BlocksChanged, Finished, FirstToken, OutcomeStatus, RequestView
-from schemas.events import Completion, InferenceRequest, KvEvent, ResponseStarted
+from schemas.events import (
+    MAX_REASON_LENGTH,
+    Completion,
+    FleetEvent,
+    InferenceRequest,
+    KvEvent,
+    ResponseStarted,
+)
 
 
 def request_view(request: InferenceRequest) -> RequestView:
@@ -53,3 +62,22 @@ def first_token(event: ResponseStarted) -> FirstToken:
 
 def blocks_changed(event: KvEvent) -> BlocksChanged:
     return BlocksChanged(event.instance_id, event.kind, event.block_hashes, event.ts)
+
+
+def fleet_event(notice: FleetNotice, worker: str = "") -> FleetEvent:
+    """A FleetMind notice as the event operators read (``ts`` = the scheduler time it happened);
+    a detail longer than a reason may be is cut, never refused."""
+    detail = notice.detail
+    if len(detail) > MAX_REASON_LENGTH:
+        detail = detail[: MAX_REASON_LENGTH - 3] + "..."
+    return FleetEvent(
+        ts=notice.time_s,
+        kind=notice.kind,
+        dc=notice.dc,
+        model=notice.model,
+        model_version=notice.model_version,
+        detail=detail,
+        delta=notice.delta,
+        tenant=notice.tenant,
+        worker=worker,
+    )

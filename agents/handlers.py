@@ -11,6 +11,10 @@ position of a request still held, which the lane must not commit past (so a rest
 request again and it is not lost); and after a restart or a rebalance the lane replays the
 pool's recent ``tf.admission`` decisions into ``on_replayed_admissions`` first, so a request
 decided before, and read again, is not decided twice.
+
+After every offer (a request batch, a heartbeat that re-offered held requests, the timer) what
+the stages noticed (FleetMind's DC state changes, reservation moves, replica advice) is
+published on ``tf.fleet-events``, counted and stored.
 """
 
 from __future__ import annotations
@@ -95,7 +99,7 @@ class SchedulerAgents:
         if self.store is not None:
             await self.store.requests(requests)
             await self._store(routed)
-        return delivered
+        return asyncio.gather(delivered, await self._tell_fleet())
 
     async def on_heartbeats(self, messages: Sequence[RawMessage]) -> None:
         """Record each heartbeat; then offer the held requests of every pool whose snapshot changed
@@ -107,6 +111,7 @@ class SchedulerAgents:
             self.state.record(beat)
             pools.append(beat.model)
         routed: list[Routed] = []
+        ticked = False
         now = time.time()
         for pool in dict.fromkeys(pools):
             if self.service.held(pool):
@@ -114,17 +119,22 @@ class SchedulerAgents:
                 if view is not None:
                     routed += self.service.tick(pool, view, now)
                     self.telemetry.queue_depth(pool, self.service.held(pool))
+                    ticked = True
         if routed:
             await self._settle_held(routed, time.perf_counter() - arrived)
+        if ticked:  # only an offer makes the stages look at the fleet, so only then can they notice
+            await (await self._tell_fleet())
 
     async def on_timer(self) -> None:
         """Every second or so: reject what was held too long, in every pool (also the pools
-        no instance ever reports for, which no heartbeat would wake up)."""
+        no instance ever reports for, which no heartbeat would wake up); publish what the
+        stages noticed and no batch has published yet."""
         routed = self.service.expire(time.time())
         if routed:
             for pool in {r.request.model for r in routed}:
                 self.telemetry.queue_depth(pool, self.service.held(pool))
             await self._settle_held(routed, 0.0)
+        await (await self._tell_fleet())
 
     async def on_replayed_admissions(self, messages: Sequence[RawMessage]) -> None:
         """Decisions this scheduler sent before (read back from ``tf.admission`` by the lane
@@ -277,6 +287,18 @@ class SchedulerAgents:
             await self.publisher.send(topics.ADMISSION, admissions),
             await self.publisher.send(topics.DECISIONS, routings),
         )
+
+    async def _tell_fleet(self) -> Awaitable[object]:
+        """Publish what the schedulers noticed since the last call (``tf.fleet-events``), count
+        and store it; the result completes when the broker has it."""
+        events = self.service.notices()
+        if not events:
+            return asyncio.gather()
+        delivered = await self.publisher.send(topics.FLEET_EVENTS, events)
+        self.telemetry.fleet_events(events)
+        if self.store is not None:
+            await self.store.fleet_events(events)
+        return delivered
 
     async def _store(self, routed: Sequence[Routed]) -> None:
         assert self.store is not None

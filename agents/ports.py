@@ -13,7 +13,15 @@ from typing import Protocol
 
 from agents.policy.types import ClusterView
 from agents.routing import Routed
-from schemas.events import AdmissionDecision, Completion, Event, Heartbeat, InferenceRequest, RoutingDecision
+from schemas.events import (
+    AdmissionDecision,
+    Completion,
+    Event,
+    FleetEvent,
+    Heartbeat,
+    InferenceRequest,
+    RoutingDecision,
+)
 from schemas.topics import TopicSpec
 
 
@@ -54,6 +62,8 @@ class FeedbackStore(Protocol):
 
     async def completions(self, events: Sequence[Completion]) -> None: ...
 
+    async def fleet_events(self, events: Sequence[FleetEvent]) -> None: ...
+
 
 class Telemetry(Protocol):
     def decided_batch(self, policy: str, outcomes: Sequence[Routed], latency_s: float) -> None:
@@ -64,6 +74,9 @@ class Telemetry(Protocol):
 
     def queue_depth(self, pool: str, depth: int) -> None: ...
 
+    def fleet_events(self, events: Sequence[FleetEvent]) -> None:
+        """FleetMind's notices, as published on ``tf.fleet-events`` (counted by kind and DC)."""
+
 
 class NoTelemetry:
     def decided_batch(self, policy: str, outcomes: Sequence[Routed], latency_s: float) -> None:
@@ -73,4 +86,7 @@ class NoTelemetry:
         pass
 
     def queue_depth(self, pool: str, depth: int) -> None:
+        pass
+
+    def fleet_events(self, events: Sequence[FleetEvent]) -> None:
         pass

@@ -5,7 +5,8 @@ Knows nothing of Kafka or Faust. One ``Scheduler`` per model pool, so a pool's s
 the pool's partition. It drives the scheduler exactly as the simulator does: ``route`` offers
 new requests, ``tick`` offers held ones again on a new snapshot (called on every heartbeat that
 changes the pool's view), ``expire`` rejects what was held too long (called on a timer, so a
-pool nobody serves still answers), ``observe_*`` forwards what a proxying router sees.
+pool nobody serves still answers), ``observe_*`` forwards what a proxying router sees, and
+``notices`` drains what the schedulers have to tell operators (``tf.fleet-events``).
 
 Once per request attempt: a request already held, or already decided in the last
 ``remembered`` decisions of its pool, is a redelivery (the bus delivers at least once, and the
@@ -22,7 +23,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.convert import blocks_changed, finished, first_token, request_view
+from agents.convert import blocks_changed, finished, first_token, fleet_event, request_view
 from agents.policy import Scheduler, build_scheduler
 from agents.policy.pipeline import HoldLimits
 from agents.policy.registry import StageParams
@@ -30,6 +31,7 @@ from agents.policy.types import ClusterView, Outcome, empty_view
 from schemas.events import (
     AdmissionDecision,
     Completion,
+    FleetEvent,
     InferenceRequest,
     KvEvent,
     ResponseStarted,
@@ -136,6 +138,15 @@ class RoutingService:
         for state in self._pools.values():
             routed += self._events(state, state.scheduler.expire(now), 0.0)
         return routed
+
+    def notices(self) -> list[FleetEvent]:
+        """What the pools' schedulers have to tell operators since the last call (FleetMind's
+        DC state changes, reservation moves, replica advice), oldest first per pool."""
+        return [
+            fleet_event(notice, self.worker)
+            for state in self._pools.values()
+            for notice in state.scheduler.notices()
+        ]
 
     def pools(self) -> list[str]:
         return list(self._pools)

@@ -4,7 +4,8 @@ Every entry point that runs the scheduler builds it here, so the wiring exists o
 
     Settings -> Kafka bootstrap (configured, or embedded Tansu)
              -> Faust app + channels (streams.app)
-             -> RoutingService (agents.routing, the policy by name + parameters)
+             -> RoutingService (agents.routing, the policy by name + parameters, FleetMind's
+                rules from the fleet YAML)
              -> SchedulerAgents (agents.handlers) with the instance-state table + snapshot cache,
                 the lane publisher, the ClickHouse feedback store and Prometheus telemetry
              -> bound to the app (streams.binding)
@@ -17,13 +18,17 @@ import os
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import faust
+import yaml
 
 from agents.handlers import SchedulerAgents
 from agents.policy import Scheduler, build_scheduler
+from agents.policy.fleetmind.rules import parse_rules
 from agents.policy.pipeline import HoldLimits
+from agents.policy.registry import parse_policy
 from agents.policy.slomax import SloMax
 from agents.policy.slomax.controller import Step
 from agents.policy.types import DcView
@@ -61,6 +66,43 @@ def dc_view(settings: Settings) -> DcView:
     return DcView(names, rtts, (True,) * len(names))
 
 
+def policy_params(settings: Settings) -> dict[str, dict[str, Any]]:
+    """The stage parameters of the worker's policy: ``policy_params``, and for a policy with the
+    ``fleetmind`` stage also the heartbeat interval (an instance silent for two is out of
+    capacity) and the rules of ``fleet_rules``, under any ``fleetmind`` parameters given
+    explicitly (those win). ``ValueError`` (one line) for a rules file that cannot be used."""
+    params = {stage: dict(kwargs) for stage, kwargs in settings.policy_params.items()}
+    if parse_policy(settings.policy)[1] != "fleetmind":
+        return params
+    derived: dict[str, Any] = {"heartbeat_s": settings.heartbeat_interval_s}
+    if settings.fleet_rules is not None:
+        derived["rules"] = load_fleet_rules(settings.fleet_rules)
+    params["fleetmind"] = {**derived, **params.get("fleetmind", {})}
+    return params
+
+
+def load_fleet_rules(path: Path) -> dict[str, Any]:
+    """The fleet YAML document at ``path``, checked to be valid FleetMind rules (``parse_rules``);
+    ``ValueError`` with one line saying what is wrong."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"fleet rules {str(path)!r}: {exc.strerror or exc}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else ""
+        raise ValueError(f"fleet rules {str(path)!r} is not valid YAML{line}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"fleet rules {str(path)!r} must be a mapping (data_centres, tenants, models, ...)")
+    try:
+        parse_rules(doc)
+    except ValueError as exc:
+        raise ValueError(f"{str(path)!r}: {exc}") from None
+    return doc
+
+
 def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) -> tuple[faust.App, Any]:
     """The Faust app with every agent bound; returns (app, feedback store or None).
 
@@ -78,12 +120,13 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
         fetch_max_wait_ms=settings.consumer_fetch_max_wait_ms,
     )
     run_id = settings.run_id or f"{settings.app_id}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    params = policy_params(settings)
     store = ClickHouseFeedback.from_settings(settings, run_id) if feedback else None
     hold = HoldLimits(settings.hold_max_per_pool, settings.hold_timeout_s)
 
     def make_scheduler(pool: str) -> Scheduler:
         """A pool's scheduler; SLOMax's control loop reads the pool's goodput from the store."""
-        scheduler = build_scheduler(settings.policy, params=settings.policy_params, hold=hold)
+        scheduler = build_scheduler(settings.policy, params=params, hold=hold)
         if store is not None and isinstance(scheduler.admission, SloMax):
             source = StoreGoodput(store, settings.policy, run_id, pool)
 
@@ -99,7 +142,7 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
 
     service = RoutingService(
         settings.policy,
-        params=settings.policy_params,
+        params=params,
         worker=f"{socket.gethostname()}:{os.getpid()}",
         hold=hold,
         known_pools=settings.pools,

@@ -22,7 +22,7 @@ from prometheus_client import (
 )
 
 from agents.routing import Routed
-from schemas.events import AdmissionDecision
+from schemas.events import AdmissionDecision, FleetEvent
 
 REGISTRY = CollectorRegistry()
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -85,6 +85,14 @@ slomax_knob = Gauge(
     "SLOMax's control-loop state in force, per policy: headroom (share of the interactive TTFT "
     "objective a prediction may use) and batch_share (of the pool's token capacity).",
     ["policy", "knob"],
+    namespace=NAMESPACE,
+    registry=REGISTRY,
+)
+fleet_events_total = Counter(
+    "fleet_events",
+    "What FleetMind told operators (tf.fleet-events), by kind (dc_down, dc_recovering, dc_up, "
+    "reservation_moved, replica_advice) and data centre.",
+    ["kind", "dc"],
     namespace=NAMESPACE,
     registry=REGISTRY,
 )
@@ -208,6 +216,7 @@ class PrometheusTelemetry:
     def __init__(self, known_pools: Collection[str] = ()) -> None:
         self.known_pools = frozenset(known_pools)
         self._labels: dict[str, str] = {}
+        self._dc_labels: dict[str, str] = {}
 
     def pool_label(self, pool: str) -> str:
         label = self._labels.get(pool)
@@ -218,6 +227,16 @@ class PrometheusTelemetry:
                 label = pool[:64] if len(self._labels) < MAX_POOL_LABELS else "other"
             if len(self._labels) < 4 * MAX_POOL_LABELS:  # the cache stays bounded too
                 self._labels[pool] = label
+        return label
+
+    def dc_label(self, dc: str) -> str:
+        """A DC's name (64 characters) for the first ``MAX_POOL_LABELS`` DCs seen, then ``other``:
+        DC names come from the instances' heartbeats, bounded all the same."""
+        label = self._dc_labels.get(dc)
+        if label is None:
+            label = dc[:64] if len(self._dc_labels) < MAX_POOL_LABELS else "other"
+            if len(self._dc_labels) < 4 * MAX_POOL_LABELS:
+                self._dc_labels[dc] = label
         return label
 
     def decided_batch(self, policy: str, outcomes: Sequence[Routed], latency_s: float) -> None:
@@ -246,6 +265,10 @@ class PrometheusTelemetry:
 
     def dead_lettered(self, topic: str) -> None:
         dlq_total.labels(topic=topic).inc()
+
+    def fleet_events(self, events: Sequence[FleetEvent]) -> None:
+        for (kind, dc), count in collections.Counter((e.kind, self.dc_label(e.dc)) for e in events).items():
+            fleet_events_total.labels(kind=kind, dc=dc).inc(count)
 
     def queue_depth(self, pool: str, depth: int) -> None:
         queue_depth.labels(pool=self.pool_label(pool)).set(depth)

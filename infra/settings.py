@@ -62,6 +62,11 @@ class Settings(BaseSettings):
     dc_rtt_ms: dict[str, float] = Field(
         default_factory=dict, description="data centre -> round trip from the ingress, ms"
     )
+    fleet_rules: Path | None = Field(
+        default=None,
+        description="a fleet YAML (sim/engine/fleet.py's format) with FleetMind's rules: data "
+        "centres, tenants, pinned versions, reservations; read when the policy has the fleetmind stage",
+    )
     app_id: str = "tokenfleet"
     run_id: str = Field(
         default="",

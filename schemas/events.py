@@ -389,6 +389,31 @@ class DeadLetter(Event):
         return value
 
 
+class FleetEvent(Event):
+    """What FleetMind (the DC-selection stage) tells operators, on ``tf.fleet-events`` keyed by
+    model pool: ``kind`` happened to ``dc`` for ``model`` at ``model_version`` (``ts``: when
+    the scheduler saw it).
+
+    - ``dc_down`` / ``dc_recovering`` / ``dc_up``: the DC's serving state for the model version
+      changed (down: no ready instance with a fresh heartbeat; recovering: traffic returns
+      gradually);
+    - ``reservation_moved``: ``tenant``'s reservation is now booked in ``dc`` ("" = nowhere);
+    - ``replica_advice``: add (``delta`` +1) or remove (-1) an instance of the version in ``dc``.
+
+    ``detail`` says why, in words, with the figures it was based on; ``worker``: the scheduler
+    worker that saw it (host:pid).
+    """
+
+    kind: Literal["dc_down", "dc_recovering", "dc_up", "reservation_moved", "replica_advice"]
+    dc: Label
+    model: Name
+    model_version: Label = ""
+    detail: Reason = ""
+    delta: int = Field(default=0, ge=-MAX_COUNT, le=MAX_COUNT)
+    tenant: Label = ""
+    worker: Label = ""
+
+
 EVENT_TYPES: tuple[type[Event], ...] = (
     InferenceRequest,
     BatchJob,
@@ -400,4 +425,5 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     RoutingDecision,
     Response,
     DeadLetter,
+    FleetEvent,
 )

@@ -10,6 +10,7 @@ from schemas.events import (
     Completion,
     DeadLetter,
     Event,
+    FleetEvent,
     Heartbeat,
     InferenceRequest,
     KvEvent,
@@ -37,6 +38,8 @@ ADMISSION = TopicSpec("tf.admission", AdmissionDecision, "model")
 DECISIONS = TopicSpec("tf.decisions", RoutingDecision, "model")
 BATCH_JOBS = TopicSpec("tf.batch.jobs", BatchJob, "job_id")
 DLQ = TopicSpec("tf.dlq", DeadLetter, "source_topic")
+# What FleetMind tells operators (DC state changes, reservation moves, replica advice), per pool.
+FLEET_EVENTS = TopicSpec("tf.fleet-events", FleetEvent, "model")
 # Answers are for the client that asked, not for a pool's worker: keyed by request id.
 RESPONSES = TopicSpec("tf.responses", Response, "request_id")
 
@@ -51,6 +54,7 @@ ALL_TOPICS = (
     BATCH_JOBS,
     DLQ,
     RESPONSES,
+    FLEET_EVENTS,
 )
 
 

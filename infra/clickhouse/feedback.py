@@ -1,6 +1,6 @@
 """The worker's ``FeedbackStore``: rows leave the request path at once, ClickHouse gets them later.
 
-The four port methods only *enqueue*: they put the events in a bounded memory buffer and
+The port methods only *enqueue*: they put the events in a bounded memory buffer and
 return (no I/O, no waiting on ClickHouse). Two threads do the rest:
 
 - the **store thread** owns the ClickHouse client and the sink (one thread, as the embedded
@@ -55,7 +55,14 @@ from infra.clickhouse.client import connect, split_database
 from infra.clickhouse.migrate import migrate
 from infra.clickhouse.sink import DEFAULT_RETRY_FOR_S, FeedbackSink, is_transient
 from infra.clickhouse.spool import DEFAULT_MAX_BYTES, TABLES, Spool
-from schemas.events import AdmissionDecision, Completion, Event, InferenceRequest, RoutingDecision
+from schemas.events import (
+    AdmissionDecision,
+    Completion,
+    Event,
+    FleetEvent,
+    InferenceRequest,
+    RoutingDecision,
+)
 
 if TYPE_CHECKING:
     from infra.settings import Settings
@@ -73,6 +80,7 @@ _WRITERS: dict[str, Callable[[FeedbackSink, Sequence[Any]], int]] = {
     "admission_decisions": FeedbackSink.write_admission,
     "routing_decisions": FeedbackSink.write_routing,
     "completions": FeedbackSink.write_completions,
+    "fleet_events": FeedbackSink.write_fleet_events,
 }
 assert set(_WRITERS) == set(TABLES)
 
@@ -189,6 +197,9 @@ class ClickHouseFeedback:
 
     async def completions(self, events: Sequence[Completion]) -> None:
         self._enqueue("completions", events)
+
+    async def fleet_events(self, events: Sequence[FleetEvent]) -> None:
+        self._enqueue("fleet_events", events)
 
     def _enqueue(self, table: str, events: Sequence[Event]) -> None:
         if not events:

@@ -32,7 +32,14 @@ from clickhouse_connect.driver.exceptions import (
 from tenacity import Retrying, before_sleep_log, retry_if_exception, stop_after_delay, wait_random_exponential
 
 from agents.policy.common.slo import SloClass, meets_slo
-from schemas.events import AdmissionDecision, Completion, Event, InferenceRequest, RoutingDecision
+from schemas.events import (
+    AdmissionDecision,
+    Completion,
+    Event,
+    FleetEvent,
+    InferenceRequest,
+    RoutingDecision,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +68,10 @@ COMPLETION_COLUMNS = (
     "output_tokens", "deadline_ts", "met_slo",
 )  # fmt: skip
 
+FLEET_EVENT_COLUMNS = (
+    "event_id", "ts", "schema_version", "kind", "dc", "model", "model_version", "tenant", "delta",
+    "detail", "worker",
+)  # fmt: skip
 
 RUN_COLUMNS = ("run_id", "run_policy")
 """Appended to every event table's row: the run and policy of the worker that stored it."""
@@ -163,6 +174,9 @@ class FeedbackSink:
     def write_completions(self, events: Sequence[Completion]) -> int:
         return self._write("completions", COMPLETION_COLUMNS, events, self._completion_row)
 
+    def write_fleet_events(self, events: Sequence[FleetEvent]) -> int:
+        return self._write("fleet_events", FLEET_EVENT_COLUMNS, events, _fleet_event_row)
+
     def _completion_row(self, c: Completion) -> Row:
         good = met_slo(c, self._slo.get(c.slo_class))
         return [
@@ -218,4 +232,11 @@ def _routing_row(d: RoutingDecision) -> Row:
         d.event_id, ms_time(d.ts), d.schema_version, d.request_id, d.attempt, d.tenant, d.model, d.slo_class,
         d.dc, d.instance_id, d.policy, d.reason, d.predicted_ttft_s, d.decision_latency_s,
         d.request.input_tokens, d.request.output_budget,
+    ]  # fmt: skip
+
+
+def _fleet_event_row(f: FleetEvent) -> Row:
+    return [
+        f.event_id, ms_time(f.ts), f.schema_version, f.kind, f.dc, f.model, f.model_version, f.tenant,
+        f.delta, f.detail, f.worker,
     ]  # fmt: skip

@@ -52,7 +52,14 @@ from pathlib import Path
 from typing import IO
 
 from schemas.codec import DecodeError, decode, encode
-from schemas.events import AdmissionDecision, Completion, Event, InferenceRequest, RoutingDecision
+from schemas.events import (
+    AdmissionDecision,
+    Completion,
+    Event,
+    FleetEvent,
+    InferenceRequest,
+    RoutingDecision,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +68,7 @@ TABLES: dict[str, type[Event]] = {
     "admission_decisions": AdmissionDecision,
     "routing_decisions": RoutingDecision,
     "completions": Completion,
+    "fleet_events": FleetEvent,
 }
 """The feedback tables, and the event kind each stores."""
 

@@ -182,12 +182,30 @@ def _checked_policies(policies: Sequence[str], seed: int, policy_config: Path | 
     return params
 
 
+ScenarioOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--scenario",
+        metavar="NAME",
+        help="a multi-DC scenario (hotspot, version-mismatch, pinned-tenant, dc-failure, or a scenario "
+        "YAML): its fleet and workload replace --fleet and --workload",
+    ),
+]
+
+
 @app.command()
 def simulate(
-    workload: WorkloadOpt,
+    workload: Annotated[str | None, typer.Option("--workload", metavar="PATH", help=WORKLOAD_HELP)] = None,
     policy: Annotated[
-        list[str], typer.Option("--policy", metavar="NAME", help=f"{POLICY_HELP}; repeat to compare several")
-    ],
+        list[str] | None,
+        typer.Option(
+            "--policy",
+            metavar="NAME",
+            help=f"{POLICY_HELP}; repeat to compare several (a scenario's default: fleetmind+tokenpilot, "
+            "local-only, global-least-load)",
+        ),
+    ] = None,
+    scenario: ScenarioOpt = None,
     fleet: FleetOpt = DEFAULT_FLEET,
     rate_scale: Annotated[
         float, typer.Option("--rate-scale", metavar="X", help=RATE_SCALE_HELP, callback=_rate_scale)
@@ -202,7 +220,7 @@ def simulate(
     policy_config: PolicyConfigOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress bar")] = False,
 ) -> None:
-    """Compare routing policies on a trace in simulation."""
+    """Compare routing policies on a trace, or on a multi-DC scenario, in simulation."""
     from rich.console import Console
 
     from sim.engine.fleet import parse_fleet
@@ -211,9 +229,6 @@ def simulate(
     from sim.loop.runner import SimConfig
     from sim.workloads.sources import open_workload
 
-    params = _checked_policies(policy, seed, policy_config)
-    spec = parse_fleet(fleet)
-    trace = open_workload(workload, seed=seed).jittered(jitter_arrivals, seed)
     config = SimConfig(
         seed=seed,
         heartbeat_s=heartbeat,
@@ -221,6 +236,16 @@ def simulate(
         retry_share=retry_share,
         output_budget=output_budget,
     )
+    if scenario is not None:
+        _simulate_scenario(scenario, workload, policy, config, rate_scale, policy_config, json_out)
+        return
+    if workload is None:
+        raise typer.BadParameter("give --workload (or --scenario)", param_hint="'--workload'")
+    if not policy:
+        raise typer.BadParameter("give at least one --policy", param_hint="'--policy'")
+    params = _checked_policies(policy, seed, policy_config)
+    spec = parse_fleet(fleet)
+    trace = open_workload(workload, seed=seed).jittered(jitter_arrivals, seed)
     if quiet:
         document, timings = compare(trace, spec, policy, config, rate_scale, None, params)
     else:
@@ -238,17 +263,44 @@ def simulate(
         print(f"wrote {json_out}", file=sys.stderr)
 
 
+def _simulate_scenario(
+    name: str,
+    workload: str | None,
+    policies: list[str] | None,
+    config: Any,
+    rate_scale: float,
+    policy_config: Path | None,
+    json_out: str | None,
+) -> None:
+    from sim.evaluation.scenario import DEFAULT_POLICIES, format_scenario, run_scenario
+    from sim.scenarios import load_scenario
+
+    if workload is not None:
+        raise typer.BadParameter(
+            "a scenario brings its own workload: drop --workload", param_hint="--scenario"
+        )
+    chosen = list(policies or DEFAULT_POLICIES)
+    params = _checked_policies(chosen, config.seed, policy_config)
+    loaded = load_scenario(name, seed=config.seed)
+    document = run_scenario(loaded, chosen, config, rate_scale, params)
+    print(format_scenario(document))
+    if json_out:
+        Path(json_out).write_text(json.dumps(document, indent=2) + "\n")
+        print(f"wrote {json_out}", file=sys.stderr)
+
+
 @app.command()
 def capacity(
-    workload: WorkloadOpt,
+    workload: Annotated[str | None, typer.Option("--workload", metavar="PATH", help=WORKLOAD_HELP)] = None,
+    scenario: ScenarioOpt = None,
     policy: Annotated[
-        list[str],
+        list[str] | None,
         typer.Option(
             "--policy",
             metavar="NAME",
             help=f"{POLICY_HELP}; repeat: the first is judged, the rest compared at the best one's capacity",
         ),
-    ],
+    ] = None,
     fleet: FleetOpt = DEFAULT_FLEET,
     seed: SeedOpt = 0,
     heartbeat: HeartbeatOpt = 0.25,
@@ -282,14 +334,33 @@ def capacity(
     from sim.loop.runner import SimConfig
     from sim.workloads.sources import open_workload
 
+    if scenario is None and workload is None:
+        raise typer.BadParameter("give --workload (or --scenario)", param_hint="'--workload'")
+    if scenario is None and not policy:
+        raise typer.BadParameter("give at least one --policy", param_hint="'--policy'")
+    if scenario is not None and workload is not None:
+        raise typer.BadParameter(
+            "a scenario brings its own workload: drop --workload", param_hint="--scenario"
+        )
+    if not policy:
+        from sim.evaluation.scenario import DEFAULT_POLICIES
+
+        policy = list(DEFAULT_POLICIES)
     bounds = [name for name in policy if name in BOUNDS]
     if bounds:
         raise typer.BadParameter(
             f"{', '.join(bounds)} is a latency bound, not a policy", param_hint="--policy"
         )
     params = _checked_policies(policy, seed, policy_config)
-    spec = parse_fleet(fleet)
-    trace = open_workload(workload, seed=seed).jittered(jitter_arrivals, seed)
+    if scenario is not None:
+        from sim.scenarios import load_scenario
+
+        loaded = load_scenario(scenario, seed=seed)
+        spec, base = loaded.fleet, loaded.workload
+    else:
+        assert workload is not None
+        spec, base = parse_fleet(fleet), open_workload(workload, seed=seed)
+    trace = base.jittered(jitter_arrivals, seed)
     config = SimConfig(
         seed=seed,
         heartbeat_s=heartbeat,
@@ -399,9 +470,11 @@ def worker(
     loglevel: Annotated[LogLevel, typer.Option("--loglevel")] = LogLevel.warn,
 ) -> None:
     """Run the streaming scheduler (Faust worker)."""
+    from infra.bootstrap import policy_params
     from infra.entrypoints.worker import run_worker
 
     settings = _settings(policy)
+    policy_params(settings)  # a bad fleet rules file is a one-line error here, not a restart loop
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     run_worker(settings, loglevel=loglevel.value)
 

@@ -4,18 +4,33 @@ Two forms:
 - a string ``8xllama3-8b-h100`` (count x profile, several joined with ``+``): one data centre
   ``dc-1``, and every instance serves one model pool named after the first group's model, so a
   mixed string spec is a heterogeneous pool of one model;
-- a YAML file::
+- a YAML file (every key but ``data_centres`` optional)::
 
+      ingress: A              # where requests enter (default: the first DC); may have no GPUs
       data_centres:
-        - name: us-east
+        - name: A
+          region: eu-a        # residency region (default: the DC's name)
+        - name: B
+          region: eu-b
+          failure_domain: eu-b-1   # replicas are advised across domains (default: the region)
+          gpu_slots: 12            # instances it could host (replica advice; default 0 = none)
           instances:
-            - {count: 4, profile: llama3-8b-h100, model: llama3-8b, version: "1"}
-        - name: eu-west
-          instances:
-            - {count: 2, profile: llama3-8b-h100}
+            - {count: 4, profile: llama3-8b-h100, model: llama3-8b, version: "2"}
       rtt_ms:                 # round-trip time between data centres (symmetric)
-        us-east: {eu-west: 80}
+        A: {B: 4, C: 24}
+      models:                 # the version a request that names none must run on
+        llama3-8b: {version: "2"}
+      tenants:                # permissions and residency (FleetMind's hard rules)
+        bank: {regions: [eu-b], cross_region: false}
+        default: {cross_region: true}
+      reservations:           # capacity owned by a tenant, booked in one DC at a time
+        - {tenant: bank, model: llama3-8b, instances: 2, dcs: [B, C]}
+      gpu_budget: 40          # instances the fleet may grow to (replica advice)
+      outages:                # simulated failures (simulator only): DC D is cut off
+        - {dc: D, down_s: 120, up_s: 180}
 
+``tenants``, ``models``, ``reservations`` and ``gpu_budget`` are the rules of
+``agents/policy/fleetmind/rules.py`` (read by ``fleetmind``; the other policies ignore them).
 Every group has a count >= 1, and a fleet at most ``MAX_INSTANCES`` instances in all.
 """
 
@@ -29,6 +44,7 @@ from typing import Any
 
 import yaml
 
+from agents.policy.fleetmind.rules import FleetRules, parse_rules
 from sim.engine.profiles import PROFILE_MODELS, EngineProfile, get_profile
 
 
@@ -42,10 +58,33 @@ class InstanceSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class Outage:
+    """DC ``dc`` is cut off from ``down_s`` to ``up_s`` (simulated seconds from the workload's
+    first arrival): its instances fail what they run, stop heartbeating, and come back cold."""
+
+    dc: str
+    down_s: float
+    up_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class FleetSpec:
     name: str
     instances: tuple[InstanceSpec, ...]
     rtt_s: dict[tuple[str, str], float] = field(default_factory=dict)
+    ingress: str = ""
+    dcs: tuple[str, ...] = ()  # every DC, with or without instances (default: the instances')
+    rules: FleetRules = field(default_factory=FleetRules)
+    outages: tuple[Outage, ...] = ()
+
+    @property
+    def dc_names(self) -> tuple[str, ...]:
+        return self.dcs or tuple(dict.fromkeys(spec.dc for spec in self.instances))
+
+    @property
+    def ingress_dc(self) -> str:
+        """Where requests enter: ``ingress``, else the first DC."""
+        return self.ingress or self.dc_names[0]
 
     @property
     def default_model(self) -> str:
@@ -110,13 +149,21 @@ def _fleet_from_yaml(path: Path) -> FleetSpec:
         doc: Any = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise ValueError(f"cannot read fleet file {path}: {exc}") from exc
+    return fleet_from_doc(doc, path)
+
+
+def fleet_from_doc(doc: Any, path: Path) -> FleetSpec:
+    """A fleet from a parsed YAML document (the module docstring's format); ``path`` names it in
+    errors and its file name is the fleet's name."""
     if not isinstance(doc, dict) or not isinstance(doc.get("data_centres"), list):
         raise ValueError(f"{path}: expected a mapping with a 'data_centres' list")
     instances: list[InstanceSpec] = []
     rtt: dict[tuple[str, str], float] = {}
+    names: list[str] = []
     try:
         for dc in doc["data_centres"]:
             dc_name = str(dc["name"])
+            names.append(dc_name)
             for group in dc.get("instances") or []:
                 profile = get_profile(str(group["profile"]))
                 model = str(group.get("model", PROFILE_MODELS.get(profile.name, profile.name)))
@@ -132,8 +179,21 @@ def _fleet_from_yaml(path: Path) -> FleetSpec:
                 if not math.isfinite(seconds) or seconds < 0:
                     raise ValueError(f"{path}: rtt_ms {a} -> {b} must be a finite number >= 0, got {ms!r}")
                 rtt[(str(a), str(b))] = rtt[(str(b), str(a))] = seconds
+        outages = tuple(
+            Outage(str(o["dc"]), float(o["down_s"]), float(o["up_s"])) for o in doc.get("outages") or []
+        )
+        rules = parse_rules(doc)
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path}: not a fleet file ({type(exc).__name__}: {exc})") from None
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
     if not instances:
         raise ValueError(f"{path}: the fleet has no instances")
-    return FleetSpec(path.name, tuple(instances), rtt)
+    ingress = str(doc.get("ingress") or names[0])
+    for name in [ingress, *(o.dc for o in outages)]:
+        if name not in names:
+            raise ValueError(f"{path}: {name!r} is not one of the data centres ({', '.join(names)})")
+    for o in outages:
+        if not 0 <= o.down_s < o.up_s:
+            raise ValueError(f"{path}: outage of {o.dc}: need 0 <= down_s < up_s, got {o.down_s}, {o.up_s}")
+    return FleetSpec(path.name, tuple(instances), rtt, ingress, tuple(names), rules, outages)

@@ -87,6 +87,9 @@ class Attempt:
     arrival_s: float
     output_budget: int
     predicted_ttft_s: float | None = None  # the router's prediction, if its policy makes one
+    dc: str = ""  # where the router sent it ("" = not sent)
+    sent_s: float | None = None  # when the router sent it
+    return_s: float = 0.0  # one-way network time from its DC back to the ingress
     # Filled in by the instance:
     instance: Instance | None = None
     cached_tokens: int = 0
@@ -97,7 +100,7 @@ class Attempt:
     first_token_s: float | None = None
     end_s: float | None = None
     tokens_in_window: int | None = None  # set for attempts still running when the window closes
-    status: str = "pending"  # pending -> ok | aborted | rejected
+    status: str = "pending"  # pending -> ok | aborted | rejected | failed (its DC went down)
     abort_requested: bool = False
     keyed_blocks: list[int] = field(default_factory=list)
     anonymous_blocks: int = 0

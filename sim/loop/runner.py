@@ -9,7 +9,18 @@ Events, in time order (ties: step ends, then arrivals, then client timeouts, the
 - heartbeat: every instance reports (what a metrics scrape reads at that instant);
 - signal: after ``signal_delay_s``, a heartbeat round reaches the scheduler — its next decisions
   see this snapshot (a new version, stamped with the time it was *taken*) and the requests it
-  holds are offered again (``Scheduler.tick``) — and so do the KV events an instance emitted.
+  holds are offered again (``Scheduler.tick``) — and so do the KV events an instance emitted;
+- dispatch (fleets of several DCs): an attempt sent to a DC at round trip r from the ingress
+  reaches its instance r/2 later, and what it streams back reaches the client r/2 after the
+  instance produced it (TTFT and E2E are measured at the client, network included);
+- outage (``FleetSpec.outages``): a DC goes down — what its instances run fails (the client
+  retries it at once), they stop heartbeating (the scheduler keeps their last row, ageing) and
+  whatever reaches them fails — and comes back later with cold caches.
+
+Violations are counted from the truth, for every policy alike: an admit into a DC the fleet's
+rules forbid to the request (``rules``), onto another version than the request's (``version``),
+or onto a row the scheduler's own snapshot showed not ready or stale beyond two heartbeat
+intervals (``not_ready``).
 
 The scheduler sees request views, snapshots, its own decisions, first tokens, completions and
 (if a stage asks) KV events; never the true output length. Snapshots and KV events are late by
@@ -29,7 +40,8 @@ import numpy as np
 
 from agents.policy import Scheduler, build_scheduler
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES, SloClass, meets_slo
-from agents.policy.registry import StageParams
+from agents.policy.fleetmind.notices import FleetNotice
+from agents.policy.registry import StageParams, parse_policy
 from agents.policy.types import (
     BlocksChanged,
     ClusterView,
@@ -48,7 +60,9 @@ from sim.loop.feedback import EndedAttempt, MemoryOutcomes, OutcomeSink, bind_fe
 from sim.workloads.trace import DEFAULT_OUTPUT_BUDGET, TraceRequest, Workload
 
 _COMPLETION_STATUS: dict[str, OutcomeStatus] = {"ok": "ok", "aborted": "timeout"}
-_STEP_END, _WINDOW_END, _ARRIVAL, _TIMEOUT, _HEARTBEAT, _SIGNAL = 0, 1, 2, 3, 4, 5
+_STEP_END, _WINDOW_END, _ARRIVAL, _TIMEOUT, _HEARTBEAT, _SIGNAL, _DISPATCH, _OUTAGE = range(8)
+MAX_FAILURE_RETRIES = 2
+"""Attempts a client adds after its request failed with its DC (a gateway retries at once)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +95,8 @@ class RunResult:
     attempts: list[Attempt]
     window: tuple[float, float]
     busy_s: list[float]
+    violations: dict[str, int] = field(default_factory=dict)
+    notices: list[FleetNotice] = field(default_factory=list)
 
 
 ProgressFn = Callable[[int], None]
@@ -117,6 +133,12 @@ class Simulation:
         self._offered: dict[tuple[str, int], Attempt] = {}  # attempts the scheduler holds or decides
         self._versions = count(1)
         self._dcs = _dc_view(fleet)
+        self._down: set[int] = set()  # instances of a DC that is down
+        self._last_beat: list[tuple[int, int, int, int]] = [(0, 0, 0, 0)] * len(self.instances)
+        self._beat_s = np.zeros(len(self.instances))
+        self._row_dc = [spec.dc for spec in fleet.instances]
+        self.violations = {"rules": 0, "version": 0, "not_ready": 0}
+        self.notices: list[FleetNotice] = []
         self._view = self._snapshot(0.0)
         self.feedback = bind_feedback(scheduler, feedback or MemoryOutcomes())
 
@@ -132,15 +154,18 @@ class Simulation:
                 Attempt(request, 1, request.arrival_s, self.config.budget_for(request)),
             )
         self._arrivals_left = len(self.workload.requests)
+        for outage in self.fleet.outages:
+            self._push(self.window[0] + outage.down_s, _OUTAGE, (outage.dc, True))
+            self._push(self.window[0] + outage.up_s, _OUTAGE, (outage.dc, False))
         self._push(self.window[0], _HEARTBEAT, None)
         self._push(self.window[1], _WINDOW_END, None)
         done = 0
         while self._heap:
             now, kind, _, payload = heapq.heappop(self._heap)
             if kind == _STEP_END:
-                index, version = cast(tuple[int, int], payload)
+                index, engine, version = cast(tuple[int, Instance, int], payload)
                 instance = self.instances[index]
-                if instance.version == version and instance.scheduled:
+                if instance is engine and instance.version == version and instance.scheduled:
                     ended = instance.finish_step(now)
                     self._first_tokens(instance, now)
                     self._ended(ended, now)
@@ -161,12 +186,18 @@ class Simulation:
                 self._give_up(cast(Attempt, payload), now)
             elif kind == _HEARTBEAT:
                 self._heartbeat(now)
+            elif kind == _DISPATCH:
+                self._reach(*cast(tuple[Attempt, int, Instance], payload), now)
+            elif kind == _OUTAGE:
+                self._outage(*cast(tuple[str, bool], payload), now)
             else:
                 self._deliver(cast(ClusterView | list[BlocksChanged], payload), now)
         if progress is not None:
             progress(done)
         busy = [i.busy_s for i in self.instances]
-        return RunResult(self.scheduler.name, self._attempts, self.window, busy)
+        return RunResult(
+            self.scheduler.name, self._attempts, self.window, busy, self.violations, self.notices
+        )
 
     # --- event handlers -----------------------------------------------------------------------
 
@@ -193,27 +224,93 @@ class Simulation:
         for outcome in outcomes:
             if outcome.action != "queue":
                 self._settle(self._offered.pop(outcome.request.key), outcome, now)
+        self.notices += self.scheduler.notices()
 
     def _settle(self, attempt: Attempt, outcome: Outcome, now: float) -> None:
         attempt.predicted_ttft_s = outcome.predicted_ttft_s
         if outcome.action == "admit":
             index = outcome.instance
             instance = self.instances[index]
-            if instance.fits_ever(attempt):
-                instance.enqueue(attempt, now)
-                self._after(instance, index, now)
+            self._judge(outcome.request, index, now)
+            attempt.dc, attempt.sent_s = self._row_dc[index], now
+            one_way = self.fleet.rtt(self.fleet.ingress_dc, attempt.dc) / 2
+            if one_way > 0:
+                attempt.return_s = one_way
+                self._push(now + one_way, _DISPATCH, (attempt, index, instance))
                 return
-            attempt.instance = instance  # the engine refuses it; the router sees an error
-        elif self.feedback is not None:
+            self._reach(attempt, index, instance, now)
+            return
+        if self.feedback is not None:
             self.feedback.rejected(now, attempt.request.slo_class)
         attempt.status = "rejected"
         self._end(attempt, now)
+
+    def _reach(self, attempt: Attempt, index: int, instance: Instance, now: float) -> None:
+        """The attempt reaches the instance it was sent to (``now``: dispatch time + r/2)."""
+        if attempt.status != "pending":
+            return  # its client gave up while it travelled
+        if index in self._down or self.instances[index] is not instance:
+            attempt.instance = instance
+            self._fail(attempt, now)
+            return
+        if instance.fits_ever(attempt):
+            instance.enqueue(attempt, now)
+            self._after(instance, index, now)
+            return
+        attempt.instance = instance  # the engine refuses it; the router sees an error
+        attempt.status = "rejected"
+        self._end(attempt, now)
+
+    def _judge(self, request: RequestView, index: int, now: float) -> None:
+        """Count the admit's violations of the fleet's rules (module docstring)."""
+        rules = self.fleet.rules
+        spec = self.fleet.instances[index]
+        view = self._view
+        if not rules.allows(request, spec.dc):
+            self.violations["rules"] += 1
+        version = rules.version_for(request)
+        if version and spec.version != version:
+            self.violations["version"] += 1
+        stale = now - float(view.last_heartbeat_s[index]) > 2 * self.config.heartbeat_s
+        if not view.ready[index] or stale:
+            self.violations["not_ready"] += 1
+
+    def _fail(self, attempt: Attempt, now: float) -> None:
+        """The attempt failed with its DC; the client learns it r/2 later and retries."""
+        attempt.status = "failed"
+        self._end(attempt, now)
+        if attempt.attempt <= MAX_FAILURE_RETRIES:
+            back = now + attempt.return_s
+            self._push(
+                back, _ARRIVAL, Attempt(attempt.request, attempt.attempt + 1, back, attempt.output_budget)
+            )
+
+    def _outage(self, dc: str, down: bool, now: float) -> None:
+        """DC ``dc`` goes down (its instances fail what they hold and come back cold) or up."""
+        for index, spec in enumerate(self.fleet.instances):
+            if spec.dc != dc:
+                continue
+            if not down:
+                self._down.discard(index)
+                continue
+            self._down.add(index)
+            old = self.instances[index]
+            held = [*old.waiting, *old.running]
+            fresh = Instance(spec, self.window, self.scheduler.wants_kv_events, old.options)
+            fresh.busy_s = old.busy_s
+            self.instances[index] = fresh
+            for attempt in held:
+                if attempt.status == "pending":
+                    self._fail(attempt, now)
 
     def _give_up(self, attempt: Attempt, now: float) -> None:
         if attempt.status != "pending" or not self.clients.still_gives_up(attempt):
             return
         if self.scheduler.withdraw(attempt.request.request_id, attempt.attempt):
             del self._offered[(attempt.request.request_id, attempt.attempt)]
+            attempt.status = "aborted"
+            self._end(attempt, now)
+        elif attempt.instance is None and attempt.dc:  # on its way to its DC: dropped there
             attempt.status = "aborted"
             self._end(attempt, now)
         elif attempt.instance is not None:
@@ -258,7 +355,7 @@ class Simulation:
     def _after(self, instance: Instance, index: int, now: float) -> None:
         """Schedule the instance's next step end and forward its KV events."""
         if instance.scheduled:
-            self._push(instance.step_end_s, _STEP_END, (index, instance.version))
+            self._push(instance.step_end_s, _STEP_END, (index, instance, instance.version))
         if instance.cache.events:
             iid = instance.spec.instance_id
             changes = [BlocksChanged(iid, kind, blocks, now) for kind, blocks in instance.cache.events]
@@ -269,7 +366,8 @@ class Simulation:
         """The first byte of each response that started streaming in the step just ended."""
         iid = instance.spec.instance_id
         for attempt in instance.first_tokens:
-            ttft = now - attempt.arrival_s
+            attempt.first_token_s = now + attempt.return_s  # when the client (and router) see it
+            ttft = attempt.first_token_s - attempt.arrival_s
             self.scheduler.observe(FirstToken(attempt.request.request_id, attempt.attempt, iid, ttft, now))
         instance.first_tokens.clear()
 
@@ -278,14 +376,14 @@ class Simulation:
             self._end(attempt, now)
 
     def _end(self, attempt: Attempt, now: float) -> None:
-        attempt.end_s = now
+        attempt.end_s = now + attempt.return_s
         self._open -= 1
         if attempt.instance is None:
             return
         ttft = None if attempt.first_token_s is None else attempt.first_token_s - attempt.arrival_s
         tpot = None
         if attempt.first_token_s is not None and attempt.generated > 1:
-            tpot = (now - attempt.first_token_s) / (attempt.generated - 1)
+            tpot = (attempt.end_s - attempt.first_token_s) / (attempt.generated - 1)
         status = _COMPLETION_STATUS.get(attempt.status, "error")
         if self.feedback is not None:
             self._record(attempt, status, ttft, tpot, now)
@@ -311,7 +409,7 @@ class Simulation:
         assert self.feedback is not None and attempt.instance is not None
         request = attempt.request
         slo = self.config.slo_classes.get(request.slo_class)
-        e2e = now - attempt.arrival_s
+        e2e = now + attempt.return_s - attempt.arrival_s
         deadline = _deadline_at(request)
         relative = None if deadline is None else deadline - attempt.arrival_s
         met = (
@@ -359,10 +457,19 @@ class Simulation:
             arrival_s=attempt.arrival_s,
             deadline_s=_deadline_at(request),
             task_type=request.task_type,
+            allowed_regions=request.allowed_regions,
+            home_dc=request.home_dc,
+            model_version=request.model_version,
         )
 
     def _snapshot(self, now: float) -> ClusterView:
-        rows = [instance.heartbeat(now) for instance in self.instances]
+        """Every instance's heartbeat now; an instance of a DC that is down sends none, so its
+        last row stays, with its age."""
+        for index, instance in enumerate(self.instances):
+            if index not in self._down:
+                self._last_beat[index] = instance.heartbeat(now)
+                self._beat_s[index] = now
+        rows = self._last_beat
         specs = self.fleet.instances
         return ClusterView(
             version=next(self._versions),
@@ -377,7 +484,7 @@ class Simulation:
             tokens_in_flight=np.array([r[2] for r in rows], dtype=np.int64),
             kv_used=np.array([r[3] for r in rows], dtype=np.int64),
             kv_total=np.array([i.cache.capacity for i in self.instances], dtype=np.int64),
-            last_heartbeat_s=np.full(len(specs), now),
+            last_heartbeat_s=self._beat_s.copy(),
             dcs=self._dcs,
         )
 
@@ -396,8 +503,26 @@ def simulate(
 ) -> RunResult:
     """Run one policy (a fresh scheduler seeded with ``config.seed``) over the workload;
     ``feedback``: where a closed-loop admission stage's outcomes go (default: in memory)."""
-    scheduler = build_scheduler(policy_name, seed=config.seed, params=params)
+    scheduler = build_scheduler(
+        policy_name, seed=config.seed, params=fleet_params(policy_name, fleet, config, params)
+    )
     return Simulation(workload, fleet, scheduler, config, feedback).run(progress)
+
+
+def fleet_params(
+    policy_name: str, fleet: FleetSpec, config: SimConfig, params: StageParams | None
+) -> StageParams:
+    """``params`` with what the DC-selection stages learn from the fleet itself: its rules and the
+    heartbeat interval (explicit parameters win)."""
+    stages = parse_policy(policy_name)
+    merged = {stage: dict(kwargs) for stage, kwargs in (params or {}).items()}
+    if "fleetmind" in stages:
+        own = merged.setdefault("fleetmind", {})
+        own.setdefault("rules", fleet.rules)
+        own.setdefault("heartbeat_s", config.heartbeat_s)
+    if "global-least-load" in stages:
+        merged.setdefault("global-least-load", {}).setdefault("heartbeat_s", config.heartbeat_s)
+    return merged
 
 
 def _deadline_at(request: TraceRequest) -> float | None:
@@ -406,7 +531,7 @@ def _deadline_at(request: TraceRequest) -> float | None:
 
 
 def _dc_view(fleet: FleetSpec) -> DcView:
-    """The fleet's data centres seen from its ingress, the first DC of the spec."""
-    names = tuple(dict.fromkeys(spec.dc for spec in fleet.instances))
-    ingress = names[0]
+    """The fleet's data centres seen from its ingress."""
+    names = fleet.dc_names
+    ingress = fleet.ingress_dc
     return DcView(names, tuple(fleet.rtt(ingress, dc) for dc in names), (True,) * len(names))

@@ -3,7 +3,8 @@
 Loaders:
 - Mooncake JSONL: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``
   (512-token block ids, equal prefixes have equal ids); optional ``tenant``, ``slo_class``,
-  ``deadline_s`` (seconds after arrival), ``max_tokens``, ``task_type``, ``model``.
+  ``deadline_s`` (seconds after arrival), ``max_tokens``, ``task_type``, ``model``, and for
+  fleets of several data centres ``home_dc``, ``model_version``, ``allowed_regions`` (a list).
 - Azure LLM inference CSV: ``TIMESTAMP, ContextTokens, GeneratedTokens``; no prefix
   information, so every block is unique to its request.
 
@@ -58,6 +59,9 @@ class TraceRequest:
     max_tokens: int | None = None
     task_type: str = "chat"
     model: str | None = None
+    home_dc: str = ""
+    model_version: str = ""
+    allowed_regions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +121,9 @@ def make_request(
     task_type: str = "chat",
     model: str | None = None,
     unique_key: int = 0,
+    home_dc: str = "",
+    model_version: str = "",
+    allowed_regions: tuple[str, ...] = (),
 ) -> TraceRequest:
     """Validate and build one request.
 
@@ -140,6 +147,9 @@ def make_request(
         max_tokens=max_tokens,
         task_type=task_type,
         model=model,
+        home_dc=home_dc,
+        model_version=model_version,
+        allowed_regions=allowed_regions,
     )
 
 
@@ -197,7 +207,16 @@ def _from_record(row: object, default_id: str) -> TraceRequest:
         max_tokens=max_tokens,
         task_type=_text(row.get("task_type", "chat"), "task_type"),
         model=_optional_text(row.get("model"), "model"),
+        home_dc=_text(row.get("home_dc", ""), "home_dc"),
+        model_version=_text(row.get("model_version", ""), "model_version"),
+        allowed_regions=_texts(row.get("allowed_regions", []), "allowed_regions"),
     )
+
+
+def _texts(value: object, field: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ValueError(f"field {field!r} must be a list of strings, got {_shown(value)}")
+    return tuple(_text(v, field) for v in value)
 
 
 def _finite(value: object, field: str) -> float:

@@ -9,7 +9,15 @@ from typing import Any
 
 from agents.policy.types import ClusterView
 from agents.routing import Routed
-from schemas.events import AdmissionDecision, Completion, Event, Heartbeat, InferenceRequest, RoutingDecision
+from schemas.events import (
+    AdmissionDecision,
+    Completion,
+    Event,
+    FleetEvent,
+    Heartbeat,
+    InferenceRequest,
+    RoutingDecision,
+)
 from schemas.topics import TopicSpec
 from streams.snapshot import SnapshotCache
 
@@ -54,12 +62,16 @@ class MemoryStore:
     async def completions(self, events: Sequence[Completion]) -> None:
         self.rows["completions"].extend(events)
 
+    async def fleet_events(self, events: Sequence[FleetEvent]) -> None:
+        self.rows["fleet_events"].extend(events)
+
 
 class RecordingTelemetry:
     def __init__(self) -> None:
         self.decided: list[Routed] = []
         self.dead: list[str] = []
         self.depth: dict[str, int] = {}
+        self.fleet: list[FleetEvent] = []
 
     def decided_batch(self, policy: str, outcomes: Sequence[Routed], latency_s: float) -> None:
         self.decided.extend(outcomes)
@@ -69,3 +81,6 @@ class RecordingTelemetry:
 
     def queue_depth(self, pool: str, depth: int) -> None:
         self.depth[pool] = depth
+
+    def fleet_events(self, events: Sequence[FleetEvent]) -> None:
+        self.fleet.extend(events)

@@ -48,10 +48,10 @@ def worker(
     )
 
 
-def heartbeat(pool: str, instance: str, waiting: int = 0) -> Heartbeat:
+def heartbeat(pool: str, instance: str, waiting: int = 0, dc: str = "dc-1") -> Heartbeat:
     return Heartbeat(
         instance_id=instance,
-        dc="dc-1",
+        dc=dc,
         model=pool,
         model_version="1",
         profile="llama3-8b-h100",

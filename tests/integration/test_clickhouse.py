@@ -63,7 +63,9 @@ def test_migrate_applies_every_migration_once_and_records_it(tmp_path: Path) -> 
         rows = client.query("SELECT version, name FROM schema_migrations FINAL ORDER BY version").result_rows
         assert [f"{v:04d}_{n}" for v, n in rows] == expected
         tables = {row[0] for row in client.query("SHOW TABLES").result_rows}
-    for table in ("requests", "admission_decisions", "routing_decisions", "completions", "slo_classes"):
+    for table in (
+        "requests", "admission_decisions", "routing_decisions", "completions", "slo_classes", "fleet_events"
+    ):  # fmt: skip
         assert table in tables
     assert {"goodput_per_minute", "goodput_per_minute_mv"} <= tables
     # The data survives the client: a reopened store has nothing left to apply.

@@ -20,6 +20,7 @@ from schemas.codec import decode, encode
 from schemas.events import (
     Completion,
     Event,
+    FleetEvent,
     Heartbeat,
     InferenceRequest,
 )
@@ -296,6 +297,28 @@ def test_the_extremes_together(client: Client, sink: FeedbackSink) -> None:
     assert sink.write_routing([routed.routing]) == 1
     assert sink.write_completions([completion]) == 1
     assert summary(client, since_ts=0)["total"]
+
+
+def test_fleet_events_at_their_bounds_are_stored_as_written(client: Client, sink: FeedbackSink) -> None:
+    longest = events.MAX_NAME_LENGTH
+    extremes = [
+        FleetEvent(
+            ts=MAX_TS, kind="replica_advice", dc="d" * longest, model="m" * longest,
+            model_version="v" * longest, detail="x" * events.MAX_REASON_LENGTH, delta=events.MAX_COUNT,
+            tenant="t" * longest, worker="w" * longest,
+        ),
+        FleetEvent(ts=0.0, kind="reservation_moved", dc="", model="m", delta=-events.MAX_COUNT),
+    ]  # fmt: skip
+    for notice in extremes:
+        round_trip(notice)
+    assert sink.write_fleet_events([*extremes, extremes[0]]) == 2  # a repeat is stored once
+    for notice in extremes:
+        assert stored(
+            client,
+            "fleet_events",
+            notice.event_id,
+            "toUnixTimestamp64Milli(ts), kind, dc, model, detail, delta",
+        ) == (millis(notice.ts), notice.kind, notice.dc, notice.model, notice.detail, notice.delta)
 
 
 def test_a_batch_of_valid_requests_spanning_many_months_is_stored(client: Client) -> None:

@@ -26,7 +26,7 @@ from infra.clickhouse.client import connect
 from infra.clickhouse.feedback import ClickHouseFeedback
 from infra.clickhouse.sink import FeedbackSink
 from infra.kafka.broker import free_port
-from schemas.events import AdmissionDecision, Completion, InferenceRequest, RoutingDecision
+from schemas.events import AdmissionDecision, Completion, FleetEvent, InferenceRequest, RoutingDecision
 
 TABLES = ("requests", "admission_decisions", "routing_decisions", "completions")
 FAST = {"flush_s": 0.05, "retry_for_s": 0.5, "backoff_s": (0.05, 0.2), "close_timeout_s": 5.0}
@@ -192,6 +192,34 @@ def test_rows_spool_while_the_store_is_down_and_land_exactly_once_when_it_is_bac
         assert rollup == len(events["completions"])  # the roll-up never saw a duplicate
     finally:
         up.close()
+
+
+def test_fleet_events_spool_while_the_store_is_down_and_land_once_when_it_is_back(
+    tmp_path: Path, chdb_url: str, reader: Client
+) -> None:
+    spool_dir = tmp_path / "spool"
+    events = [
+        FleetEvent(kind="dc_down", dc=f"dc-{k}", model="fleet-outage", detail="0 of 2 ready", worker="w")
+        for k in range(30)
+    ]
+    down = ClickHouseFeedback(
+        f"http://127.0.0.1:{free_port()}", DEFAULT_SLO_CLASSES, spool_dir=spool_dir, **FAST
+    )
+    try:
+        asyncio.run(down.fleet_events(events))
+        wait_until(lambda: down.spooled_rows == len(events), 10, "every fleet event spooled")
+    finally:
+        down.close()
+    up = ClickHouseFeedback(chdb_url, DEFAULT_SLO_CLASSES, spool_dir=spool_dir, **FAST)
+    try:
+        asyncio.run(up.fleet_events(events[:5]))  # a redelivered copy: harmless
+        assert up.flush(60), f"spool not drained: {up.spooled_rows} rows left"
+    finally:
+        up.close()
+    where = "WHERE model = 'fleet-outage'"
+    raw = reader.query(f"SELECT count() FROM fleet_events {where}").result_rows[0][0]
+    ids = {row[0] for row in reader.query(f"SELECT event_id FROM fleet_events FINAL {where}").result_rows}
+    assert raw == len(events) and ids == {e.event_id for e in events}
 
 
 def test_a_malformed_row_is_quarantined_and_later_rows_still_land(

@@ -42,6 +42,9 @@ class GlobalLeastLoad:
     def select(self, request: RequestView, view: ClusterView, now_s: float) -> DcChoice:
         fresh = now_s - view.last_heartbeat_s <= self.stale_after_s
         rows: BoolArray = view.ready & fresh & (view.model == request.model)
+        unreachable = [dc for dc, up in zip(view.dcs.names, view.dcs.reachable, strict=True) if not up]
+        if unreachable:
+            rows &= ~np.isin(view.dc, unreachable)
         if request.allowed_regions:
             rows &= np.isin(view.dc, request.allowed_regions)
         best, best_load = "", float("inf")

@@ -29,6 +29,7 @@ _NOTICE_OF: dict[DcState, NoticeKind] = {"up": "dc_up", "down": "dc_down", "reco
 class _Dc:
     state: DcState
     since_s: float
+    served: bool  # was ever up: a DC that never served has no traffic to give back gradually
 
 
 class DcHealth:
@@ -46,11 +47,12 @@ class DcHealth:
             key = (dc, model, version)
             entry = self._dcs.get(key)
             if entry is None:
-                self._dcs[key] = _Dc("up" if cap.ready else "down", now_s)
+                self._dcs[key] = _Dc("up" if cap.ready else "down", now_s, cap.ready > 0)
                 continue
             new: DcState = self._next(entry, cap.ready > 0, now_s)
             if new != entry.state:
                 entry.state, entry.since_s = new, now_s
+                entry.served = entry.served or new == "up"
                 notices.append(
                     FleetNotice(
                         _NOTICE_OF[new], dc, model, version, now_s,
@@ -63,7 +65,7 @@ class DcHealth:
         if not serving:
             return "down"
         if entry.state == "down":
-            return "recovering"
+            return "recovering" if entry.served else "up"
         if entry.state == "recovering" and now_s - entry.since_s >= self.recovery_s:
             return "up"
         return entry.state

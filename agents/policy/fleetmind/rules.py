@@ -118,16 +118,24 @@ def parse_rules(doc: Mapping[str, Any]) -> FleetRules:
             name = str(entry["name"])
             region = str(entry.get("region", name))
             dcs[name] = DcInfo(
-                name, region, str(entry.get("failure_domain", region)), _count(entry.get("gpu_slots", 0))
+                name,
+                region,
+                str(entry.get("failure_domain", region)),
+                _count(entry.get("gpu_slots", 0), "gpu_slots"),
             )
         tenants = {str(name): _tenant(name, rule or {}) for name, rule in (doc.get("tenants") or {}).items()}
         default = tenants.pop("default", TenantRule())
         versions = {str(model): str(spec["version"]) for model, spec in (doc.get("models") or {}).items()}
         reservations = tuple(
-            Reservation(str(r["tenant"]), str(r["model"]), _count(r["instances"]), _names(r["dcs"], "dcs"))
+            Reservation(
+                str(r["tenant"]),
+                str(r["model"]),
+                _count(r["instances"], "instances"),
+                _names(r["dcs"], "dcs"),
+            )
             for r in doc.get("reservations") or []
         )
-        gpu_budget = _count(doc.get("gpu_budget", 0))
+        gpu_budget = _count(doc.get("gpu_budget", 0), "gpu_budget")
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"fleet rules: {type(exc).__name__}: {exc}") from None
     tenants_of = [r.tenant for r in reservations]
@@ -153,7 +161,7 @@ def _names(value: object, what: str) -> tuple[str, ...]:
     return tuple(str(v) for v in value)
 
 
-def _count(value: object) -> int:
+def _count(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"fleet rules: expected an integer >= 0, got {value!r}")
+        raise ValueError(f"fleet rules: {what} must be an integer >= 0, got {value!r}")
     return value

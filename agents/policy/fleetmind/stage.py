@@ -2,10 +2,10 @@
 
 For request r, with v = the version it must run on (``FleetRules.version_for``):
 
-1. **Rules (fail closed).** A = { d : rules allow r in d (``rules.py``), d reachable }. If no d in A
-   has an instance of (model, v) deployed: reject (``not_permitted`` when the rules removed every
-   DC that has it, else ``no_version``). Never another model or version.
-2. **Serving.** S = { d ∈ A : d has a ready instance of (model, v) with a heartbeat younger than
+1. **Rules (fail closed).** A = { d : rules allow r in d (``rules.py``) }. If no d in A has an
+   instance of (model, v) deployed: reject (``not_permitted`` when the rules removed every DC
+   that has it, else ``no_version``). Never another model or version.
+2. **Serving.** S = { d ∈ A : d reachable, d has a ready instance of (model, v) with a heartbeat younger than
    ``stale_after_s`` = 2 heartbeat intervals, and d's health lets r in (``health.py``: down DCs
    take nothing, recovering ones a growing share) }. S empty: hold (``no_capacity``).
 3. **Home.** h = the DC the tenant's reservation is booked in, else r's ``home_dc``. A request of
@@ -39,7 +39,7 @@ from agents.policy.fleetmind.notices import FleetNotice
 from agents.policy.fleetmind.reservations import ReservationBook
 from agents.policy.fleetmind.rules import FleetRules, parse_rules
 from agents.policy.fleetmind.sessions import SessionMap
-from agents.policy.types import BoolArray, ClusterView, DcChoice, Observation, RequestView
+from agents.policy.types import BoolArray, ClusterView, DcChoice, DcView, Observation, RequestView
 
 
 @runtime_checkable
@@ -76,7 +76,9 @@ class FleetMind:
         self.health = DcHealth(recovery_s)
         self.reservations = ReservationBook(self.rules.reservations)
         self.sessions = SessionMap(session_ttl_s)
-        self._advisor: PlacementAdvisor | None = None
+        self._dcs = DcView()
+        self._reserved_version: dict[str, str] = {}
+        self._advisor = PlacementAdvisor(self.rules, lambda dc: self._dcs.rtt(dc))
         self._router: RowPredictor | None = None
         self._notices: list[FleetNotice] = []
         self._capacity_key: tuple[int, str, str] | None = None
@@ -100,9 +102,10 @@ class FleetMind:
     def select(self, request: RequestView, view: ClusterView, now_s: float) -> DcChoice:
         version = self.rules.version_for(request)
         capacities = self._capacities(view, request.model, version, now_s)
-        allowed = [d for d in capacities if view.dcs.is_reachable(d) and self.rules.allows(request, d)]
-        if not allowed:
+        permitted = [d for d in capacities if self.rules.allows(request, d)]
+        if not permitted:
             return self._reject(request, version, capacities, len(view))
+        allowed = [d for d in permitted if view.dcs.is_reachable(d)]
         serving = [
             d
             for d in allowed
@@ -113,7 +116,7 @@ class FleetMind:
             return DcChoice(
                 "", np.zeros(len(view), dtype=bool),
                 f"no_capacity: no ready instance of {_named(request.model, version)} in "
-                f"{', '.join(sorted(allowed))} (allowed for tenant {request.tenant})",
+                f"{', '.join(sorted(permitted))} (allowed for tenant {request.tenant})",
             )  # fmt: skip
         chosen, reason = self._choose(request, view, version, capacities, serving, now_s)
         self.sessions.placed(request, chosen, now_s)
@@ -202,10 +205,11 @@ class FleetMind:
             serving |= cap.rows
         self._capacity_key, self._capacity = key, caps
         self._capacity_until = next_expiry(view, serving, self.stale_after_s)
+        self._dcs = view.dcs
         self._notices += self.health.update(model, version, caps, now_s)
-        self._notices += self.reservations.rebook(model, version, caps, now_s)
-        if self._advisor is None:
-            self._advisor = PlacementAdvisor(self.rules, view.dcs.rtt)
+        # A reservation is of one version: the pinned one, else the first one asked for.
+        if version == self._reserved_version.setdefault(model, self.rules.versions.get(model) or version):
+            self._notices += self.reservations.rebook(model, version, caps, now_s)
         self._notices += self._advisor.sample(model, version, caps, now_s)
         return caps
 

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from agents.routing import Routed
 from infra import metrics
-from schemas.events import AdmissionDecision, InferenceRequest, RoutingDecision
+from schemas.events import AdmissionDecision, FleetEvent, InferenceRequest, RoutingDecision
 
 
 def test_render_shows_every_metric_after_use() -> None:
@@ -90,4 +90,21 @@ def test_pool_labels_come_from_the_configured_pools_never_from_clients() -> None
     anything = metrics.PrometheusTelemetry()
     labels = {anything.pool_label(f"client-{i}-" + "y" * 500) for i in range(1000)}
     assert len(labels) == metrics.MAX_POOL_LABELS + 1 and "other" in labels
+    assert max(len(label) for label in labels) <= 64
+
+
+def test_fleet_events_are_counted_by_kind_and_a_bounded_dc_label() -> None:
+    def count(kind: str, dc: str) -> float:
+        value = metrics.REGISTRY.get_sample_value("tokenfleet_fleet_events_total", {"kind": kind, "dc": dc})
+        return value or 0.0
+
+    before = count("dc_down", "dc-prom"), count("dc_up", "dc-prom")
+    telemetry = metrics.PrometheusTelemetry()
+    telemetry.fleet_events(
+        [FleetEvent(kind="dc_down", dc="dc-prom", model="m")] * 2
+        + [FleetEvent(kind="dc_up", dc="dc-prom", model="m")]
+    )
+    assert (count("dc_down", "dc-prom"), count("dc_up", "dc-prom")) == (before[0] + 2, before[1] + 1)
+    labels = {telemetry.dc_label(f"dc-{i}-" + "z" * 500) for i in range(200)}
+    assert len(labels) == metrics.MAX_POOL_LABELS and "other" in labels  # dc-prom took one
     assert max(len(label) for label in labels) <= 64

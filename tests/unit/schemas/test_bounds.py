@@ -19,6 +19,7 @@ from schemas.events import (
     BatchJob,
     Completion,
     Event,
+    FleetEvent,
     Heartbeat,
     InferenceRequest,
     KvEvent,
@@ -181,6 +182,18 @@ def test_decisions_are_bounded() -> None:
     }  # fmt: skip
     rejected(AdmissionDecision, admission, "predicted_ttft_s", float("inf"))
     rejected(AdmissionDecision, admission, "queue_pool", "q" * 300)
+
+
+def test_fleet_events_are_bounded() -> None:
+    notice = {"kind": "replica_advice", "dc": "dc-1", "model": "m", "model_version": "1", "delta": 1}
+    assert decode(FleetEvent, raw(notice)).delta == 1
+    assert decode(FleetEvent, raw(notice, delta=-events.MAX_COUNT)).delta == -events.MAX_COUNT
+    rejected(FleetEvent, notice, "kind", "dc_sideways")
+    rejected(FleetEvent, notice, "model", "")
+    rejected(FleetEvent, notice, "dc", "d" * 300)
+    rejected(FleetEvent, notice, "detail", "x" * 2000)
+    rejected(FleetEvent, notice, "delta", 2**40)
+    rejected(FleetEvent, notice, "ts", float("nan"))
 
 
 def test_a_finite_prediction_out_of_range_is_saturated_not_rejected() -> None:
