@@ -127,13 +127,19 @@ class SchedulerAgents:
 
     async def on_timer(self) -> None:
         """Every second or so: reject what was held too long, in every pool (also the pools
-        no instance ever reports for, which no heartbeat would wake up); publish what the
-        stages noticed and no batch has published yet."""
-        routed = self.service.expire(time.time())
+        no instance ever reports for, which no heartbeat would wake up); let every pool's
+        stages look at the fleet (a DC whose heartbeats stopped is noticed without a request);
+        publish what they noticed."""
+        now = time.time()
+        routed = self.service.expire(now)
         if routed:
             for pool in {r.request.model for r in routed}:
                 self.telemetry.queue_depth(pool, self.service.held(pool))
             await self._settle_held(routed, 0.0)
+        for pool in self.service.pools():  # a DC that went quiet is noticed without a request
+            view = self.state.view(pool)
+            if view is not None:
+                self.service.refresh(pool, view, now)
         await (await self._tell_fleet())
 
     async def on_replayed_admissions(self, messages: Sequence[RawMessage]) -> None:

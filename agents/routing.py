@@ -148,6 +148,12 @@ class RoutingService:
             for notice in state.scheduler.notices()
         ]
 
+    def refresh(self, pool: str, view: ClusterView, now: float) -> None:
+        """Let ``pool``'s stages look at the fleet without a request (their notices follow)."""
+        state = self._pools.get(pool)
+        if state is not None:
+            state.scheduler.refresh(view, now)
+
     def pools(self) -> list[str]:
         return list(self._pools)
 

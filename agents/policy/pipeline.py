@@ -156,6 +156,12 @@ class Scheduler:
         reservation moves, replica advice), oldest first."""
         return [n for stage in self._stages if isinstance(stage, Noticing) for n in stage.drain_notices()]
 
+    def refresh(self, view: ClusterView, now_s: float) -> None:
+        """Let the stages that notice things look at ``view`` now (``Noticing.refresh``)."""
+        for stage in self._stages:
+            if isinstance(stage, Noticing):
+                stage.refresh(view, now_s)
+
     def observe(self, event: Observation) -> None:
         stages = self._kv_stages if isinstance(event, BlocksChanged) else self._stages
         for stage in stages:

@@ -127,3 +127,7 @@ class Noticing(Protocol):
     moves, replica advice): ``drain_notices`` returns what happened since the last call."""
 
     def drain_notices(self) -> list[FleetNotice]: ...
+
+    def refresh(self, view: ClusterView, now_s: float) -> None:
+        """Look at the fleet on ``view`` without a request (the driver's timer calls it), so a
+        DC whose heartbeats stopped is noticed even when no request comes."""

@@ -60,3 +60,24 @@ def test_a_dc_whose_heartbeats_stop_loses_its_requests_and_is_reported_down() ->
     assert (down.kind, down.dc, down.model, down.worker) == ("dc_down", "dc-a", "m", "w-1")
     assert down.detail == "0 of 1 instances ready with a fresh heartbeat"
     assert store.rows["fleet_events"] == [down] and telemetry.fleet == [down]
+
+
+def test_the_timer_notices_a_dc_that_went_quiet_without_any_request() -> None:
+    publisher, store = MemoryPublisher(), MemoryStore()
+    service = RoutingService("fleetmind+least-tokens", params={"fleetmind": {"heartbeat_s": HEARTBEAT_S}})
+    agents = SchedulerAgents(service, MemoryState(), publisher, store, RecordingTelemetry())
+
+    async def scenario() -> None:
+        last_a = beat("a-1", "dc-a")
+        await agents.on_heartbeats(raw(last_a, beat("b-1", "dc-b")))
+        await agents.on_requests(raw(ask("first")))  # the pool's scheduler exists from here
+        await agents.on_timer()
+        assert topics.FLEET_EVENTS.name not in publisher.sent  # both DCs beat: nothing to tell
+        await asyncio.sleep(max(last_a.ts + 2 * HEARTBEAT_S + 0.05 - time.time(), 0.0))
+        await agents.on_heartbeats(raw(beat("b-1", "dc-b")))  # dc-b beats on; nothing is held
+        await agents.on_timer()  # no request: only the timer looks
+
+    asyncio.run(scenario())
+    (down,) = publisher.sent[topics.FLEET_EVENTS.name]
+    assert isinstance(down, FleetEvent) and (down.kind, down.dc) == ("dc_down", "dc-a")
+    assert store.rows["fleet_events"] == [down]

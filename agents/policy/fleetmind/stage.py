@@ -19,6 +19,12 @@ For request r, with v = the version it must run on (``FleetRules.version_for``):
 5. **Divert only when it pays.** Divert targets D = {d ∈ S, d ≠ h : load_others(d) < load_limit}
    (load_others: tokens in flight over the capacity not booked by other tenants' reservations).
    Choose h unless min_{d∈D} cost(d) < cost(h) - ``divert_margin_s``; if h ∉ S, the cheapest of S.
+6. **Decode pressure.** TTFT is not the whole objective: a DC whose decode batches have grown
+   streams every token slowly. tpot(d) is the mean TPOT of the attempts that finished in d (an
+   exponentially weighted mean over completions, weight ``tpot_weight``: what a proxying router
+   measures). When tpot(h) > ``tpot_guard`` x the request class's TPOT objective, h is *hot*:
+   the request goes to the cheapest d ∈ D that is not hot, if cost(d) is within the class's TTFT
+   objective (new work stops piling onto slow decode batches; running work is never moved).
 
 Notices (``notices.py``) for DC state changes, reservation moves and replica advice are drained
 by the driver through ``drain_notices``.
@@ -32,6 +38,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from agents.policy.common.numeric import FloatArray
+from agents.policy.common.slo import DEFAULT_SLO_CLASSES, SloClass
 from agents.policy.fleetmind.advice import PlacementAdvisor
 from agents.policy.fleetmind.capacity import DcCapacity, aggregate, next_expiry
 from agents.policy.fleetmind.health import DcHealth
@@ -39,7 +46,7 @@ from agents.policy.fleetmind.notices import FleetNotice
 from agents.policy.fleetmind.reservations import ReservationBook
 from agents.policy.fleetmind.rules import FleetRules, parse_rules
 from agents.policy.fleetmind.sessions import SessionMap
-from agents.policy.types import BoolArray, ClusterView, DcChoice, DcView, Observation, RequestView
+from agents.policy.types import BoolArray, ClusterView, DcChoice, DcView, Finished, Observation, RequestView
 
 
 @runtime_checkable
@@ -63,6 +70,9 @@ class FleetMind:
         bandwidth_bytes_per_s: float = 1.25e8,
         prefill_tokens_per_s: float = 8000.0,
         session_ttl_s: float = 600.0,
+        tpot_guard: float = 0.5,
+        tpot_weight: float = 0.05,
+        slo_classes: Mapping[str, SloClass] | None = None,
     ) -> None:
         """``rules``: a ``FleetRules`` or its YAML mapping (``parse_rules``); none = every DC
         allowed to every tenant, no pinned version. Times in seconds."""
@@ -73,11 +83,17 @@ class FleetMind:
         self.load_limit = load_limit
         self.transfer_s_per_token = bytes_per_token / bandwidth_bytes_per_s
         self.prefill_tokens_per_s = prefill_tokens_per_s
+        self.tpot_guard, self.tpot_weight = tpot_guard, tpot_weight
+        self.slo_classes = dict(slo_classes or DEFAULT_SLO_CLASSES)
+        self._tpot: dict[str, float] = {}  # DC -> weighted mean TPOT of its completions (s)
+        self._dc_of: dict[str, str] = {}  # instance id -> DC, from the latest snapshot
+        self._ids: tuple[str, ...] = ()
         self.health = DcHealth(recovery_s)
         self.reservations = ReservationBook(self.rules.reservations)
         self.sessions = SessionMap(session_ttl_s)
         self._dcs = DcView()
         self._reserved_version: dict[str, str] = {}
+        self._asked: dict[tuple[str, str], None] = {}  # (model, version) requests named, in order
         self._advisor = PlacementAdvisor(self.rules, lambda dc: self._dcs.rtt(dc))
         self._router: RowPredictor | None = None
         self._notices: list[FleetNotice] = []
@@ -90,12 +106,24 @@ class FleetMind:
         """Use the instance router's per-row TTFT predictions where it has them."""
         self._router = router if isinstance(router, RowPredictor) else None
 
+    def refresh(self, view: ClusterView, now_s: float) -> None:
+        """Re-aggregate every (model, version) asked for so far: DC health, reservations and
+        advice move with time even when no request comes (the worker's timer)."""
+        for model, version in list(self._asked):
+            self._capacities(view, model, version, now_s)
+
     def drain_notices(self) -> list[FleetNotice]:
         notices, self._notices = self._notices, []
         return notices
 
     def observe(self, event: Observation) -> None:
-        pass
+        """Completions feed each DC's measured TPOT (step 6)."""
+        if isinstance(event, Finished) and event.status == "ok" and event.tpot_s is not None:
+            dc = self._dc_of.get(event.instance_id)
+            if dc is not None:
+                old = self._tpot.get(dc)
+                w = self.tpot_weight
+                self._tpot[dc] = event.tpot_s if old is None else (1 - w) * old + w * event.tpot_s
 
     # --- the decision -------------------------------------------------------------------------
 
@@ -149,6 +177,17 @@ class FleetMind:
         best = min(targets, key=lambda d: (costs[d], d))
         if costs[best] < costs[home] - self.divert_margin_s:
             return best, f"diverted from {home}: cost {costs[best]:.3f} s vs {costs[home]:.3f} s"
+        slo = self.slo_classes.get(request.slo_class)
+        if slo is not None and slo.tpot_s is not None:
+            limit = self.tpot_guard * slo.tpot_s
+            if self._tpot.get(home, 0.0) > limit:
+                cool = [d for d in targets if self._tpot.get(d, 0.0) <= limit]
+                if cool:
+                    best = min(cool, key=lambda d: (costs[d], d))
+                    if slo.ttft_s is None or costs[best] <= slo.ttft_s:
+                        return best, (
+                            f"diverted from {home}: its decode TPOT {self._tpot[home]:.3f} s > {limit:.3f} s"
+                        )
         return home, f"home data centre (cost {costs[home]:.3f} s)"
 
     def _costs(
@@ -196,6 +235,7 @@ class FleetMind:
     def _capacities(self, view: ClusterView, model: str, version: str, now_s: float) -> dict[str, DcCapacity]:
         """``aggregate`` once per (snapshot, model, version), again when an instance goes stale;
         each new aggregate updates DC health, reservations and replica advice."""
+        self._asked[(model, version)] = None
         key = (view.version, model, version)
         if key == self._capacity_key and now_s < self._capacity_until:
             return self._capacity
@@ -206,6 +246,11 @@ class FleetMind:
         self._capacity_key, self._capacity = key, caps
         self._capacity_until = next_expiry(view, serving, self.stale_after_s)
         self._dcs = view.dcs
+        if view.instance_ids is not self._ids:
+            self._ids, self._dc_of = (
+                view.instance_ids,
+                dict(zip(view.instance_ids, view.dc.tolist(), strict=True)),
+            )
         self._notices += self.health.update(model, version, caps, now_s)
         # A reservation is of one version: the pinned one, else the first one asked for.
         if version == self._reserved_version.setdefault(model, self.rules.versions.get(model) or version):
