@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MOONCAKE := sim/traces/mooncake/conversation_trace.jsonl
 
-.PHONY: install engine demo demo-vllm simulate test lint bench bench-stream bench-broker bench-gateway bench-decision scoreboard goodput faults clean
+.PHONY: install engine demo demo-vllm simulate test lint bench bench-stream bench-broker bench-gateway bench-decision scoreboard goodput fleetmind faults clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +74,14 @@ bench-decision: install
 scoreboard: install
 	mkdir -p out
 	$(PY) -m sim.evaluation.scoreboard --jobs 2 --json out/scoreboard.json
+
+# FleetMind against local-only and global-least-load on the four multi-DC scenarios, and the
+# fleet's SLO capacity on the hot spot (~15 min).
+fleetmind: install
+	mkdir -p out
+	for s in hotspot version-mismatch pinned-tenant dc-failure; do \
+		$(PY) -m infra.entrypoints.cli simulate --scenario $$s --json out/scenario-$$s.json || exit 1; done
+	$(PY) -m infra.entrypoints.cli capacity --scenario hotspot --jobs 2 --json out/capacity-hotspot.json
 
 # SLOMax against FCFS at L67 and 1.5 x L67, and the two-tenant fairness run (~15 min).
 goodput: install

@@ -107,19 +107,29 @@ def _diverted(attempts: Sequence[Attempt], config: SimConfig) -> dict[str, objec
     for attempt in attempts:
         rid = attempt.request.request_id
         arrived[rid] = min(arrived.get(rid, attempt.arrival_s), attempt.arrival_s)
-    ttfts, within = [], 0
+    ttfts: dict[str, list[float]] = {}
+    within = 0
     for attempt in away:
         first_token = attempt.first_token_s
         ttft = math.inf if first_token is None else first_token - arrived[attempt.request.request_id]
-        ttfts.append(ttft)
+        ttfts.setdefault(attempt.request.slo_class, []).append(ttft)
         slo = config.slo_classes.get(attempt.request.slo_class)
         within += slo is not None and (slo.ttft_s is None or ttft <= slo.ttft_s)
+    every = [t for values in ttfts.values() for t in values]
     return {
         "requests": len(away),
         "by_dc": dict(sorted(Counter(a.dc for a in away).items())),
-        "ttft_p50_s": _round(percentile(ttfts, 50)),
-        "ttft_p95_s": _round(percentile(ttfts, 95)),
+        "ttft_p50_s": _round(percentile(every, 50)),
+        "ttft_p95_s": _round(percentile(every, 95)),
         "within_ttft_objective": round(within / len(away), 6) if away else None,
+        "per_class": {
+            name: {
+                "requests": len(values),
+                "ttft_p95_s": _round(percentile(values, 95)),
+                "ttft_objective_s": getattr(config.slo_classes.get(name), "ttft_s", None),
+            }
+            for name, values in sorted(ttfts.items())
+        },
     }
 
 
