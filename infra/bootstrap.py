@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import faust
-import yaml
 
 from agents.handlers import SchedulerAgents
 from agents.policy import Scheduler, build_scheduler
@@ -39,6 +38,7 @@ from infra.clickhouse.goodput import StoreGoodput
 from infra.kafka.broker import embedded_broker, free_port
 from infra.prompts import Prompts
 from infra.settings import Settings
+from infra.yaml_files import read_yaml
 from schemas import topics
 from streams.app import create_app
 from streams.binding import LanePublisher, bind
@@ -84,16 +84,7 @@ def policy_params(settings: Settings) -> dict[str, dict[str, Any]]:
 def load_fleet_rules(path: Path) -> dict[str, Any]:
     """The fleet YAML document at ``path``, checked to be valid FleetMind rules (``parse_rules``);
     ``ValueError`` with one line saying what is wrong."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ValueError(f"fleet rules {str(path)!r}: {exc.strerror or exc}") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        line = f" (line {where.line + 1})" if where is not None else ""
-        raise ValueError(f"fleet rules {str(path)!r} is not valid YAML{line}") from None
+    doc = read_yaml(path, "fleet rules")
     if not isinstance(doc, dict):
         raise ValueError(f"fleet rules {str(path)!r} must be a mapping (data_centres, tenants, models, ...)")
     try:

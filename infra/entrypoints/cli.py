@@ -405,18 +405,9 @@ def report_command(
 def _load_policy_config(path: Path) -> dict[str, dict[str, Any]]:
     """Stage parameters from a YAML file (stage name -> keyword parameters); ValueError with
     one line saying what is wrong if the file is missing, not YAML or not that shape."""
-    import yaml
+    from infra.yaml_files import read_yaml
 
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ValueError(f"policy config {str(path)!r}: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        line = f" (line {where.line + 1})" if where is not None else ""
-        raise ValueError(f"policy config {str(path)!r} is not valid YAML{line}") from None
+    data = read_yaml(path, "policy config")
     shape = "must map stage names to parameter mappings, e.g. 'tokenpilot: {tie_tolerance: 0.05}'"
     if not isinstance(data, dict):
         raise ValueError(f"policy config {str(path)!r} {shape}")
