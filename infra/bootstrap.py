@@ -27,7 +27,7 @@ from agents.handlers import SchedulerAgents
 from agents.policy import Scheduler, build_scheduler
 from agents.policy.fleetmind.rules import parse_rules
 from agents.policy.pipeline import HoldLimits
-from agents.policy.registry import parse_policy
+from agents.policy.registry import parse_policy, with_deployment
 from agents.policy.slomax import SloMax
 from agents.policy.slomax.controller import Step
 from agents.policy.types import DcView
@@ -67,18 +67,13 @@ def dc_view(settings: Settings) -> DcView:
 
 
 def policy_params(settings: Settings) -> dict[str, dict[str, Any]]:
-    """The stage parameters of the worker's policy: ``policy_params``, and for a policy with the
-    ``fleetmind`` stage also the heartbeat interval (an instance silent for two is out of
-    capacity) and the rules of ``fleet_rules``, under any ``fleetmind`` parameters given
-    explicitly (those win). ``ValueError`` (one line) for a rules file that cannot be used."""
-    params = {stage: dict(kwargs) for stage, kwargs in settings.policy_params.items()}
-    if parse_policy(settings.policy)[1] != "fleetmind":
-        return params
-    derived: dict[str, Any] = {"heartbeat_s": settings.heartbeat_interval_s}
-    if settings.fleet_rules is not None:
-        derived["rules"] = load_fleet_rules(settings.fleet_rules)
-    params["fleetmind"] = {**derived, **params.get("fleetmind", {})}
-    return params
+    """The stage parameters of the worker's policy: ``policy_params`` with the heartbeat interval
+    and, for a ``fleetmind`` policy, the rules of ``fleet_rules`` (``with_deployment``; explicit
+    parameters win). ``ValueError`` (one line) for a rules file that cannot be used."""
+    rules = None
+    if settings.fleet_rules is not None and parse_policy(settings.policy)[1] == "fleetmind":
+        rules = load_fleet_rules(settings.fleet_rules)
+    return with_deployment(settings.policy, settings.policy_params, settings.heartbeat_interval_s, rules)
 
 
 def load_fleet_rules(path: Path) -> dict[str, Any]:

@@ -59,10 +59,7 @@ class HomeDc:
         return choice
 
     def _choose(self, request: RequestView, view: ClusterView) -> DcChoice:
-        allowed: BoolArray = view.ready & (view.model == request.model)
-        unreachable = [dc for dc, up in zip(view.dcs.names, view.dcs.reachable, strict=True) if not up]
-        if unreachable:
-            allowed &= ~np.isin(view.dc, unreachable)
+        allowed: BoolArray = view.ready & (view.model == request.model) & view.reachable_rows()
         if request.allowed_regions:
             allowed &= np.isin(view.dc, request.allowed_regions)
         if request.home_dc:

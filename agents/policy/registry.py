@@ -124,6 +124,24 @@ def build_scheduler(
     return Scheduler(name, admission, dc_selection, instance_selection, hold=hold)
 
 
+def with_deployment(
+    name: str, params: StageParams | None, heartbeat_s: float, rules: object | None = None
+) -> dict[str, dict[str, Any]]:
+    """``params`` plus what the DC-selection stages of policy ``name`` learn from the deployment
+    rather than from the user: the heartbeat interval (``fleetmind``, ``global-least-load``: an
+    instance silent for two intervals is out) and the fleet's ``rules`` (``fleetmind``; None =
+    none given). Parameters given explicitly win. The simulator and the worker both use it."""
+    stages = parse_policy(name)
+    merged = {stage: dict(kwargs) for stage, kwargs in (params or {}).items()}
+    fleetmind: dict[str, Any] = {"heartbeat_s": heartbeat_s}
+    if rules is not None:
+        fleetmind["rules"] = rules
+    for stage, derived in (("fleetmind", fleetmind), ("global-least-load", {"heartbeat_s": heartbeat_s})):
+        if stage in stages:
+            merged[stage] = {**derived, **merged.get(stage, {})}
+    return merged
+
+
 def params_for(name: str, params: StageParams | None) -> dict[str, Mapping[str, Any]]:
     """The part of ``params`` for the stages of policy ``name`` (several policies compared side
     by side share one configuration; each takes what concerns its own stages)."""

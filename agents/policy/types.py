@@ -121,6 +121,11 @@ class ClusterView:
     def __len__(self) -> int:
         return len(self.instance_ids)
 
+    def reachable_rows(self) -> BoolArray:
+        """Rows in a DC the scheduler has contact with (``DcView.is_reachable``)."""
+        lost = [dc for dc, up in zip(self.dcs.names, self.dcs.reachable, strict=True) if not up]
+        return ~np.isin(self.dc, lost) if lost else np.ones(len(self), dtype=bool)
+
 
 @dataclass(frozen=True, slots=True)
 class Admission:

@@ -24,6 +24,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
+from agents.policy.fleetmind.capacity import STALE_AFTER_HEARTBEATS
 from agents.policy.registry import StageParams, params_for
 from sim.engine.instance import Attempt
 from sim.evaluation.compare import check_policies
@@ -137,7 +138,7 @@ def _outage(
     attempts: Sequence[Attempt], down: float, up: float, dc: str, config: SimConfig
 ) -> dict[str, object]:
     sent = [(a.sent_s, a.dc) for a in attempts if a.sent_s is not None]
-    detect = down + 2 * config.heartbeat_s
+    detect = down + STALE_AFTER_HEARTBEATS * config.heartbeat_s
     late = [t for t, where in sent if where == dc and detect < t < up]
     during = [t for t, where in sent if where == dc and down <= t < up]
     bins = _goodput_bins(attempts, down - BEFORE_S, max(a.arrival_s for a in attempts), config)

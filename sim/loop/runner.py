@@ -40,8 +40,9 @@ import numpy as np
 
 from agents.policy import Scheduler, build_scheduler
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES, SloClass, meets_slo
+from agents.policy.fleetmind.capacity import STALE_AFTER_HEARTBEATS
 from agents.policy.fleetmind.notices import FleetNotice
-from agents.policy.registry import StageParams, parse_policy
+from agents.policy.registry import StageParams, with_deployment
 from agents.policy.types import (
     BlocksChanged,
     ClusterView,
@@ -271,7 +272,7 @@ class Simulation:
         version = rules.version_for(request)
         if version and spec.version != version:
             self.violations["version"] += 1
-        stale = now - float(view.last_heartbeat_s[index]) > 2 * self.config.heartbeat_s
+        stale = now - float(view.last_heartbeat_s[index]) > STALE_AFTER_HEARTBEATS * self.config.heartbeat_s
         if not view.ready[index] or stale:
             self.violations["not_ready"] += 1
 
@@ -503,26 +504,9 @@ def simulate(
 ) -> RunResult:
     """Run one policy (a fresh scheduler seeded with ``config.seed``) over the workload;
     ``feedback``: where a closed-loop admission stage's outcomes go (default: in memory)."""
-    scheduler = build_scheduler(
-        policy_name, seed=config.seed, params=fleet_params(policy_name, fleet, config, params)
-    )
+    deployed = with_deployment(policy_name, params, config.heartbeat_s, fleet.rules)
+    scheduler = build_scheduler(policy_name, seed=config.seed, params=deployed)
     return Simulation(workload, fleet, scheduler, config, feedback).run(progress)
-
-
-def fleet_params(
-    policy_name: str, fleet: FleetSpec, config: SimConfig, params: StageParams | None
-) -> StageParams:
-    """``params`` with what the DC-selection stages learn from the fleet itself: its rules and the
-    heartbeat interval (explicit parameters win)."""
-    stages = parse_policy(policy_name)
-    merged = {stage: dict(kwargs) for stage, kwargs in (params or {}).items()}
-    if "fleetmind" in stages:
-        own = merged.setdefault("fleetmind", {})
-        own.setdefault("rules", fleet.rules)
-        own.setdefault("heartbeat_s", config.heartbeat_s)
-    if "global-least-load" in stages:
-        merged.setdefault("global-least-load", {}).setdefault("heartbeat_s", config.heartbeat_s)
-    return merged
 
 
 def _deadline_at(request: TraceRequest) -> float | None:

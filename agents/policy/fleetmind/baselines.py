@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from agents.policy.fleetmind.capacity import STALE_AFTER_HEARTBEATS, fresh_rows
 from agents.policy.types import BoolArray, ClusterView, DcChoice, Observation, RequestView
 
 
@@ -37,14 +38,15 @@ class GlobalLeastLoad:
 
     def __init__(self, seed: int = 0, heartbeat_s: float = 0.25) -> None:
         del seed
-        self.stale_after_s = 2 * heartbeat_s
+        self.stale_after_s = STALE_AFTER_HEARTBEATS * heartbeat_s
 
     def select(self, request: RequestView, view: ClusterView, now_s: float) -> DcChoice:
-        fresh = now_s - view.last_heartbeat_s <= self.stale_after_s
-        rows: BoolArray = view.ready & fresh & (view.model == request.model)
-        unreachable = [dc for dc, up in zip(view.dcs.names, view.dcs.reachable, strict=True) if not up]
-        if unreachable:
-            rows &= ~np.isin(view.dc, unreachable)
+        rows: BoolArray = (
+            view.ready
+            & fresh_rows(view, now_s, self.stale_after_s)
+            & (view.model == request.model)
+            & view.reachable_rows()
+        )
         if request.allowed_regions:
             rows &= np.isin(view.dc, request.allowed_regions)
         best, best_load = "", float("inf")

@@ -4,9 +4,10 @@ An instance counts as capacity of DC d for (model, version) when
 
     row in d ∧ model = m ∧ version = v ∧ ready ∧ now - last_heartbeat ≤ stale_after_s
 
-(``stale_after_s`` is two heartbeat intervals: an instance whose heartbeats stop is out of
-capacity within two intervals). ``deployed`` counts the rows of d for (m, v) whatever their
-state, so "not deployed here" (reject) and "deployed, not ready now" (hold) can be told apart.
+(``stale_after_s`` is ``STALE_AFTER_HEARTBEATS`` = 2 heartbeat intervals: an instance whose
+heartbeats stop is out of capacity within two intervals). ``deployed`` counts the rows of d for
+(m, v) whatever their state, so "not deployed here" (reject) and "deployed, not ready now"
+(hold) can be told apart.
 ``load`` = tokens in flight / tokens the ready instances can hold in KV (0 when none is ready).
 """
 
@@ -34,11 +35,21 @@ class DcCapacity:
         return self.tokens_in_flight / self.token_capacity if self.token_capacity else 0.0
 
 
+STALE_AFTER_HEARTBEATS = 2
+"""Heartbeat intervals after which an instance that sent none is out of capacity."""
+
+
+def fresh_rows(view: ClusterView, now_s: float, stale_after_s: float) -> BoolArray:
+    """Rows whose last heartbeat is at most ``stale_after_s`` old."""
+    fresh: BoolArray = now_s - view.last_heartbeat_s <= stale_after_s
+    return fresh
+
+
 def serving_rows(
     view: ClusterView, model: str, version: str, now_s: float, stale_after_s: float
 ) -> BoolArray:
     """Ready, fresh rows of ``model`` at ``version`` ("" = any version)."""
-    rows: BoolArray = view.ready & (view.model == model) & (now_s - view.last_heartbeat_s <= stale_after_s)
+    rows: BoolArray = view.ready & (view.model == model) & fresh_rows(view, now_s, stale_after_s)
     if version:
         rows &= view.model_version == version
     return rows

@@ -40,13 +40,13 @@ import numpy as np
 from agents.policy.common.numeric import FloatArray
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES, SloClass
 from agents.policy.fleetmind.advice import PlacementAdvisor
-from agents.policy.fleetmind.capacity import DcCapacity, aggregate, next_expiry
+from agents.policy.fleetmind.capacity import STALE_AFTER_HEARTBEATS, DcCapacity, aggregate, next_expiry
 from agents.policy.fleetmind.health import DcHealth
 from agents.policy.fleetmind.notices import FleetNotice
 from agents.policy.fleetmind.reservations import ReservationBook
 from agents.policy.fleetmind.rules import FleetRules, parse_rules
 from agents.policy.fleetmind.sessions import SessionMap
-from agents.policy.types import BoolArray, ClusterView, DcChoice, DcView, Finished, Observation, RequestView
+from agents.policy.types import ClusterView, DcChoice, DcView, Finished, Observation, RequestView
 
 
 @runtime_checkable
@@ -78,7 +78,7 @@ class FleetMind:
         allowed to every tenant, no pinned version. Times in seconds."""
         del seed  # deterministic
         self.rules = rules if isinstance(rules, FleetRules) else parse_rules(rules or {})
-        self.stale_after_s = 2 * heartbeat_s
+        self.stale_after_s = STALE_AFTER_HEARTBEATS * heartbeat_s
         self.divert_margin_s = divert_margin_s
         self.load_limit = load_limit
         self.transfer_s_per_token = bytes_per_token / bandwidth_bytes_per_s
@@ -100,7 +100,6 @@ class FleetMind:
         self._capacity_key: tuple[int, str, str] | None = None
         self._capacity: dict[str, DcCapacity] = {}
         self._capacity_until = 0.0
-        self._empty: BoolArray = np.zeros(0, dtype=bool)
 
     def bind_router(self, router: object) -> None:
         """Use the instance router's per-row TTFT predictions where it has them."""
@@ -177,18 +176,29 @@ class FleetMind:
         best = min(targets, key=lambda d: (costs[d], d))
         if costs[best] < costs[home] - self.divert_margin_s:
             return best, f"diverted from {home}: cost {costs[best]:.3f} s vs {costs[home]:.3f} s"
+        return self._away_from_slow_decode(request, home, targets, costs) or (
+            home,
+            f"home data centre (cost {costs[home]:.3f} s)",
+        )
+
+    def _away_from_slow_decode(
+        self, request: RequestView, home: str, targets: list[str], costs: dict[str, float]
+    ) -> tuple[str, str] | None:
+        """Step 6: the cheapest target that is not hot, when home is hot and the target is within
+        the class's TTFT objective; None otherwise."""
         slo = self.slo_classes.get(request.slo_class)
-        if slo is not None and slo.tpot_s is not None:
-            limit = self.tpot_guard * slo.tpot_s
-            if self._tpot.get(home, 0.0) > limit:
-                cool = [d for d in targets if self._tpot.get(d, 0.0) <= limit]
-                if cool:
-                    best = min(cool, key=lambda d: (costs[d], d))
-                    if slo.ttft_s is None or costs[best] <= slo.ttft_s:
-                        return best, (
-                            f"diverted from {home}: its decode TPOT {self._tpot[home]:.3f} s > {limit:.3f} s"
-                        )
-        return home, f"home data centre (cost {costs[home]:.3f} s)"
+        if slo is None or slo.tpot_s is None:
+            return None
+        limit = self.tpot_guard * slo.tpot_s
+        if self._tpot.get(home, 0.0) <= limit:
+            return None
+        cool = [d for d in targets if self._tpot.get(d, 0.0) <= limit]
+        if not cool:
+            return None
+        best = min(cool, key=lambda d: (costs[d], d))
+        if slo.ttft_s is not None and costs[best] > slo.ttft_s:
+            return None
+        return best, f"diverted from {home}: its decode TPOT {self._tpot[home]:.3f} s > {limit:.3f} s"
 
     def _costs(
         self,
@@ -213,9 +223,7 @@ class FleetMind:
 
     def _load_for_others(self, request: RequestView, cap: DcCapacity) -> float:
         """Load of ``cap``'s DC over the capacity not booked by another tenant."""
-        booked = self.reservations.booked_in(cap.dc, request.model)
-        if self.reservations.home_of(request.tenant) == cap.dc:
-            booked = 0
+        booked = self.reservations.booked_in(cap.dc, request.model)  # never the tenant's own: that is home
         free = cap.token_capacity * max(cap.ready - booked, 0) / cap.ready
         return cap.tokens_in_flight / free if free > 0 else float("inf")
 
