@@ -23,7 +23,9 @@ class InFlight:
     ``requests`` / ``blocks`` are plain dicts (instance id -> count); per-slot numpy mirrors of
     them and of the since-heartbeat totals make ``per_instance`` and ``since_heartbeat`` a few
     vectorised operations per call, plus Python work only for instances whose cut-off moved
-    (a new heartbeat) and that have sends to forget.
+    (a new heartbeat) and that have sends to forget. Within one snapshot, ``since_heartbeat``
+    recomputes only the instances sent to since its last call (a router asks it once per
+    decision, and each decision sends to one instance).
     """
 
     def __init__(self, max_age_s: float = 30.0) -> None:
@@ -42,6 +44,11 @@ class InFlight:
         self._last_sent = np.full(size, -np.inf)  # newest send per slot
         self._applied = np.full(size, -np.inf)  # cut-off ``_recent`` was last trimmed to
         self._slot_rows = SlotRows()
+        # ``since_heartbeat``'s answer for the snapshot ``_memo_version`` (read-only arrays), and
+        # the slots sent to since it was computed.
+        self._memo_version = -1
+        self._memo: tuple[IntArray, IntArray] = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+        self._dirty: set[int] = set()
 
     def add(self, request: RequestView, instance_id: str, now_s: float) -> None:
         blocks = blocks_for(request.input_tokens)
@@ -52,6 +59,7 @@ class InFlight:
         self._requests[slot] += 1
         self._blocks[slot] += blocks
         self._last_sent[slot] = max(self._last_sent[slot], now_s)
+        self._dirty.add(slot)
         if now_s <= self._applied[slot]:
             return  # already older than the instance's last heartbeat: nothing to add
         self._recent[slot].append((now_s, request.input_tokens))
@@ -86,27 +94,56 @@ class InFlight:
         return out
 
     def since_heartbeat(self, view: ClusterView) -> tuple[IntArray, IntArray]:
-        """(requests, input tokens) sent to each row after that row's last heartbeat."""
+        """(requests, input tokens) sent to each row after that row's last heartbeat (read-only:
+        the same arrays are answered again while nothing changed)."""
+        if view.version == self._memo_version:
+            if self._dirty:
+                self._refresh_dirty(view)
+            return self._memo
         requests = np.zeros(len(view), dtype=np.int64)
         tokens = np.zeros(len(view), dtype=np.int64)
         slots, rows = self._rows(view)
-        if len(slots) == 0:
-            return requests, tokens
-        cutoff = np.maximum(view.last_heartbeat_s[rows], self._last_sent[slots] - self.max_age_s)
-        moved = (cutoff > self._applied[slots]) & (self._recent_requests[slots] > 0)
-        if moved.any():
-            for slot, cut in zip(slots[moved].tolist(), cutoff[moved].tolist(), strict=True):
-                recent = self._recent[slot]
-                gone_requests = gone_tokens = 0
-                while recent and recent[0][0] <= cut:
-                    gone_tokens += recent.popleft()[1]
-                    gone_requests += 1
-                self._recent_requests[slot] -= gone_requests
-                self._recent_tokens[slot] -= gone_tokens
-        self._applied[slots] = np.maximum(self._applied[slots], cutoff)
-        requests[rows] = self._recent_requests[slots]
-        tokens[rows] = self._recent_tokens[slots]
-        return requests, tokens
+        if len(slots):
+            cutoff = np.maximum(view.last_heartbeat_s[rows], self._last_sent[slots] - self.max_age_s)
+            moved = (cutoff > self._applied[slots]) & (self._recent_requests[slots] > 0)
+            if moved.any():
+                for slot, cut in zip(slots[moved].tolist(), cutoff[moved].tolist(), strict=True):
+                    self._forget_until(slot, cut)
+            self._applied[slots] = np.maximum(self._applied[slots], cutoff)
+            requests[rows] = self._recent_requests[slots]
+            tokens[rows] = self._recent_tokens[slots]
+        requests.flags.writeable = tokens.flags.writeable = False
+        self._memo_version, self._memo, self._dirty = view.version, (requests, tokens), set()
+        return self._memo
+
+    def _refresh_dirty(self, view: ClusterView) -> None:
+        """Bring the memo's rows of the slots sent to since up to date: the same cut-off and
+        trim as a full pass (every other row's inputs are unchanged)."""
+        requests, tokens = self._memo
+        requests.flags.writeable = tokens.flags.writeable = True
+        for slot in self._dirty:
+            row = view.index_of.get(self._slot_ids[slot])
+            if row is None:
+                continue
+            cut = max(float(view.last_heartbeat_s[row]), float(self._last_sent[slot]) - self.max_age_s)
+            if cut > self._applied[slot]:
+                if self._recent_requests[slot] > 0:
+                    self._forget_until(slot, cut)
+                self._applied[slot] = cut
+            requests[row] = self._recent_requests[slot]
+            tokens[row] = self._recent_tokens[slot]
+        requests.flags.writeable = tokens.flags.writeable = False
+        self._dirty = set()
+
+    def _forget_until(self, slot: int, cut: float) -> None:
+        """Drop the slot's sends at or before ``cut`` from its since-heartbeat totals."""
+        recent = self._recent[slot]
+        gone_requests = gone_tokens = 0
+        while recent and recent[0][0] <= cut:
+            gone_tokens += recent.popleft()[1]
+            gone_requests += 1
+        self._recent_requests[slot] -= gone_requests
+        self._recent_tokens[slot] -= gone_tokens
 
     def _slot(self, instance_id: str) -> int:
         slot = self._slot_of.get(instance_id)

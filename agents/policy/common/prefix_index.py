@@ -22,8 +22,8 @@ in Python objects.
 Costs:
 - ``match`` / ``match_array``: one dict lookup and one mask ``&`` per prompt block until no
   holder is left (a prompt whose first block nobody holds costs one lookup, whatever the pool
-  size), plus a few mask ``|`` per depth at which holders drop out; the per-instance depths are
-  then decoded in one vectorised step (``log2(depth)`` bit planes), O(instances / 8) bytes.
+  size); the per-instance depths are then written holder by holder when there are few, or
+  decoded in one vectorised step (``log2(depth)`` bit planes, O(instances / 8) bytes).
 - ``add``: O(1) amortised per block (dict lookup, mask ``|``, set lookup, ring append; evicting
   pops the ring head). ``remove``: O(1) per block. At each epoch end one vectorised pass over
   the instance's ring (``np.isin``) drops entries superseded during that epoch.
@@ -138,6 +138,7 @@ class PrefixIndex:
         self._pending_dropped: list[npt.NDArray[np.int32]] = []
         self._slot_ids: list[str] = []  # instance id by slot, for aligning slots with view rows
         self._slot_rows = SlotRows()
+        self._marks = np.zeros(1, dtype=bool)  # scratch of ``_end_epoch``, by block id; all False
 
     # --- sizing -------------------------------------------------------------------------------
 
@@ -177,8 +178,7 @@ class PrefixIndex:
         epoch = inst.epoch
         appended: list[int] = []
         live = inst.live
-        for block in blocks:
-            bid = ids[block]
+        for bid in map(ids.__getitem__, blocks):  # (a missing hash gets a fresh id)
             mask = held[bid]
             if not mask & bit:
                 held[bid] = mask | bit
@@ -306,9 +306,8 @@ class PrefixIndex:
     def _depth_by_slot(self, blocks: Sequence[int]) -> npt.NDArray[np.int64] | None:
         """Matched depth per slot (None if nobody holds the first block).
 
-        Walks the prompt with a mask of the holders still matching; whenever some drop out at
-        depth d, their mask is OR-ed into the bit planes of d (bit-sliced depths), which are
-        decoded once at the end.
+        Walks the prompt with a mask of the holders still matching and notes each depth at
+        which some drop out (mask, depth); those are decoded once at the end.
         """
         if not blocks:
             return None
@@ -319,19 +318,25 @@ class PrefixIndex:
         live = 0 if bid is None else held[bid]
         if not live:
             return None
-        planes: list[int] = []
+        holders = live.bit_count()
+        dropped: list[tuple[int, int]] = []
         depth = 1
         for i in range(1, len(blocks)):
             bid = ids.get(blocks[i])
             still = live & held[bid] if bid is not None else 0
             if still != live:
-                _deposit(planes, live ^ still, depth)
+                dropped.append((live ^ still, depth))
                 live = still
                 if not live:
                     break
             depth += 1
         if live:
-            _deposit(planes, live, depth)
+            dropped.append((live, depth))
+        if holders <= _FEW_HOLDERS:
+            return _decode_few(dropped, len(self._by_slot))
+        planes: list[int] = []
+        for mask, at in dropped:
+            _deposit(planes, mask, at)
         return _decode(planes, len(self._by_slot))
 
     # --- internals ----------------------------------------------------------------------------
@@ -376,34 +381,34 @@ class PrefixIndex:
 
     def _evict(self, inst: _Instance) -> None:
         """Pop the ring head until the instance holds at most ``capacity`` blocks."""
-        if inst.live <= inst.capacity:
+        excess = inst.live - inst.capacity
+        if excess <= 0:
             return
         ids = self._ids
         held = self._held
         ring, bit, epoch, start = inst.ring, inst.bit, inst.epoch, inst.epoch_start
         head, tail = inst.head, inst.tail
-        while inst.live > inst.capacity and head < tail:
-            chunk = ring[head : min(tail, head + 64)].tolist()
-            for bid in chunk:
-                pos = head
-                head += 1
+        while excess > 0 and head < tail:
+            for bid in ring[head : min(tail, head + excess + 16)].tolist():
+                head += 1  # past this entry, at ring position head - 1
                 if bid < 0:
                     continue
                 mask = held[bid]
                 if not mask & bit:
                     continue  # removed (or evicted) since this entry was written
-                if pos < start:
+                if head <= start:
                     if bid in epoch:
                         continue  # touched again this epoch: this entry is stale
                 else:
                     epoch.discard(bid)
                 mask ^= bit
                 held[bid] = mask
-                inst.live -= 1
                 if not mask:
                     ids.release(bid)
-                if inst.live <= inst.capacity:
+                excess -= 1
+                if not excess:
                     break
+        inst.live = inst.capacity + excess
         inst.head = head
         if inst.epoch_start < head:
             inst.epoch_start = head
@@ -413,8 +418,15 @@ class PrefixIndex:
         head, start, tail = inst.head, inst.epoch_start, inst.tail
         if start > head and tail > start:
             old = inst.ring[head:start]
-            stale = np.isin(old, inst.ring[start:tail], kind="table")
-            old[stale] = -1
+            current = inst.ring[start:tail]
+            # A mark per block id (one spare, never set, for the -1 of dropped entries): three
+            # array passes, where np.isin builds and clears a table over the id range each time.
+            if len(self._marks) <= len(self._held):
+                self._marks = np.zeros(2 * len(self._held) + 1, dtype=bool)
+            marks = self._marks
+            marks[current] = True
+            old[marks[old]] = -1
+            marks[current] = False
         inst.epoch = set()
         inst.epoch_start = tail
 
@@ -463,6 +475,22 @@ def sorted_distinct(values: npt.NDArray[IntT]) -> npt.NDArray[IntT]:
     keep[:1] = True
     np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
     return ordered[keep]
+
+
+_FEW_HOLDERS = 24
+"""Up to this many holders, depths are written one holder at a time (~0.3 us each), which is
+cheaper than decoding bit planes (a dozen array operations whatever the pool size)."""
+
+
+def _decode_few(dropped: list[tuple[int, int]], n_slots: int) -> npt.NDArray[np.int64]:
+    """(holders mask, depth) pairs -> depth per slot, one set bit at a time."""
+    depth = np.zeros(n_slots, dtype=np.int64)
+    for mask, at in dropped:
+        while mask:
+            low = mask & -mask
+            depth[low.bit_length() - 1] = at
+            mask ^= low
+    return depth
 
 
 def _deposit(planes: list[int], mask: int, depth: int) -> None:
