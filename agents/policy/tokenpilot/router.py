@@ -83,6 +83,7 @@ PRIOR = (0.01, 4e-5, 8e-8, 3e-5, 1.5e-9, 0.01)
 _STEPS_X_BATCH = FEATURES.index("steps_x_batch")
 _PREFILL_TOKENS = FEATURES.index("prefill_tokens")
 _PREFILL_PAIRS = FEATURES.index("prefill_pairs")
+_BLOCK_TOKENS = np.float64(BLOCK_TOKENS)
 
 
 @dataclass(slots=True)
@@ -234,6 +235,9 @@ class TokenPilot(InstanceSelector):
         self._revised: dict[tuple[str, int], float] = {}  # of those: seconds others' chunks add
         self._groups_version = -1  # snapshot version ``_groups`` was computed for
         self._groups: list[tuple[str, slice | IntArray]] = []
+        self._free_version = -1
+        self._free: IntArray = np.zeros(0, dtype=np.int64)
+        self._budget = np.float64(prefill_budget)
 
     # --- deciding -----------------------------------------------------------------------------
 
@@ -335,24 +339,33 @@ class TokenPilot(InstanceSelector):
     ) -> tuple[FloatArray, FloatArray, FloatArray]:
         """Features, and per row the request's own uncached tokens and their attention pairs."""
         matched = self.index.match_array(request.block_hashes, view)
-        cached = np.minimum(matched * BLOCK_TOKENS, request.input_tokens - 1).astype(np.float64)
-        new = request.input_tokens - cached
-        own_pairs = new * (cached + new / 2)
+        # Request scalars as numpy float64: an operation with a Python number converts it first,
+        # which costs as much as the operation itself on a small pool. All values are exact.
+        input_tokens = np.float64(request.input_tokens)
+        cached = np.multiply(matched, _BLOCK_TOKENS)
+        np.minimum(cached, input_tokens - 1, out=cached)
+        new = input_tokens - cached
+        own_pairs = new * (cached + new * 0.5)
         sent, sent_tokens = self.in_flight.since_heartbeat(view)
         batch = view.running + sent
         context = view.tokens_in_flight + sent_tokens
         queued, queued_pairs = self._queued(view, now_s, sent, batch, context)
         features = np.empty((len(view), len(FEATURES)))
         total = np.add(queued, new, out=features[:, 3])
-        steps = np.ceil(total / self.prefill_budget, out=features[:, 0])
+        steps = np.divide(total, self._budget, out=features[:, 0])
+        np.ceil(steps, out=steps)
         np.multiply(steps, batch, out=features[:, 1])
         np.multiply(steps, context, out=features[:, 2])
         np.add(queued_pairs, own_pairs, out=features[:, 4])
         # KV blocks short: what the request needs beyond what is free, less the reservations of
         # own sends the heartbeat does not show yet (their budgets taken as ours).
-        need = blocks_for(request.input_tokens + request.output_budget) - matched
-        unseen = (sent_tokens + sent * request.output_budget) / BLOCK_TOKENS
-        np.maximum(need - (view.kv_total - view.kv_used) + unseen, 0.0, out=features[:, 5])
+        short = np.float64(blocks_for(request.input_tokens + request.output_budget)) - matched
+        short -= self._free_blocks(view)
+        unseen = sent * np.float64(request.output_budget)
+        unseen += sent_tokens
+        unseen /= _BLOCK_TOKENS
+        short += unseen
+        np.maximum(short, 0.0, out=features[:, 5])
         return features, new, own_pairs
 
     def _queued(
@@ -383,10 +396,19 @@ class TokenPilot(InstanceSelector):
         """Tokens of the request's first chunk that would run in the step ending the prefill
         queued last on each row (chunked prefill runs both in one step, so that first token
         waits for ours): 0 where nothing is queued or the queue ends on a full step."""
-        steps_queued = (features[:, 3] - own_tokens) / self.prefill_budget
+        steps_queued = features[:, 3] - own_tokens
+        steps_queued /= self._budget
         filled = steps_queued - np.floor(steps_queued)  # share of the last queued step used
-        room = np.where(filled > 0, (1.0 - filled) * self.prefill_budget, 0.0)
-        return np.minimum(own_tokens, room)  # (np.mod is ~6x slower on float arrays)
+        room = np.subtract(1.0, filled)
+        room *= self._budget
+        room[filled <= 0] = 0.0
+        return np.minimum(own_tokens, room, out=room)  # (np.mod is ~6x slower on float arrays)
+
+    def _free_blocks(self, view: ClusterView) -> IntArray:
+        """KV blocks free at each row's heartbeat (once per snapshot)."""
+        if self._free_version != view.version:
+            self._free, self._free_version = view.kv_total - view.kv_used, view.version
+        return self._free
 
     def _profile_rows(self, view: ClusterView) -> list[tuple[str, slice | IntArray]]:
         """Rows of each engine profile in ``view``, once per snapshot (one slice if uniform)."""

@@ -83,3 +83,28 @@ def test_since_heartbeat_and_counts_match_the_reference() -> None:
             assert blocks[row] == sum(blocks_for(r.input_tokens) for r in mine)
     other = {"i3": 7, "nowhere": 1}
     assert flight.per_instance(other, view).tolist() == [7 if i == "i3" else 0 for i in view.instance_ids]
+
+
+def test_since_heartbeat_answers_are_read_only_and_follow_each_send() -> None:
+    # Within one snapshot the answer is kept and only the rows sent to are redone: it must
+    # still change with every send, and callers cannot write into the kept arrays.
+    flight = InFlight(max_age_s=30.0)
+    view = _view(["a", "b", "c"], [1.0, 1.0, 1.0])
+    for k, (instance_id, tokens) in enumerate([("b", 100), ("b", 50), ("c", 7), ("zz", 9)]):
+        flight.add(_request(k, tokens), instance_id, 2.0 + k)
+    requests, tokens = flight.since_heartbeat(view)
+    assert (requests.tolist(), tokens.tolist()) == ([0, 2, 1], [0, 150, 7])
+    flight.add(_request(9, 1000), "a", 9.0)
+    requests, tokens = flight.since_heartbeat(view)
+    assert (requests.tolist(), tokens.tolist()) == ([1, 2, 1], [1000, 150, 7])
+    try:
+        requests[0] = 5
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("since_heartbeat's arrays must be read-only")
+    # A send older than the row's heartbeat is not added; a newer heartbeat drops what it shows.
+    flight.add(_request(10, 3), "a", 0.5)
+    assert flight.since_heartbeat(view)[0].tolist() == [1, 2, 1]
+    later = _view(["a", "b", "c"], [9.5, 3.0, 1.0])
+    assert flight.since_heartbeat(later)[1].tolist() == [0, 0, 7]

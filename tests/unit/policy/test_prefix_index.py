@@ -7,7 +7,14 @@ from collections import OrderedDict
 
 import numpy as np
 
-from agents.policy.common.prefix_index import EPOCHS_PER_CAPACITY, PrefixIndex, sorted_distinct
+from agents.policy.common.prefix_index import (
+    EPOCHS_PER_CAPACITY,
+    PrefixIndex,
+    _decode,
+    _decode_few,
+    _deposit,
+    sorted_distinct,
+)
 from tests.unit.policy.helpers import cluster_view
 
 
@@ -257,3 +264,22 @@ def test_match_array_equals_plain_sets_on_random_data() -> None:
                     depth += 1
                 expected.append(depth)
             assert index.match_array(prompt, view).tolist() == expected, step
+
+
+def test_both_depth_decoders_agree() -> None:
+    # A few holders are written one by one, many through bit planes: the same depths either
+    # way, over multi-word masks and depths beyond 8 bit planes.
+    rng = random.Random(3)
+    for _ in range(200):
+        n_slots = rng.choice([1, 8, 64, 70, 300])
+        slots = rng.sample(range(n_slots), rng.randint(1, n_slots))
+        depth_of = {s: rng.choice([1, 2, rng.randint(1, 40), rng.randint(1, 900)]) for s in slots}
+        dropped: list[tuple[int, int]] = []
+        for at in sorted(set(depth_of.values())):
+            dropped.append((sum(1 << s for s, d in depth_of.items() if d == at), at))
+        planes: list[int] = []
+        for mask, at in dropped:
+            _deposit(planes, mask, at)
+        expected = [depth_of.get(s, 0) for s in range(n_slots)]
+        assert _decode_few(dropped, n_slots).tolist() == expected
+        assert _decode(planes, n_slots).tolist() == expected
