@@ -37,6 +37,21 @@ last chunk (chunked prefill runs them together, so that first token waits for ou
 at the calibrated per-token cost. With ``spare_others = 1`` the pick minimises the sum of the
 first-token times it changes; a long prompt no longer lands on a short one just queued.
 
+``spare_decodes · harm_i`` adds the TPOT harm of the request's prefill to the B_i requests
+running on i (vLLM's token budget counts decode tokens, so a step carrying a prefill chunk is a
+slow step for every decode in it):
+
+    own_i   = θ_a·P_i + θ_b·P_i·(cached_i + P_i/2)   seconds of its own prefill on i
+    E_i     = own of the requests sent to i, each decayed by exp(-age / H)   (H = tpot_horizon_s)
+    s_i     = θ_T0 + θ_c·B_i + θ_d·C_i             a decode step on i
+    room_i  = H · (1 - s_i / tpot_s)               prefill seconds per H its decodes absorb
+    harm_i  = B_i · [(E_i + own_i - room_i)⁺ - (E_i - room_i)⁺]
+
+A decode on an instance that spends a share φ of its time prefilling streams at s_i / (1 - φ)
+per token, within ``tpot_s`` while φ <= 1 - s_i / tpot_s; E_i / H is φ over the last H seconds
+(about the life of a short interactive answer). Only the prefill seconds beyond that room are
+charged, once per request running there: below it the pick is by TTFT alone.
+
 A burst (requests decided in one call, as the streaming worker and the simulator hand over
 simultaneous arrivals) is predicted as a whole: when a later request's first chunk joins the
 step that ends an earlier one's prefill on a busy instance, the earlier prediction (and the
@@ -57,6 +72,7 @@ import numpy as np
 from agents.policy.common.numeric import BoolArray, FloatArray, IntArray, blocks_for
 from agents.policy.common.prefix_index import PrefixIndex
 from agents.policy.common.selector import InstanceSelector
+from agents.policy.common.slo import DEFAULT_SLO_CLASSES
 from agents.policy.tokenpilot.predictor import OnlineLinearModel
 from agents.policy.types import (
     BLOCK_TOKENS,
@@ -84,6 +100,8 @@ _STEPS_X_BATCH = FEATURES.index("steps_x_batch")
 _PREFILL_TOKENS = FEATURES.index("prefill_tokens")
 _PREFILL_PAIRS = FEATURES.index("prefill_pairs")
 _BLOCK_TOKENS = np.float64(BLOCK_TOKENS)
+INTERACTIVE_TPOT_S = DEFAULT_SLO_CLASSES["interactive"].tpot_s or 0.1
+"""The TPOT the decode-harm term protects by default: the interactive class's objective."""
 
 
 @dataclass(slots=True)
@@ -109,6 +127,7 @@ class _Chosen:
     pairs: float
     joined_tokens: float  # of its first chunk, run in the step that ends the last queued request
     joined_pairs: float
+    prefill_s: float  # its own predicted prefill seconds there (what the decodes' harm counts)
 
 
 class PrefillQueues:
@@ -119,15 +138,18 @@ class PrefillQueues:
     each decision is O(n) numpy, with no per-instance Python loop.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, horizon_s: float = 4.0) -> None:
+        self.horizon_s = horizon_s
         self._slot_of: dict[str, int] = {}
         self._state = np.zeros((3, 16))  # tokens, pairs, as-of time, by slot
         self._sent = np.zeros((2, 16))  # tokens and pairs ever added, by slot (never drained)
+        self._recent = np.zeros(16)  # prefill seconds added, decayed over ``horizon_s``, by slot
         self._view: ClusterView | None = None  # the snapshot the row arrays are aligned with
         self._slots = np.zeros(0, dtype=np.int64)  # slot of each row of _view
         self.tokens = np.zeros(0)
         self.pairs = np.zeros(0)
         self.as_of = np.zeros(0)
+        self.recent = np.zeros(0)
         self._drained_to = -np.inf  # every row's ``as_of`` is at least this
 
     def aligned_to(self, view: ClusterView) -> bool:
@@ -140,6 +162,7 @@ class PrefillQueues:
         self._save()
         self._slots = np.fromiter((self._slot(i) for i in view.instance_ids), dtype=np.int64, count=len(view))
         self.tokens, self.pairs, self.as_of = self._state[:, self._slots]
+        self.recent = self._recent[self._slots]
         self.tokens[idle] = 0.0
         self.pairs[idle] = 0.0
         self._drained_to = float(self.as_of.min()) if len(self.as_of) else np.inf
@@ -152,7 +175,9 @@ class PrefillQueues:
 
     def drain(self, now_s: float, step_s: FloatArray, budget: int) -> None:
         """Advance every row to ``now_s``: ``budget`` tokens prefilled per ``step_s`` seconds."""
-        done = np.maximum(now_s - self.as_of, 0.0) * budget / np.maximum(step_s, 1e-6)
+        elapsed = np.maximum(now_s - self.as_of, 0.0)
+        done = elapsed * budget / np.maximum(step_s, 1e-6)
+        self.recent *= np.exp(-elapsed / self.horizon_s)
         left = np.maximum(1.0 - done / np.maximum(self.tokens, 1e-9), 0.0)
         np.minimum(left, 1.0, out=left)  # (np.clip costs as much as both)
         self.tokens *= left
@@ -160,11 +185,13 @@ class PrefillQueues:
         np.maximum(self.as_of, now_s, out=self.as_of)
         self._drained_to = now_s
 
-    def add(self, row: int, tokens: float, pairs: float) -> tuple[float, float]:
-        """Queue a send on ``row``; returns the instance's tokens and pairs ever sent, this one
-        included (the mark ``first_token`` compares against)."""
+    def add(self, row: int, tokens: float, pairs: float, seconds: float = 0.0) -> tuple[float, float]:
+        """Queue a send on ``row`` (``seconds``: its predicted prefill time); returns the
+        instance's tokens and pairs ever sent, this one included (the mark ``first_token``
+        compares against)."""
         self.tokens[row] += tokens
         self.pairs[row] += pairs
+        self.recent[row] += seconds
         slot = self._slots[row]
         sent = self._sent
         sent[0, slot] += tokens
@@ -203,11 +230,13 @@ class PrefillQueues:
             if slot >= self._state.shape[1]:
                 self._state = np.concatenate([self._state, np.zeros_like(self._state)], axis=1)
                 self._sent = np.concatenate([self._sent, np.zeros_like(self._sent)], axis=1)
+                self._recent = np.concatenate([self._recent, np.zeros_like(self._recent)])
         return slot
 
     def _save(self) -> None:
         if self._view is not None:
             self._state[:, self._slots] = (self.tokens, self.pairs, self.as_of)
+            self._recent[self._slots] = self.recent
 
 
 class TokenPilot(InstanceSelector):
@@ -220,16 +249,21 @@ class TokenPilot(InstanceSelector):
         prefill_budget: int = 8192,
         tie_tolerance: float = 0.02,
         spare_others: float = 1.0,
+        spare_decodes: float = 3.0,
+        tpot_horizon_s: float = 4.0,
+        tpot_s: float = INTERACTIVE_TPOT_S,
     ) -> None:
         super().__init__(seed)
         self.prefill_budget = prefill_budget
         self.tie_tolerance = tie_tolerance
         self.spare_others = spare_others
+        self.spare_decodes = spare_decodes
+        self.tpot_s = tpot_s
         self.index = PrefixIndex()
         self.models: dict[str, OnlineLinearModel] = {}
-        self.queues = PrefillQueues()
+        self.queues = PrefillQueues(tpot_horizon_s)
         self._sent: dict[tuple[str, int], _Sent] = {}
-        self._chosen = _Chosen(0.0, np.zeros(len(FEATURES)), 0.0, 0.0, 0.0, 0.0, 0.0)
+        self._chosen = _Chosen(0.0, np.zeros(len(FEATURES)), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         self._last_queued: dict[str, tuple[str, int]] = {}  # instance id -> last request sent there
         self._batch_keys: set[tuple[str, int]] = set()  # the requests of the batch being decided
         self._revised: dict[tuple[str, int], float] = {}  # of those: seconds others' chunks add
@@ -238,6 +272,7 @@ class TokenPilot(InstanceSelector):
         self._free_version = -1
         self._free: IntArray = np.zeros(0, dtype=np.int64)
         self._budget = np.float64(prefill_budget)
+        self._batch = self._context = np.zeros(0, dtype=np.int64)
 
     # --- deciding -----------------------------------------------------------------------------
 
@@ -263,6 +298,8 @@ class TokenPilot(InstanceSelector):
         chunk = self._first_chunk_joining(features, own_tokens)
         delay = chunk * self._per_token_s(view)
         score = predicted + self.spare_others * delay
+        harm, own_s = self._decode_harm(view, own_tokens, own_pairs)
+        score += self.spare_decodes * harm
         row = self._pick_near_min(score, mask)
         joined = float(chunk[row])
         cached = request.input_tokens - float(own_tokens[row])
@@ -274,6 +311,7 @@ class TokenPilot(InstanceSelector):
             own_pairs[row],
             joined,
             joined * (cached + joined / 2),
+            float(own_s[row]),
         )
         reason = f"min predicted TTFT ({cached:.0f} of {request.input_tokens} prompt tokens cached)"
         return Placement(row, reason, float(predicted[row]))
@@ -320,6 +358,21 @@ class TokenPilot(InstanceSelector):
             predicted[rows] = features[rows] @ self.model_for(profile).theta
         return predicted
 
+    def _decode_harm(
+        self, view: ClusterView, own_tokens: FloatArray, own_pairs: FloatArray
+    ) -> tuple[FloatArray, FloatArray]:
+        """``harm_i`` (module docstring) per row, and ``own_i``: the request's prefill seconds."""
+        own_s = np.empty(len(view))
+        step_s = np.empty(len(view))
+        for profile, rows in self._profile_rows(view):
+            t0, per_seq, per_context, per_token, per_pair = self.model_for(profile).theta[:5]
+            own_s[rows] = own_tokens[rows] * per_token + own_pairs[rows] * per_pair
+            step_s[rows] = t0 + per_seq * self._batch[rows] + per_context * self._context[rows]
+        room = self.queues.horizon_s * np.maximum(1.0 - step_s / self.tpot_s, 0.0)
+        recent = self.queues.recent
+        harm = self._batch * (np.maximum(recent + own_s - room, 0.0) - np.maximum(recent - room, 0.0))
+        return harm, own_s
+
     def _per_token_s(self, view: ClusterView) -> float | FloatArray:
         """Calibrated prefill seconds per token, per row (one number for a uniform pool)."""
         groups = self._profile_rows(view)
@@ -349,6 +402,7 @@ class TokenPilot(InstanceSelector):
         sent, sent_tokens = self.in_flight.since_heartbeat(view)
         batch = view.running + sent
         context = view.tokens_in_flight + sent_tokens
+        self._batch, self._context = batch, context  # B_i, C_i (what ``pick`` prices the decodes by)
         queued, queued_pairs = self._queued(view, now_s, sent, batch, context)
         features = np.empty((len(view), len(FEATURES)))
         total = np.add(queued, new, out=features[:, 3])
@@ -432,7 +486,7 @@ class TokenPilot(InstanceSelector):
         instance_id = view.instance_ids[row]
         chosen = self._chosen
         key = (request.request_id, request.attempt)
-        mark = self.queues.add(row, chosen.tokens, chosen.pairs)
+        mark = self.queues.add(row, chosen.tokens, chosen.pairs, chosen.prefill_s)
         # Busy (a decode batch, or prefill queued ahead of it): it starts at the next step boundary.
         busy = chosen.features[_STEPS_X_BATCH] > 0 or chosen.features[_PREFILL_TOKENS] > chosen.tokens
         self._sent[key] = _Sent(

@@ -18,9 +18,9 @@ def request(rid: str, blocks: int = 32) -> RequestView:
     return RequestView(rid, 1, "t", "m", "interactive", blocks * BLOCK_TOKENS, 256, tuple(range(blocks)), 1.0)
 
 
-def warm_pilot() -> TokenPilot:
+def warm_pilot(spare_decodes: float = 3.0) -> TokenPilot:
     """Instance i1 holds the request's whole 16k-token prefix (a KV event said so)."""
-    pilot = TokenPilot(seed=1)
+    pilot = TokenPilot(seed=1, spare_decodes=spare_decodes)
     pilot.observe(BlocksChanged("i1", "stored", tuple(range(32)), 0.0))
     return pilot
 
@@ -33,10 +33,10 @@ def test_warm_instance_wins_when_its_saved_prefill_outweighs_its_load() -> None:
 
 def test_cold_idle_instance_wins_exactly_when_predicted_latency_says_so() -> None:
     # Make i1 (warm) ever busier; the pick flips to i0 (cold, idle) at the load where the
-    # model's predictions cross, and never before.
+    # model's predictions cross, and never before (TTFT alone: no TPOT term).
     flipped_at = None
     for decoding in range(0, 400, 10):
-        pilot = warm_pilot()
+        pilot = warm_pilot(spare_decodes=0.0)
         v = view([0, decoding], [0, decoding * 40_000])
         predicted = pilot.model_for("p").predict(pilot.features(request("a"), v, 1.0))
         (decision,) = decide(pilot, [request("a")], v, 1.0)
@@ -131,3 +131,24 @@ def test_a_burst_raises_the_prediction_of_a_request_whose_step_a_later_one_joins
         expected = alone + extra if joins else alone
         assert abs(short.predicted_ttft_s - expected) < 1e-9
         assert long.predicted_ttft_s > short.predicted_ttft_s
+
+
+def test_a_prefill_goes_where_the_decodes_have_tpot_room() -> None:
+    # Four long prompts went to i0 5 s ago; its queue has drained, so a cold prompt predicts
+    # the same TTFT on both rows. But i0's 60 decodes spent most of the last seconds behind
+    # those prefills and their step (~0.09 s) leaves little TPOT room: with spare_decodes the
+    # new prompt goes to i1 every time; without, it is a coin toss.
+    spared: set[int] = set()
+    tossed: set[int] = set()
+    decoding = {"running": [60, 60], "tokens": [60 * 17_000] * 2}
+    for seed in range(8):
+        for spare, picks in ((3.0, spared), (0.0, tossed)):
+            pilot = TokenPilot(seed=seed, spare_decodes=spare, tie_tolerance=0.05)
+            first = cluster_view(1, kv_total=10**6, running=[60], tokens=[60 * 17_000])
+            decide(pilot, [cold(f"long{k}", 16_000) for k in range(4)], first, 0.0)
+            v = cluster_view(2, ids=["i0", "i1"], kv_total=10**6, heartbeats=[5.0, 5.0], **decoding)
+            assert (pilot.features(cold("new", 4000), v, 5.0)[:, 3] == 4000).all()  # queues empty
+            (decision,) = decide(pilot, [cold("new", 4000)], v, 5.0)
+            picks.add(decision.instance)
+    assert spared == {1}
+    assert tossed == {0, 1}
