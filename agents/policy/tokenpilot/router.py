@@ -272,7 +272,6 @@ class TokenPilot(InstanceSelector):
         self._free_version = -1
         self._free: IntArray = np.zeros(0, dtype=np.int64)
         self._budget = np.float64(prefill_budget)
-        self._batch = self._context = np.zeros(0, dtype=np.int64)
 
     # --- deciding -----------------------------------------------------------------------------
 
@@ -362,15 +361,18 @@ class TokenPilot(InstanceSelector):
         self, view: ClusterView, own_tokens: FloatArray, own_pairs: FloatArray
     ) -> tuple[FloatArray, FloatArray]:
         """``harm_i`` (module docstring) per row, and ``own_i``: the request's prefill seconds."""
+        sent, sent_tokens = self.in_flight.since_heartbeat(view)  # (kept: the features' own answer)
+        batch = view.running + sent
+        context = view.tokens_in_flight + sent_tokens
         own_s = np.empty(len(view))
         step_s = np.empty(len(view))
         for profile, rows in self._profile_rows(view):
             t0, per_seq, per_context, per_token, per_pair = self.model_for(profile).theta[:5]
             own_s[rows] = own_tokens[rows] * per_token + own_pairs[rows] * per_pair
-            step_s[rows] = t0 + per_seq * self._batch[rows] + per_context * self._context[rows]
+            step_s[rows] = t0 + per_seq * batch[rows] + per_context * context[rows]
         room = self.queues.horizon_s * np.maximum(1.0 - step_s / self.tpot_s, 0.0)
         recent = self.queues.recent
-        harm = self._batch * (np.maximum(recent + own_s - room, 0.0) - np.maximum(recent - room, 0.0))
+        harm = batch * (np.maximum(recent + own_s - room, 0.0) - np.maximum(recent - room, 0.0))
         return harm, own_s
 
     def _per_token_s(self, view: ClusterView) -> float | FloatArray:
@@ -402,7 +404,6 @@ class TokenPilot(InstanceSelector):
         sent, sent_tokens = self.in_flight.since_heartbeat(view)
         batch = view.running + sent
         context = view.tokens_in_flight + sent_tokens
-        self._batch, self._context = batch, context  # B_i, C_i (what ``pick`` prices the decodes by)
         queued, queued_pairs = self._queued(view, now_s, sent, batch, context)
         features = np.empty((len(view), len(FEATURES)))
         total = np.add(queued, new, out=features[:, 3])
