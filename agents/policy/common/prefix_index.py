@@ -25,8 +25,8 @@ Costs:
   size); the per-instance depths are then written holder by holder when there are few, or
   decoded in one vectorised step (``log2(depth)`` bit planes, O(instances / 8) bytes).
 - ``add``: O(1) amortised per block (dict lookup, mask ``|``, set lookup, ring append; evicting
-  pops the ring head). ``remove``: O(1) per block. At each epoch end one vectorised pass over
-  the instance's ring (``np.isin``) drops entries superseded during that epoch.
+  pops the ring head). ``remove``: O(1) per block. At each epoch end a few vectorised passes over
+  the instance's ring (marks by block id) drop entries superseded during that epoch.
 
 Approximation (the LRU): an instance's touches are grouped in epochs of
 ``W = ceil(capacity / 64)`` appends. Blocks are evicted in order of the epoch of their last
@@ -332,12 +332,8 @@ class PrefixIndex:
             depth += 1
         if live:
             dropped.append((live, depth))
-        if holders <= _FEW_HOLDERS:
-            return _decode_few(dropped, len(self._by_slot))
-        planes: list[int] = []
-        for mask, at in dropped:
-            _deposit(planes, mask, at)
-        return _decode(planes, len(self._by_slot))
+        decode = _decode_few if holders <= _FEW_HOLDERS else _decode
+        return decode(dropped, len(self._by_slot))
 
     # --- internals ----------------------------------------------------------------------------
 
@@ -505,14 +501,18 @@ def _deposit(planes: list[int], mask: int, depth: int) -> None:
         j += 1
 
 
-def _decode(planes: list[int], n_slots: int) -> npt.NDArray[np.int64]:
-    """Bit planes (plane j = slots whose depth has bit j) -> depth per slot.
+def _decode(dropped: list[tuple[int, int]], n_slots: int) -> npt.NDArray[np.int64]:
+    """(holders mask, depth) pairs -> depth per slot, through bit planes (plane j = slots whose
+    depth has bit j).
 
     Through a table that spreads the 8 bits of a byte over the 8 bytes of a uint64 (bit i ->
     byte i): plane j's bytes, spread and shifted by j (mod 8), OR-ed over 8 planes at a time,
     are directly 8 bits of each slot's depth, one byte per slot. That is O(planes x slots / 8)
     uint64 work; unpacking each plane to one byte per slot first cost 8 times as much.
     """
+    planes: list[int] = []
+    for mask, at in dropped:
+        _deposit(planes, mask, at)
     nbytes = (n_slots + 7) // 8
     raw = b"".join(plane.to_bytes(nbytes, "little") for plane in planes)
     spread = _SPREAD[np.frombuffer(raw, dtype=np.uint8).reshape(len(planes), nbytes)]

@@ -66,6 +66,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -128,6 +129,16 @@ class _Chosen:
     joined_tokens: float  # of its first chunk, run in the step that ends the last queued request
     joined_pairs: float
     prefill_s: float  # its own predicted prefill seconds there (what the decodes' harm counts)
+
+
+class _Rows(NamedTuple):
+    """What ``_features`` computes per row of the view for one request."""
+
+    features: FloatArray  # n x len(FEATURES)
+    new: FloatArray  # its own uncached prompt tokens
+    pairs: FloatArray  # and their attention token pairs
+    batch: IntArray  # B_i: requests running (heartbeat + own sends since)
+    context: IntArray  # C_i: their context tokens
 
 
 class PrefillQueues:
@@ -292,12 +303,13 @@ class TokenPilot(InstanceSelector):
 
     def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Placement:
         self.index.size_like(view)
-        features, own_tokens, own_pairs = self._features(request, view, now_s)
+        rows = self._features(request, view, now_s)
+        features, own_tokens, own_pairs = rows.features, rows.new, rows.pairs
         predicted = self._predict(features, view)
         chunk = self._first_chunk_joining(features, own_tokens)
         delay = chunk * self._per_token_s(view)
         score = predicted + self.spare_others * delay
-        harm, own_s = self._decode_harm(view, own_tokens, own_pairs)
+        harm, own_s = self._decode_harm(view, rows)
         score += self.spare_decodes * harm
         row = self._pick_near_min(score, mask)
         joined = float(chunk[row])
@@ -344,8 +356,8 @@ class TokenPilot(InstanceSelector):
     ) -> tuple[FloatArray, FloatArray, FloatArray]:
         """Predicted TTFT per row, and per row the request's own uncached tokens and pairs."""
         self.index.size_like(view)
-        features, own_tokens, own_pairs = self._features(request, view, now_s)
-        return self._predict(features, view), own_tokens, own_pairs
+        rows = self._features(request, view, now_s)
+        return self._predict(rows.features, view), rows.new, rows.pairs
 
     def _predict(self, features: FloatArray, view: ClusterView) -> FloatArray:
         """``features @ θ`` per row, θ of the row's engine profile."""
@@ -357,19 +369,15 @@ class TokenPilot(InstanceSelector):
             predicted[rows] = features[rows] @ self.model_for(profile).theta
         return predicted
 
-    def _decode_harm(
-        self, view: ClusterView, own_tokens: FloatArray, own_pairs: FloatArray
-    ) -> tuple[FloatArray, FloatArray]:
+    def _decode_harm(self, view: ClusterView, rows: _Rows) -> tuple[FloatArray, FloatArray]:
         """``harm_i`` (module docstring) per row, and ``own_i``: the request's prefill seconds."""
-        sent, sent_tokens = self.in_flight.since_heartbeat(view)  # (kept: the features' own answer)
-        batch = view.running + sent
-        context = view.tokens_in_flight + sent_tokens
+        own_tokens, own_pairs, batch, context = rows.new, rows.pairs, rows.batch, rows.context
         own_s = np.empty(len(view))
         step_s = np.empty(len(view))
-        for profile, rows in self._profile_rows(view):
+        for profile, group in self._profile_rows(view):
             t0, per_seq, per_context, per_token, per_pair = self.model_for(profile).theta[:5]
-            own_s[rows] = own_tokens[rows] * per_token + own_pairs[rows] * per_pair
-            step_s[rows] = t0 + per_seq * batch[rows] + per_context * context[rows]
+            own_s[group] = own_tokens[group] * per_token + own_pairs[group] * per_pair
+            step_s[group] = t0 + per_seq * batch[group] + per_context * context[group]
         room = self.queues.horizon_s * np.maximum(1.0 - step_s / self.tpot_s, 0.0)
         recent = self.queues.recent
         harm = batch * (np.maximum(recent + own_s - room, 0.0) - np.maximum(recent - room, 0.0))
@@ -387,12 +395,11 @@ class TokenPilot(InstanceSelector):
 
     def features(self, request: RequestView, view: ClusterView, now_s: float) -> FloatArray:
         """The model's features of ``request`` on every row of ``view`` (n x len(FEATURES))."""
-        return self._features(request, view, now_s)[0]
+        return self._features(request, view, now_s).features
 
-    def _features(
-        self, request: RequestView, view: ClusterView, now_s: float
-    ) -> tuple[FloatArray, FloatArray, FloatArray]:
-        """Features, and per row the request's own uncached tokens and their attention pairs."""
+    def _features(self, request: RequestView, view: ClusterView, now_s: float) -> _Rows:
+        """Features, and per row the request's own uncached tokens and their attention pairs, and
+        the decode batch and its context."""
         matched = self.index.match_array(request.block_hashes, view)
         # Request scalars as numpy float64: an operation with a Python number converts it first,
         # which costs as much as the operation itself on a small pool. All values are exact.
@@ -421,7 +428,7 @@ class TokenPilot(InstanceSelector):
         unseen /= _BLOCK_TOKENS
         short += unseen
         np.maximum(short, 0.0, out=features[:, 5])
-        return features, new, own_pairs
+        return _Rows(features, new, own_pairs, batch, context)
 
     def _queued(
         self, view: ClusterView, now_s: float, sent: IntArray, batch: IntArray, context: IntArray

@@ -12,7 +12,6 @@ from agents.policy.common.prefix_index import (
     PrefixIndex,
     _decode,
     _decode_few,
-    _deposit,
     sorted_distinct,
 )
 from tests.unit.policy.helpers import cluster_view
@@ -277,9 +276,6 @@ def test_both_depth_decoders_agree() -> None:
         dropped: list[tuple[int, int]] = []
         for at in sorted(set(depth_of.values())):
             dropped.append((sum(1 << s for s, d in depth_of.items() if d == at), at))
-        planes: list[int] = []
-        for mask, at in dropped:
-            _deposit(planes, mask, at)
         expected = [depth_of.get(s, 0) for s in range(n_slots)]
         assert _decode_few(dropped, n_slots).tolist() == expected
-        assert _decode(planes, n_slots).tolist() == expected
+        assert _decode(dropped, n_slots).tolist() == expected
