@@ -99,8 +99,8 @@ class InstanceSelectionStage(Protocol):
 @runtime_checkable
 class RouterAware(Protocol):
     """An admission or DC-selection stage that reads the router's predictions: the ``Scheduler``
-    hands it the instance-selection stage once, at construction (it may use ``predict_ttft`` or
-    ``predicted_ttfts`` if present)."""
+    hands it the instance-selection stage once, at construction (it may use ``predict_rows`` if
+    the router is a ``RowPredictor``)."""
 
     def bind_router(self, router: object) -> None: ...
 

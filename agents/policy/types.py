@@ -17,7 +17,7 @@ reader always knows which side of the seam a value is on.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +28,7 @@ BLOCK_TOKENS = 512
 AdmissionAction = Literal["admit", "queue", "reject"]
 OutcomeStatus = Literal["ok", "timeout", "aborted", "error", "rejected"]
 BoolArray = npt.NDArray[np.bool_]
+FloatArray = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,13 +148,21 @@ class Admission:
 
 
 @dataclass(frozen=True, slots=True)
-class TtftPrediction:
-    """A router's prediction for a request were it sent now, on the instance it would pick:
-    ``ttft_s`` in all, of which ``wait_s`` waiting for work queued ahead (the rest is its own
-    prefill). Seconds."""
+class RowPrediction:
+    """A router's prediction for a request were it sent now, per row of the view: ``ttft_s``
+    its time to first token on that row, of which ``own_s`` its own prefill (what it would take
+    on an idle instance; the rest waits for work queued ahead). Seconds; read-only."""
 
-    ttft_s: float
-    wait_s: float
+    ttft_s: FloatArray
+    own_s: FloatArray
+
+
+@runtime_checkable
+class RowPredictor(Protocol):
+    """A router that predicts TTFT per row (TokenPilot): what SLOMax admits by and FleetMind
+    compares data centres by."""
+
+    def predict_rows(self, request: RequestView, view: ClusterView, now_s: float) -> RowPrediction: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from agents.policy.types import BLOCK_TOKENS
+from agents.policy.types import BLOCK_TOKENS, FloatArray
 
-FloatArray = npt.NDArray[np.float64]
+__all__ = ["BoolArray", "FloatArray", "IntArray", "blocks_for", "pick_max", "pick_min"]
+
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 

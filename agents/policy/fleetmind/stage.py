@@ -33,11 +33,10 @@ by the driver through ``drain_notices``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
-from agents.policy.common.numeric import FloatArray
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES, SloClass
 from agents.policy.fleetmind.advice import PlacementAdvisor
 from agents.policy.fleetmind.capacity import STALE_AFTER_HEARTBEATS, DcCapacity, aggregate, next_expiry
@@ -46,12 +45,15 @@ from agents.policy.fleetmind.notices import FleetNotice
 from agents.policy.fleetmind.reservations import ReservationBook
 from agents.policy.fleetmind.rules import FleetRules, parse_rules
 from agents.policy.fleetmind.sessions import SessionMap
-from agents.policy.types import ClusterView, DcChoice, DcView, Finished, Observation, RequestView
-
-
-@runtime_checkable
-class RowPredictor(Protocol):
-    def predicted_ttfts(self, request: RequestView, view: ClusterView, now_s: float) -> FloatArray: ...
+from agents.policy.types import (
+    ClusterView,
+    DcChoice,
+    DcView,
+    Finished,
+    Observation,
+    RequestView,
+    RowPredictor,
+)
 
 
 class FleetMind:
@@ -210,7 +212,7 @@ class FleetMind:
     ) -> dict[str, float]:
         """cost(d) of the module docstring, for every d in ``serving``."""
         transfer = request.input_tokens * self.transfer_s_per_token
-        predicted = self._router.predicted_ttfts(request, view, now_s) if self._router is not None else None
+        predicted = None if self._router is None else self._router.predict_rows(request, view, now_s).ttft_s
         costs = {}
         for dc in serving:
             cap = caps[dc]

@@ -96,9 +96,9 @@ class Rows:
     def long_room(self) -> bool:
         return self._free > 0
 
-    def for_request(self, slo_class: str, prefill_s: float, urgent: bool = False) -> BoolArray | None:
-        """The rows a request of ``slo_class`` with ``prefill_s`` of own prefill may use; None:
-        none has room (it waits)."""
+    def for_request(self, slo_class: str, prefill_s: FloatArray, urgent: bool = False) -> BoolArray | None:
+        """The rows a request of ``slo_class`` may use, ``prefill_s`` its own prefill seconds on
+        each row; None: none has room (it waits)."""
         fits: BoolArray = np.isfinite(self.room) if urgent else self.room >= prefill_s
         share = self._long if slo_class == LONG_CONTEXT else self._quiet
         if share is not None:

@@ -84,7 +84,7 @@ from agents.policy.types import (
     Observation,
     Placement,
     RequestView,
-    TtftPrediction,
+    RowPrediction,
 )
 
 FEATURES = (
@@ -327,29 +327,17 @@ class TokenPilot(InstanceSelector):
         reason = f"min predicted TTFT ({cached:.0f} of {request.input_tokens} prompt tokens cached)"
         return Placement(row, reason, float(predicted[row]))
 
-    def predict_ttft(
-        self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float
-    ) -> TtftPrediction | None:
-        """The lowest predicted TTFT over the rows of ``mask`` were ``request`` sent now, and how
-        much of it is waiting: all but its own prefill on an idle instance (the prefill queued
-        ahead, the decode batch its steps share, KV it lacks). None: no row. What SLOMax admits
-        by; nothing is recorded (the queues only drain to ``now_s``)."""
-        if not mask.any():
-            return None
+    def predict_rows(self, request: RequestView, view: ClusterView, now_s: float) -> RowPrediction:
+        """The predicted TTFT of ``request`` on every row of ``view`` were it sent now, and of it
+        its own prefill: what it takes on an idle instance (the rest waits for the prefill
+        queued ahead, the decode batch its steps share, the KV it lacks). What SLOMax admits by
+        and FleetMind compares DCs by; nothing is recorded (the queues only drain to ``now_s``)."""
         predicted, own_tokens, own_pairs = self._predicted(request, view, now_s)
-        row = int(np.argmin(np.where(mask, predicted, np.inf)))
-        # Its own prefill on an idle instance: the rest is waiting (queue ahead, decode batch, KV).
-        alone = np.array(
-            [np.ceil(own_tokens[row] / self.prefill_budget), 0.0, 0.0, own_tokens[row], own_pairs[row], 0.0]
-        )
-        ttft = float(predicted[row])
-        own_s = float(alone @ self.model_for(str(view.profile[row])).theta)
-        return TtftPrediction(ttft, max(ttft - own_s, 0.0))
-
-    def predicted_ttfts(self, request: RequestView, view: ClusterView, now_s: float) -> FloatArray:
-        """The predicted TTFT of ``request`` on every row of ``view`` were it sent now (seconds;
-        what FleetMind compares DCs by). Nothing is recorded."""
-        return self._predicted(request, view, now_s)[0]
+        alone = np.zeros((len(view), len(FEATURES)))
+        alone[:, FEATURES.index("steps")] = np.ceil(own_tokens / self._budget)
+        alone[:, _PREFILL_TOKENS] = own_tokens
+        alone[:, _PREFILL_PAIRS] = own_pairs
+        return RowPrediction(predicted, self._predict(alone, view))
 
     def _predicted(
         self, request: RequestView, view: ClusterView, now_s: float

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from agents.policy.baselines import LeastTokens
@@ -15,7 +16,7 @@ from agents.policy.slomax.controller import Controller, Knobs
 from agents.policy.slomax.fairness import VirtualTokenCounter
 from agents.policy.slomax.feedback import ClassWindow, InMemoryGoodput
 from agents.policy.slomax.placement import PrefillLoad
-from agents.policy.types import ClusterView, Finished, FirstToken, RequestView, TtftPrediction
+from agents.policy.types import ClusterView, Finished, FirstToken, RequestView, RowPrediction
 from tests.unit.policy.helpers import cluster_view
 
 
@@ -42,10 +43,9 @@ class FixedPredictor(LeastTokens):
         super().__init__()
         self.ttft_s = ttft_s
 
-    def predict_ttft(
-        self, request: RequestView, view: ClusterView, mask: object, now_s: float
-    ) -> TtftPrediction:
-        return TtftPrediction(self.ttft_s, self.ttft_s)  # all of it waiting for the queue ahead
+    def predict_rows(self, request: RequestView, view: ClusterView, now_s: float) -> RowPrediction:
+        n = len(view)  # every row alike, all of it waiting for the queue ahead
+        return RowPrediction(np.full(n, self.ttft_s), np.zeros(n))
 
 
 def slomax(predicted: float, **kwargs: object) -> tuple[Scheduler, SloMax, FixedPredictor]:

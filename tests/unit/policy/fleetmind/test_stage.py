@@ -93,7 +93,7 @@ def test_tokenpilot_predictions_decide_the_cost_cache_included() -> None:
     view = fleet_view([inst("A", kv_total=100_000), inst("B", kv_total=100_000)])
     sched = fleetmind(DOC, router="tokenpilot")
     sched.observe(BlocksChanged("B-0", "stored", blocks, 0.0))
-    predicted = sched.instance_selection.predicted_ttfts(req, view, NOW)  # type: ignore[attr-defined]
+    predicted = sched.instance_selection.predict_rows(req, view, NOW).ttft_s  # type: ignore[attr-defined]
     assert predicted[0] - predicted[1] > 0.2  # precondition: far beyond the margin
     twin = fleetmind(DOC, router="tokenpilot")
     twin.observe(BlocksChanged("B-0", "stored", blocks, 0.0))
@@ -114,7 +114,7 @@ def test_tokenpilot_home_unless_overloaded(home_tokens: int, expected: str) -> N
     view = fleet_view([inst("A", home_tokens, kv_total=100_000), inst("B", kv_total=100_000)])
     sched = fleetmind(DOC, router="tokenpilot")
     req = request("r", home="A")
-    predicted = sched.instance_selection.predicted_ttfts(req, view, NOW)  # type: ignore[attr-defined]
+    predicted = sched.instance_selection.predict_rows(req, view, NOW).ttft_s  # type: ignore[attr-defined]
     assert (predicted[0] - predicted[1] > 0.2) == (expected == "B")
     assert one(sched, req, view, NOW).dc == expected
 
