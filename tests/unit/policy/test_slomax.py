@@ -37,18 +37,19 @@ def req(
 
 
 class FixedPredictor(LeastTokens):
-    """A router whose predicted TTFT is set by the test."""
+    """A router whose predicted TTFT is set by the test: ``ttft_s`` on every row, or one value
+    per row."""
 
-    def __init__(self, ttft_s: float) -> None:
+    def __init__(self, ttft_s: float | list[float]) -> None:
         super().__init__()
         self.ttft_s = ttft_s
 
     def predict_rows(self, request: RequestView, view: ClusterView, now_s: float) -> RowPrediction:
-        n = len(view)  # every row alike, all of it waiting for the queue ahead
-        return RowPrediction(np.full(n, self.ttft_s), np.zeros(n))
+        n = len(view)  # all of it waiting for the queue ahead
+        return RowPrediction(np.broadcast_to(np.asarray(self.ttft_s, dtype=np.float64), n), np.zeros(n))
 
 
-def slomax(predicted: float, **kwargs: object) -> tuple[Scheduler, SloMax, FixedPredictor]:
+def slomax(predicted: float | list[float], **kwargs: object) -> tuple[Scheduler, SloMax, FixedPredictor]:
     admission = SloMax(**kwargs)  # type: ignore[arg-type]
     router = FixedPredictor(predicted)
     return Scheduler("slomax+test", admission, HomeDc(), router), admission, router
@@ -89,6 +90,24 @@ def test_an_interactive_request_over_the_headroom_is_held_then_expires_when_its_
     router.ttft_s = 1.0
     (gone,) = s.tick(cluster_view(2), 1.5)  # waited 1.5 + 1.0 > 2 s
     assert gone.action == "reject" and gone.reason.startswith("expired")
+
+
+def test_an_interactive_request_goes_only_where_its_own_predicted_ttft_passes_the_gate() -> None:
+    s, _, router = slomax(predicted=[3.0, 0.5])  # i0 is predicted past the 1.3 s gate, i1 within
+    placed = s.submit([req(f"r{i}", input_tokens=10 * (i + 1)) for i in range(4)], cluster_view(2), 0.0)
+    assert [(o.action, o.instance_id) for o in placed] == [("admit", "i1")] * 4  # least tokens: i0
+    router.ttft_s = [3.0, 1.5]  # nowhere within the gate, yet feasible: held
+    (held,) = s.submit([req("h")], cluster_view(2), 0.0)
+    assert (held.action, held.pool) == ("queue", "interactive")
+
+
+def test_a_request_that_waited_keeps_a_margin_of_its_remaining_slack() -> None:
+    s, _, router = slomax(predicted=0.45)  # waited 1.5 s of 2: admit by 0.5 / 1.25 = 0.4 s
+    (held,) = s.submit([req("a")], cluster_view(2), 1.5)
+    assert held.action == "queue"
+    router.ttft_s = 0.35
+    (admitted,) = s.tick(cluster_view(2), 1.5)
+    assert admitted.action == "admit"
 
 
 def test_batch_waits_while_the_pool_is_saturated_and_takes_idle_capacity_otherwise() -> None:
