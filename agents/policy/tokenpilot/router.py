@@ -42,14 +42,16 @@ running on i (vLLM's token budget counts decode tokens, so a step carrying a pre
 slow step for every decode in it):
 
     own_i   = θ_a·P_i + θ_b·P_i·(cached_i + P_i/2)   seconds of its own prefill on i
-    E_i     = own of the requests sent to i, each decayed by exp(-age / H)   (H = tpot_horizon_s)
+    E_i     = own of the requests sent to i, each decayed by exp(-age / H)
     s_i     = θ_T0 + θ_c·B_i + θ_d·C_i             a decode step on i
     room_i  = H · (1 - s_i / tpot_s)               prefill seconds per H its decodes absorb
     harm_i  = B_i · [(E_i + own_i - room_i)⁺ - (E_i - room_i)⁺]
 
 A decode on an instance that spends a share φ of its time prefilling streams at s_i / (1 - φ)
-per token, within ``tpot_s`` while φ <= 1 - s_i / tpot_s; E_i / H is φ over the last H seconds
-(about the life of a short interactive answer). Only the prefill seconds beyond that room are
+per token, within ``tpot_s`` while φ <= 1 - s_i / tpot_s; E_i / H is φ over the last H seconds.
+H is the life of a typical decode on the pool, learned from completions and at most
+``tpot_horizon_s`` (``horizon.py``): a short answer misses its TPOT over a few prefill steps in a
+row, which a longer window would average away. Only the prefill seconds beyond that room are
 charged, once per request running there: below it the pick is by TTFT alone.
 
 A burst (requests decided in one call, as the streaming worker and the simulator hand over
@@ -74,6 +76,7 @@ from agents.policy.common.numeric import BoolArray, FloatArray, IntArray, blocks
 from agents.policy.common.prefix_index import PrefixIndex
 from agents.policy.common.selector import InstanceSelector
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES
+from agents.policy.tokenpilot.horizon import DecodeHorizon
 from agents.policy.tokenpilot.predictor import OnlineLinearModel
 from agents.policy.types import (
     BLOCK_TOKENS,
@@ -273,6 +276,7 @@ class TokenPilot(InstanceSelector):
         self.index = PrefixIndex()
         self.models: dict[str, OnlineLinearModel] = {}
         self.queues = PrefillQueues(tpot_horizon_s)
+        self.horizon = DecodeHorizon(tpot_horizon_s)  # H: learned from completions, at most this
         self._sent: dict[tuple[str, int], _Sent] = {}
         self._chosen = _Chosen(0.0, np.zeros(len(FEATURES)), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         self._last_queued: dict[str, tuple[str, int]] = {}  # instance id -> last request sent there
@@ -544,6 +548,9 @@ class TokenPilot(InstanceSelector):
             self.queues.first_token(sent.instance_id, sent.mark)
         if event.status == "ok" and event.ttft_s is not None:
             self.model_for(sent.profile).update(sent.features, event.ttft_s)
+            if event.tpot_s is not None and event.output_tokens > 1:
+                self.horizon.add(event.tpot_s * (event.output_tokens - 1))
+                self.queues.horizon_s = self.horizon.value_s
         elif event.ttft_s is None and event.time_s < sent.due_s:
             # Gone before its first token: what it had left to prefill leaves the queue.
             self.queues.remove(sent.instance_id, sent.tokens, sent.pairs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from agents.policy.tokenpilot.horizon import DecodeHorizon
 from agents.policy.tokenpilot.predictor import OnlineLinearModel
 from agents.policy.tokenpilot.router import FEATURES, PRIOR, TokenPilot
 from agents.policy.types import BLOCK_TOKENS, BlocksChanged, ClusterView, Finished, RequestView
@@ -152,3 +153,28 @@ def test_a_prefill_goes_where_the_decodes_have_tpot_room() -> None:
             picks.add(decision.instance)
     assert spared == {1}
     assert tossed == {0, 1}
+
+
+def test_the_decode_harm_horizon_is_the_median_decode_life_of_recent_completions() -> None:
+    horizon = DecodeHorizon(cap_s=4.0, window=64, min_samples=8)
+    for life in (0.1, 0.2, 0.3) * 2:
+        horizon.add(life)
+    assert horizon.value_s == 4.0  # too few completions yet: the cap
+    horizon.add(0.2)
+    horizon.add(0.2)
+    assert horizon.value_s == 0.2  # median of 0.1, 0.1, 0.2 x 4, 0.3, 0.3
+    for _ in range(64):
+        horizon.add(30.0)  # long answers: the window forgets the short ones, the cap holds
+    assert horizon.value_s == 4.0
+
+
+def test_tokenpilot_learns_its_horizon_from_the_completions_it_sees() -> None:
+    pilot = TokenPilot(seed=0, tpot_horizon_s=4.0)
+    v = cluster_view(2)
+    for k in range(32):
+        (d,) = decide(pilot, [cold(f"r{k}", 1024)], v, float(k))
+        # 10 tokens after the first at 20 ms each: a 0.2 s decode life
+        pilot.observe(
+            Finished(f"r{k}", 1, v.instance_ids[d.instance], "ok", 1024, 0, 11, 0.05, 0.02, k + 1.0)
+        )
+    assert abs(pilot.queues.horizon_s - 0.2) < 1e-9
