@@ -10,8 +10,10 @@ a request's first token to its last, ``tpot · (output tokens - 1)``, and
 
 On a pool of short answers (the Azure code trace: median 13 output tokens, a few tenths of a
 second) a few prefill steps in a row are what make a decode miss its TPOT, and a 4 s horizon
-averages them away; answers that stream for longer than ``cap_s`` keep the 4 s horizon the
-term was first measured with (chat: the heartbeat's batch view changes within seconds anyway).
+averages them away (interactive share within objective at x2.6: 0.987 with 4 s, 0.995 learned).
+The cap keeps long answers at the 4 s the term was first measured with: averaged over a whole
+long decode, a burst of prefills within a few seconds looks harmless but is not (uncapped, on
+the synthetic mix at x9.6: 0.947 against 0.991).
 """
 
 from __future__ import annotations
