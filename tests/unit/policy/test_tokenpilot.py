@@ -7,7 +7,7 @@ import numpy as np
 from agents.policy.tokenpilot.horizon import DecodeHorizon
 from agents.policy.tokenpilot.predictor import OnlineLinearModel
 from agents.policy.tokenpilot.router import FEATURES, PRIOR, TokenPilot
-from agents.policy.types import BLOCK_TOKENS, BlocksChanged, ClusterView, Finished, RequestView
+from agents.policy.types import BLOCK_TOKENS, BlocksChanged, ClusterView, Finished, FirstToken, RequestView
 from tests.unit.policy.helpers import cluster_view, decide
 
 
@@ -87,7 +87,10 @@ def test_queue_ahead_drains_with_time_and_empties_at_an_idle_heartbeat() -> None
     queued_much_later = pilot.features(cold("b", own), busy, 60.0)[row, 3]
     assert queued_now == 32_768 + own
     assert own < queued_later < queued_now  # draining at 8192 tokens per predicted step
-    assert queued_much_later == own
+    # a is long past its predicted first token and has none: the engine is still prefilling it
+    assert queued_much_later == 8192 + own  # (at most one step's budget of it is kept)
+    pilot.observe(FirstToken("a", 1, busy.instance_ids[row], 60.0, 60.0))
+    assert pilot.features(cold("b", own), busy, 60.0)[row, 3] == own
     decide(pilot, [cold("c", 32_768)], busy, 61.0)
     idle = view([0, 0], [0, 0])
     idle.last_heartbeat_s[:] = 62.0  # both report idle after that send
@@ -147,6 +150,8 @@ def test_a_prefill_goes_where_the_decodes_have_tpot_room() -> None:
             pilot = TokenPilot(seed=seed, spare_decodes=spare, tie_tolerance=0.05)
             first = cluster_view(1, kv_total=10**6, running=[60], tokens=[60 * 17_000])
             decide(pilot, [cold(f"long{k}", 16_000) for k in range(4)], first, 0.0)
+            for k in range(4):  # prefilled by 4 s
+                pilot.observe(FirstToken(f"long{k}", 1, "i0", 4.0, 4.0))
             v = cluster_view(2, ids=["i0", "i1"], kv_total=10**6, heartbeats=[5.0, 5.0], **decoding)
             assert (pilot.features(cold("new", 4000), v, 5.0)[:, 3] == 4000).all()  # queues empty
             (decision,) = decide(pilot, [cold("new", 4000)], v, 5.0)
