@@ -95,6 +95,8 @@ def _at_best(predicted: RowPrediction, rows: BoolArray | None = None) -> tuple[f
     """(TTFT, own prefill) on the row of ``rows`` (None: any) with the lowest predicted TTFT:
     where the router most likely sends the request."""
     ttft = predicted.ttft_s if rows is None else np.where(rows, predicted.ttft_s, np.inf)
+    if not len(ttft):
+        return np.inf, 0.0
     row = int(np.argmin(ttft))
     return float(ttft[row]), float(predicted.own_s[row])
 
@@ -279,6 +281,8 @@ class SloMax:
         request, cls = offer.request, offer.cls
         name = cls.slo_class
         ttft, own = _at_best(predicted)
+        if ttft == np.inf:  # no ready instance serves its model (yet): wait for one
+            return self._queue(request, name, f"no ready instance serves {request.model}"), own
         held = request.key in self._held
         quota = self.tenant_quota_tokens
         holds = self._tenant_tokens.get(request.tenant, 0)

@@ -101,6 +101,14 @@ def test_an_interactive_request_goes_only_where_its_own_predicted_ttft_passes_th
     assert (held.action, held.pool) == ("queue", "interactive")
 
 
+def test_with_no_ready_instance_a_request_waits_in_its_pool() -> None:
+    s, _, _ = slomax(predicted=0.5)
+    (held,) = s.submit([req("a")], cluster_view(0), 0.0)  # a worker that has seen no heartbeat yet
+    assert (held.action, held.pool) == ("queue", "interactive") and "no ready instance" in held.reason
+    (admitted,) = s.tick(cluster_view(2), 0.5)
+    assert admitted.action == "admit"
+
+
 def test_a_request_that_waited_keeps_a_margin_of_its_remaining_slack() -> None:
     s, _, router = slomax(predicted=0.45)  # waited 1.5 s of 2: admit by 0.5 / 1.25 = 0.4 s
     (held,) = s.submit([req("a")], cluster_view(2), 1.5)
