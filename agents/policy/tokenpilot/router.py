@@ -178,6 +178,9 @@ class PrefillQueues:
         # uncached tokens), and the oldest one's due time and tokens (inf / 0: none).
         self._waiting: dict[int, deque[tuple[tuple[str, int], float, float]]] = {}
         self._head = np.array([[np.inf] * 16, [0.0] * 16])
+        self._row_of_slot = np.zeros(0, dtype=np.int64)  # row of each slot in _view (-1: none)
+        self.head_due = np.zeros(0)  # _head, by row of _view
+        self.head_tokens = np.zeros(0)
 
     def aligned_to(self, view: ClusterView) -> bool:
         return self._view is not None and self._view.version == view.version
@@ -192,9 +195,12 @@ class PrefillQueues:
         self.recent = self._recent[self._slots]
         self.tokens[idle] = 0.0
         self.pairs[idle] = 0.0
+        self._row_of_slot = np.full(self._head.shape[1], -1, dtype=np.int64)
+        self._row_of_slot[self._slots] = np.arange(len(view))
         for slot in self._slots[idle & (self._head[0, self._slots] < np.inf)]:
             self._waiting.pop(int(slot), None)  # idle at its heartbeat: nothing is prefilling
             self._head[:, slot] = (np.inf, 0.0)
+        self.head_due, self.head_tokens = self._head[:, self._slots]
         self._drained_to = float(self.as_of.min()) if len(self.as_of) else np.inf
         self._view = view
 
@@ -212,12 +218,11 @@ class PrefillQueues:
         np.minimum(left, 1.0, out=left)  # (np.clip costs as much as both)
         self.tokens *= left
         self.pairs *= left
-        due, head_tokens = self._head[:, self._slots]
-        late = due + step_s < now_s  # (within a step of it is the phase of the step in progress)
+        late = self.head_due + step_s < now_s  # (within a step of it: the step in progress)
         if late.any():  # still prefilling a send past its predicted first token (class docstring)
-            floor = np.minimum(head_tokens[late], budget)
-            self.pairs[late] *= np.maximum(floor / np.maximum(self.tokens[late], 1e-9), 1.0)
-            self.tokens[late] = np.maximum(self.tokens[late], floor)
+            floor = np.where(late, np.minimum(self.head_tokens, budget), 0.0)
+            self.pairs *= np.maximum(floor / np.maximum(self.tokens, 1e-9), 1.0)
+            np.maximum(self.tokens, floor, out=self.tokens)
         np.maximum(self.as_of, now_s, out=self.as_of)
         self._drained_to = now_s
 
@@ -240,7 +245,7 @@ class PrefillQueues:
         waiting = self._waiting.setdefault(slot, deque())
         waiting.append((key, due_s, tokens))
         if len(waiting) == 1:
-            self._head[:, slot] = (due_s, tokens)
+            self._set_head(slot, due_s, tokens)
         sent = self._sent
         sent[0, slot] += tokens
         sent[1, slot] += pairs
@@ -279,7 +284,13 @@ class PrefillQueues:
 
     def _new_head(self, slot: int) -> None:
         waiting = self._waiting.get(slot)
-        self._head[:, slot] = (waiting[0][1], waiting[0][2]) if waiting else (np.inf, 0.0)
+        self._set_head(slot, *((waiting[0][1], waiting[0][2]) if waiting else (np.inf, 0.0)))
+
+    def _set_head(self, slot: int, due_s: float, tokens: float) -> None:
+        self._head[:, slot] = (due_s, tokens)
+        row = self._row_of_slot[slot] if slot < len(self._row_of_slot) else -1
+        if row >= 0:
+            self.head_due[row], self.head_tokens[row] = due_s, tokens
 
     def remove(self, instance_id: str, tokens: float, pairs: float) -> None:
         """Take out what an aborted request had left at most (not below empty)."""
