@@ -5,12 +5,11 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from agents.policy.types import BLOCK_TOKENS, FloatArray
+from agents.policy.types import BLOCK_TOKENS, BoolArray, FloatArray
 
 __all__ = ["BoolArray", "FloatArray", "IntArray", "blocks_for", "pick_max", "pick_min"]
 
 IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 
 def blocks_for(tokens: int) -> int:

@@ -245,8 +245,9 @@ class SloMax:
                 answers[offer.index] = self._queue(request, BATCH, "batch gate closed: the pool is saturated")
                 continue
             predicted = self._predict(offer, view, now_s, ready, pending)
-            answer, own = self._decide(offer, predicted, now_s, capacity, interactive_waits, rows)
+            answer = self._decide(offer, predicted, now_s, capacity, interactive_waits, rows)
             if answer.action == "admit":
+                _, own = _at_best(predicted, answer.candidates)  # its prefill where it likely runs
                 pending += request.input_tokens
                 rows.taken(cls.slo_class, answer.candidates, own)
                 self._admitted(request, cls, own)
@@ -276,25 +277,24 @@ class SloMax:
         capacity: int,
         interactive_waits: bool,
         rows: Rows,
-    ) -> tuple[Admission, float]:
-        """The answer, and the request's own prefill seconds where it would most likely run."""
+    ) -> Admission:
         request, cls = offer.request, offer.cls
         name = cls.slo_class
-        ttft, own = _at_best(predicted)
+        ttft, _ = _at_best(predicted)
         if ttft == np.inf:  # no ready instance serves its model (yet): wait for one
-            return self._queue(request, name, f"no ready instance serves {request.model}"), own
+            return self._queue(request, name, f"no ready instance serves {request.model}")
         held = request.key in self._held
         quota = self.tenant_quota_tokens
         holds = self._tenant_tokens.get(request.tenant, 0)
         if quota is not None and holds and holds + request.input_tokens + request.output_budget > quota:
             detail = f"tenant {request.tenant} holds {holds} of its {quota} tokens in flight"
-            return self._reject(request, "over_quota", detail, 1.0), own
+            return self._reject(request, "over_quota", detail, 1.0)
         if name == BATCH:
             slack = self._batch_slack(request, now_s, ttft)
             if slack < 0:
                 code = "expired" if held else "cannot_meet_slo"
                 detail = f"deadline out of reach by {-slack:.1f} s"
-                return self._reject(request, code, detail, None, ttft), own
+                return self._reject(request, code, detail, None, ttft)
             urgent = slack < self.deadline_margin_s
             saturated = interactive_waits or ttft > self.saturation * self._objective_of(INTERACTIVE)
             share = self.knobs.batch_share * capacity
@@ -303,31 +303,31 @@ class SloMax:
                 why = "urgent" if urgent else "idle capacity" if not saturated else "within batch share"
                 where = rows.for_request(name, predicted.own_s, urgent)
                 if where is None:
-                    return self._queue(request, BATCH, _NO_ROOM, ttft), own
-                ttft, own = _at_best(predicted, where)
-                return self._admit(f"slomax: batch {why}", ttft, where), own
-            return self._queue(request, BATCH, f"batch gate closed: predicted TTFT {ttft:.2f} s", ttft), own
+                    return self._queue(request, BATCH, _NO_ROOM, ttft)
+                ttft, _ = _at_best(predicted, where)
+                return self._admit(f"slomax: batch {why}", ttft, where)
+            return self._queue(request, BATCH, f"batch gate closed: predicted TTFT {ttft:.2f} s", ttft)
         objective = self._objective_of(name)
         waited = now_s - request.arrival_s
         if waited + ttft > objective:
             code = "expired" if held else "cannot_meet_slo"
             detail = f"waited {waited:.2f} s + predicted TTFT {ttft:.2f} s > {objective:g} s objective"
-            return self._reject(request, code, detail, waited + ttft - objective, ttft), own
+            return self._reject(request, code, detail, waited + ttft - objective, ttft)
         if name == LONG_CONTEXT and not rows.long_room():
             reason = "every instance is prefilling its share of long prompts"
-            return self._queue(request, name, reason, ttft), own
+            return self._queue(request, name, reason, ttft)
         where = rows.for_request(name, predicted.own_s)
         if where is None:
-            return self._queue(request, name, _NO_ROOM, ttft), own
+            return self._queue(request, name, _NO_ROOM, ttft)
         headroom = self.knobs.headroom if name == INTERACTIVE else self.long_headroom
         limit = min(headroom * objective, (objective - waited) / (1.0 + self.ttft_margin))
         fits = where & (predicted.ttft_s <= limit)
         if not fits.any():
-            ttft, own = _at_best(predicted, where)
+            ttft, _ = _at_best(predicted, where)
             reason = f"predicted TTFT {ttft:.2f} s over {limit:.2f} s (headroom and margin)"
-            return self._queue(request, name, reason, ttft), own
-        ttft, own = _at_best(predicted, fits)
-        return self._admit(f"slomax: {name} within headroom", ttft, fits), own
+            return self._queue(request, name, reason, ttft)
+        ttft, _ = _at_best(predicted, fits)
+        return self._admit(f"slomax: {name} within headroom", ttft, fits)
 
     def _predict(
         self, offer: _Offer, view: ClusterView, now_s: float, ready: int, pending: int

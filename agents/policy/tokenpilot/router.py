@@ -101,6 +101,7 @@ FEATURES = (
 )
 PRIOR = (0.01, 4e-5, 8e-8, 3e-5, 1.5e-9, 0.01)
 """A generic H100 7-8B engine, as a soft starting point; calibration replaces it within minutes."""
+_STEPS = FEATURES.index("steps")
 _STEPS_X_BATCH = FEATURES.index("steps_x_batch")
 _PREFILL_TOKENS = FEATURES.index("prefill_tokens")
 _PREFILL_PAIRS = FEATURES.index("prefill_pairs")
@@ -405,7 +406,7 @@ class TokenPilot(InstanceSelector):
         and FleetMind compares DCs by; nothing is recorded (the queues only drain to ``now_s``)."""
         predicted, own_tokens, own_pairs = self._predicted(request, view, now_s)
         alone = np.zeros((len(view), len(FEATURES)))
-        alone[:, FEATURES.index("steps")] = np.ceil(own_tokens / self._budget)
+        alone[:, _STEPS] = np.ceil(own_tokens / self._budget)
         alone[:, _PREFILL_TOKENS] = own_tokens
         alone[:, _PREFILL_PAIRS] = own_pairs
         return RowPrediction(predicted, self._predict(alone, view))
