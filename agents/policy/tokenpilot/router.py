@@ -78,6 +78,7 @@ from agents.policy.common.prefix_index import PrefixIndex
 from agents.policy.common.selector import InstanceSelector
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES
 from agents.policy.tokenpilot.horizon import DecodeHorizon
+from agents.policy.tokenpilot.lateness import PrefillLateness
 from agents.policy.tokenpilot.predictor import OnlineLinearModel
 from agents.policy.types import (
     BLOCK_TOKENS,
@@ -117,7 +118,8 @@ class _Sent:
     features: FloatArray
     tokens: float  # its uncached prompt tokens and their pairs, as added to the queue
     pairs: float
-    due_s: float  # predicted first token
+    predicted_s: float  # its predicted TTFT, as the model gave it
+    due_s: float  # predicted first token (the prediction stretched by the lateness of its size)
     waits_for_step: bool  # sent to a busy instance: it starts at the next step boundary
     mark: tuple[float, float]  # its instance's tokens and pairs ever sent, it included
 
@@ -176,12 +178,14 @@ class PrefillQueues:
         self.recent = np.zeros(0)
         self._drained_to = -np.inf  # every row's ``as_of`` is at least this
         # By slot: the sends without a first token yet, oldest first (key, predicted first token,
-        # uncached tokens), and the oldest one's due time and tokens (inf / 0: none).
-        self._waiting: dict[int, deque[tuple[tuple[str, int], float, float]]] = {}
-        self._head = np.array([[np.inf] * 16, [0.0] * 16])
+        # uncached tokens, prompt length), and the oldest one's due time, tokens and prompt
+        # length (inf / 0 / 0: none).
+        self._waiting: dict[int, deque[tuple[tuple[str, int], float, float, float]]] = {}
+        self._head = np.array([[np.inf] * 16, [0.0] * 16, [0.0] * 16])
         self._row_of_slot = np.zeros(0, dtype=np.int64)  # row of each slot in _view (-1: none)
         self.head_due = np.zeros(0)  # _head, by row of _view
         self.head_tokens = np.zeros(0)
+        self.head_depth = np.zeros(0)
 
     def aligned_to(self, view: ClusterView) -> bool:
         return self._view is not None and self._view.version == view.version
@@ -200,8 +204,8 @@ class PrefillQueues:
         self._row_of_slot[self._slots] = np.arange(len(view))
         for slot in self._slots[idle & (self._head[0, self._slots] < np.inf)]:
             self._waiting.pop(int(slot), None)  # idle at its heartbeat: nothing is prefilling
-            self._head[:, slot] = (np.inf, 0.0)
-        self.head_due, self.head_tokens = self._head[:, self._slots]
+            self._head[:, slot] = (np.inf, 0.0, 0.0)
+        self.head_due, self.head_tokens, self.head_depth = self._head[:, self._slots]
         self._drained_to = float(self.as_of.min()) if len(self.as_of) else np.inf
         self._view = view
 
@@ -221,8 +225,9 @@ class PrefillQueues:
         self.pairs *= left
         late = self.head_due + step_s < now_s  # (within a step of it: the step in progress)
         if late.any():  # still prefilling a send past its predicted first token (class docstring)
+            # Its last chunk is the one in progress: ``floor`` tokens at the end of its prompt.
             floor = np.where(late, np.minimum(self.head_tokens, budget), 0.0)
-            self.pairs *= np.maximum(floor / np.maximum(self.tokens, 1e-9), 1.0)
+            np.maximum(self.pairs, floor * (self.head_depth - floor * 0.5), out=self.pairs)
             np.maximum(self.tokens, floor, out=self.tokens)
         np.maximum(self.as_of, now_s, out=self.as_of)
         self._drained_to = now_s
@@ -244,9 +249,10 @@ class PrefillQueues:
         self.recent[row] += seconds
         slot = int(self._slots[row])
         waiting = self._waiting.setdefault(slot, deque())
-        waiting.append((key, due_s, tokens))
+        depth = pairs / tokens + tokens * 0.5 if tokens > 0 else 0.0  # its prompt's length
+        waiting.append((key, due_s, tokens, depth))
         if len(waiting) == 1:
-            self._set_head(slot, due_s, tokens)
+            self._set_head(slot, due_s, tokens, depth)
         sent = self._sent
         sent[0, slot] += tokens
         sent[1, slot] += pairs
@@ -261,7 +267,7 @@ class PrefillQueues:
         if slot is None:
             return
         waiting = self._waiting.get(slot)
-        if waiting and any(k == key for k, _, _ in waiting):
+        if waiting and any(entry[0] == key for entry in waiting):
             while waiting and waiting.popleft()[0] != key:
                 pass
             self._new_head(slot)
@@ -285,13 +291,13 @@ class PrefillQueues:
 
     def _new_head(self, slot: int) -> None:
         waiting = self._waiting.get(slot)
-        self._set_head(slot, *((waiting[0][1], waiting[0][2]) if waiting else (np.inf, 0.0)))
+        self._set_head(slot, *(waiting[0][1:] if waiting else (np.inf, 0.0, 0.0)))
 
-    def _set_head(self, slot: int, due_s: float, tokens: float) -> None:
-        self._head[:, slot] = (due_s, tokens)
+    def _set_head(self, slot: int, due_s: float, tokens: float, depth: float) -> None:
+        self._head[:, slot] = (due_s, tokens, depth)
         row = self._row_of_slot[slot] if slot < len(self._row_of_slot) else -1
         if row >= 0:
-            self.head_due[row], self.head_tokens[row] = due_s, tokens
+            self.head_due[row], self.head_tokens[row], self.head_depth[row] = due_s, tokens, depth
 
     def remove(self, instance_id: str, tokens: float, pairs: float) -> None:
         """Take out what an aborted request had left at most (not below empty)."""
@@ -312,7 +318,8 @@ class PrefillQueues:
                 self._sent = np.concatenate([self._sent, np.zeros_like(self._sent)], axis=1)
                 self._recent = np.concatenate([self._recent, np.zeros_like(self._recent)])
                 more = self._head.shape[1]
-                self._head = np.concatenate([self._head, [np.full(more, np.inf), np.zeros(more)]], axis=1)
+                fresh = [np.full(more, np.inf), np.zeros(more), np.zeros(more)]
+                self._head = np.concatenate([self._head, fresh], axis=1)
         return slot
 
     def _save(self) -> None:
@@ -345,6 +352,7 @@ class TokenPilot(InstanceSelector):
         self.models: dict[str, OnlineLinearModel] = {}
         self.queues = PrefillQueues(tpot_horizon_s)
         self.horizon = DecodeHorizon(tpot_horizon_s)  # H: learned from completions, at most this
+        self.lateness = PrefillLateness()
         self._sent: dict[tuple[str, int], _Sent] = {}
         self._chosen = _Chosen(0.0, np.zeros(len(FEATURES)), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         self._last_queued: dict[str, tuple[str, int]] = {}  # instance id -> last request sent there
@@ -511,6 +519,8 @@ class TokenPilot(InstanceSelector):
                 + per_context * context[rows]
                 + per_pair * pairs_per_step[rows]
             )
+        if self.lateness.ratio[-1] > 1.0:  # FCFS: the queue drains at the pace of its head
+            step_s *= self.lateness.of_rows(queues.head_tokens)
         queues.drain(now_s, step_s, budget)
         return queues.tokens, queues.pairs
 
@@ -554,7 +564,7 @@ class TokenPilot(InstanceSelector):
         instance_id = view.instance_ids[row]
         chosen = self._chosen
         key = (request.request_id, request.attempt)
-        due_s = chosen.now_s + chosen.predicted_s
+        due_s = chosen.now_s + chosen.predicted_s * self.lateness.of(chosen.tokens)
         mark = self.queues.add(row, chosen.tokens, chosen.pairs, chosen.prefill_s, key, due_s)
         # Busy (a decode batch, or prefill queued ahead of it): it starts at the next step boundary.
         busy = chosen.features[_STEPS_X_BATCH] > 0 or chosen.features[_PREFILL_TOKENS] > chosen.tokens
@@ -564,6 +574,7 @@ class TokenPilot(InstanceSelector):
             chosen.features,
             chosen.tokens,
             chosen.pairs,
+            chosen.predicted_s,
             due_s,
             bool(busy),
             mark,
@@ -618,6 +629,8 @@ class TokenPilot(InstanceSelector):
             self.queues.first_token(sent.instance_id, sent.mark, key)
         if event.status == "ok" and event.ttft_s is not None:
             self.model_for(sent.profile).update(sent.features, event.ttft_s)
+            if sent.tokens >= 0.5 * sent.features[_PREFILL_TOKENS]:  # mostly its own prefill
+                self.lateness.add(sent.tokens, sent.predicted_s, event.ttft_s)
             if event.tpot_s is not None and event.output_tokens > 1:
                 self.horizon.add(event.tpot_s * (event.output_tokens - 1))
                 self.queues.horizon_s = self.horizon.value_s

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
+import pytest
 
 from agents.policy.tokenpilot.horizon import DecodeHorizon
+from agents.policy.tokenpilot.lateness import PrefillLateness
 from agents.policy.tokenpilot.predictor import OnlineLinearModel
 from agents.policy.tokenpilot.router import FEATURES, PRIOR, TokenPilot
 from agents.policy.types import BLOCK_TOKENS, BlocksChanged, ClusterView, Finished, FirstToken, RequestView
@@ -183,3 +187,61 @@ def test_tokenpilot_learns_its_horizon_from_the_completions_it_sees() -> None:
             Finished(f"r{k}", 1, v.instance_ids[d.instance], "ok", 1024, 0, 11, 0.05, 0.02, k + 1.0)
         )
     assert abs(pilot.queues.horizon_s - 0.2) < 1e-9
+
+
+def test_a_late_long_prompt_keeps_its_last_chunk_at_its_depth() -> None:
+    # Past its predicted first token and still without one, a 32k prompt is prefilling its last
+    # chunk: 8192 tokens at positions 24k..32k, whose attention pairs the queue must keep (a
+    # queue of tokens without them made the wait behind a 100k prompt look like 0.25 s, not 2 s).
+    pilot = TokenPilot(seed=0)
+    busy = view([1, 1], [0, 0])
+    decide(pilot, [cold("a", 32_768)], busy, 0.0)
+    row = int(np.argmax(pilot.queues.tokens))
+    own = 1000
+    late = pilot.features(cold("b", own), busy, 60.0)[row]
+    last_chunk_pairs = 8192 * (32_768 - 8192 / 2)
+    assert late[3] == 8192 + own
+    assert late[4] == last_chunk_pairs + own * own / 2
+
+
+def test_long_prompts_measured_late_slow_the_drain_of_their_size() -> None:
+    # Completions show 64k prompts reaching their first token twice as late as predicted: a
+    # queue headed by such a prompt drains at half the predicted pace; short ones are unchanged.
+    def queued_after(pilot: TokenPilot, tokens: int, t: float) -> float:
+        busy = view([1, 1], [0, 0])
+        decide(pilot, [cold(f"q{tokens}", tokens)], busy, 1000.0)
+        row = int(np.argmax(pilot.queues.tokens))
+        return float(pilot.features(cold("probe", 10), busy, 1000.0 + t)[row, 3] - 10)
+
+    learnt = TokenPilot(seed=0)
+    idle = view([0, 0], [0, 0])
+    for k in range(5):
+        (d,) = decide(learnt, [cold(f"long{k}", 65_536)], idle, float(k))
+        assert d.predicted_ttft_s is not None and d.instance is not None
+        ttft = 2 * d.predicted_ttft_s
+        learnt.observe(
+            Finished(f"long{k}", 1, idle.instance_ids[d.instance], "ok", 65_536, 0, 10, ttft, 0.01, k + 100.0)
+        )
+    assert learnt.lateness.of(65_536) == pytest.approx(2.0) and learnt.lateness.of(8192) == 1.0
+    fresh = copy.deepcopy(learnt)  # same θ and state: only the lateness differs
+    fresh.lateness = PrefillLateness()
+    for tokens, after_s, slower in ((65_536, 1.0, True), (4096, 0.05, False)):
+        late, nominal = (
+            queued_after(copy.deepcopy(learnt), tokens, after_s),
+            queued_after(copy.deepcopy(fresh), tokens, after_s),
+        )
+        assert (late > nominal) if slower else (late == nominal)
+
+
+def test_lateness_is_learnt_per_size_never_below_one_nor_below_a_smaller_size() -> None:
+    lateness = PrefillLateness()
+    for _ in range(3):
+        lateness.add(40_000, 4.0, 6.0)  # 32k-64k: 1.5x late
+        lateness.add(100_000, 10.0, 8.0)  # 64k-128k: early
+        lateness.add(5000, 0.1, 0.5)  # short: the phase of a step, not its size
+    assert lateness.of(40_000) == pytest.approx(1.5)
+    assert lateness.of(100_000) == pytest.approx(1.5)  # not relatively faster than a smaller one
+    assert lateness.of(500_000) == pytest.approx(1.5)  # a size not seen yet: the envelope
+    assert lateness.of(5000) == 1.0
+    rows = lateness.of_rows(np.array([0.0, 5000.0, 40_000.0, 1e6]))
+    assert rows.tolist() == pytest.approx([1.0, 1.0, 1.5, 1.5])
