@@ -446,6 +446,8 @@ class TokenPilot(InstanceSelector):
             t0, per_seq, per_context, per_token, per_pair = self.model_for(profile).theta[:5]
             own_s[group] = own_tokens[group] * per_token + own_pairs[group] * per_pair
             step_s[group] = t0 + per_seq * batch[group] + per_context * context[group]
+        if self.lateness.ratio[-1] > 1.0:
+            own_s *= self.lateness.of_rows(own_tokens)
         room = self.queues.horizon_s * np.maximum(1.0 - step_s / self.tpot_s, 0.0)
         recent = self.queues.recent
         harm = batch * (np.maximum(recent + own_s - room, 0.0) - np.maximum(recent - room, 0.0))
