@@ -66,7 +66,6 @@ instance's queue and in-flight counts, and near-ties are broken at random.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -80,6 +79,7 @@ from agents.policy.common.slo import DEFAULT_SLO_CLASSES
 from agents.policy.tokenpilot.horizon import DecodeHorizon
 from agents.policy.tokenpilot.lateness import PrefillLateness
 from agents.policy.tokenpilot.predictor import OnlineLinearModel
+from agents.policy.tokenpilot.queues import PrefillQueues
 from agents.policy.types import (
     BLOCK_TOKENS,
     BlocksChanged,
@@ -146,186 +146,6 @@ class _Rows(NamedTuple):
     pairs: FloatArray  # and their attention token pairs
     batch: IntArray  # B_i: requests running (heartbeat + own sends since)
     context: IntArray  # C_i: their context tokens
-
-
-class PrefillQueues:
-    """Per instance: prefill tokens and token pairs queued ahead, draining with time.
-
-    Kept per instance slot (a stable small integer per instance id), and as arrays aligned with
-    the rows of the latest view: realigned once per snapshot (one gather, one scatter), then
-    each decision is O(n) numpy, with no per-instance Python loop.
-
-    The drain is a prediction; the sends still waiting for their first token are facts. Prefill
-    is FCFS, so while the oldest of them on an instance is more than a step past its predicted
-    first token (within a step is the phase of the step in progress), that instance is still
-    prefilling it: the engine is slower than predicted, e.g. a long prompt on an engine whose
-    attention cost grows faster than the model's. Its queue is then kept at no less than that
-    request's tokens, up to one step's budget, until its first token comes (measured: Mooncake
-    as shipped, perturbed engine, x0.125: interactive TTFT misses 47 -> 14, of 11 200).
-    """
-
-    def __init__(self, horizon_s: float = 4.0) -> None:
-        self.horizon_s = horizon_s
-        self._slot_of: dict[str, int] = {}
-        self._state = np.zeros((3, 16))  # tokens, pairs, as-of time, by slot
-        self._sent = np.zeros((2, 16))  # tokens and pairs ever added, by slot (never drained)
-        self._recent = np.zeros(16)  # prefill seconds added, decayed over ``horizon_s``, by slot
-        self._view: ClusterView | None = None  # the snapshot the row arrays are aligned with
-        self._slots = np.zeros(0, dtype=np.int64)  # slot of each row of _view
-        self.tokens = np.zeros(0)
-        self.pairs = np.zeros(0)
-        self.as_of = np.zeros(0)
-        self.recent = np.zeros(0)
-        self._drained_to = -np.inf  # every row's ``as_of`` is at least this
-        # By slot: the sends without a first token yet, oldest first (key, predicted first token,
-        # uncached tokens, prompt length), and the oldest one's due time, tokens and prompt
-        # length (inf / 0 / 0: none).
-        self._waiting: dict[int, deque[tuple[tuple[str, int], float, float, float]]] = {}
-        self._head = np.array([[np.inf] * 16, [0.0] * 16, [0.0] * 16])
-        self._row_of_slot = np.zeros(0, dtype=np.int64)  # row of each slot in _view (-1: none)
-        self.head_due = np.zeros(0)  # _head, by row of _view
-        self.head_tokens = np.zeros(0)
-        self.head_depth = np.zeros(0)
-
-    def aligned_to(self, view: ClusterView) -> bool:
-        return self._view is not None and self._view.version == view.version
-
-    def align(self, view: ClusterView, idle: BoolArray) -> None:
-        """Rows of ``view``; ``idle`` rows (idle at their heartbeat, nothing sent since) are empty."""
-        if self.aligned_to(view):
-            return
-        self._save()
-        self._slots = np.fromiter((self._slot(i) for i in view.instance_ids), dtype=np.int64, count=len(view))
-        self.tokens, self.pairs, self.as_of = self._state[:, self._slots]
-        self.recent = self._recent[self._slots]
-        self.tokens[idle] = 0.0
-        self.pairs[idle] = 0.0
-        self._row_of_slot = np.full(self._head.shape[1], -1, dtype=np.int64)
-        self._row_of_slot[self._slots] = np.arange(len(view))
-        for slot in self._slots[idle & (self._head[0, self._slots] < np.inf)]:
-            self._waiting.pop(int(slot), None)  # idle at its heartbeat: nothing is prefilling
-            self._head[:, slot] = (np.inf, 0.0, 0.0)
-        self.head_due, self.head_tokens, self.head_depth = self._head[:, self._slots]
-        self._drained_to = float(self.as_of.min()) if len(self.as_of) else np.inf
-        self._view = view
-
-    def drained_to(self, now_s: float) -> bool:
-        """Whether every row is already advanced to ``now_s`` (``drain`` would change nothing:
-        requests decided together share one ``now_s``)."""
-        return now_s <= self._drained_to
-
-    def drain(self, now_s: float, step_s: FloatArray, budget: int) -> None:
-        """Advance every row to ``now_s``: ``budget`` tokens prefilled per ``step_s`` seconds."""
-        elapsed = np.maximum(now_s - self.as_of, 0.0)
-        done = elapsed * budget / np.maximum(step_s, 1e-6)
-        self.recent *= np.exp(-elapsed / self.horizon_s)
-        left = np.maximum(1.0 - done / np.maximum(self.tokens, 1e-9), 0.0)
-        np.minimum(left, 1.0, out=left)  # (np.clip costs as much as both)
-        self.tokens *= left
-        self.pairs *= left
-        late = self.head_due + step_s < now_s  # (within a step of it: the step in progress)
-        if late.any():  # still prefilling a send past its predicted first token (class docstring)
-            # Its last chunk is the one in progress: ``floor`` tokens at the end of its prompt.
-            floor = np.where(late, np.minimum(self.head_tokens, budget), 0.0)
-            np.maximum(self.pairs, floor * (self.head_depth - floor * 0.5), out=self.pairs)
-            np.maximum(self.tokens, floor, out=self.tokens)
-        np.maximum(self.as_of, now_s, out=self.as_of)
-        self._drained_to = now_s
-
-    def add(
-        self,
-        row: int,
-        tokens: float,
-        pairs: float,
-        seconds: float = 0.0,
-        key: tuple[str, int] = ("", 0),
-        due_s: float = np.inf,
-    ) -> tuple[float, float]:
-        """Queue send ``key`` on ``row`` (``seconds``: its predicted prefill time; ``due_s``: its
-        predicted first token); returns the instance's tokens and pairs ever sent, this one
-        included (the mark ``first_token`` compares against)."""
-        self.tokens[row] += tokens
-        self.pairs[row] += pairs
-        self.recent[row] += seconds
-        slot = int(self._slots[row])
-        waiting = self._waiting.setdefault(slot, deque())
-        depth = pairs / tokens + tokens * 0.5 if tokens > 0 else 0.0  # its prompt's length
-        waiting.append((key, due_s, tokens, depth))
-        if len(waiting) == 1:
-            self._set_head(slot, due_s, tokens, depth)
-        sent = self._sent
-        sent[0, slot] += tokens
-        sent[1, slot] += pairs
-        return float(sent[0, slot]), float(sent[1, slot])
-
-    def first_token(
-        self, instance_id: str, mark: tuple[float, float], key: tuple[str, int] = ("", 0)
-    ) -> None:
-        """Request ``key``, sent at ``mark``, has its first token: prefill is FCFS, so everything
-        sent there up to it is prefilled, and at most what was sent after it is still queued."""
-        slot = self._slot_of.get(instance_id)
-        if slot is None:
-            return
-        waiting = self._waiting.get(slot)
-        if waiting and any(entry[0] == key for entry in waiting):
-            while waiting and waiting.popleft()[0] != key:
-                pass
-            self._new_head(slot)
-        after = np.maximum(self._sent[:, slot] - mark, 0.0)
-        row = None if self._view is None else self._view.index_of.get(instance_id)
-        if row is not None:
-            self.tokens[row] = min(self.tokens[row], after[0])
-            self.pairs[row] = min(self.pairs[row], after[1])
-        else:
-            state = self._state[:2, slot]
-            np.minimum(state, after, out=state)
-
-    def forget(self, instance_id: str, key: tuple[str, int]) -> None:
-        """Send ``key`` ended without a first token: it no longer waits for one."""
-        slot = self._slot_of.get(instance_id)
-        waiting = None if slot is None else self._waiting.get(slot)
-        if slot is not None and waiting:
-            kept = deque(entry for entry in waiting if entry[0] != key)
-            self._waiting[slot] = kept
-            self._new_head(slot)
-
-    def _new_head(self, slot: int) -> None:
-        waiting = self._waiting.get(slot)
-        self._set_head(slot, *(waiting[0][1:] if waiting else (np.inf, 0.0, 0.0)))
-
-    def _set_head(self, slot: int, due_s: float, tokens: float, depth: float) -> None:
-        self._head[:, slot] = (due_s, tokens, depth)
-        row = self._row_of_slot[slot] if slot < len(self._row_of_slot) else -1
-        if row >= 0:
-            self.head_due[row], self.head_tokens[row], self.head_depth[row] = due_s, tokens, depth
-
-    def remove(self, instance_id: str, tokens: float, pairs: float) -> None:
-        """Take out what an aborted request had left at most (not below empty)."""
-        row = None if self._view is None else self._view.index_of.get(instance_id)
-        if row is not None:
-            self.tokens[row] = max(self.tokens[row] - tokens, 0.0)
-            self.pairs[row] = max(self.pairs[row] - pairs, 0.0)
-        elif instance_id in self._slot_of:
-            state = self._state[:2, self._slot_of[instance_id]]
-            np.maximum(state - (tokens, pairs), 0.0, out=state)
-
-    def _slot(self, instance_id: str) -> int:
-        slot = self._slot_of.get(instance_id)
-        if slot is None:
-            slot = self._slot_of[instance_id] = len(self._slot_of)
-            if slot >= self._state.shape[1]:
-                self._state = np.concatenate([self._state, np.zeros_like(self._state)], axis=1)
-                self._sent = np.concatenate([self._sent, np.zeros_like(self._sent)], axis=1)
-                self._recent = np.concatenate([self._recent, np.zeros_like(self._recent)])
-                more = self._head.shape[1]
-                fresh = [np.full(more, np.inf), np.zeros(more), np.zeros(more)]
-                self._head = np.concatenate([self._head, fresh], axis=1)
-        return slot
-
-    def _save(self) -> None:
-        if self._view is not None:
-            self._state[:, self._slots] = (self.tokens, self.pairs, self.as_of)
-            self._recent[self._slots] = self.recent
 
 
 class TokenPilot(InstanceSelector):
