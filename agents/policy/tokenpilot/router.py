@@ -18,9 +18,12 @@ Prefill is FCFS inside the engine, so a request's first token comes once everyth
 of it is prefilled, plus its own prefill: the engine's step-time law (T0, c, d per step; a, b per
 prefill token and token pair) summed over those steps.
 
-The queue ahead is the router's own bookkeeping (it sends every request of the pool): each send
-adds its uncached tokens and pairs to ``Q_i, R_i``; between decisions the queue drains at the
-engine's prefill rate, ``prefill_budget`` tokens per step of the predicted step time; an abort
+The queue ahead is the router's own bookkeeping (``queues.py``; it sends every request of the
+pool): each send adds its uncached tokens and pairs to ``Q_i, R_i``; between decisions the queue
+drains at the engine's prefill rate, ``prefill_budget`` tokens per step of the predicted step
+time, stretched by the lateness measured for prompts the size of the one at its head
+(``lateness.py``: on an engine whose attention cost grows with context, long prompts reach their
+first token later than any linear fit of the step-time law predicts); an abort
 before the first token removes what the request had left; a first token clips the queue to what
 was sent there after that request (prefill is FCFS: everything before it is done); and an
 instance idle at its heartbeat with nothing sent since has an empty queue. Only token counts
@@ -41,7 +44,7 @@ first-token times it changes; a long prompt no longer lands on a short one just 
 running on i (vLLM's token budget counts decode tokens, so a step carrying a prefill chunk is a
 slow step for every decode in it):
 
-    own_i   = θ_a·P_i + θ_b·P_i·(cached_i + P_i/2)   seconds of its own prefill on i
+    own_i   = (θ_a·P_i + θ_b·P_i·(cached_i + P_i/2)) · lateness(P_i)   its own prefill seconds on i
     E_i     = own of the requests sent to i, each decayed by exp(-age / H)
     s_i     = θ_T0 + θ_c·B_i + θ_d·C_i             a decode step on i
     room_i  = H · (1 - s_i / tpot_s)               prefill seconds per H its decodes absorb
