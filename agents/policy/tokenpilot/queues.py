@@ -89,7 +89,7 @@ class PrefillQueues:
         self.tokens *= left
         self.pairs *= left
         late = self.head_due + step_s < now_s  # (within a step of it: the step in progress)
-        if late.any():  # still prefilling a send past its predicted first token (class docstring)
+        if np.count_nonzero(late):  # still prefilling a send past its predicted first token (class docstring)
             # Its last chunk is the one in progress: ``floor`` tokens at the end of its prompt.
             floor = np.where(late, np.minimum(self.head_tokens, budget), 0.0)
             np.maximum(self.pairs, floor * (self.head_depth - floor * 0.5), out=self.pairs)

@@ -11,12 +11,16 @@ For a request with ``input`` prompt tokens on candidate instance i:
     short_i   = KV blocks the request needs (prompt + output budget, less its cached prefix)
                 beyond what i has free (heartbeat, less blocks of own sends since): it waits
                 for running requests to finish and free them
+    wait_i    = seconds until the engine step in progress on i ends (0 if idle): the step clock
+                (``stepclock.py``), from the step boundaries the router sees (first tokens, ends
+                of responses) and the decode step's length
 
-    TTFT_i ≈ θ · [steps_i, steps_i·B_i, steps_i·C_i, Q_i + P_i, pairs_i, short_i]
+    TTFT_i ≈ θ · [steps_i, steps_i·B_i, steps_i·C_i, Q_i + P_i, pairs_i, short_i, wait_i]
 
 Prefill is FCFS inside the engine, so a request's first token comes once everything queued ahead
 of it is prefilled, plus its own prefill: the engine's step-time law (T0, c, d per step; a, b per
-prefill token and token pair) summed over those steps.
+prefill token and token pair) summed over those steps, after the step in progress (most requests
+of a busy pool are one step of prefill, so that step's phase is most of their error).
 
 The queue ahead is the router's own bookkeeping (``queues.py``; it sends every request of the
 pool): each send adds its uncached tokens and pairs to ``Q_i, R_i``; between decisions the queue
@@ -83,6 +87,7 @@ from agents.policy.tokenpilot.horizon import DecodeHorizon
 from agents.policy.tokenpilot.lateness import PrefillLateness
 from agents.policy.tokenpilot.predictor import OnlineLinearModel
 from agents.policy.tokenpilot.queues import PrefillQueues
+from agents.policy.tokenpilot.stepclock import StepClock
 from agents.policy.types import (
     BLOCK_TOKENS,
     BlocksChanged,
@@ -102,13 +107,15 @@ FEATURES = (
     "prefill_tokens",
     "prefill_pairs",
     "kv_shortfall_blocks",
+    "boundary_wait_s",
 )
-PRIOR = (0.01, 4e-5, 8e-8, 3e-5, 1.5e-9, 0.01)
+PRIOR = (0.01, 4e-5, 8e-8, 3e-5, 1.5e-9, 0.01, 1.0)
 """A generic H100 7-8B engine, as a soft starting point; calibration replaces it within minutes."""
 _STEPS = FEATURES.index("steps")
 _STEPS_X_BATCH = FEATURES.index("steps_x_batch")
 _PREFILL_TOKENS = FEATURES.index("prefill_tokens")
 _PREFILL_PAIRS = FEATURES.index("prefill_pairs")
+_BOUNDARY_WAIT = FEATURES.index("boundary_wait_s")
 _BLOCK_TOKENS = np.float64(BLOCK_TOKENS)
 INTERACTIVE_TPOT_S = DEFAULT_SLO_CLASSES["interactive"].tpot_s or 0.1
 """The TPOT the decode-harm term protects by default: the interactive class's objective."""
@@ -164,6 +171,8 @@ class TokenPilot(InstanceSelector):
         spare_decodes: float = 3.0,
         tpot_horizon_s: float = 4.0,
         tpot_s: float = INTERACTIVE_TPOT_S,
+        phase_steps: float = 2.0,
+        phase_lost_share: float = 0.5,
     ) -> None:
         super().__init__(seed)
         self.prefill_budget = prefill_budget
@@ -186,6 +195,7 @@ class TokenPilot(InstanceSelector):
         self._free_version = -1
         self._free: IntArray = np.zeros(0, dtype=np.int64)
         self._budget = np.float64(prefill_budget)
+        self.clock = StepClock(phase_steps, phase_lost_share)
 
     # --- deciding -----------------------------------------------------------------------------
 
@@ -321,7 +331,21 @@ class TokenPilot(InstanceSelector):
         unseen /= _BLOCK_TOKENS
         short += unseen
         np.maximum(short, 0.0, out=features[:, 5])
+        features[:, _BOUNDARY_WAIT] = self._boundary_wait(view, now_s, batch, context)
         return _Rows(features, new, own_pairs, batch, context)
+
+    def _boundary_wait(
+        self, view: ClusterView, now_s: float, batch: IntArray, context: IntArray
+    ) -> FloatArray:
+        """Seconds until the step in progress ends per row (``stepclock.py``); 0 if idle."""
+        open_requests = self.in_flight.per_instance(self.in_flight.requests, view)
+        step_s = np.empty(len(view))
+        scale = np.empty(len(view))
+        for profile, rows in self._profile_rows(view):
+            t0, per_seq, per_context = self.model_for(profile).theta[:3]
+            step_s[rows] = t0 + per_seq * batch[rows] + per_context * context[rows]
+            scale[rows] = self.clock.scale(profile)
+        return self.clock.wait(view, now_s, open_requests, batch, step_s, scale)
 
     def _queued(
         self, view: ClusterView, now_s: float, sent: IntArray, batch: IntArray, context: IntArray
@@ -389,6 +413,7 @@ class TokenPilot(InstanceSelector):
         instance_id = view.instance_ids[row]
         chosen = self._chosen
         key = (request.request_id, request.attempt)
+        self.clock.sent(instance_id, str(view.profile[row]), key, chosen.now_s)
         due_s = chosen.now_s + chosen.predicted_s * self.lateness.of(chosen.tokens)
         mark = self.queues.add(row, chosen.tokens, chosen.pairs, chosen.prefill_s, key, due_s)
         # Busy (a decode batch, or prefill queued ahead of it): it starts at the next step boundary.
@@ -442,6 +467,10 @@ class TokenPilot(InstanceSelector):
         if not isinstance(event, FirstToken | Finished):
             return
         key = (event.request_id, event.attempt)
+        if isinstance(event, FirstToken):  # both at the end of an engine step
+            self.clock.first_token(key, event.instance_id, event.time_s)
+        else:
+            self.clock.finished(key, event.instance_id, event.time_s, event.status == "ok")
         if isinstance(event, FirstToken):
             sent_first = self._sent.get(key)
             if sent_first is not None:
