@@ -156,6 +156,7 @@ class _Rows(NamedTuple):
     pairs: FloatArray  # and their attention token pairs
     batch: IntArray  # B_i: requests running (heartbeat + own sends since)
     context: IntArray  # C_i: their context tokens
+    step: FloatArray  # s_i: a decode step there, θ_T0 + θ_c·B_i + θ_d·C_i
 
 
 class TokenPilot(InstanceSelector):
@@ -272,13 +273,11 @@ class TokenPilot(InstanceSelector):
 
     def _decode_harm(self, view: ClusterView, rows: _Rows) -> tuple[FloatArray, FloatArray]:
         """``harm_i`` (module docstring) per row, and ``own_i``: the request's prefill seconds."""
-        own_tokens, own_pairs, batch, context = rows.new, rows.pairs, rows.batch, rows.context
+        own_tokens, own_pairs, batch, step_s = rows.new, rows.pairs, rows.batch, rows.step
         own_s = np.empty(len(view))
-        step_s = np.empty(len(view))
         for profile, group in self._profile_rows(view):
-            t0, per_seq, per_context, per_token, per_pair = self.model_for(profile).theta[:5]
+            per_token, per_pair = self.model_for(profile).theta[3:5]
             own_s[group] = own_tokens[group] * per_token + own_pairs[group] * per_pair
-            step_s[group] = t0 + per_seq * batch[group] + per_context * context[group]
         if self.lateness.ratio[-1] > 1.0:
             own_s *= self.lateness.of_rows(own_tokens)
         room = self.queues.horizon_s * np.maximum(1.0 - step_s / self.tpot_s, 0.0)
@@ -331,19 +330,26 @@ class TokenPilot(InstanceSelector):
         unseen /= _BLOCK_TOKENS
         short += unseen
         np.maximum(short, 0.0, out=features[:, 5])
-        features[:, _BOUNDARY_WAIT] = self._boundary_wait(view, now_s, batch, context)
-        return _Rows(features, new, own_pairs, batch, context)
+        step_s = self._decode_step(view, batch, context)
+        features[:, _BOUNDARY_WAIT] = self._boundary_wait(view, now_s, batch, step_s)
+        return _Rows(features, new, own_pairs, batch, context, step_s)
 
-    def _boundary_wait(
-        self, view: ClusterView, now_s: float, batch: IntArray, context: IntArray
-    ) -> FloatArray:
-        """Seconds until the step in progress ends per row (``stepclock.py``); 0 if idle."""
-        open_requests = self.in_flight.per_instance(self.in_flight.requests, view)
+    def _decode_step(self, view: ClusterView, batch: IntArray, context: IntArray) -> FloatArray:
+        """θ's decode step per row, ``T0 + c·B_i + d·C_i`` (the step clock and the decode-harm
+        term both read it)."""
         step_s = np.empty(len(view))
-        scale = np.empty(len(view))
         for profile, rows in self._profile_rows(view):
             t0, per_seq, per_context = self.model_for(profile).theta[:3]
             step_s[rows] = t0 + per_seq * batch[rows] + per_context * context[rows]
+        return step_s
+
+    def _boundary_wait(
+        self, view: ClusterView, now_s: float, batch: IntArray, step_s: FloatArray
+    ) -> FloatArray:
+        """Seconds until the step in progress ends per row (``stepclock.py``); 0 if idle."""
+        open_requests = self.in_flight.per_instance(self.in_flight.requests, view)
+        scale = np.empty(len(view))
+        for profile, rows in self._profile_rows(view):
             scale[rows] = self.clock.scale(profile)
         return self.clock.wait(view, now_s, open_requests, batch, step_s, scale)
 
@@ -467,15 +473,13 @@ class TokenPilot(InstanceSelector):
         if not isinstance(event, FirstToken | Finished):
             return
         key = (event.request_id, event.attempt)
-        if isinstance(event, FirstToken):  # both at the end of an engine step
+        if isinstance(event, FirstToken):  # (a first token and an end both end an engine step)
             self.clock.first_token(key, event.instance_id, event.time_s)
-        else:
-            self.clock.finished(key, event.instance_id, event.time_s, event.status == "ok")
-        if isinstance(event, FirstToken):
             sent_first = self._sent.get(key)
             if sent_first is not None:
                 self.queues.first_token(sent_first.instance_id, sent_first.mark, key)
             return
+        self.clock.finished(key, event.instance_id, event.time_s, event.status == "ok")
         sent = self._sent.pop(key, None)
         if sent is None:
             return
