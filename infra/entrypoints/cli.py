@@ -375,6 +375,56 @@ def capacity(
         print(f"wrote {json_out}", file=sys.stderr)
 
 
+@app.command()
+def tail(
+    workload: WorkloadOpt,
+    policy: Annotated[
+        list[str], typer.Option("--policy", metavar="NAME", help=f"{POLICY_HELP}; repeat to analyse several")
+    ],
+    fleet: FleetOpt = DEFAULT_FLEET,
+    rate_scale: Annotated[
+        float, typer.Option("--rate-scale", metavar="X", help=RATE_SCALE_HELP, callback=_rate_scale)
+    ] = 1.0,
+    seed: SeedOpt = 0,
+    heartbeat: HeartbeatOpt = 0.25,
+    signal_delay: SignalDelayOpt = 0.02,
+    jitter_arrivals: JitterOpt = 0.0,
+    retry_share: RetryShareOpt = 0.5,
+    output_budget: OutputBudgetOpt = None,
+    json_out: JsonOpt = None,
+    policy_config: PolicyConfigOpt = None,
+) -> None:
+    """Where a policy's TTFT tail comes from, against the ideal floor: the prompt cache lost to
+    the fleet's capacity (held by no instance) or to routing (held by another), and its cost."""
+    from sim.engine.fleet import parse_fleet
+    from sim.evaluation.compare import BOUNDS
+    from sim.evaluation.tail import analyse, format_tail, to_json
+    from sim.loop.runner import SimConfig
+    from sim.workloads.sources import open_workload
+
+    bounds = [name for name in policy if name in BOUNDS]
+    if bounds:
+        raise typer.BadParameter(
+            f"{', '.join(bounds)} is a latency bound, not a policy", param_hint="--policy"
+        )
+    params = _checked_policies(policy, seed, policy_config)
+    spec = parse_fleet(fleet)
+    trace = open_workload(workload, seed=seed).jittered(jitter_arrivals, seed).scaled(rate_scale)
+    config = SimConfig(
+        seed=seed,
+        heartbeat_s=heartbeat,
+        signal_delay_s=signal_delay,
+        retry_share=retry_share,
+        output_budget=output_budget,
+    )
+    tails = [analyse(trace, spec, name, config, params) for name in policy]
+    print("\n".join(format_tail(t) for t in tails))
+    if json_out:
+        document = {"workload": trace.name, "rate_scale": rate_scale, "tails": [to_json(t) for t in tails]}
+        Path(json_out).write_text(json.dumps(document, indent=2) + "\n")
+        print(f"wrote {json_out}", file=sys.stderr)
+
+
 @app.command("report")
 def report_command(
     result: Annotated[

@@ -19,7 +19,7 @@ Counters: ``referenced`` blocks are in use by running requests (keyed or anonymo
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import KeysView, Sequence
 from typing import Literal
 
 KvChange = tuple[Literal["stored", "removed"], tuple[int, ...]]
@@ -45,6 +45,10 @@ class PrefixKvCache:
 
     def resident(self, block: int) -> bool:
         return block in self._refcount
+
+    def resident_blocks(self) -> KeysView[int]:
+        """Every block resident now (in use or cached), as a live view."""
+        return self._refcount.keys()
 
     def match(self, blocks: Sequence[int]) -> int:
         """Number of leading ``blocks`` resident in the cache."""

@@ -1,0 +1,182 @@
+"""Where a policy's TTFT goes, request by request, against the ``ideal`` floor.
+
+For every completed request that arrived in the measurement window: its TTFT under the policy
+and under ``ideal`` (alone on an idle instance that holds every block any earlier request
+carried), the prompt tokens it found cached, and the most of its prompt any instance of the
+fleet held when the router decided it (the engines' own caches, read at that instant).
+
+A request *lost its cache* when ``ideal`` found at least ``LOST_TOKENS`` more of its prompt
+cached than it did. The cause is *routing* if some instance held at least that much more than
+it found when it was decided, else *capacity*: no instance held it any more (evicted
+everywhere) — no placement of that request could have found it.
+
+Also measured: the *duplication* of the fleet's cache (share of the resident blocks that are a
+second or later copy of a block, sampled every ``SAMPLE_EVERY`` decisions: the most a router
+that avoided copies could win back as room), and the policy's TTFT quantiles were every lost
+request's cache restored (its wait for the engine kept, its prefill as ``ideal``'s): what the
+cache that capacity and routing lost costs the tail, and the same for the caches lost to routing only
+(what a better placement could win back at most, its queueing aside).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from agents.policy import build_scheduler
+from agents.policy.registry import StageParams, params_for, with_deployment
+from agents.policy.types import BLOCK_TOKENS
+from sim.engine.fleet import FleetSpec
+from sim.engine.instance import Attempt
+from sim.evaluation.ideal import ideal_attempts
+from sim.evaluation.metrics import measurement_window, percentile
+from sim.loop.runner import SimConfig, Simulation
+from sim.workloads.trace import Workload
+
+LOST_TOKENS = 8192
+"""Cached prompt tokens ``ideal`` found beyond the policy's for a request to count as lost."""
+SAMPLE_EVERY = 200
+"""Decision batches between two duplication samples (by default)."""
+QUANTILES = (50.0, 95.0, 99.0)
+
+Key = tuple[str, int]
+
+
+class _Witness(Simulation):
+    """The simulation, noting at every decision the deepest match any engine's cache holds."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        fleet: FleetSpec,
+        policy: str,
+        config: SimConfig,
+        params: StageParams | None,
+        sample_every: int,
+    ) -> None:
+        deployed = with_deployment(policy, params_for(policy, params), config.heartbeat_s, fleet.rules)
+        super().__init__(workload, fleet, build_scheduler(policy, seed=config.seed, params=deployed), config)
+        self.best_held: dict[Key, int] = {}  # prompt tokens, per attempt
+        self.copies: list[tuple[int, int]] = []  # (distinct blocks, resident blocks) per sample
+        self._batches = 0
+        self._sample_every = sample_every
+
+    def _offer(self, attempts: list[Attempt], now: float) -> None:
+        caches = [instance.cache for instance in self.instances]
+        for attempt in attempts:
+            blocks = attempt.request.block_hashes
+            held = max((cache.match(blocks) for cache in caches), default=0) * BLOCK_TOKENS
+            self.best_held[(attempt.request.request_id, attempt.attempt)] = held
+        self._batches += 1
+        if self._batches % self._sample_every == 0:
+            resident = [cache.resident_blocks() for cache in caches]
+            self.copies.append((len(set().union(*resident)), sum(len(r) for r in resident)))
+        super()._offer(attempts, now)
+
+
+@dataclass(frozen=True, slots=True)
+class Tail:
+    """The measures of the module docstring for one policy run."""
+
+    policy: str
+    requests: int
+    ttft_s: dict[str, float | None]  # by quantile name ("p50", ...)
+    ideal_ttft_s: dict[str, float | None]
+    lost_to_capacity: int
+    lost_to_routing: int
+    lost_tokens: int  # prompt tokens the lost requests prefilled that ideal found cached
+    duplication: float | None  # mean share of resident blocks that are extra copies
+    restored_ttft_s: dict[str, float | None]  # the policy's, every lost cache restored
+    rerouted_ttft_s: dict[str, float | None]  # the policy's, the caches lost to routing restored
+
+
+def analyse(
+    workload: Workload,
+    fleet: FleetSpec,
+    policy: str,
+    config: SimConfig,
+    params: StageParams | None = None,
+    sample_every: int = SAMPLE_EVERY,
+) -> Tail:
+    """Run ``policy`` once (as ``simulate`` does) and ``ideal`` beside it; measure the tail."""
+    sim = _Witness(workload, fleet, policy, config, params, sample_every)
+    run = sim.run()
+    window = measurement_window(run.attempts, run.window)
+    ideal = {
+        (a.request.request_id, a.attempt): a
+        for a in ideal_attempts(workload, fleet, config.budget_for, run.window[1])
+    }
+    ttft, floor, restored, rerouted = [], [], [], []
+    capacity = routing = lost_tokens = 0
+    for attempt in run.attempts:
+        if attempt.status != "ok" or attempt.first_token_s is None or attempt.admitted_s is None:
+            continue
+        if not window[0] <= attempt.arrival_s < window[1]:
+            continue
+        key = (attempt.request.request_id, attempt.attempt)
+        own = attempt.first_token_s - attempt.arrival_s
+        ttft.append(own)
+        best = ideal.get((attempt.request.request_id, 1))
+        if best is None or best.first_token_s is None:
+            restored.append(own)
+            rerouted.append(own)
+            continue
+        alone = best.first_token_s - best.arrival_s
+        floor.append(alone)
+        lost = best.cached_tokens - attempt.cached_tokens
+        if lost < LOST_TOKENS:
+            restored.append(own)
+            rerouted.append(own)
+            continue
+        lost_tokens += lost
+        with_cache = min(own, attempt.admitted_s - attempt.arrival_s + alone)
+        restored.append(with_cache)
+        if sim.best_held.get(key, 0) - attempt.cached_tokens >= LOST_TOKENS:
+            routing += 1
+            rerouted.append(with_cache)
+        else:
+            capacity += 1
+            rerouted.append(own)
+    copies = [1.0 - distinct / resident for distinct, resident in sim.copies if resident]
+    return Tail(
+        policy,
+        len(ttft),
+        _quantiles(ttft),
+        _quantiles(floor),
+        capacity,
+        routing,
+        lost_tokens,
+        round(sum(copies) / len(copies), 4) if copies else None,
+        _quantiles(restored),
+        _quantiles(rerouted),
+    )
+
+
+def to_json(tail: Tail) -> dict[str, Any]:
+    return {**asdict(tail), "lost_tokens_threshold": LOST_TOKENS}
+
+
+def _quantiles(values: list[float]) -> dict[str, float | None]:
+    return {f"p{q:.0f}": None if (v := percentile(values, q)) is None else round(v, 4) for q in QUANTILES}
+
+
+def format_tail(tail: Tail) -> str:
+    def row(name: str, quantiles: dict[str, float | None]) -> str:
+        cells = "  ".join(f"{k} {'-' if v is None else f'{v:.3f}'}" for k, v in quantiles.items())
+        return f"  {name:<34} {cells}"
+
+    lost = tail.lost_to_capacity + tail.lost_to_routing
+    duplication = "-" if tail.duplication is None else f"{tail.duplication:.1%}"
+    return "\n".join(
+        [
+            f"{tail.policy}: {tail.requests} requests completed in the window; TTFT, s:",
+            row(tail.policy, tail.ttft_s),
+            row("ideal (unlimited cache, no queue)", tail.ideal_ttft_s),
+            row("  those lost to routing restored", tail.rerouted_ttft_s),
+            row("  every lost cache restored", tail.restored_ttft_s),
+            f"  lost cache (>= {LOST_TOKENS} prompt tokens fewer cached than ideal): {lost} requests,"
+            f" {tail.lost_tokens / 1e6:.1f} M tokens; held by no instance when decided (capacity):"
+            f" {tail.lost_to_capacity}, held by another instance (routing): {tail.lost_to_routing}",
+            f"  fleet cache duplication (resident blocks that are extra copies): {duplication}",
+        ]
+    )
