@@ -3,7 +3,7 @@
 For every completed request that arrived in the measurement window: its TTFT under the policy
 and under ``ideal`` (alone on an idle instance that holds every block any earlier request
 carried), the prompt tokens it found cached, and the most of its prompt any instance of the
-fleet held when the router decided it (the engines' own caches, read at that instant).
+fleet held when it reached the router (the engines' own caches, read at that instant).
 
 A request *lost its cache* when ``ideal`` found at least ``LOST_TOKENS`` more of its prompt
 cached than it did. The cause is *routing* if some instance held at least that much more than
@@ -15,7 +15,9 @@ second or later copy of a block, sampled every ``SAMPLE_EVERY`` decisions: the m
 that avoided copies could win back as room), and the policy's TTFT quantiles were every lost
 request's cache restored (its wait for the engine kept, its prefill as ``ideal``'s): what the
 cache that capacity and routing lost costs the tail, and the same for the caches lost to routing only
-(what a better placement could win back at most, its queueing aside).
+(what a better placement could win back, its queueing aside), and that less each request's wait
+until its first chunk was scheduled: roughly the least a router that leaves the engines' caches
+to them could reach with this workload and fleet.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class Tail:
     duplication: float | None  # mean share of resident blocks that are extra copies
     restored_ttft_s: dict[str, float | None]  # the policy's, every lost cache restored
     rerouted_ttft_s: dict[str, float | None]  # the policy's, the caches lost to routing restored
+    unqueued_ttft_s: dict[str, float | None]  # that, less each request's wait to be scheduled
 
 
 def analyse(
@@ -106,37 +109,34 @@ def analyse(
         (a.request.request_id, a.attempt): a
         for a in ideal_attempts(workload, fleet, config.budget_for, run.window[1])
     }
-    ttft, floor, restored, rerouted = [], [], [], []
+    ttft, floor, restored, rerouted, unqueued = [], [], [], [], []
     capacity = routing = lost_tokens = 0
     for attempt in run.attempts:
         if attempt.status != "ok" or attempt.first_token_s is None or attempt.admitted_s is None:
             continue
         if not window[0] <= attempt.arrival_s < window[1]:
             continue
-        key = (attempt.request.request_id, attempt.attempt)
         own = attempt.first_token_s - attempt.arrival_s
-        ttft.append(own)
+        wait = attempt.admitted_s - attempt.arrival_s  # until its first chunk was scheduled
+        with_cache = by_routing = own
         best = ideal.get((attempt.request.request_id, 1))
-        if best is None or best.first_token_s is None:
-            restored.append(own)
-            rerouted.append(own)
-            continue
-        alone = best.first_token_s - best.arrival_s
-        floor.append(alone)
-        lost = best.cached_tokens - attempt.cached_tokens
-        if lost < LOST_TOKENS:
-            restored.append(own)
-            rerouted.append(own)
-            continue
-        lost_tokens += lost
-        with_cache = min(own, attempt.admitted_s - attempt.arrival_s + alone)
+        if best is not None and best.first_token_s is not None:
+            alone = best.first_token_s - best.arrival_s
+            floor.append(alone)
+            lost = best.cached_tokens - attempt.cached_tokens
+            if lost >= LOST_TOKENS:
+                lost_tokens += lost
+                with_cache = min(own, wait + alone)
+                held = sim.best_held.get((attempt.request.request_id, attempt.attempt), 0)
+                if held - attempt.cached_tokens >= LOST_TOKENS:
+                    routing += 1
+                    by_routing = with_cache
+                else:
+                    capacity += 1
+        ttft.append(own)
         restored.append(with_cache)
-        if sim.best_held.get(key, 0) - attempt.cached_tokens >= LOST_TOKENS:
-            routing += 1
-            rerouted.append(with_cache)
-        else:
-            capacity += 1
-            rerouted.append(own)
+        rerouted.append(by_routing)
+        unqueued.append(by_routing - wait)
     copies = [1.0 - distinct / resident for distinct, resident in sim.copies if resident]
     return Tail(
         policy,
@@ -149,6 +149,7 @@ def analyse(
         round(sum(copies) / len(copies), 4) if copies else None,
         _quantiles(restored),
         _quantiles(rerouted),
+        _quantiles(unqueued),
     )
 
 
@@ -173,6 +174,7 @@ def format_tail(tail: Tail) -> str:
             row(tail.policy, tail.ttft_s),
             row("ideal (unlimited cache, no queue)", tail.ideal_ttft_s),
             row("  those lost to routing restored", tail.rerouted_ttft_s),
+            row("    and no wait to be scheduled", tail.unqueued_ttft_s),
             row("  every lost cache restored", tail.restored_ttft_s),
             f"  lost cache (>= {LOST_TOKENS} prompt tokens fewer cached than ideal): {lost} requests,"
             f" {tail.lost_tokens / 1e6:.1f} M tokens; held by no instance when decided (capacity):"
