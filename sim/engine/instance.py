@@ -456,6 +456,25 @@ class Instance:
         self.scheduled = True
         self.version += 1
 
+    def step_end_after(self, now_s: float) -> float | None:
+        """When the engine step in progress at ``now_s`` ends (None: idle). A macro-step is many
+        decode steps: this is the end of the one ``now_s`` falls in."""
+        if not self.scheduled:
+            return None
+        done = self._steps_done(now_s)
+        return min(self.step_start_s + self._elapsed(min(done + 1, self._steps)), self.step_end_s)
+
+    def last_step(self, at_s: float) -> tuple[float, float] | None:
+        """(end, length) of the last step of the current macro-step that ended by ``at_s``, if
+        one did: what a router reading every streamed token would know at ``at_s``."""
+        if not self.scheduled or at_s < self.step_start_s:
+            return None
+        done = self._steps_done(at_s)
+        if done == 0:
+            return None
+        end = self._elapsed(done)
+        return self.step_start_s + end, end - self._elapsed(done - 1)
+
     def _steps_blocks_allow(self, decoders: list[Attempt], steps: int) -> int:
         """The longest prefix (1..steps) of the macro-step whose block growth fits in the free
         blocks (step 0's blocks are already taken)."""

@@ -11,6 +11,7 @@ import pytest
 from agents.policy.defaults import HomeDc, PassThrough
 from agents.policy.pipeline import Scheduler
 from agents.policy.types import BLOCK_TOKENS, BoolArray, ClusterView, Placement, RequestView
+from sim.engine.instance import Attempt, Instance
 from sim.engine.profiles import EngineOptions, KvAllocation
 from sim.loop.runner import SimConfig, Simulation, simulate
 from tests.unit.sim.helpers import LLAMA, fleet_of, request, with_budget, workload
@@ -182,3 +183,27 @@ def test_heartbeats_do_not_reveal_the_true_output_length(allocation: KvAllocatio
         assert shown[0][0][0] == -(-(1024 + 2048) // BLOCK_TOKENS)  # reserved for the budget
     else:  # the blocks its context occupies so far: prompt + ~40 tokens at 0.3 s
         assert shown[0][0][0] == -(-(1024 + 41) // BLOCK_TOKENS)
+
+
+def test_the_engine_tells_the_step_in_progress_and_the_last_step_ended() -> None:
+    """``step_end_after`` / ``last_step`` inside a macro-step of decode steps (what the phase
+    benchmark reads): the boundaries are the same decode-step sums as above."""
+    spec = fleet_of(1).instances[0]
+    engine = Instance(spec, (0.0, 100.0), kv_events=False)  # (this profile has no step noise)
+    assert engine.step_end_after(0.0) is None  # idle
+    engine.enqueue(Attempt(request("a", 0.0, 1000, 100), 1, 0.0, 100), 0.0)
+    first_token = engine.step_end_s
+    assert first_token == pytest.approx(prefill_s(1000, 0), rel=1e-9)
+    assert engine.last_step(first_token / 2) is None  # nothing ended yet in this (prefill) step
+    engine.finish_step(first_token)  # then a macro-step of 99 decode steps
+    boundaries, t, ctx = [], first_token, 1001
+    for _ in range(5):
+        t += LLAMA.t0_s + LLAMA.decode_s_per_seq + LLAMA.decode_s_per_context_token * ctx
+        ctx += 1
+        boundaries.append(t)
+    middle = (boundaries[2] + boundaries[3]) / 2
+    assert engine.step_end_after(middle) == pytest.approx(boundaries[3], rel=1e-9)
+    end, length = engine.last_step(middle)  # type: ignore[misc]
+    assert end == pytest.approx(boundaries[2], rel=1e-9)
+    assert length == pytest.approx(boundaries[2] - boundaries[1], rel=1e-9)
+    assert engine.last_step(first_token) is None  # the macro-step has just begun

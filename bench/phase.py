@@ -1,0 +1,149 @@
+"""Benchmark: how much of TokenPilot's TTFT prediction error is the phase of the engine step.
+
+Most requests of a busy pool first wait for the engine step in progress to end. TokenPilot's
+step clock (``agents/policy/tokenpilot/stepclock.py``) infers that wait from the step
+boundaries a router sees (first tokens, ends of responses). This runs TokenPilot three times per
+scoreboard cell, at its SLO capacity there (``make scoreboard``), and prints its TTFT
+prediction MAPE (after warm-up, as the scoreboard reports it):
+
+- ``clock``: as shipped;
+- ``stream``: the wait extrapolated from every step boundary, each seen ``--delay`` late (what
+  a router reading every streamed token of every instance could know): the last step seen, of
+  the engine's true length, if it ended at most two steps ago, else the clock's answer;
+- ``exact``: the engine's true remaining step time (an oracle no router has: the bound of what
+  phase knowledge can do; what is left is the engine's step noise and the law it departs from).
+
+Each run makes its own decisions (a better wait changes placements too), so the three runs
+differ in more than the prediction. Run: ``python -m bench.phase [--only CELL ...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from agents.policy.common.numeric import FloatArray, IntArray
+from agents.policy.pipeline import Scheduler
+from agents.policy.registry import build_scheduler
+from agents.policy.tokenpilot import TokenPilot
+from agents.policy.tokenpilot.stepclock import StepClock
+from agents.policy.types import ClusterView
+from sim.engine.fleet import parse_fleet
+from sim.engine.instance import Instance
+from sim.evaluation.metrics import report
+from sim.evaluation.scoreboard import AZURE_CODE, ENGINES, MOONCAKE
+from sim.loop.runner import SimConfig, Simulation
+from sim.workloads.sources import open_workload
+
+MODES = ("clock", "stream", "exact")
+DELAY_S = 0.02
+"""How late ``stream`` sees each step boundary: the scoreboard's signal delay (KV events, heartbeats)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    name: str
+    spec: str
+    engine: str
+    rate_scale: float  # TokenPilot's SLO capacity in the README's scoreboard run
+    jitter_s: float = 0.0
+
+
+CELLS = (
+    Cell("mooncake/default", MOONCAKE, "default", 1.98),
+    Cell("mooncake/perturbed", MOONCAKE, "perturbed", 0.505),
+    Cell("mooncake-spread/default", MOONCAKE, "default", 2.46, 3.0),
+    Cell("mooncake-spread/perturbed", MOONCAKE, "perturbed", 1.45, 3.0),
+    Cell("synthetic/default", "synthetic:duration_s=1800", "default", 9.56),
+    Cell("synthetic/perturbed", "synthetic:duration_s=1800", "perturbed", 5.94),
+    Cell("azure-code/default", AZURE_CODE, "default", 3.25),
+    Cell("azure-code/perturbed", AZURE_CODE, "perturbed", 3.99),
+)
+
+
+class EngineClock(StepClock):
+    """A step clock that reads the simulated engines' steps (``instances``, set once the
+    simulation has built them): exactly (``delay_s`` None) or as the last boundary ``delay_s``
+    ago and that step's length."""
+
+    def __init__(self, delay_s: float | None) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+        self.instances: dict[str, Instance] = {}
+
+    def wait(
+        self,
+        view: ClusterView,
+        now_s: float,
+        open_requests: IntArray,
+        batch: IntArray,
+        step_s: FloatArray,
+        scale: FloatArray,
+    ) -> FloatArray:
+        own = super().wait(view, now_s, open_requests, batch, step_s, scale)
+        for row, instance_id in enumerate(view.instance_ids):
+            engine = self.instances[instance_id]
+            if self.delay_s is None:
+                end = engine.step_end_after(now_s)
+                own[row] = 0.0 if end is None else max(end - now_s, 0.0)
+                continue
+            seen = engine.last_step(now_s - self.delay_s)
+            if own[row] > 0 and seen is not None and now_s - seen[0] <= 2 * seen[1]:
+                own[row] = seen[1] - (now_s - seen[0]) % seen[1]
+        return own
+
+
+def _scheduler(mode: str, seed: int) -> tuple[Scheduler, EngineClock | None]:
+    scheduler = build_scheduler("tokenpilot", seed=seed)
+    if mode == "clock":
+        return scheduler, None
+    router = scheduler.instance_selection
+    assert isinstance(router, TokenPilot)
+    clock = EngineClock(None if mode == "exact" else DELAY_S)
+    router.clock = clock
+    return scheduler, clock
+
+
+def mape(cell: Cell, mode: str) -> float | None:
+    config = SimConfig(seed=0)
+    trace = open_workload(cell.spec, config.seed).jittered(cell.jitter_s, config.seed)
+    scheduler, clock = _scheduler(mode, config.seed)
+    sim = Simulation(trace.scaled(cell.rate_scale), parse_fleet(ENGINES[cell.engine]), scheduler, config)
+    if clock is not None:
+        clock.instances = {engine.spec.instance_id: engine for engine in sim.instances}
+    run = sim.run()
+    value = report(run.attempts, run.window, config.slo_classes, run.busy_s)["ttft_prediction_mape"]
+    return None if value is None else float(value)  # type: ignore[arg-type]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.phase", description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", default=[], choices=[c.name for c in CELLS])
+    parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error("--jobs must be >= 1")
+    cells = [c for c in CELLS if not args.only or c.name in args.only]
+    runs = [(cell, mode) for cell in cells for mode in MODES]
+    with ProcessPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(mape, *zip(*runs, strict=True)))
+    by_run = dict(zip(runs, results, strict=True))
+    late_ms = DELAY_S * 1000
+    print(f"TokenPilot's TTFT MAPE at its SLO capacity (stream: every step boundary {late_ms:.0f} ms late)")
+    print(f"{'cell':<28}{'x':>7}" + "".join(f"{mode:>9}" for mode in MODES))
+    for cell in cells:
+        cols = "".join(f"{_pct(by_run[(cell, mode)]):>9}" for mode in MODES)
+        print(f"{cell.name:<28}{cell.rate_scale:>7.3g}{cols}")
+    return 0
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None or not np.isfinite(value) else f"{value:.1%}"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
