@@ -28,15 +28,14 @@ import numpy as np
 
 from agents.policy.common.numeric import FloatArray, IntArray
 from agents.policy.pipeline import Scheduler
-from agents.policy.registry import build_scheduler
 from agents.policy.tokenpilot import TokenPilot
 from agents.policy.tokenpilot.stepclock import StepClock
 from agents.policy.types import ClusterView
-from sim.engine.fleet import parse_fleet
+from sim.engine.fleet import FleetSpec, parse_fleet
 from sim.engine.instance import Instance
 from sim.evaluation.metrics import report
 from sim.evaluation.scoreboard import AZURE_CODE, ENGINES, MOONCAKE
-from sim.loop.runner import SimConfig, Simulation
+from sim.loop.runner import SimConfig, Simulation, scheduler_for
 from sim.workloads.sources import open_workload
 
 MODES = ("clock", "stream", "exact")
@@ -97,8 +96,8 @@ class EngineClock(StepClock):
         return own
 
 
-def _scheduler(mode: str, seed: int) -> tuple[Scheduler, EngineClock | None]:
-    scheduler = build_scheduler("tokenpilot", seed=seed)
+def _scheduler(mode: str, fleet: FleetSpec, config: SimConfig) -> tuple[Scheduler, EngineClock | None]:
+    scheduler = scheduler_for("tokenpilot", fleet, config)
     if mode == "clock":
         return scheduler, None
     router = scheduler.instance_selection
@@ -111,8 +110,9 @@ def _scheduler(mode: str, seed: int) -> tuple[Scheduler, EngineClock | None]:
 def mape(cell: Cell, mode: str) -> float | None:
     config = SimConfig(seed=0)
     trace = open_workload(cell.spec, config.seed).jittered(cell.jitter_s, config.seed)
-    scheduler, clock = _scheduler(mode, config.seed)
-    sim = Simulation(trace.scaled(cell.rate_scale), parse_fleet(ENGINES[cell.engine]), scheduler, config)
+    fleet = parse_fleet(ENGINES[cell.engine])
+    scheduler, clock = _scheduler(mode, fleet, config)
+    sim = Simulation(trace.scaled(cell.rate_scale), fleet, scheduler, config)
     if clock is not None:
         clock.instances = {engine.spec.instance_id: engine for engine in sim.instances}
     run = sim.run()

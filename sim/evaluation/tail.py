@@ -25,14 +25,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from agents.policy import build_scheduler
-from agents.policy.registry import StageParams, params_for, with_deployment
+from agents.policy.registry import StageParams, params_for
 from agents.policy.types import BLOCK_TOKENS
 from sim.engine.fleet import FleetSpec
 from sim.engine.instance import Attempt
 from sim.evaluation.ideal import ideal_attempts
 from sim.evaluation.metrics import measurement_window, percentile
-from sim.loop.runner import SimConfig, Simulation
+from sim.loop.runner import SimConfig, Simulation, scheduler_for
 from sim.workloads.trace import Workload
 
 LOST_TOKENS = 8192
@@ -56,8 +55,8 @@ class _Witness(Simulation):
         params: StageParams | None,
         sample_every: int,
     ) -> None:
-        deployed = with_deployment(policy, params_for(policy, params), config.heartbeat_s, fleet.rules)
-        super().__init__(workload, fleet, build_scheduler(policy, seed=config.seed, params=deployed), config)
+        scheduler = scheduler_for(policy, fleet, config, params_for(policy, params))
+        super().__init__(workload, fleet, scheduler, config)
         self.best_held: dict[Key, int] = {}  # prompt tokens, per attempt
         self.copies: list[tuple[int, int]] = []  # (distinct blocks, resident blocks) per sample
         self._batches = 0

@@ -504,9 +504,16 @@ def simulate(
 ) -> RunResult:
     """Run one policy (a fresh scheduler seeded with ``config.seed``) over the workload;
     ``feedback``: where a closed-loop admission stage's outcomes go (default: in memory)."""
-    deployed = with_deployment(policy_name, params, config.heartbeat_s, fleet.rules)
-    scheduler = build_scheduler(policy_name, seed=config.seed, params=deployed)
+    scheduler = scheduler_for(policy_name, fleet, config, params)
     return Simulation(workload, fleet, scheduler, config, feedback).run(progress)
+
+
+def scheduler_for(
+    policy_name: str, fleet: FleetSpec, config: SimConfig, params: StageParams | None = None
+) -> Scheduler:
+    """A fresh scheduler for ``policy_name`` as the simulator deploys it on ``fleet``."""
+    deployed = with_deployment(policy_name, params, config.heartbeat_s, fleet.rules)
+    return build_scheduler(policy_name, seed=config.seed, params=deployed)
 
 
 def _deadline_at(request: TraceRequest) -> float | None:
