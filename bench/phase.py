@@ -3,8 +3,9 @@
 Most requests of a busy pool first wait for the engine step in progress to end. TokenPilot's
 step clock (``agents/policy/tokenpilot/stepclock.py``) infers that wait from the step
 boundaries a router sees (first tokens, ends of responses). This runs TokenPilot three times per
-scoreboard cell, at its SLO capacity there (``make scoreboard``), and prints its TTFT
-prediction MAPE (after warm-up, as the scoreboard reports it):
+scoreboard cell, at its SLO capacity there (``make scoreboard``; ``--rate-scale`` for another
+load), and prints its TTFT prediction MAPE (after warm-up, as the scoreboard reports it) and its
+interactive SLO share (what the capacity search judges by):
 
 - ``clock``: as shipped;
 - ``stream``: the wait extrapolated from every step boundary, each seen ``--delay`` late (what
@@ -22,7 +23,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from agents.policy.tokenpilot.stepclock import StepClock
 from agents.policy.types import ClusterView
 from sim.engine.fleet import FleetSpec, parse_fleet
 from sim.engine.instance import Instance
+from sim.evaluation.capacity import interactive_share
 from sim.evaluation.metrics import report
 from sim.evaluation.scoreboard import AZURE_CODE, ENGINES, MOONCAKE
 from sim.loop.runner import SimConfig, Simulation, scheduler_for
@@ -107,8 +109,9 @@ def _scheduler(mode: str, fleet: FleetSpec, config: SimConfig) -> tuple[Schedule
     return scheduler, clock
 
 
-def mape(cell: Cell, mode: str) -> float | None:
-    config = SimConfig(seed=0)
+def measure(cell: Cell, mode: str, seed: int) -> tuple[float | None, float]:
+    """TokenPilot's TTFT MAPE and its interactive SLO share (the capacity judge's) in one run."""
+    config = SimConfig(seed=seed)
     trace = open_workload(cell.spec, config.seed).jittered(cell.jitter_s, config.seed)
     fleet = parse_fleet(ENGINES[cell.engine])
     scheduler, clock = _scheduler(mode, fleet, config)
@@ -117,27 +120,37 @@ def mape(cell: Cell, mode: str) -> float | None:
         clock.instances = {engine.spec.instance_id: engine for engine in sim.instances}
     run = sim.run()
     value = report(run.attempts, run.window, config.slo_classes, run.busy_s)["ttft_prediction_mape"]
-    return None if value is None else float(value)  # type: ignore[arg-type]
+    share = interactive_share(run.attempts, run.window, config)
+    return None if value is None else float(value), share  # type: ignore[arg-type]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.phase", description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", default=[], choices=[c.name for c in CELLS])
+    parser.add_argument("--rate-scale", type=float, help="run every cell at this scale, not its capacity")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
     args = parser.parse_args(argv)
-    if args.jobs < 1:
-        parser.error("--jobs must be >= 1")
+    if args.jobs < 1 or not (args.rate_scale is None or 0 < args.rate_scale <= 1000):
+        parser.error("--jobs must be >= 1 and --rate-scale in (0, 1000]")
     cells = [c for c in CELLS if not args.only or c.name in args.only]
+    if args.rate_scale is not None:
+        cells = [replace(c, rate_scale=args.rate_scale) for c in cells]
     runs = [(cell, mode) for cell in cells for mode in MODES]
     with ProcessPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(mape, *zip(*runs, strict=True)))
+        results = list(pool.map(measure, *zip(*runs, strict=True), [args.seed] * len(runs)))
     by_run = dict(zip(runs, results, strict=True))
     late_ms = DELAY_S * 1000
-    print(f"TokenPilot's TTFT MAPE at its SLO capacity (stream: every step boundary {late_ms:.0f} ms late)")
-    print(f"{'cell':<28}{'x':>7}" + "".join(f"{mode:>9}" for mode in MODES))
+    print(f"TokenPilot, seed {args.seed} (stream: every step boundary {late_ms:.0f} ms late)")
+    print(
+        f"{'cell':<28}{'x':>7}"
+        + "".join(f"{'MAPE ' + m:>14}" for m in MODES)
+        + "".join(f"{'share ' + m:>15}" for m in MODES)
+    )
     for cell in cells:
-        cols = "".join(f"{_pct(by_run[(cell, mode)]):>9}" for mode in MODES)
-        print(f"{cell.name:<28}{cell.rate_scale:>7.3g}{cols}")
+        errors = "".join(f"{_pct(by_run[(cell, mode)][0]):>14}" for mode in MODES)
+        shares = "".join(f"{by_run[(cell, mode)][1]:>15.4f}" for mode in MODES)
+        print(f"{cell.name:<28}{cell.rate_scale:>7.3g}{errors}{shares}")
     return 0
 
 
