@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -26,6 +26,9 @@ except ImportError:  # older typer runs on click itself
     from click.exceptions import ClickException, UsageError  # type: ignore[assignment]
 
 from sim.workloads import MOONCAKE
+
+if TYPE_CHECKING:
+    from sim.loop.runner import SimConfig
 
 DEMO_TRACE = str(MOONCAKE)
 DEFAULT_FLEET = "8xllama3-8b-h100"
@@ -164,6 +167,31 @@ PolicyConfigOpt = Annotated[
 JsonOpt = Annotated[str | None, typer.Option("--json", metavar="OUT", help="write the results as JSON")]
 
 
+def _sim_config(
+    seed: int, heartbeat: float, signal_delay: float, retry_share: float, output_budget: int | None
+) -> SimConfig:
+    """The simulator's configuration from the options its commands share."""
+    from sim.loop.runner import SimConfig
+
+    return SimConfig(
+        seed=seed,
+        heartbeat_s=heartbeat,
+        signal_delay_s=signal_delay,
+        retry_share=retry_share,
+        output_budget=output_budget,
+    )
+
+
+def _no_bounds(policies: Sequence[str]) -> None:
+    """``ideal`` and ``ideal-fleet-cache`` are latency floors ``simulate`` reports, not policies."""
+    from sim.evaluation.compare import BOUNDS
+
+    bounds = [name for name in policies if name in BOUNDS]
+    if bounds:
+        names = ", ".join(bounds)
+        raise typer.BadParameter(f"{names} is a latency bound, not a policy", param_hint="--policy")
+
+
 def _checked_policies(policies: Sequence[str], seed: int, policy_config: Path | None) -> Any:
     """The stage parameters, once every policy name and parameter was checked (before any trace
     is read or policy run)."""
@@ -226,16 +254,9 @@ def simulate(
     from sim.engine.fleet import parse_fleet
     from sim.evaluation.compare import compare
     from sim.evaluation.report import TABLE_WIDTH, comparison, progress_bar
-    from sim.loop.runner import SimConfig
     from sim.workloads.sources import open_workload
 
-    config = SimConfig(
-        seed=seed,
-        heartbeat_s=heartbeat,
-        signal_delay_s=signal_delay,
-        retry_share=retry_share,
-        output_budget=output_budget,
-    )
+    config = _sim_config(seed, heartbeat, signal_delay, retry_share, output_budget)
     if scenario is not None:
         _simulate_scenario(scenario, workload, policy, config, rate_scale, policy_config, json_out)
         return
@@ -330,8 +351,6 @@ def capacity(
     within their TTFT and TPOT objective (bisection to --precision)."""
     from sim.engine.fleet import parse_fleet
     from sim.evaluation.capacity import capacities, format_capacity
-    from sim.evaluation.compare import BOUNDS
-    from sim.loop.runner import SimConfig
     from sim.workloads.sources import open_workload
 
     if scenario is None and workload is None:
@@ -346,11 +365,7 @@ def capacity(
         from sim.evaluation.scenario import DEFAULT_POLICIES
 
         policy = list(DEFAULT_POLICIES)
-    bounds = [name for name in policy if name in BOUNDS]
-    if bounds:
-        raise typer.BadParameter(
-            f"{', '.join(bounds)} is a latency bound, not a policy", param_hint="--policy"
-        )
+    _no_bounds(policy)
     params = _checked_policies(policy, seed, policy_config)
     if scenario is not None:
         from sim.scenarios import load_scenario
@@ -361,13 +376,7 @@ def capacity(
         assert workload is not None
         spec, base = parse_fleet(fleet), open_workload(workload, seed=seed)
     trace = base.jittered(jitter_arrivals, seed)
-    config = SimConfig(
-        seed=seed,
-        heartbeat_s=heartbeat,
-        signal_delay_s=signal_delay,
-        retry_share=retry_share,
-        output_budget=output_budget,
-    )
+    config = _sim_config(seed, heartbeat, signal_delay, retry_share, output_budget)
     document = capacities(trace, spec, policy, config, start, precision, params, jobs)
     print(format_capacity(document))
     if json_out:
@@ -397,26 +406,14 @@ def tail(
     """Where a policy's TTFT tail comes from, against the ideal floor: the prompt cache lost to
     the fleet's capacity (held by no instance) or to routing (held by another), and its cost."""
     from sim.engine.fleet import parse_fleet
-    from sim.evaluation.compare import BOUNDS
     from sim.evaluation.tail import analyse, format_tail, to_json
-    from sim.loop.runner import SimConfig
     from sim.workloads.sources import open_workload
 
-    bounds = [name for name in policy if name in BOUNDS]
-    if bounds:
-        raise typer.BadParameter(
-            f"{', '.join(bounds)} is a latency bound, not a policy", param_hint="--policy"
-        )
+    _no_bounds(policy)
     params = _checked_policies(policy, seed, policy_config)
     spec = parse_fleet(fleet)
     trace = open_workload(workload, seed=seed).jittered(jitter_arrivals, seed).scaled(rate_scale)
-    config = SimConfig(
-        seed=seed,
-        heartbeat_s=heartbeat,
-        signal_delay_s=signal_delay,
-        retry_share=retry_share,
-        output_budget=output_budget,
-    )
+    config = _sim_config(seed, heartbeat, signal_delay, retry_share, output_budget)
     tails = [analyse(trace, spec, name, config, params) for name in policy]
     print("\n".join(format_tail(t) for t in tails))
     if json_out:

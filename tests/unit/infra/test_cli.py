@@ -372,3 +372,28 @@ def test_a_bad_batch_deadline_is_one_line(
     batch.write_text(BATCH_LINE)
     err = _error_line(capsys, main(["batch", "submit", str(batch), "--deadline", deadline]), "batch submit")
     assert "invalid duration" in err and len(err) < 300
+
+
+def test_tail_analyses_a_policy_and_refuses_a_bound(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """``tokenfleet tail``: its JSON per policy; a latency bound, a missing file or policy is one
+    line and exit 2."""
+    out = tmp_path / "tail.json"
+    small = ["tail", "--workload", "synthetic:duration_s=60", "--fleet", "2xllama3-8b-h100"]
+    assert main([*small, "--policy", "tokenpilot", "--json", str(out)]) == 0
+    (tail,) = json.loads(out.read_text())["tails"]
+    assert tail["policy"] == "tokenpilot" and tail["requests"] > 0
+    assert set(tail["ttft_s"]) == {"p50", "p95", "p99"}
+    # Restoring caches can only make a request faster, so no quantile rises.
+    for restored in ("rerouted_ttft_s", "restored_ttft_s"):
+        assert all(tail[restored][q] <= tail["ttft_s"][q] for q in ("p50", "p95", "p99"))
+    capsys.readouterr()
+    for args, says in (
+        ([*small, "--policy", "ideal"], "ideal is a latency bound"),
+        (["tail", "--workload", "/no/such/file.jsonl", "--policy", "tokenpilot"], "workload file not found"),
+        (small, "'--policy'"),
+    ):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and err.startswith("tokenfleet tail: error: ") and says in err, err
