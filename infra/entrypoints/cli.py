@@ -110,6 +110,9 @@ class LogLevel(StrEnum):
 # Options shared by the simulator's commands (``simulate``, ``capacity``).
 WorkloadOpt = Annotated[str, typer.Option("--workload", metavar="PATH", help=WORKLOAD_HELP)]
 FleetOpt = Annotated[str, typer.Option("--fleet", metavar="SPEC", help=FLEET_HELP)]
+RateScaleOpt = Annotated[
+    float, typer.Option("--rate-scale", metavar="X", help=RATE_SCALE_HELP, callback=_rate_scale)
+]
 SeedOpt = Annotated[int, typer.Option("--seed", metavar="N", callback=_seed)]
 HeartbeatOpt = Annotated[
     float,
@@ -235,9 +238,7 @@ def simulate(
     ] = None,
     scenario: ScenarioOpt = None,
     fleet: FleetOpt = DEFAULT_FLEET,
-    rate_scale: Annotated[
-        float, typer.Option("--rate-scale", metavar="X", help=RATE_SCALE_HELP, callback=_rate_scale)
-    ] = 1.0,
+    rate_scale: RateScaleOpt = 1.0,
     seed: SeedOpt = 0,
     heartbeat: HeartbeatOpt = 0.25,
     signal_delay: SignalDelayOpt = 0.02,
@@ -391,9 +392,7 @@ def tail(
         list[str], typer.Option("--policy", metavar="NAME", help=f"{POLICY_HELP}; repeat to analyse several")
     ],
     fleet: FleetOpt = DEFAULT_FLEET,
-    rate_scale: Annotated[
-        float, typer.Option("--rate-scale", metavar="X", help=RATE_SCALE_HELP, callback=_rate_scale)
-    ] = 1.0,
+    rate_scale: RateScaleOpt = 1.0,
     seed: SeedOpt = 0,
     heartbeat: HeartbeatOpt = 0.25,
     signal_delay: SignalDelayOpt = 0.02,
@@ -634,9 +633,7 @@ def _inventory(path: str | None, settings: Any) -> Any:
 @app.command()
 def loadgen(
     workload: Annotated[str, typer.Option("--workload", metavar="PATH", help=WORKLOAD_HELP)],
-    rate_scale: Annotated[
-        float, typer.Option("--rate-scale", metavar="X", help=RATE_SCALE_HELP, callback=_rate_scale)
-    ] = 1.0,
+    rate_scale: RateScaleOpt = 1.0,
     model: Annotated[
         str, typer.Option("--model", metavar="NAME", help="model pool the requests are for")
     ] = "llama3-8b",
@@ -883,9 +880,7 @@ def demo(
         ),
     ] = None,
     workload: Annotated[str, typer.Option("--workload", metavar="PATH", help=WORKLOAD_HELP)] = DEMO_TRACE,
-    rate_scale: Annotated[
-        float, typer.Option("--rate-scale", metavar="X", help=RATE_SCALE_HELP, callback=_rate_scale)
-    ] = 1.0,
+    rate_scale: RateScaleOpt = 1.0,
     fleet: Annotated[str, typer.Option("--fleet", metavar="SPEC", help=FLEET_HELP)] = DEFAULT_FLEET,
     json_out: Annotated[
         str | None, typer.Option("--json", metavar="OUT", help="write the summary as JSON")
