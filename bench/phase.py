@@ -36,7 +36,7 @@ from sim.engine.fleet import FleetSpec, parse_fleet
 from sim.engine.instance import Instance
 from sim.evaluation.capacity import interactive_share
 from sim.evaluation.metrics import report
-from sim.evaluation.scoreboard import AZURE_CODE, ENGINES, MOONCAKE
+from sim.evaluation.scoreboard import ENGINES, WORKLOADS, Workload
 from sim.loop.runner import SimConfig, Simulation, scheduler_for
 from sim.workloads.sources import open_workload
 
@@ -45,25 +45,31 @@ DELAY_S = 0.02
 """How late ``stream`` sees each step boundary: the scoreboard's signal delay (KV events, heartbeats)."""
 
 
+CAPACITY = {
+    ("mooncake", "default"): 1.98,
+    ("mooncake", "perturbed"): 0.505,
+    ("mooncake-spread", "default"): 2.46,
+    ("mooncake-spread", "perturbed"): 1.45,
+    ("synthetic", "default"): 9.56,
+    ("synthetic", "perturbed"): 5.94,
+    ("azure-code", "default"): 3.25,
+    ("azure-code", "perturbed"): 3.99,
+}
+"""TokenPilot's SLO capacity per (workload, engine) in the README's scoreboard run."""
+
+
 @dataclass(frozen=True, slots=True)
 class Cell:
-    name: str
-    spec: str
+    workload: Workload  # the scoreboard's (trace spec, arrival jitter)
     engine: str
-    rate_scale: float  # TokenPilot's SLO capacity in the README's scoreboard run
-    jitter_s: float = 0.0
+    rate_scale: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.workload.name}/{self.engine}"
 
 
-CELLS = (
-    Cell("mooncake/default", MOONCAKE, "default", 1.98),
-    Cell("mooncake/perturbed", MOONCAKE, "perturbed", 0.505),
-    Cell("mooncake-spread/default", MOONCAKE, "default", 2.46, 3.0),
-    Cell("mooncake-spread/perturbed", MOONCAKE, "perturbed", 1.45, 3.0),
-    Cell("synthetic/default", "synthetic:duration_s=1800", "default", 9.56),
-    Cell("synthetic/perturbed", "synthetic:duration_s=1800", "perturbed", 5.94),
-    Cell("azure-code/default", AZURE_CODE, "default", 3.25),
-    Cell("azure-code/perturbed", AZURE_CODE, "perturbed", 3.99),
-)
+CELLS = tuple(Cell(w, engine, CAPACITY[(w.name, engine)]) for w in WORKLOADS for engine in ENGINES)
 
 
 class EngineClock(StepClock):
@@ -112,7 +118,7 @@ def _scheduler(mode: str, fleet: FleetSpec, config: SimConfig) -> tuple[Schedule
 def measure(cell: Cell, mode: str, seed: int) -> tuple[float | None, float]:
     """TokenPilot's TTFT MAPE and its interactive SLO share (the capacity judge's) in one run."""
     config = SimConfig(seed=seed)
-    trace = open_workload(cell.spec, config.seed).jittered(cell.jitter_s, config.seed)
+    trace = open_workload(cell.workload.spec, config.seed).jittered(cell.workload.jitter_s, config.seed)
     fleet = parse_fleet(ENGINES[cell.engine])
     scheduler, clock = _scheduler(mode, fleet, config)
     sim = Simulation(trace.scaled(cell.rate_scale), fleet, scheduler, config)

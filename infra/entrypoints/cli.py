@@ -107,7 +107,8 @@ class LogLevel(StrEnum):
     debug = "debug"
 
 
-# Options shared by the simulator's commands (``simulate``, ``capacity``).
+# Options shared by the simulator's commands (``simulate``, ``capacity``, ``tail``; ``--rate-scale``
+# also ``loadgen`` and ``demo``).
 WorkloadOpt = Annotated[str, typer.Option("--workload", metavar="PATH", help=WORKLOAD_HELP)]
 FleetOpt = Annotated[str, typer.Option("--fleet", metavar="SPEC", help=FLEET_HELP)]
 RateScaleOpt = Annotated[

@@ -12,12 +12,14 @@ everywhere) — no placement of that request could have found it.
 
 Also measured: the *duplication* of the fleet's cache (share of the resident blocks that are a
 second or later copy of a block, sampled every ``SAMPLE_EVERY`` decisions: the most a router
-that avoided copies could win back as room), and the policy's TTFT quantiles were every lost
-request's cache restored (its wait for the engine kept, its prefill as ``ideal``'s): what the
-cache that capacity and routing lost costs the tail, and the same for the caches lost to routing only
-(what a better placement could win back, its queueing aside), and that less each request's wait
-until its first chunk was scheduled: roughly the least a router that leaves the engines' caches
-to them could reach with this workload and fleet.
+that avoided copies could win back as room), and the policy's TTFT quantiles three more times:
+
+- every lost request's cache restored (its wait to be scheduled kept, its prefill as
+  ``ideal``'s): what the caches lost to capacity and routing cost the tail;
+- only the caches lost to routing restored: what a better placement could win back, its
+  queueing aside;
+- that, less each request's wait until its first chunk was scheduled: roughly the least a
+  router that leaves the engines' caches to them could reach with this workload and fleet.
 """
 
 from __future__ import annotations
