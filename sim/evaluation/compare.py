@@ -11,7 +11,8 @@ from agents.policy.registry import PolicyError, StageParams, params_for, parse_p
 from agents.policy.types import BLOCK_TOKENS
 from sim.engine.fleet import FleetSpec
 from sim.evaluation.ideal import ideal_attempts
-from sim.evaluation.metrics import report
+from sim.evaluation.metrics import RequestOutcome, judged, report
+from sim.evaluation.regret import pass_through_twin, rejected_met_without_admission
 from sim.loop.runner import SimConfig, simulate
 from sim.workloads.trace import Workload
 
@@ -61,9 +62,12 @@ def compare(
     so the same seed gives byte-identical JSON). ``params``: stage parameters (registry)."""
     check_policies(policies, params)
     scaled = workload.scaled(rate_scale)
-    results: dict[str, object] = {}
+    twins = {name: twin for name in policies if name not in BOUNDS and (twin := pass_through_twin(name))}
+    runs = [*policies, *(t for t in dict.fromkeys(twins.values()) if t not in policies)]
+    results: dict[str, dict[str, object]] = {}
+    requests: dict[str, list[RequestOutcome]] = {}
     timings = []
-    for name in policies:
+    for name in runs:
         started = time.perf_counter()
         if name in BOUNDS:
             window = (scaled.requests[0].arrival_s, scaled.requests[-1].arrival_s)
@@ -75,7 +79,11 @@ def compare(
             tick = progress(name, len(scaled.requests)) if progress else None
             run = simulate(scaled, fleet, name, config, tick, params_for(name, params))
             results[name] = report(run.attempts, run.window, config.slo_classes, run.busy_s)
+            if name in twins or name in twins.values():
+                requests[name] = judged(run.attempts, run.window, config.slo_classes)
         timings.append(Timing(name, time.perf_counter() - started, len(scaled.requests)))
+    for name, twin in twins.items():
+        _add_regret(results[name], twin, rejected_met_without_admission(requests[name], requests[twin]))
     document = {
         "workload": workload.name,
         "fleet": fleet.name,
@@ -88,3 +96,13 @@ def compare(
         "results": results,
     }
     return document, timings
+
+
+def _add_regret(result: dict[str, object], twin: str, regret: dict[str, int]) -> None:
+    """``rejected_met_without_admission`` (``regret.py``) into a policy's totals and classes."""
+    result["regret_twin"] = twin
+    result["rejected_met_without_admission"] = regret["all"]
+    per_class = result["per_class"]
+    assert isinstance(per_class, dict)
+    for name, metrics in per_class.items():
+        metrics["rejected_met_without_admission"] = regret.get(name, 0)

@@ -41,6 +41,7 @@ Metrics = dict[str, float | int | None]
 class RequestOutcome:
     """What happened to one request over all its attempts."""
 
+    request_id: str
     slo_class: str
     status: str  # ok | aborted | rejected (of the last attempt)
     ttft_s: float
@@ -102,6 +103,7 @@ def outcomes(
         admitted = [a for a in tries if a.admitted_s is not None]
         result.append(
             RequestOutcome(
+                request_id=request.request_id,
                 slo_class=request.slo_class,
                 status=last.status,
                 ttft_s=ttft,
@@ -189,6 +191,14 @@ def prediction_mape(attempts: Iterable[Attempt], window: tuple[float, float]) ->
     return float(np.mean(errors)) if errors else None
 
 
+def judged(
+    attempts: Sequence[Attempt], arrivals: tuple[float, float], slo_classes: dict[str, SloClass]
+) -> list[RequestOutcome]:
+    """The outcome of every request of the run's cohort, over its ``measurement_window``."""
+    window = measurement_window(attempts, arrivals)
+    return outcomes(attempts, window, slo_classes, closed_at_end=window == arrivals)
+
+
 def report(
     attempts: Iterable[Attempt],
     window: tuple[float, float],
@@ -201,7 +211,7 @@ def report(
     arrivals = window
     window = measurement_window(attempts, arrivals)
     extended = window != arrivals
-    requests = outcomes(attempts, window, slo_classes, closed_at_end=not extended)
+    requests = judged(attempts, arrivals, slo_classes)
     window_s = max(window[1] - window[0], 1e-9)
     busy = None if busy_s is None or extended else sum(busy_s) / (len(busy_s) * window_s)
     total: dict[str, object] = dict(_rounded(summarize(requests, window_s, busy)))

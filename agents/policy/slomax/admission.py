@@ -71,6 +71,7 @@ import numpy as np
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES, LONG_CONTEXT_INPUT_TOKENS, SloClass
 from agents.policy.slomax.classes import BATCH, INTERACTIVE, LONG_CONTEXT, Classified, ClassRules
 from agents.policy.slomax.controller import Controller, Knobs, Step
+from agents.policy.slomax.errors import PredictionErrors
 from agents.policy.slomax.fairness import VirtualTokenCounter
 from agents.policy.slomax.feedback import GoodputSource
 from agents.policy.slomax.placement import PrefillLoad, Rows
@@ -108,6 +109,9 @@ class _InFlight:
     tokens: int  # input + output budget: what it may hold of the pool's capacity
     prefilling: bool
     prefill_s: float  # its own predicted prefill time
+    input_tokens: int
+    predicted_s: float | None  # the TTFT admission predicted were it sent then
+    waited_s: float  # how long it had waited when admitted
     instance_id: str = ""  # where it was placed (once known)
 
 
@@ -186,6 +190,9 @@ class SloMax:
         self._long_on: dict[str, int] = {}  # instance id -> long prompts placed there, prefilling
         self._held: set[tuple[str, int]] = set()
         self._observed = _ObservedTtft()
+        self.errors = PredictionErrors()
+        self._reoffer = _ReofferGap()
+        self._interactive_held_s = -np.inf  # when an interactive request was last held
         self._backlogged: set[str] = set()  # tenants with requests in the previous offer
         self._mask_key: tuple[int, str] = (-1, "")
         self._mask: BoolArray = np.zeros(0, dtype=bool)
@@ -225,6 +232,7 @@ class SloMax:
     def admit(self, requests: Sequence[RequestView], view: ClusterView, now_s: float) -> list[Admission]:
         self._now = now_s  # the placements of this offer follow it at the same instant
         self.control(now_s)
+        self._reoffer.seen(view.version, now_s)
         answers: list[Admission | None] = [None] * len(requests)
         offers = [self._offer(i, r, now_s) for i, r in enumerate(requests)]
         active = {o.request.tenant for o in offers}
@@ -235,8 +243,10 @@ class SloMax:
         ready = max(int(view.ready.sum()), 1)
         capacity = int(view.kv_total[view.ready].sum()) * BLOCK_TOKENS
         pending = 0  # prefill tokens admitted in this offer, not yet seen by the router
-        room = self.prefill.room(view, now_s, self.tpot_headroom * self._tpot_objective())
-        rows = Rows(view, self._long_on, self.long_prefills_per_instance, self.long_share, room)
+        tpot = self._tpot_objective()
+        room = self.prefill.room(view, now_s, self.tpot_headroom * tpot)
+        due_room = self.prefill.room(view, now_s, tpot)
+        rows = Rows(view, self._long_on, self.long_prefills_per_instance, self.long_share, room, due_room)
         interactive_waits = False
         batch_closed = False  # a batch request was refused its gate: later ones are too
         for offer in offers:
@@ -250,9 +260,10 @@ class SloMax:
                 _, own = _at_best(predicted, answer.candidates)  # its prefill where it likely runs
                 pending += request.input_tokens
                 rows.taken(cls.slo_class, answer.candidates, own)
-                self._admitted(request, cls, own)
+                self._admitted(request, cls, own, answer.predicted_ttft_s, now_s)
             elif answer.action == "queue":
-                interactive_waits |= cls.slo_class == INTERACTIVE
+                if cls.slo_class == INTERACTIVE:
+                    interactive_waits, self._interactive_held_s = True, now_s
                 batch_closed |= cls.slo_class == BATCH
             answers[offer.index] = answer
             self._count(answer)
@@ -309,25 +320,71 @@ class SloMax:
             return self._queue(request, BATCH, f"batch gate closed: predicted TTFT {ttft:.2f} s", ttft)
         objective = self._objective_of(name)
         waited = now_s - request.arrival_s
-        if waited + ttft > objective:
+        low, high = self.errors.bounds(name, request.input_tokens)
+        if waited + low * ttft > objective:
             code = "expired" if held else "cannot_meet_slo"
-            detail = f"waited {waited:.2f} s + predicted TTFT {ttft:.2f} s > {objective:g} s objective"
-            return self._reject(request, code, detail, waited + ttft - objective, ttft)
+            detail = (
+                f"waited {waited:.2f} s + predicted TTFT {ttft:.2f} s (at least {low * ttft:.2f} s) "
+                f"> {objective:g} s objective"
+            )
+            return self._reject(request, code, detail, waited + low * ttft - objective, ttft)
+        # A gate below may hold the request only while it can afford another offer: one that
+        # would miss its objective by waiting for the next snapshot is due. The headroom gate
+        # guards the request itself (a margin for prediction error): a due request passes it
+        # where the high end of its prediction still meets the objective. The room and
+        # long-prompt gates guard the interactive work: they yield when none of it is waiting
+        # (``_calm``), the room gate only to a due request.
+        due = waited + self._reoffer.gap_s + high * ttft > objective
+        calm = not interactive_waits and self._calm(now_s)
         if name == LONG_CONTEXT and not rows.long_room():
             reason = "every instance is prefilling its share of long prompts"
+            if calm:
+                return self._due(request, predicted, waited, objective, high, reason, None, ttft)
             return self._queue(request, name, reason, ttft)
         where = rows.for_request(name, predicted.own_s)
         if where is None:
-            return self._queue(request, name, _NO_ROOM, ttft)
+            # A due request may take the room left below the TPOT objective itself (not its
+            # headroom): there its prefill slows the decodes without making them miss.
+            where = rows.for_request(name, predicted.own_s, due=due)
+            if where is None or not due:
+                return self._queue(request, name, _NO_ROOM, ttft)
+            return self._due(request, predicted, waited, objective, high, _NO_ROOM, where, ttft)
         headroom = self.knobs.headroom if name == INTERACTIVE else self.long_headroom
         limit = min(headroom * objective, (objective - waited) / (1.0 + self.ttft_margin))
         fits = where & (predicted.ttft_s <= limit)
         if not fits.any():
             ttft, _ = _at_best(predicted, where)
             reason = f"predicted TTFT {ttft:.2f} s over {limit:.2f} s (headroom and margin)"
+            if due or (name == LONG_CONTEXT and calm):
+                return self._due(request, predicted, waited, objective, high, reason, where, ttft)
             return self._queue(request, name, reason, ttft)
         ttft, _ = _at_best(predicted, fits)
         return self._admit(f"slomax: {name} within headroom", ttft, fits)
+
+    def _calm(self, now_s: float) -> bool:
+        """No interactive request was held within the last ``prefill.tau_s`` seconds."""
+        return now_s - self._interactive_held_s > self.prefill.tau_s
+
+    def _due(
+        self,
+        request: RequestView,
+        predicted: RowPrediction,
+        waited: float,
+        objective: float,
+        high: float,
+        gate: str,
+        where: BoolArray | None,
+        ttft: float,
+    ) -> Admission:
+        """A due request past the gate that would hold it: admitted onto the rows of ``where``
+        (None: any) where even the high end of its prediction meets its objective; held if none
+        (it expires once even the low end misses)."""
+        allowed = np.isfinite(predicted.ttft_s) if where is None else where
+        rows = allowed & (waited + high * predicted.ttft_s <= objective)
+        if not rows.any():
+            return self._queue(request, self.rules.classify(request).slo_class, gate, ttft)
+        ttft, _ = _at_best(predicted, rows)
+        return self._admit(f"slomax: due (a hold would miss its objective; gate waived: {gate})", ttft, rows)
 
     def _predict(
         self, offer: _Offer, view: ClusterView, now_s: float, ready: int, pending: int
@@ -389,12 +446,17 @@ class SloMax:
             "reject", f"{code}: {detail}{hint}", predicted_ttft_s=predicted, retry_after_s=retry_after_s
         )
 
-    def _admitted(self, request: RequestView, cls: Classified, prefill_s: float) -> None:
+    def _admitted(
+        self, request: RequestView, cls: Classified, prefill_s: float, predicted: float | None, now_s: float
+    ) -> None:
         self._held.discard(request.key)
         if request.key in self._in_flight:
             return  # offered again (held for capacity by the pipeline): counted once
         tokens = request.input_tokens + request.output_budget
-        self._in_flight[request.key] = _InFlight(cls.slo_class, request.tenant, tokens, True, prefill_s)
+        waited = now_s - request.arrival_s
+        self._in_flight[request.key] = _InFlight(
+            cls.slo_class, request.tenant, tokens, True, prefill_s, request.input_tokens, predicted, waited
+        )
         self._class_tokens[cls.slo_class] = self._class_tokens.get(cls.slo_class, 0) + tokens
         self._tenant_tokens[request.tenant] = self._tenant_tokens.get(request.tenant, 0) + tokens
         self.fair.charge(request.key, request.tenant, cls.weight, request.input_tokens, request.output_budget)
@@ -408,6 +470,9 @@ class SloMax:
             entry = self._in_flight.get((event.request_id, event.attempt))
             if entry is not None:
                 self._observed.add(entry.slo_class, event.ttft_s, event.time_s)
+                if entry.predicted_s is not None:
+                    got = event.ttft_s - entry.waited_s  # from the admission it predicted for
+                    self.errors.add(entry.slo_class, entry.input_tokens, entry.predicted_s, got)
                 self._prefilled(entry)
         elif isinstance(event, Finished):
             key = (event.request_id, event.attempt)
@@ -460,3 +525,21 @@ class _ObservedTtft:
     def wait_s(self, slo_class: str, now_s: float) -> float:
         mean, at = self._mean.get(slo_class, (0.0, now_s))
         return float(mean * 0.5 ** (max(now_s - at, 0.0) / self.half_life_s))
+
+
+class _ReofferGap:
+    """How long until a held request is offered again: the mean time between new snapshots
+    (an exponential average, weight ``alpha`` per new version, starting at ``initial_s``)."""
+
+    def __init__(self, alpha: float = 0.1, initial_s: float = 0.25) -> None:
+        self.alpha = alpha
+        self.gap_s = initial_s
+        self._version = -1
+        self._at: float | None = None
+
+    def seen(self, version: int, now_s: float) -> None:
+        if version == self._version:
+            return
+        if self._at is not None:
+            self.gap_s += self.alpha * (now_s - self._at - self.gap_s)
+        self._version, self._at = version, now_s

@@ -45,14 +45,15 @@ class PrefillLoad:
     def add(self, instance_id: str, seconds: float, now_s: float) -> None:
         self._load[instance_id] = (self._decayed(instance_id, now_s) + seconds, now_s)
 
-    def room(self, view: ClusterView, now_s: float, target_s: float) -> FloatArray:
-        """Prefill seconds each row of ``view`` can still take (negative: none)."""
+    def room(self, view: ClusterView, now_s: float, target_s: float) -> tuple[FloatArray, FloatArray]:
+        """(room, budget) per row of ``view``: the prefill seconds it can still take (negative:
+        none), and what it could take with no prefill placed on it lately."""
         t0, per_seq, per_token = self.law
         step = t0 + per_seq * view.running + per_token * view.tokens_in_flight
         budget = self.tau_s * (1.0 - step / target_s)
         load = np.array([self._decayed(i, now_s) for i in view.instance_ids], dtype=np.float64)
-        out: FloatArray = np.where(view.ready, budget - load, -np.inf)
-        return out
+        room: FloatArray = np.where(view.ready, budget - load, -np.inf)
+        return room, budget
 
     def _decayed(self, instance_id: str, now_s: float) -> float:
         load, at = self._load.get(instance_id, (0.0, now_s))
@@ -69,14 +70,24 @@ class Rows:
     instances prefilling long prompts while another instance has room (work-conserving): a long
     prefill's chunks stall every decode of its instance for seconds.
 
-    Every request needs a row with prefill room for its own prefill (``PrefillLoad`` above);
+    Every request needs a row with prefill room for its own prefill (``PrefillLoad`` above),
+    capped at half the row's budget: a prefill longer than that (a long prompt of several
+    seconds) cannot fit the window at all, yet it stretches its instance's decodes for its whole
+    length whatever else is placed there, so it needs half of an idle instance's budget free,
+    not more (asking for room it can never get held every 60k+ token prompt until it expired);
     urgent batch work may use any row. The router places what admission let through only after
     it, so an admitted request's prefill is charged evenly to the rows it may use, and one offer
     admits at most one long prompt per instance it may use.
     """
 
     def __init__(
-        self, view: ClusterView, long_on: Mapping[str, int], limit: int, long_share: float, room: FloatArray
+        self,
+        view: ClusterView,
+        long_on: Mapping[str, int],
+        limit: int,
+        long_share: float,
+        room: tuple[FloatArray, FloatArray],
+        due_room: tuple[FloatArray, FloatArray],
     ) -> None:
         counts = np.zeros(len(view), dtype=np.int64)
         for instance_id, n in long_on.items():
@@ -91,15 +102,21 @@ class Rows:
         self._long: BoolArray = open_busy | quiet if new > 0 else open_busy
         self._free = int(open_busy.sum()) + new
         self._quiet: BoolArray | None = quiet if busy.any() and quiet.any() else None
-        self.room = room
+        self.room, self.budget = room
+        self.due_room, self.due_budget = due_room
 
     def long_room(self) -> bool:
         return self._free > 0
 
-    def for_request(self, slo_class: str, prefill_s: FloatArray, urgent: bool = False) -> BoolArray | None:
+    def for_request(
+        self, slo_class: str, prefill_s: FloatArray, urgent: bool = False, due: bool = False
+    ) -> BoolArray | None:
         """The rows a request of ``slo_class`` may use, ``prefill_s`` its own prefill seconds on
-        each row; None: none has room (it waits)."""
-        fits: BoolArray = np.isfinite(self.room) if urgent else self.room >= prefill_s
+        each row; None: none has room (it waits). ``due``: measured by ``due_room`` (the room
+        below the TPOT objective itself) instead of ``room`` (below its headroom)."""
+        room, budget = (self.due_room, self.due_budget) if due else (self.room, self.budget)
+        need = np.minimum(prefill_s, 0.5 * budget)
+        fits: BoolArray = np.isfinite(room) if urgent else room >= need
         share = self._long if slo_class == LONG_CONTEXT else self._quiet
         if share is not None:
             both = fits & share
@@ -112,3 +129,4 @@ class Rows:
             self._free -= 1
         if rows is not None and rows.any():
             self.room[rows] -= prefill_s / int(rows.sum())
+            self.due_room[rows] -= prefill_s / int(rows.sum())
