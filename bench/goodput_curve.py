@@ -46,8 +46,8 @@ WORKLOADS = {
     ),
     "azure-code": (
         "sim/traces/azure/AzureLLMInferenceTrace_code.csv",
-        1.0,
-        "python -m bench.slomax --workload sim/traces/azure/AzureLLMInferenceTrace_code.csv --low 1 --high 20",
+        30.0,
+        "python -m bench.slomax --workload sim/traces/azure/AzureLLMInferenceTrace_code.csv --low 20 --high 60",
     ),
 }
 FLEET = "8xllama3-8b-h100"

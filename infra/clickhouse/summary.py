@@ -12,6 +12,7 @@ data's window, max(completion ts) - min(arrival_ts), the same for every class:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
@@ -61,6 +62,42 @@ ORDER BY is_total, slo_class
 """
 
 
+# One row per (class, answer, reason): a reject's reason by its code (the text before ':'), a
+# hold's by its text with the numbers taken out, so holds for one cause group together.
+_ADMISSIONS_SQL = """
+SELECT
+    slo_class,
+    action,
+    if(action = 'reject', splitByChar(':', reason)[1],
+       replaceRegexpAll(replaceRegexpOne(reason, '^[a-z+-]+: ', ''), '[0-9]+[.][0-9]+|[0-9]+', 'N')) AS why,
+    uniqExact(request_id) AS requests
+FROM admission_decisions FINAL
+WHERE action IN ('queue', 'reject') AND ({run:String} = '' OR run_id = {run:String})
+GROUP BY slo_class, action, why
+ORDER BY slo_class, action, requests DESC, why
+"""
+
+
+def admissions(client: Client, run_id: str = "", top: int = 3) -> dict[str, dict[str, Any]]:
+    """Per class: ``rejected`` and ``held`` (distinct requests), and for each its ``top``
+    reasons as ``{reason: requests}`` (``rejects_by_reason``, ``holds_by_reason``). A request
+    held and later rejected counts in both."""
+    per_class: dict[str, dict[str, Any]] = {}
+    for slo_class, action, why, requests in client.query(
+        _ADMISSIONS_SQL, parameters={"run": run_id}
+    ).result_rows:
+        entry = per_class.setdefault(
+            str(slo_class), {"rejected": 0, "held": 0, "rejects_by_reason": {}, "holds_by_reason": {}}
+        )
+        count, reasons = (
+            ("rejected", "rejects_by_reason") if action == "reject" else ("held", "holds_by_reason")
+        )
+        entry[count] += int(requests)
+        if len(entry[reasons]) < top:
+            entry[reasons][str(why)] = int(requests)
+    return per_class
+
+
 _COUNTS = ("requests", "completions", "completed", "aborted", "timeout", "error")
 
 
@@ -82,7 +119,7 @@ def summary(client: Client, since_ts: float | None = None, run_id: str = "") -> 
     since = {"since_ms": 0 if since_ts is None else int(since_ts * 1000), "run": run_id}
     count, first_arrival, last_end = client.query(_WINDOW_SQL, parameters=since).result_rows[0]
     window_s = max(float(last_end) - float(first_arrival), 1e-9) if count else 0.0
-    per_class: dict[str, object] = {}
+    per_class: dict[str, dict[str, Any]] = {}
     total: dict[str, object] = {}
     if count:
         result = client.query(_PER_CLASS_SQL, parameters=since)
@@ -92,6 +129,11 @@ def summary(client: Client, since_ts: float | None = None, run_id: str = "") -> 
                 total = metrics
             else:
                 per_class[str(row["slo_class"])] = metrics
+    answers = admissions(client, run_id)
+    for name, entry in answers.items():
+        per_class.setdefault(name, {}).update(entry)
+    total["rejected"] = sum(e["rejected"] for e in answers.values())
+    total["held"] = sum(e["held"] for e in answers.values())
     return {
         "window_s": round(window_s, 6),
         "clickhouse_rows": clickhouse_rows(client, run_id),

@@ -22,7 +22,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from rich import box
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 from rich.text import Text
@@ -34,11 +34,13 @@ from infra.entrypoints.loadgen import publish_workload, workload_output_tokens
 from infra.entrypoints.worker_process import WorkerProcess
 from infra.kafka.broker import embedded_broker, ensure_topics
 from infra.settings import Settings
-from schemas.topics import COMPLETIONS, DECISIONS, DLQ, REQUESTS
+from schemas.topics import ADMISSION, COMPLETIONS, DECISIONS, DLQ, REQUESTS
 from sim.evaluation.report import TABLE_WIDTH
 from sim.workloads.sources import open_workload
 
 _MALFORMED = (b"{not json", b'{"request_id": "bad-1", "model": "llama3-8b", "input_tokens": -5}')
+_DRAIN_CAP_S = 300.0
+"""Longest wait for the last answers after the load (a stuck run, not a normal one)."""
 _LOG_EVERY_S = 10.0
 """Off a terminal (a log file, CI), one progress line this often instead of a redrawn bar."""
 
@@ -61,11 +63,14 @@ class DemoOptions:
 
 
 class Counter:
-    """Counts messages on the output topics, from a consumer group of its own."""
+    """Counts messages on the output topics, from a consumer group of its own, and which
+    requests are answered: completed (a completion of any status) or rejected (an admission
+    reject)."""
 
     def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap
-        self.counts = {DECISIONS.name: 0, COMPLETIONS.name: 0, DLQ.name: 0}
+        self.counts = {DECISIONS.name: 0, COMPLETIONS.name: 0, DLQ.name: 0, ADMISSION.name: 0}
+        self.answered: set[str] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
         consumer = AIOKafkaConsumer(
@@ -83,8 +88,19 @@ class Counter:
                 batch = await consumer.getmany(timeout_ms=200)
                 for partition, messages in batch.items():
                     self.counts[partition.topic] += len(messages)
+                    if partition.topic in (COMPLETIONS.name, ADMISSION.name):
+                        for message in messages:
+                            self._answer(partition.topic, message.value)
         finally:
             await consumer.stop()
+
+    def _answer(self, topic: str, value: bytes | None) -> None:
+        try:
+            event = json.loads(value or b"")
+        except ValueError:
+            return  # the worker only publishes valid events; nothing to count otherwise
+        if topic == COMPLETIONS.name or event.get("action") == "reject":
+            self.answered.add(str(event.get("request_id")))
 
 
 async def _orchestrate(
@@ -121,11 +137,18 @@ async def _orchestrate(
             await asyncio.wait({load_task}, timeout=0.5)
             progress.update(time.monotonic() - started, counter.counts)
         published = load_task.result()
-        # Drain: give running requests time to finish (bounded by the longest client timeout).
-        drain_until = time.monotonic() + 60
-        while counter.counts[COMPLETIONS.name] < published and time.monotonic() < drain_until:
-            await asyncio.sleep(0.5)
+        # Drain until every published request is answered (completed or rejected); the cap only
+        # guards against a stuck run, and says so.
+        drain_until = time.monotonic() + _DRAIN_CAP_S
+        while len(counter.answered) < published and time.monotonic() < drain_until:
+            await asyncio.sleep(0.2)
             progress.update(time.monotonic() - started, counter.counts, phase="drain")
+        if len(counter.answered) < published:
+            print(
+                f"demo: {published - len(counter.answered)} of {published} requests still unanswered "
+                f"after {_DRAIN_CAP_S:.0f} s of drain",
+                file=sys.stderr,
+            )
         await asyncio.sleep(settings.feedback_flush_s + 1)  # last completions reach the worker's sink
         progress.update(time.monotonic() - started, counter.counts, phase="done")
     stop_fleet.set()
@@ -134,6 +157,7 @@ async def _orchestrate(
     await counter_task
     return {
         "requests_published": published,
+        "answered": len(counter.answered),
         "decisions": counter.counts[DECISIONS.name],
         "completions": counter.counts[COMPLETIONS.name],
         "dlq": counter.counts[DLQ.name],
@@ -298,31 +322,53 @@ def _table(first: str, *others: str) -> Table:
 def summary_line(result: Mapping[str, Any], policy: str) -> str:
     """The counts of one run, as one plain line."""
     return (
-        f"policy {policy}: published {result['requests_published']}, decisions {result['decisions']}, "
+        f"policy {policy}: published {result['requests_published']}, answered {result['answered']}"
+        f" (rejected {result['total'].get('rejected', 0)}), decisions {result['decisions']}, "
         f"completions {result['completions']}, dlq {result['dlq']}, "
         f"clickhouse rows {result['clickhouse_rows']}"
     )
 
 
-def summary_table(result: Mapping[str, Any]) -> Table:
-    """One run, a row per SLO class."""
-    table = _table("class", "completed", "TTFT p50", "TTFT p95", "goodput tok/s", "compliant")
+def summary_table(result: Mapping[str, Any]) -> Group:
+    """One run, a row per SLO class: what was answered, rejected and held, latency and goodput;
+    then the top reasons of the rejects and holds."""
+    table = _table(
+        "class",
+        "answered",
+        "completed",
+        "rejected",
+        "held",
+        "TTFT p50",
+        "TTFT p95",
+        "goodput tok/s",
+        "compliant",
+    )
+    reasons: list[str] = []
     for name, row in result["per_class"].items():
+        rejected, held = row.get("rejected", 0), row.get("held", 0)
         cells = (
             name,
+            str(row.get("requests", 0) + rejected),
             str(row.get("completed", 0)),
+            str(rejected),
+            str(held),
             _seconds(row.get("ttft_p50_s")),
             _seconds(row.get("ttft_p95_s")),
             f"{row.get('goodput_tokens_per_s', 0.0):.1f}",
             f"{row.get('compliant_share', 0.0):.1%}",
         )
         table.add_row(*(Text(c) for c in cells))  # Text: a name is never read as rich markup
-    return table
+        for kind, key in (("rejected", "rejects_by_reason"), ("held", "holds_by_reason")):
+            if row.get(key):
+                told = "; ".join(f"{why} ({n})" for why, n in row[key].items())
+                reasons.append(f"  {name} {kind}: {told}")
+    return Group(table, *(Text(line) for line in reasons))
 
 
 def comparison(results: Mapping[str, Mapping[str, Any]]) -> Group:
-    """A heading, then per class each policy's goodput, compliant share and TTFT p50 / p95 side
-    by side (and the totals)."""
+    """A heading, then per class each policy's goodput, compliant share, TTFT p50 / p95 and
+    rejects side by side (and the totals); then each policy's goodput as a ratio to the first's
+    (the baseline)."""
     table = _table("class", *results)
     classes = sorted({c for r in results.values() for c in r["per_class"]})
     for name in [*classes, "all"]:
@@ -331,11 +377,21 @@ def comparison(results: Mapping[str, Mapping[str, Any]]) -> Group:
             row = r.get("total", {}) if name == "all" else r["per_class"].get(name, {})
             cells.append(
                 f"{row.get('goodput_tokens_per_s', 0.0):.1f} tok/s, {row.get('compliant_share', 0.0):.1%}, "
-                f"{_seconds(row.get('ttft_p50_s'))} / {_seconds(row.get('ttft_p95_s'))} s"
+                f"{_seconds(row.get('ttft_p50_s'))} / {_seconds(row.get('ttft_p95_s'))} s, "
+                f"{row.get('rejected', 0)} rejected"
             )
         table.add_row(*(Text(c) for c in cells))
-    heading = "comparison (goodput, compliant share, TTFT p50 / p95; same load, read back from ClickHouse)"
-    return Group(Text(heading), table)
+    heading = (
+        "comparison (goodput, compliant share, TTFT p50 / p95, rejects; same load, read back from ClickHouse)"
+    )
+    lines: list[RenderableType] = [Text(heading), table]
+    baseline, *others = results
+    base = results[baseline].get("total", {}).get("goodput_tokens_per_s") or 0.0
+    for policy in others:
+        mine = results[policy].get("total", {}).get("goodput_tokens_per_s") or 0.0
+        ratio = f"{mine / base:.2f}x" if base else "-"
+        lines.append(Text(f"goodput {policy} / {baseline}: {ratio} ({mine:.1f} vs {base:.1f} tok/s)"))
+    return Group(*lines)
 
 
 def _seconds(value: float | None) -> str:

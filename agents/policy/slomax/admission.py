@@ -102,6 +102,21 @@ def _at_best(predicted: RowPrediction, rows: BoolArray | None = None) -> tuple[f
     return float(ttft[row]), float(predicted.own_s[row])
 
 
+_CALM = "no interactive work waits"
+
+
+@dataclass(frozen=True, slots=True)
+class _PastGate:
+    """What letting a request past a gate needs: its prediction, wait, objective, the high end
+    of its prediction's error, and why it may pass (it is due, or nothing waits)."""
+
+    predicted: RowPrediction
+    waited: float
+    objective: float
+    high: float
+    why: str
+
+
 @dataclass(slots=True)
 class _InFlight:
     slo_class: str
@@ -328,27 +343,25 @@ class SloMax:
                 f"> {objective:g} s objective"
             )
             return self._reject(request, code, detail, waited + low * ttft - objective, ttft)
-        # A gate below may hold the request only while it can afford another offer: one that
-        # would miss its objective by waiting for the next snapshot is due. The headroom gate
-        # guards the request itself (a margin for prediction error): a due request passes it
-        # where the high end of its prediction still meets the objective. The room and
-        # long-prompt gates guard the interactive work: they yield when none of it is waiting
-        # (``_calm``), the room gate only to a due request.
+        # The gates below may hold a request only while holding it is free (module docstring).
         due = waited + self._reoffer.gap_s + high * ttft > objective
         calm = not interactive_waits and self._calm(now_s)
+        past = _PastGate(
+            predicted, waited, objective, high, "a hold would miss its objective" if due else _CALM
+        )
         if name == LONG_CONTEXT and not rows.long_room():
             reason = "every instance is prefilling its share of long prompts"
-            if calm:
-                return self._due(request, predicted, waited, objective, high, reason, None, ttft)
-            return self._queue(request, name, reason, ttft)
+            return (
+                self._past(request, past, reason, None, ttft)
+                if calm
+                else self._queue(request, name, reason, ttft)
+            )
         where = rows.for_request(name, predicted.own_s)
         if where is None:
-            # A due request may take the room left below the TPOT objective itself (not its
-            # headroom): there its prefill slows the decodes without making them miss.
-            where = rows.for_request(name, predicted.own_s, due=due)
-            if where is None or not due:
+            where = rows.for_request(name, predicted.own_s, due=True) if due else None
+            if where is None:
                 return self._queue(request, name, _NO_ROOM, ttft)
-            return self._due(request, predicted, waited, objective, high, _NO_ROOM, where, ttft)
+            return self._past(request, past, _NO_ROOM, where, ttft)
         headroom = self.knobs.headroom if name == INTERACTIVE else self.long_headroom
         limit = min(headroom * objective, (objective - waited) / (1.0 + self.ttft_margin))
         fits = where & (predicted.ttft_s <= limit)
@@ -356,7 +369,7 @@ class SloMax:
             ttft, _ = _at_best(predicted, where)
             reason = f"predicted TTFT {ttft:.2f} s over {limit:.2f} s (headroom and margin)"
             if due or (name == LONG_CONTEXT and calm):
-                return self._due(request, predicted, waited, objective, high, reason, where, ttft)
+                return self._past(request, past, reason, where, ttft)
             return self._queue(request, name, reason, ttft)
         ttft, _ = _at_best(predicted, fits)
         return self._admit(f"slomax: {name} within headroom", ttft, fits)
@@ -365,26 +378,19 @@ class SloMax:
         """No interactive request was held within the last ``prefill.tau_s`` seconds."""
         return now_s - self._interactive_held_s > self.prefill.tau_s
 
-    def _due(
-        self,
-        request: RequestView,
-        predicted: RowPrediction,
-        waited: float,
-        objective: float,
-        high: float,
-        gate: str,
-        where: BoolArray | None,
-        ttft: float,
+    def _past(
+        self, request: RequestView, past: _PastGate, gate: str, where: BoolArray | None, ttft: float
     ) -> Admission:
-        """A due request past the gate that would hold it: admitted onto the rows of ``where``
-        (None: any) where even the high end of its prediction meets its objective; held if none
-        (it expires once even the low end misses)."""
+        """A request let past the ``gate`` that would hold it: admitted onto the rows of ``where``
+        (None: any that serves it) where even the high end of its prediction meets its objective;
+        held if there are none (it expires once even the low end misses)."""
+        predicted = past.predicted
         allowed = np.isfinite(predicted.ttft_s) if where is None else where
-        rows = allowed & (waited + high * predicted.ttft_s <= objective)
+        rows = allowed & (past.waited + past.high * predicted.ttft_s <= past.objective)
         if not rows.any():
             return self._queue(request, self.rules.classify(request).slo_class, gate, ttft)
         ttft, _ = _at_best(predicted, rows)
-        return self._admit(f"slomax: due (a hold would miss its objective; gate waived: {gate})", ttft, rows)
+        return self._admit(f"slomax: gate waived, {past.why} ({gate})", ttft, rows)
 
     def _predict(
         self, offer: _Offer, view: ClusterView, now_s: float, ready: int, pending: int

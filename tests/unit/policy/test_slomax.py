@@ -40,13 +40,15 @@ class FixedPredictor(LeastTokens):
     """A router whose predicted TTFT is set by the test: ``ttft_s`` on every row, or one value
     per row."""
 
-    def __init__(self, ttft_s: float | list[float]) -> None:
+    def __init__(self, ttft_s: float | list[float], own_s: float = 0.0) -> None:
         super().__init__()
         self.ttft_s = ttft_s
+        self.own_s = own_s  # of it the request's own prefill (0: all waiting for the queue ahead)
 
     def predict_rows(self, request: RequestView, view: ClusterView, now_s: float) -> RowPrediction:
-        n = len(view)  # all of it waiting for the queue ahead
-        return RowPrediction(np.broadcast_to(np.asarray(self.ttft_s, dtype=np.float64), n), np.zeros(n))
+        n = len(view)
+        ttft = np.broadcast_to(np.asarray(self.ttft_s, dtype=np.float64), n)
+        return RowPrediction(ttft, np.full(n, self.own_s))
 
 
 def slomax(predicted: float | list[float], **kwargs: object) -> tuple[Scheduler, SloMax, FixedPredictor]:
@@ -77,7 +79,9 @@ def test_feasible_interactive_is_admitted_and_infeasible_is_rejected_early_with_
     s, _, router = slomax(predicted=0.5)
     (ok,) = s.submit([req("a")], cluster_view(2), 0.0)
     assert ok.action == "admit"
-    router.ttft_s = 2.5  # the interactive objective is 2 s
+    # The objective is 2 s; with no measured error yet a prediction may be 2x too high (the
+    # prior), so 5 s is out of reach only by 5 x 0.5 - 2 = 0.5 s.
+    router.ttft_s = 5.0
     (no,) = s.submit([req("b")], cluster_view(2), 0.0)
     assert no.action == "reject" and no.reason.startswith("cannot_meet_slo")
     assert no.retry_after_s == pytest.approx(0.5) and "retry after" in no.reason
@@ -87,8 +91,8 @@ def test_an_interactive_request_over_the_headroom_is_held_then_expires_when_its_
     s, _, router = slomax(predicted=1.8, headroom=0.75)  # waits 1.8 > 0.75 x 2 s: held, still feasible
     (held,) = s.submit([req("a")], cluster_view(2), 0.0)
     assert (held.action, held.pool) == ("queue", "interactive")
-    router.ttft_s = 1.0
-    (gone,) = s.tick(cluster_view(2), 1.5)  # waited 1.5 + 1.0 > 2 s
+    router.ttft_s = 1.8
+    (gone,) = s.tick(cluster_view(2), 1.5)  # waited 1.5 + 1.8 x 0.5 (the low end) > 2 s
     assert gone.action == "reject" and gone.reason.startswith("expired")
 
 
@@ -147,8 +151,18 @@ def test_the_batch_share_lets_batch_in_beside_saturation_up_to_its_tokens() -> N
     assert {o.request.request_id: o.action for o in outcomes} == {"b0": "admit", "b1": "queue"}
 
 
+def interactive_waiting(s: Scheduler, router: FixedPredictor, now_s: float) -> None:
+    """Make interactive work wait (held over its headroom, then gone): the long-prompt gates hold."""
+    predicted, router.ttft_s = router.ttft_s, 1.9
+    (held,) = s.submit([req("waiting")], cluster_view(2), now_s)
+    assert held.action == "queue"
+    s.withdraw("waiting", 1)
+    router.ttft_s = predicted
+
+
 def test_long_prompts_prefilling_are_bounded_per_instance_until_their_first_token() -> None:
-    s, _, _ = slomax(predicted=1.0, long_prefills_per_instance=1, long_share=1.0)
+    s, _, router = slomax(predicted=1.0, long_prefills_per_instance=1, long_share=1.0)
+    interactive_waiting(s, router, 0.5)
     longs = [req(f"l{i}", input_tokens=40_000) for i in range(3)]
     outcomes = {o.request.request_id: o for o in s.submit(longs, cluster_view(2), 0.5)}
     assert {k: o.action for k, o in outcomes.items()} == {"l0": "admit", "l1": "admit", "l2": "queue"}
@@ -163,7 +177,8 @@ def test_long_prompts_prefilling_are_bounded_per_instance_until_their_first_toke
 
 
 def test_long_prompts_keep_to_their_share_of_instances_and_short_work_keeps_off_them() -> None:
-    s, _, _ = slomax(predicted=0.5, long_prefills_per_instance=2, long_share=0.25)  # 1 of 4 instances
+    s, _, router = slomax(predicted=0.5, long_prefills_per_instance=2, long_share=0.25)  # 1 of 4 instances
+    interactive_waiting(s, router, 0.0)
     longs = [req(f"l{i}", input_tokens=40_000) for i in range(3)]
     outcomes = {o.request.request_id: o for o in s.submit(longs, cluster_view(4), 0.0)}
     assert [outcomes[f"l{i}"].action for i in range(3)] == ["admit", "queue", "queue"]
@@ -315,10 +330,11 @@ def test_prefill_room_follows_the_decode_step_and_the_recent_prefill() -> None:
     load = PrefillLoad(tau_s=4.0, law=(0.01, 0.0, 0.0))  # every decode step takes 10 ms
     view = cluster_view(2)
     # target 0.08 s: tpot = 0.01 / (1 - u) <= 0.08 while u <= 7/8, i.e. 3.5 s of the last 4 s
-    assert load.room(view, 0.0, 0.08).tolist() == pytest.approx([3.5, 3.5])
+    room, budget = load.room(view, 0.0, 0.08)
+    assert (room.tolist(), budget.tolist()) == (pytest.approx([3.5, 3.5]), pytest.approx([3.5, 3.5]))
     load.add("i0", 3.0, 0.0)
-    assert load.room(view, 0.0, 0.08).tolist() == pytest.approx([0.5, 3.5])
-    assert load.room(view, 4.0, 0.08)[0] == pytest.approx(3.5 - 3.0 * math.exp(-1.0))  # decays
+    assert load.room(view, 0.0, 0.08)[0].tolist() == pytest.approx([0.5, 3.5])
+    assert load.room(view, 4.0, 0.08)[0][0] == pytest.approx(3.5 - 3.0 * math.exp(-1.0))  # decays
 
 
 def test_without_prefill_room_a_request_waits_and_then_goes_where_room_is() -> None:
@@ -330,3 +346,69 @@ def test_without_prefill_room_a_request_waits_and_then_goes_where_room_is() -> N
     admission.prefill.add("i1", 10.0, 0.5)  # i1 just took 10 s of prefill: no room there
     (placed,) = s.tick(cluster_view(2), 0.5)
     assert (placed.action, placed.instance_id) == ("admit", "i0")
+
+
+# --- free when there is room: each gate admits a request that has room --------------------------
+
+
+def measured_exactly(admission: SloMax, slo_class: str = "interactive", input_tokens: int = 1000) -> None:
+    """Feed the error model predictions that were exactly right: its bounds close to (1, 1)."""
+    for _ in range(admission.errors.min_samples):
+        admission.errors.add(slo_class, input_tokens, 1.0, 1.0)
+
+
+def test_the_reject_test_uses_the_low_end_of_the_measured_error() -> None:
+    s, admission, _ = slomax(predicted=2.5)  # over the 2 s objective by the point prediction
+    (kept,) = s.submit([req("a")], cluster_view(2), 0.0)
+    assert kept.action != "reject"  # the prior allows a prediction 2x too high: it may still meet it
+    measured_exactly(admission)
+    (no,) = s.submit([req("b")], cluster_view(2), 0.0)
+    assert no.action == "reject" and no.reason.startswith("cannot_meet_slo")
+
+
+def test_a_request_the_headroom_would_hold_past_its_objective_is_admitted_when_due() -> None:
+    s, admission, _ = slomax(predicted=1.8)  # over the 1.3 s headroom gate, within the 2 s objective
+    measured_exactly(admission)  # the predictor is known to be right: 1.8 s will be 1.8 s
+    (due,) = s.submit([req("a")], cluster_view(2), 0.0)  # 0.25 s more and it would miss: due
+    assert due.action == "admit" and "miss its objective" in due.admission_reason
+
+
+def test_a_request_with_the_same_prediction_but_slack_to_spare_is_held_by_the_headroom() -> None:
+    s, admission, _ = slomax(predicted=1.4, long_headroom=0.05)
+    measured_exactly(admission, "long_context", 40_000)
+    (held,) = s.submit([req("a", slo_class="long_context", input_tokens=40_000)], cluster_view(2), 0.0)
+    assert held.action == "admit"  # no interactive work waits: the long-prompt headroom yields
+    interactive_waiting(s, s.instance_selection, 0.1)  # type: ignore[arg-type]
+    (now,) = s.submit([req("b", slo_class="long_context", input_tokens=40_000)], cluster_view(2), 0.1)
+    assert now.action == "queue"  # 15 s objective: it can afford to wait for its gate
+
+
+def test_a_prompt_longer_than_the_prefill_window_is_admitted_on_an_idle_instance() -> None:
+    s, _, router = slomax(predicted=6.0)
+    router.own_s = 6.0  # 6 s of prefill: more than the 4 s window can ever hold
+    (ok,) = s.submit([req("a", input_tokens=120_000)], cluster_view(2), 0.0)
+    assert ok.action == "admit"
+
+
+def test_a_long_prompt_past_its_share_is_admitted_when_no_interactive_work_waits() -> None:
+    s, _, _ = slomax(predicted=1.0, long_prefills_per_instance=1, long_share=0.25)  # 1 of 2 instances
+    outcomes = s.submit([req(f"l{i}", input_tokens=40_000) for i in range(2)], cluster_view(2), 0.0)
+    assert [o.action for o in outcomes] == ["admit", "admit"]
+
+
+def test_a_due_request_takes_the_prefill_room_left_below_the_tpot_objective_itself() -> None:
+    s, admission, router = slomax(predicted=1.0)
+    router.own_s = 1.0
+    measured_exactly(admission)
+    # 80 ms decode steps: no room below 0.7 x 100 ms, 4 x (1 - 0.08 / 0.1) = 0.8 s below 100 ms
+    admission.prefill = PrefillLoad(tau_s=4.0, law=(0.08, 0.0, 0.0))
+    (held,) = s.submit([req("a")], cluster_view(2), 0.0)
+    assert held.action == "queue" and "prefill room" in held.reason  # not due yet: it waits
+    (due,) = s.tick(cluster_view(2), 0.8)  # 0.8 + 0.25 + 1.0 > 2 s: it cannot wait again
+    assert due.action == "admit" and "miss its objective" in due.admission_reason
+
+
+def test_the_batch_gate_admits_batch_work_onto_idle_capacity() -> None:
+    s, _, _ = slomax(predicted=0.1)
+    (ok,) = s.submit([req("b", task_type="batch", deadline=3600.0)], cluster_view(2), 0.0)
+    assert ok.action == "admit" and "idle capacity" in ok.admission_reason
