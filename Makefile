@@ -29,10 +29,12 @@ $(ENGINE_VENV)/.installed:
 engine: $(ENGINE_VENV)/.installed
 
 # The control plane end to end on the embedded defaults: Tansu broker, ClickHouse engine (chdb),
-# a Faust worker, an emulated fleet and the Mooncake trace, for about a minute.
+# a Faust worker, an emulated fleet and a minute of the Mooncake trace at 6x its rate (near L67,
+# where scheduling matters), once with the baseline and once with the product (~4 min).
 demo: install
 	mkdir -p out
-	$(VENV)/bin/tokenfleet demo --duration 60 --policy round-robin --policy slomax+tokenpilot --json out/demo.json
+	$(VENV)/bin/tokenfleet demo --duration 60 --rate-scale 6 --policy round-robin --policy slomax+tokenpilot \
+	  --json out/demo.json
 
 # The routing policies side by side in the fleet simulator (~20 s).
 simulate: install
@@ -83,9 +85,13 @@ fleetmind: install
 		$(PY) -m infra.entrypoints.cli simulate --scenario $$s --json out/scenario-$$s.json || exit 1; done
 	$(PY) -m infra.entrypoints.cli capacity --scenario hotspot --jobs 2 --json out/capacity-hotspot.json
 
-# SLOMax against FCFS at L67 and 1.5 x L67, and the two-tenant fairness run (~15 min).
+# What admission buys and costs: goodput and compliant share from 0.25x to 2x L67 on three
+# workloads (drawn to out/report/goodput_curve.png), then SLOMax against FCFS at L67 and
+# 1.5 x L67 and the two-tenant fairness run (~20 min).
 goodput: install
 	mkdir -p out
+	$(PY) -m bench.goodput_curve --jobs 2 --json out/goodput-curve.json
+	$(VENV)/bin/tokenfleet report out/goodput-curve.json --out out/report
 	$(PY) -m bench.slomax --fairness --json out/slomax.json
 
 # The fault suite (several minutes): bad input, worker kill, store and broker outages, in figures.

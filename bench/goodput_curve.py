@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES
 from sim.engine.fleet import parse_fleet
@@ -33,22 +33,11 @@ from sim.workloads.sources import open_workload
 POLICIES = ("round-robin", "tokenpilot", "slomax+tokenpilot", "slomax+least-tokens")
 LOADS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
 WORKLOADS = {
-    # name: (workload spec, its L67 rate scale, the command that found it)
-    "synthetic": (
-        "synthetic:rate_per_s=10,duration_s=1200,batch_jobs_per_hour=40",
-        4.172,
-        "python -m bench.slomax",
-    ),
-    "mooncake": (
-        "sim/traces/mooncake/conversation_trace.jsonl",
-        6.75,
-        "python -m bench.slomax --workload sim/traces/mooncake/conversation_trace.jsonl --low 2 --high 10",
-    ),
-    "azure-code": (
-        "sim/traces/azure/AzureLLMInferenceTrace_code.csv",
-        30.0,
-        "python -m bench.slomax --workload sim/traces/azure/AzureLLMInferenceTrace_code.csv --low 20 --high 60",
-    ),
+    # name: (workload spec, its L67 rate scale, the L67 scan that found it:
+    # python -m bench.slomax --workload SPEC --low A --high B)
+    "synthetic": ("synthetic:rate_per_s=10,duration_s=2400,batch_jobs_per_hour=40", 4.172, (2.5, 4.5)),
+    "mooncake": ("sim/traces/mooncake/conversation_trace.jsonl", 6.75, (2.0, 10.0)),
+    "azure-code": ("sim/traces/azure/AzureLLMInferenceTrace_code.csv", 30.0, (20.0, 60.0)),
 }
 FLEET = "8xllama3-8b-h100"
 _KEPT = ("goodput_tokens_per_s", "compliant_share", "output_tokens_per_s", "requests", "rejected",
@@ -60,12 +49,13 @@ def point(spec: str, rate_scale: float, seed: int) -> dict[str, Any]:
     workload = open_workload(spec, seed=seed)
     config = SimConfig(seed=seed, slo_classes=dict(DEFAULT_SLO_CLASSES))
     document, _ = compare(workload, parse_fleet(FLEET), POLICIES, config, rate_scale)
+    results = cast(dict[str, dict[str, Any]], document["results"])
     return {
         name: {
             **{k: result.get(k) for k in _KEPT},
             "per_class": {c: {k: m.get(k) for k in _KEPT} for c, m in result["per_class"].items()},
         }
-        for name, result in document["results"].items()
+        for name, result in results.items()
     }
 
 

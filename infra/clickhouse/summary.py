@@ -64,7 +64,7 @@ ORDER BY is_total, slo_class
 
 # One row per (class, answer, reason): a reject's reason by its code (the text before ':'), a
 # hold's by its text with the numbers taken out, so holds for one cause group together.
-_ADMISSIONS_SQL = """
+_ADMISSIONS_SQL = f"""
 SELECT
     slo_class,
     action,
@@ -72,20 +72,21 @@ SELECT
        replaceRegexpAll(replaceRegexpOne(reason, '^[a-z+-]+: ', ''), '[0-9]+[.][0-9]+|[0-9]+', 'N')) AS why,
     uniqExact(request_id) AS requests
 FROM admission_decisions FINAL
-WHERE action IN ('queue', 'reject') AND ({run:String} = '' OR run_id = {run:String})
+WHERE action IN ('queue', 'reject') AND {_SINCE}
 GROUP BY slo_class, action, why
 ORDER BY slo_class, action, requests DESC, why
 """
 
 
-def admissions(client: Client, run_id: str = "", top: int = 3) -> dict[str, dict[str, Any]]:
+def admissions(
+    client: Client, since_ts: float | None = None, run_id: str = "", top: int = 3
+) -> dict[str, dict[str, Any]]:
     """Per class: ``rejected`` and ``held`` (distinct requests), and for each its ``top``
     reasons as ``{reason: requests}`` (``rejects_by_reason``, ``holds_by_reason``). A request
     held and later rejected counts in both."""
+    since = {"since_ms": 0 if since_ts is None else int(since_ts * 1000), "run": run_id}
     per_class: dict[str, dict[str, Any]] = {}
-    for slo_class, action, why, requests in client.query(
-        _ADMISSIONS_SQL, parameters={"run": run_id}
-    ).result_rows:
+    for slo_class, action, why, requests in client.query(_ADMISSIONS_SQL, parameters=since).result_rows:
         entry = per_class.setdefault(
             str(slo_class), {"rejected": 0, "held": 0, "rejects_by_reason": {}, "holds_by_reason": {}}
         )
@@ -113,8 +114,10 @@ def summary(client: Client, since_ts: float | None = None, run_id: str = "") -> 
 
     Each class (and ``total``) has: requests, completions (attempts ended), completed, aborted,
     timeout, error, ttft_p50_s, ttft_p95_s, output_tokens_per_s, goodput_tokens_per_s,
-    compliant_share. Only completions with ``ts >= since_ts`` (default: all) of run ``run_id``
-    (the ``run_id`` column the sink stamps; "" = every run) count.
+    compliant_share. Where admission held or rejected requests, each class also has ``rejected``,
+    ``held`` and their top reasons (``admissions``), and ``total`` the two counts. Only events
+    with ``ts >= since_ts`` (default: all) of run ``run_id`` (the ``run_id`` column the sink
+    stamps; "" = every run) count.
     """
     since = {"since_ms": 0 if since_ts is None else int(since_ts * 1000), "run": run_id}
     count, first_arrival, last_end = client.query(_WINDOW_SQL, parameters=since).result_rows[0]
@@ -129,11 +132,12 @@ def summary(client: Client, since_ts: float | None = None, run_id: str = "") -> 
                 total = metrics
             else:
                 per_class[str(row["slo_class"])] = metrics
-    answers = admissions(client, run_id)
+    answers = admissions(client, since_ts, run_id)
     for name, entry in answers.items():
         per_class.setdefault(name, {}).update(entry)
-    total["rejected"] = sum(e["rejected"] for e in answers.values())
-    total["held"] = sum(e["held"] for e in answers.values())
+    if answers:
+        total["rejected"] = sum(e["rejected"] for e in answers.values())
+        total["held"] = sum(e["held"] for e in answers.values())
     return {
         "window_s": round(window_s, 6),
         "clickhouse_rows": clickhouse_rows(client, run_id),

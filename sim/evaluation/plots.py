@@ -6,7 +6,9 @@ What it draws depends on what the file holds:
 - a ``capacity`` document: ``capacity.png`` (interactive requests within their objective
   against the rate scale, one line per policy through every probe the search made, the 99 %
   target and each policy's capacity marked);
-- a scoreboard file (``runs``): the capacity picture of each (workload, engine) run.
+- a scoreboard file (``runs``): the capacity picture of each (workload, engine) run;
+- a goodput curve (``curve``, ``python -m bench.goodput_curve``): ``goodput_curve.png``, per
+  workload goodput and compliant share against load (x L67), one line per policy.
 Returns the files written. matplotlib runs headless (the Agg backend).
 """
 
@@ -33,6 +35,8 @@ def draw(document: Mapping[str, Any], out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     if "capacity" in document:
         return [capacity_plot(document, out / "capacity.png")]
+    if "curve" in document:
+        return [curve_plot(document, out / "goodput_curve.png")]
     if "results" in document:
         return simulate_plots(document, out, "")
     if "runs" in document:
@@ -44,7 +48,9 @@ def draw(document: Mapping[str, Any], out: Path) -> list[Path]:
             else:
                 written += simulate_plots(run, out, f"{run['workload']}-x{run['rate_scale']}-")
         return written
-    raise NotAResult("not a simulate, capacity or scoreboard result (no 'results', 'capacity' or 'runs')")
+    raise NotAResult(
+        "not a simulate, capacity, scoreboard or curve result (no 'results', 'capacity', 'runs' or 'curve')"
+    )
 
 
 def simulate_plots(document: Mapping[str, Any], out: Path, prefix: str) -> list[Path]:
@@ -113,6 +119,30 @@ def capacity_plot(document: Mapping[str, Any], path: Path) -> Path:
     axes.set_title(f"SLO capacity — {document['workload']} on {document['fleet']}{engine}")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize=8)
+    return _save(figure, path)
+
+
+def curve_plot(document: Mapping[str, Any], path: Path) -> Path:
+    """One row per workload: goodput (left) and compliant share (right) against load."""
+    curve: Mapping[str, Mapping[str, Any]] = document["curve"]
+    figure, grid = plt.subplots(len(curve), 2, figsize=(11, 3.6 * len(curve)), squeeze=False)
+    for (name, entry), (goodput, compliant) in zip(curve.items(), grid, strict=True):
+        points: Sequence[Mapping[str, Any]] = sorted(entry["points"], key=lambda p: p["load"])
+        loads = [p["load"] for p in points]
+        policies = [n for n in points[0]["policies"] if all(n in p["policies"] for p in points)]
+        for policy in policies:
+            figures = [p["policies"][policy] for p in points]
+            style = {"marker": "o", "markersize": 3, "label": policy}
+            goodput.plot(loads, [f["goodput_tokens_per_s"] for f in figures], **style)
+            compliant.plot(loads, [f["compliant_share"] for f in figures], **style)
+        for axes, label in ((goodput, "goodput (tokens/s)"), (compliant, "compliant share")):
+            axes.axvline(1.0, color="black", linestyle=":", linewidth=1)
+            axes.set_xlabel(f"load (x L67 = rate scale {entry['l67']:g})")
+            axes.set_ylabel(label)
+            axes.set_title(f"{name}: {label}")
+            axes.grid(True, alpha=0.3)
+        compliant.set_ylim(0, 1.02)
+        goodput.legend(fontsize=8)
     return _save(figure, path)
 
 

@@ -371,3 +371,35 @@ def test_rows_carry_their_run_and_the_summary_reads_one_run(client: Client) -> N
 
     assert (completions("run-a"), completions("run-b"), completions("")) == (2, 1, 3)
     assert clickhouse_rows(client, "run-b") == 1
+
+
+def test_summary_counts_rejected_and_held_requests_with_their_top_reasons(
+    client: Client, sink: FeedbackSink
+) -> None:
+    def answer(rid: str, action: str, reason: str) -> AdmissionDecision:
+        return AdmissionDecision(
+            request_id=rid, model="llama3-8b", slo_class="interactive", action=action, reason=reason,
+            policy="slomax+tokenpilot",
+        )  # fmt: skip
+
+    run = hand_made_run()
+    assert sink.write_completions(run) == len(run)
+    decisions = [
+        answer("h1", "queue", "slomax: predicted TTFT 1.42 s over 1.30 s (headroom and margin)"),
+        answer("h1", "reject", "expired: waited 1.9 s + predicted TTFT 0.4 s > 2 s objective"),
+        answer("h2", "queue", "slomax: predicted TTFT 1.61 s over 1.25 s (headroom and margin)"),
+        answer("h3", "queue", "slomax: no instance has prefill room"),
+        answer("r1", "reject", "cannot_meet_slo: waited 0.0 s + predicted TTFT 9 s > 2 s objective"),
+        answer("a1", "admit", "slomax: interactive within headroom"),
+    ]
+    assert sink.write_admission(decisions) == len(decisions)
+    result = summary(client)
+    interactive = cast(dict[str, dict[str, Any]], result["per_class"])["interactive"]
+    assert (interactive["rejected"], interactive["held"]) == (2, 3)
+    assert interactive["rejects_by_reason"] == {"cannot_meet_slo": 1, "expired": 1}
+    assert interactive["holds_by_reason"] == {
+        "predicted TTFT N s over N s (headroom and margin)": 2,  # numbers out: one cause
+        "no instance has prefill room": 1,
+    }
+    total = cast(dict[str, Any], result["total"])
+    assert (total["rejected"], total["held"]) == (2, 3)

@@ -11,9 +11,12 @@ now - output budget x ``tpot_estimate_s`` (batch). With ``ttft`` the predicted T
 request sent now and ``wait`` the part of it spent waiting (all but its own prefill on an idle
 instance), each request gets one answer:
 
-- ``reject`` ``cannot_meet_slo`` when its objective is out of reach even if sent now: waited +
-  ttft > its class's TTFT objective; for batch, now + ttft + output budget x ``tpot_estimate_s``
-  > its deadline. A held request that becomes infeasible is rejected with ``expired``.
+- ``reject`` ``cannot_meet_slo`` when its objective is out of reach even if sent now, and even
+  at the low end of the prediction's measured error (``errors.py``: per class and prompt size,
+  ``low`` <= 1 the 5th percentile of observed / predicted TTFT): waited + low x ttft > its
+  class's TTFT objective; for batch, now + ttft + output budget x ``tpot_estimate_s`` > its
+  deadline. A held request that becomes so is rejected with ``expired``: a held request is
+  re-judged at every offer with what it has already waited.
   ``over_quota``: the tenant's tokens in flight (input + output budget) would pass
   ``tenant_quota_tokens`` (a tenant holding nothing is always let through once). Rejects carry
   ``retry_after_s`` where trying again could succeed (how late the prediction is).
@@ -39,6 +42,27 @@ instance), each request gets one answer:
   synthetic mix at L67: 0.977 of admitted interactive requests met it, 0.999 once the
   candidates are the rows that pass)
 - ``queue`` in the pool named after its class otherwise: offered again at the next snapshot.
+
+The rule that keeps admission free when there is room: a gate may hold a request only while
+holding it costs nothing, to it or to the others.
+
+- A request is *due* when it could not afford another hold: waited + gap + high x ttft >
+  objective, with gap the mean time between snapshots (when it would be offered again) and
+  ``high`` >= 1 the 90th percentile of its bucket's observed / predicted TTFT.
+- The headroom gate guards the request itself (a margin for prediction error), so a due request
+  passes it. The prefill-room gate guards the decodes of the instance: a due request may take
+  the room left below the TPOT objective itself instead of below its ``tpot_headroom``, where
+  its prefill slows the decodes without making them miss. The long-prompt gates (the share of
+  instances, ``long_headroom``) guard interactive work, so they yield to a long prompt while no
+  interactive request has been held in the last ``prefill_window_s`` (nothing waits that it
+  could cost).
+- A request let past a gate still goes only to rows where waited + high x ttft meets its
+  objective; with none it stays held, and is rejected only once even the low end misses.
+
+So at normal load every gate opens before a request's objective is gone, and a reject means the
+request would have missed anyway; under overload (interactive work waiting, no room below the
+TPOT objective) the gates hold as before. Measured by ``rejected_met_without_admission`` against
+the same router without admission (``sim/evaluation/regret.py``, ``python -m bench.goodput_curve``).
 
 Why the gates are on the predicted TTFT well below the objective, and on prefill room: a
 request admitted into a long queue meets its own TTFT, but its prefill then runs beside the
@@ -346,9 +370,8 @@ class SloMax:
         # The gates below may hold a request only while holding it is free (module docstring).
         due = waited + self._reoffer.gap_s + high * ttft > objective
         calm = not interactive_waits and self._calm(now_s)
-        past = _PastGate(
-            predicted, waited, objective, high, "a hold would miss its objective" if due else _CALM
-        )
+        why = "a hold would miss its objective" if due else _CALM
+        past = _PastGate(predicted, waited, objective, high, why)
         if name == LONG_CONTEXT and not rows.long_room():
             reason = "every instance is prefilling its share of long prompts"
             return (

@@ -177,7 +177,7 @@ def test_tables_on_stdout_progress_on_stderr(capsys: pytest.CaptureFixture[str])
     least, ideal = lines[4].split(), lines[5].split()
     assert least[0] == "least-tokens" and ideal[0] == "ideal" and ideal[-1] == "1.00x"
     assert len(least) == len(ideal) == len(header) - 6  # six headers are two words
-    assert least[10].endswith("%") and least[5].count(".") == 1 and len(least[5].split(".")[1]) == 3
+    assert least[11].endswith("%") and least[6].count(".") == 1 and len(least[6].split(".")[1]) == 3
     # stderr is not a terminal here: one line per simulated policy, then the timings
     assert "simulating least-tokens:" in captured.err and "ideal:" in captured.err
     assert "simulating" not in captured.out

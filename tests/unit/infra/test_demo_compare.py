@@ -35,58 +35,65 @@ def test_comparison_lists_every_class_of_every_policy_side_by_side() -> None:
         "round-robin": {"per_class": {"interactive": interactive}, "total": interactive},
         "slomax+tokenpilot": {
             "per_class": {
-                "interactive": {**interactive, "ttft_p50_s": 0.357, "compliant_share": 0.99},
+                "interactive": {**interactive, "ttft_p50_s": 0.357, "compliant_share": 0.99, "rejected": 3},
                 "long_context": {"ttft_p50_s": 2.055, "ttft_p95_s": None},
             },
+            "total": {**interactive, "goodput_tokens_per_s": 1624.6, "rejected": 3},
         },
     }
-    lines = _render(comparison(results), width=160)
-    assert lines[0].startswith("comparison (goodput, compliant share, TTFT p50 / p95")
+    lines = _render(comparison(results), width=200)
+    assert lines[0].startswith("comparison (goodput, compliant share, TTFT p50 / p95, rejects")
     assert lines[1].split() == ["class", "round-robin", "slomax+tokenpilot"]
     assert [" ".join(row) for row in _rows(lines)] == [
-        "interactive 812.3 tok/s, 70.0%, 0.397 / 1.366 s 812.3 tok/s, 99.0%, 0.357 / 1.366 s",
-        "long_context 0.0 tok/s, 0.0%, - / - s 0.0 tok/s, 0.0%, 2.055 / - s",
-        "all 812.3 tok/s, 70.0%, 0.397 / 1.366 s 0.0 tok/s, 0.0%, - / - s",
+        "interactive 812.3 tok/s, 70.0%, 0.397 / 1.366 s, 0 rejected 812.3 tok/s, 99.0%, 0.357 / 1.366 s, "
+        "3 rejected",
+        "long_context 0.0 tok/s, 0.0%, - / - s, 0 rejected 0.0 tok/s, 0.0%, 2.055 / - s, 0 rejected",
+        "all 812.3 tok/s, 70.0%, 0.397 / 1.366 s, 0 rejected 1624.6 tok/s, 70.0%, 0.397 / 1.366 s, 3 rejected",
+        "goodput slomax+tokenpilot / round-robin: 2.00x (1624.6 vs 812.3 tok/s)",
     ]
 
 
 def test_summary_keeps_columns_and_number_formats() -> None:
     result: dict[str, Any] = {
         "requests_published": 61,
-        "decisions": 61,
-        "completions": 61,
+        "answered": 61,
+        "decisions": 58,
+        "completions": 58,
         "dlq": 2,
         "clickhouse_rows": 244,
+        "total": {"rejected": 3, "held": 5},
         "per_class": {
             "interactive": {
-                "completed": 50,
+                "requests": 47,
+                "completed": 47,
+                "rejected": 3,
+                "held": 5,
+                "rejects_by_reason": {"expired": 3},
+                "holds_by_reason": {"predicted TTFT N s over N s (headroom and margin)": 5},
                 "ttft_p50_s": 0.3456,
                 "ttft_p95_s": 1.2,
                 "goodput_tokens_per_s": 812.345,
                 "compliant_share": 0.955,
             },
-            "batch": {"completed": 11, "ttft_p50_s": None},
+            "batch": {"requests": 11, "completed": 11, "ttft_p50_s": None},
         },
     }
-    assert summary_line(result, "round-robin") == (
-        "policy round-robin: published 61, decisions 61, completions 61, dlq 2, clickhouse rows 244"
+    assert summary_line(result, "slomax+tokenpilot") == (
+        "policy slomax+tokenpilot: published 61, answered 61 (rejected 3), decisions 58, completions 58, "
+        "dlq 2, clickhouse rows 244"
     )
-    lines = _render(summary_table(result))
+    lines = _render(summary_table(result), width=160)
     assert lines[0].split() == [
-        "class",
-        "completed",
-        "TTFT",
-        "p50",
-        "TTFT",
-        "p95",
-        "goodput",
-        "tok/s",
-        "compliant",
-    ]
-    # Rows keep the summary's class order; missing values read "-" (latency) or zero.
+        "class", "answered", "completed", "rejected", "held", "TTFT", "p50", "TTFT", "p95", "goodput",
+        "tok/s", "compliant",
+    ]  # fmt: skip
+    # Rows keep the summary's class order; missing values read "-" (latency) or zero; then the
+    # top reasons of rejects and holds.
     assert _rows(lines) == [
-        ["interactive", "50", "0.346", "1.200", "812.3", "95.5%"],
-        ["batch", "11", "-", "-", "0.0", "0.0%"],
+        ["interactive", "50", "47", "3", "5", "0.346", "1.200", "812.3", "95.5%"],
+        ["batch", "11", "11", "0", "0", "-", "-", "0.0", "0.0%"],
+        "interactive rejected: expired (3)".split(),
+        "interactive held: predicted TTFT N s over N s (headroom and margin) (5)".split(),
     ]
 
 

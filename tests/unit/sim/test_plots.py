@@ -63,3 +63,16 @@ def test_anything_else_is_one_line_and_exit_2(
 def test_a_missing_file_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", str(tmp_path / "none.json")]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_a_goodput_curve_gives_goodput_and_compliance_against_load(tmp_path: Path) -> None:
+    from bench.goodput_curve import point
+
+    spec = "synthetic:duration_s=30"
+    points = [{"load": x, "rate_scale": x, "policies": point(spec, x, 0)} for x in (0.5, 1.0)]
+    curve = {"tiny": {"workload": spec, "l67": 1.0, "points": points}}
+    result = tmp_path / "curve.json"
+    result.write_text(json.dumps({"fleet": "8xllama3-8b-h100", "seed": 0, "curve": curve}))
+    assert main(["report", str(result), "--out", str(tmp_path / "out")]) == 0
+    pictures = _written(tmp_path / "out")
+    assert list(pictures) == ["goodput_curve.png"] and pictures["goodput_curve.png"].startswith(PNG)

@@ -38,5 +38,7 @@ def test_regret_counts_only_rejects_the_twin_served_within_their_objective() -> 
         attempt("e", 4.0, 4.5, 6.0, 100, "ok"),
     ]
     arrivals = (0.0, 4.0)
-    regret = rejected_met_without_admission(judged(with_admission, arrivals, SLO), judged(twin, arrivals, SLO))
+    regret = rejected_met_without_admission(
+        judged(with_admission, arrivals, SLO), judged(twin, arrivals, SLO)
+    )
     assert regret == {"interactive": 1, "long_context": 1, "all": 2}
