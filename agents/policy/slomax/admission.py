@@ -381,7 +381,10 @@ class SloMax:
             )
         where = rows.for_request(name, predicted.own_s)
         if where is None:
-            where = rows.for_request(name, predicted.own_s, due=True) if due else None
+            # Due, it may take the room below the TPOT objective itself, unless interactive work
+            # ahead of it in serving order waits (then that room is theirs: fair shares hold).
+            may_take = due and not interactive_waits
+            where = rows.for_request(name, predicted.own_s, due=True) if may_take else None
             if where is None:
                 return self._queue(request, name, _NO_ROOM, ttft)
             return self._past(request, past, _NO_ROOM, where, ttft)
