@@ -52,15 +52,16 @@ holding it costs nothing, to it or to the others.
 - The headroom gate guards the request itself (a margin for prediction error), so a due request
   passes it. The prefill-room gate guards the decodes of the instance: a due request may take
   the room left below the TPOT objective itself instead of below its ``tpot_headroom``, where
-  its prefill slows the decodes without making them miss. The long-prompt gates (the share of
-  instances, ``long_headroom``) guard interactive work, so they yield to a long prompt while no
-  interactive request has been held in the last ``prefill_window_s`` (nothing waits that it
-  could cost).
+  its prefill slows the decodes without making them miss, unless an interactive request ahead
+  of it in serving order waits in the same offer (that room is then theirs: fair shares hold).
+  The long-prompt gates (the share of instances, ``long_headroom``) guard interactive work, so
+  they yield to a long prompt while no interactive request has been held in the last
+  ``prefill_window_s`` (nothing waits that it could cost).
 - A request let past a gate still goes only to rows where waited + high x ttft meets its
   objective; with none it stays held, and is rejected only once even the low end misses.
 
 So at normal load every gate opens before a request's objective is gone, and a reject means the
-request would have missed anyway; under overload (interactive work waiting, no room below the
+request would most likely have missed anyway; under overload (interactive work waiting, no room below the
 TPOT objective) the gates hold as before. Measured by ``rejected_met_without_admission`` against
 the same router without admission (``sim/evaluation/regret.py``, ``python -m bench.goodput_curve``).
 
@@ -131,9 +132,10 @@ _CALM = "no interactive work waits"
 
 @dataclass(frozen=True, slots=True)
 class _PastGate:
-    """What letting a request past a gate needs: its prediction, wait, objective, the high end
-    of its prediction's error, and why it may pass (it is due, or nothing waits)."""
+    """What letting a request past a gate needs: its class, prediction, wait, objective, the
+    high end of its prediction's error, and why it may pass (it is due, or nothing waits)."""
 
+    slo_class: str
     predicted: RowPrediction
     waited: float
     objective: float
@@ -371,7 +373,7 @@ class SloMax:
         due = waited + self._reoffer.gap_s + high * ttft > objective
         calm = not interactive_waits and self._calm(now_s)
         why = "a hold would miss its objective" if due else _CALM
-        past = _PastGate(predicted, waited, objective, high, why)
+        past = _PastGate(name, predicted, waited, objective, high, why)
         if name == LONG_CONTEXT and not rows.long_room():
             reason = "every instance is prefilling its share of long prompts"
             return (
@@ -414,7 +416,7 @@ class SloMax:
         allowed = np.isfinite(predicted.ttft_s) if where is None else where
         rows = allowed & (past.waited + past.high * predicted.ttft_s <= past.objective)
         if not rows.any():
-            return self._queue(request, self.rules.classify(request).slo_class, gate, ttft)
+            return self._queue(request, past.slo_class, gate, ttft)
         ttft, _ = _at_best(predicted, rows)
         return self._admit(f"slomax: gate waived, {past.why} ({gate})", ttft, rows)
 
