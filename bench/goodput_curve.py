@@ -7,7 +7,8 @@ compliant share of about 67 % (``python -m bench.slomax`` finds it by bisection;
 below are what it found, the command beside each). At every load (a multiple of L67) one
 seeded comparison (``sim.evaluation.compare``: same fleet, clients with timeouts and retries,
 seed) of ``round-robin``, ``tokenpilot``, ``slomax+tokenpilot`` and ``slomax+least-tokens``.
-Printed per workload and load: each policy's goodput, compliant share, rejects and
+Printed per workload and load: each policy's goodput, compliant share, cost per million
+compliant tokens (``sim/evaluation/cost.py``), rejects and
 ``rejected_met_without_admission`` (``sim/evaluation/regret.py``: rejected requests its twin
 without admission served within their objective), and ``slomax+tokenpilot``'s goodput per class
 as a ratio to ``tokenpilot``'s. ``tokenfleet report OUT`` draws the curve (goodput and compliant
@@ -41,7 +42,8 @@ WORKLOADS = {
 }
 FLEET = "8xllama3-8b-h100"
 _KEPT = ("goodput_tokens_per_s", "compliant_share", "output_tokens_per_s", "requests", "rejected",
-         "rejected_met_without_admission")  # fmt: skip
+         "rejected_met_without_admission", "cost_per_million_goodput_tokens",
+         "wasted_gpu_seconds")  # fmt: skip
 
 
 def point(spec: str, rate_scale: float, seed: int) -> dict[str, Any]:
@@ -65,9 +67,23 @@ def _ratio(mine: float | None, theirs: float | None) -> str:
     return f"{(mine or 0.0) / theirs:.3f}"
 
 
+def _dollars(figures: dict[str, Any]) -> str:
+    cost = figures.get("cost_per_million_goodput_tokens")
+    return "-" if cost is None else f"{cost:.2f}"
+
+
 def table(name: str, l67: float, points: Sequence[dict[str, Any]]) -> str:
     lines = [f"{name} (L67 = rate scale {l67:g}):"]
-    head = ("load", "policy", "goodput", "compliant", "rejected", "regret", "vs tokenpilot per class")
+    head = (
+        "load",
+        "policy",
+        "goodput",
+        "compliant",
+        "$/M good",
+        "rejected",
+        "regret",
+        "vs tokenpilot per class",
+    )
     rows: list[tuple[str, ...]] = [head]
     for p in points:
         fcfs = p["policies"]["tokenpilot"]
@@ -81,7 +97,8 @@ def table(name: str, l67: float, points: Sequence[dict[str, Any]]) -> str:
             regret = f.get("rejected_met_without_admission")
             rows.append((
                 f"{p['load']:g} x L67" if policy == POLICIES[0] else "", policy,
-                f"{f['goodput_tokens_per_s']:,.0f}", f"{f['compliant_share']:.3f}", str(f["rejected"]),
+                f"{f['goodput_tokens_per_s']:,.0f}", f"{f['compliant_share']:.3f}", _dollars(f),
+                str(f["rejected"]),
                 "-" if regret is None else str(regret), ratios,
             ))  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]

@@ -14,8 +14,10 @@ Two forms:
           region: eu-b
           failure_domain: eu-b-1   # replicas are advised across domains (default: the region)
           gpu_slots: 12            # instances it could host (replica advice; default 0 = none)
+          price_per_hour: 2.5      # an instance-hour here (default: the profile's; null: none)
           instances:
             - {count: 4, profile: llama3-8b-h100, model: llama3-8b, version: "2"}
+            - {count: 2, profile: llama3-8b-h100, price_per_hour: 1.2}   # e.g. reserved capacity
       rtt_ms:                 # round-trip time between data centres (symmetric)
         A: {B: 4, C: 24}
       models:                 # the version a request that names none must run on
@@ -40,7 +42,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -55,6 +57,12 @@ class InstanceSpec:
     model: str
     version: str
     profile: EngineProfile
+    price_per_hour: float | Literal["profile"] | None = "profile"  # None: no price
+
+    @property
+    def price(self) -> float | None:
+        """Cost of one hour of this instance, whatever it runs; None: no price (GPU-hours only)."""
+        return self.profile.price_per_hour if self.price_per_hour == "profile" else self.price_per_hour
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +145,22 @@ def parse_fleet(spec: str) -> FleetSpec:
     return FleetSpec(spec, tuple(instances))
 
 
+Price = float | None | Literal["profile"]
+
+
+def _price(where: dict[str, Any], what: str, inherited: Price = "profile") -> Price:
+    """``price_per_hour`` of a data centre or instance group: a finite number >= 0, or null for
+    no price (GPU-hours only); absent: ``inherited`` (the data centre's, else the profile's)."""
+    if "price_per_hour" not in where:
+        return inherited
+    value = where["price_per_hour"]
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise ValueError(f"{what}: price_per_hour must be a number >= 0 or null, got {value!r}")
+    return float(value)
+
+
 def _is_file(spec: str) -> bool:
     try:
         return Path(spec).is_file()
@@ -164,14 +188,18 @@ def fleet_from_doc(doc: Any, path: Path) -> FleetSpec:
         for dc in doc["data_centres"]:
             dc_name = str(dc["name"])
             names.append(dc_name)
+            dc_price = _price(dc, f"data centre {dc_name!r}")
             for group in dc.get("instances") or []:
                 profile = get_profile(str(group["profile"]))
                 model = str(group.get("model", PROFILE_MODELS.get(profile.name, profile.name)))
                 version = str(group.get("version", "1"))
                 count = _count(group.get("count", 1), f"{path}: data centre {dc_name!r}", len(instances))
+                price = _price(group, f"data centre {dc_name!r}, group {profile.name}", dc_price)
                 for _ in range(count):
                     instances.append(
-                        InstanceSpec(f"{dc_name}/i{len(instances):03d}", dc_name, model, version, profile)
+                        InstanceSpec(
+                            f"{dc_name}/i{len(instances):03d}", dc_name, model, version, profile, price
+                        )
                     )
         for a, row in (doc.get("rtt_ms") or {}).items():
             for b, ms in row.items():

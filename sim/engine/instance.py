@@ -106,6 +106,7 @@ class Attempt:
     anonymous_blocks: int = 0
     blocks: int = 0  # KV blocks it holds (keyed + anonymous)
     preemptions: int = 0
+    busy_s: float = 0.0  # its share of its instance's busy time (``Instance.finish_step``)
 
     @property
     def target_tokens(self) -> int:
@@ -223,6 +224,7 @@ class Instance:
     def finish_step(self, now_s: float) -> list[Attempt]:
         """Apply the step (or macro-step) ending now; return attempts that ended; plan the next."""
         self._account_busy(self.step_start_s, now_s)
+        self._attribute_busy(self.step_start_s, now_s)
         on_demand = self._on_demand
         cache = self.cache
         for attempt, chunk in self._chunks:
@@ -572,3 +574,21 @@ class Instance:
         lo, hi = max(start_s, self.window[0]), min(end_s, self.window[1])
         if hi > lo:
             self.busy_s += hi - lo
+
+    def _attribute_busy(self, start_s: float, end_s: float) -> None:
+        """Share the step's busy time (inside the window, as ``busy_s``) among the requests in
+        it by the tokens each computed: a prefill chunk of c tokens counts c, a decoder 1 per
+        step of the macro-step. Every busy second goes to some request, so the attempts' shares
+        add up to the instance's ``busy_s``."""
+        lo, hi = max(start_s, self.window[0]), min(end_s, self.window[1])
+        if hi <= lo:
+            return
+        steps = self._steps
+        tokens = sum(chunk for _, chunk in self._chunks) + steps * len(self._decoders)
+        if tokens == 0:
+            return
+        per_token = (hi - lo) / tokens
+        for attempt, chunk in self._chunks:
+            attempt.busy_s += chunk * per_token
+        for attempt in self._decoders:
+            attempt.busy_s += steps * per_token

@@ -112,6 +112,8 @@ class EngineProfile:
     attention_growth_tokens: float = 0.0  # L of the perturbed law; 0: the nominal (linear) law
     noise_sigma: float = 0.0  # multiplicative step-time noise; 0: none
     options: EngineOptions = field(default_factory=EngineOptions)
+    gpus: int = 1  # GPUs one instance occupies (tensor parallelism)
+    price_per_hour: float | None = None  # cost of one instance-hour; None: no price (GPU-hours only)
 
     def prefill_chunk_s(self, new_tokens: int, cached_tokens: int) -> float:
         """The prefill terms of the step time for one request's chunk (before noise)."""
@@ -149,14 +151,31 @@ class EngineProfile:
         return -self.noise_sigma * self.noise_sigma / 2
 
 
-_LLAMA_8B = EngineProfile("llama3-8b-h100", 6.5e-3, 25e-6, 1e-9, 35e-6, 76e-9, 420_000)
+H100_HOUR = 3.0
+"""Default price of one H100-hour: a round on-demand list price (clouds list $2-4 per H100-hour
+in 2025-26). Every profile below is priced at its GPUs x this; a fleet YAML overrides it per
+data centre or instance group (``price_per_hour``, null for none)."""
+
+_LLAMA_8B = EngineProfile(
+    "llama3-8b-h100", 6.5e-3, 25e-6, 1e-9, 35e-6, 76e-9, 420_000, price_per_hour=H100_HOUR
+)
 
 PROFILES: dict[str, EngineProfile] = {
     p.name: p
     for p in (
         _LLAMA_8B,
-        EngineProfile("qwen3-14b-h100", 12e-3, 40e-6, 2e-9, 60e-6, 95e-9, 255_000),
-        EngineProfile("llama3-70b-tp4-h100", 17e-3, 65e-6, 2e-9, 72e-6, 48e-9, 490_000),
+        EngineProfile("qwen3-14b-h100", 12e-3, 40e-6, 2e-9, 60e-6, 95e-9, 255_000, price_per_hour=H100_HOUR),
+        EngineProfile(
+            "llama3-70b-tp4-h100",
+            17e-3,
+            65e-6,
+            2e-9,
+            72e-6,
+            48e-9,
+            490_000,
+            gpus=4,
+            price_per_hour=4 * H100_HOUR,
+        ),
         EngineProfile(
             "llama3-8b-h100-perturbed",
             t0_s=7.0e-3,
@@ -167,6 +186,7 @@ PROFILES: dict[str, EngineProfile] = {
             kv_tokens=_LLAMA_8B.kv_tokens,
             attention_growth_tokens=32_768.0,
             noise_sigma=0.10,
+            price_per_hour=H100_HOUR,
         ),
     )
 }

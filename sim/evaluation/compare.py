@@ -10,6 +10,7 @@ from agents.policy import policy_names
 from agents.policy.registry import PolicyError, StageParams, params_for, parse_policy
 from agents.policy.types import BLOCK_TOKENS
 from sim.engine.fleet import FleetSpec
+from sim.evaluation.cost import costs
 from sim.evaluation.ideal import ideal_attempts
 from sim.evaluation.metrics import RequestOutcome, judged, report
 from sim.evaluation.regret import pass_through_twin, rejected_met_without_admission
@@ -79,8 +80,11 @@ def compare(
             tick = progress(name, len(scaled.requests)) if progress else None
             run = simulate(scaled, fleet, name, config, tick, params_for(name, params))
             results[name] = report(run.attempts, run.window, config.slo_classes, run.busy_s)
-            if name in twins or name in twins.values():
-                requests[name] = judged(run.attempts, run.window, config.slo_classes)
+            requests[name] = judged(run.attempts, run.window, config.slo_classes)
+            window_s = run.window[1] - run.window[0]
+            _add_costs(
+                results[name], costs(run.attempts, requests[name], fleet.instances, run.busy_s, window_s)
+            )
         timings.append(Timing(name, time.perf_counter() - started, len(scaled.requests)))
     for name, twin in twins.items():
         _add_regret(results[name], twin, rejected_met_without_admission(requests[name], requests[twin]))
@@ -106,3 +110,15 @@ def _add_regret(result: dict[str, object], twin: str, regret: dict[str, int]) ->
     assert isinstance(per_class, dict)
     for name, metrics in per_class.items():
         metrics["rejected_met_without_admission"] = regret.get(name, 0)
+
+
+def _add_costs(result: dict[str, object], spend: dict[str, object]) -> None:
+    """The figures of ``cost.py`` into a policy's totals, its classes, and ``per_tenant``."""
+    total, classes = spend["total"], spend["per_class"]
+    assert isinstance(total, dict) and isinstance(classes, dict)
+    result.update(total)
+    per_class = result["per_class"]
+    assert isinstance(per_class, dict)
+    for name, metrics in per_class.items():
+        metrics.update(classes.get(name, {}))
+    result["per_tenant"] = spend["per_tenant"]
