@@ -10,7 +10,8 @@
    retries on (the simulator's defaults): ``tokenpilot`` (FCFS), ``slomax+tokenpilot``,
    ``slomax+least-tokens``. Printed per policy: compliant share, goodput and total output
    throughput (tokens/s), admitted interactive requests that met their objective, their P99
-   TTFT, batch requests finished before their deadline, and rejects by reason code.
+   TTFT, batch requests finished before their deadline, rejects by reason code, and the cost
+   per million compliant tokens (``sim/evaluation/cost.py``; ``wasted_gpu_seconds`` in the JSON).
 
 3. Fairness (``--fairness``): two equal-weight tenants on the same mix, one offering 5x the
    other's load (tenant-0's requests are ``light``, tenant-1..5's are ``heavy``), at L67: the
@@ -36,6 +37,7 @@ from agents.policy import build_scheduler
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES
 from agents.policy.slomax import SloMax
 from sim.engine.fleet import FleetSpec, parse_fleet
+from sim.evaluation.cost import costs
 from sim.evaluation.metrics import outcomes, percentile, report
 from sim.loop.runner import SimConfig, Simulation, simulate
 from sim.workloads.sources import open_workload
@@ -52,6 +54,9 @@ def run(workload: Workload, fleet: FleetSpec, policy: str, config: SimConfig) ->
     result = Simulation(workload, fleet, scheduler, config).run()
     metrics = report(result.attempts, result.window, config.slo_classes, result.busy_s)
     requests = outcomes(result.attempts, result.window, config.slo_classes)
+    window_s = result.window[1] - result.window[0]
+    spend = costs(result.attempts, requests, fleet.instances, result.busy_s, window_s)["total"]
+    assert isinstance(spend, dict)
     interactive = [r for r in requests if r.slo_class == "interactive" and r.status != "rejected"]
     batch = [r for r in requests if r.slo_class == "batch"]
     admission = scheduler.admission
@@ -64,6 +69,8 @@ def run(workload: Workload, fleet: FleetSpec, policy: str, config: SimConfig) ->
         "compliant_share": metrics["compliant_share"],
         "goodput_tokens_per_s": metrics["goodput_tokens_per_s"],
         "output_tokens_per_s": metrics["output_tokens_per_s"],
+        "cost_per_million_goodput_tokens": spend["cost_per_million_goodput_tokens"],
+        "wasted_gpu_seconds": spend["wasted_gpu_seconds"],
         "interactive_admitted": len(interactive),
         "interactive_admitted_met": _share(sum(r.good for r in interactive), len(interactive)),
         "interactive_admitted_ttft_p99_s": percentile([r.ttft_s for r in interactive], 99),
@@ -139,12 +146,14 @@ def _cell(value: object) -> str:
 
 
 def table(load: str, figures: dict[str, dict[str, Any]]) -> str:
-    head = ("policy", "compliant", "goodput", "output", "inter. met", "inter. P99 s", "batch met", "rejects")
+    head = ("policy", "compliant", "goodput", "$/M good", "output", "inter. met", "inter. P99 s", "batch met",
+            "rejects")  # fmt: skip
     rows: list[tuple[str, ...]] = [head]
     for policy, f in figures.items():
         rejects = ", ".join(f"{k} {v}" for k, v in f["rejects_by_reason"].items()) or "0"
         rows.append((policy, *(_cell(f[k]) for k in (
-            "compliant_share", "goodput_tokens_per_s", "output_tokens_per_s", "interactive_admitted_met",
+            "compliant_share", "goodput_tokens_per_s", "cost_per_million_goodput_tokens",
+            "output_tokens_per_s", "interactive_admitted_met",
             "interactive_admitted_ttft_p99_s", "batch_met")), rejects))  # fmt: skip
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = [f"{load}:"] + [

@@ -1,0 +1,22 @@
+"""``python -m bench.slomax``: one run's figures, cost per compliant token included."""
+
+from __future__ import annotations
+
+from bench.slomax import run, table
+from sim.engine.fleet import parse_fleet
+from sim.loop.runner import SimConfig
+from sim.workloads.sources import open_workload
+
+
+def test_one_run_reports_goodput_and_what_a_compliant_token_cost() -> None:
+    workload = open_workload("synthetic:duration_s=30,rate_per_s=4", seed=1)
+    figures = {
+        policy: run(workload, parse_fleet("2xllama3-8b-h100"), policy, SimConfig(seed=1))
+        for policy in ("tokenpilot", "slomax+tokenpilot")
+    }
+    for f in figures.values():
+        assert f["goodput_tokens_per_s"] > 0
+        # the fleet is priced (2 instances at $3 an hour): every policy has a cost per compliant token
+        assert f["cost_per_million_goodput_tokens"] > 0 and f["wasted_gpu_seconds"] >= 0
+    printed = table("light load", figures)
+    assert "$/M good" in printed and "slomax+tokenpilot vs FCFS: goodput" in printed
