@@ -34,6 +34,8 @@ from infra.entrypoints.loadgen import publish_workload, workload_output_tokens
 from infra.entrypoints.worker_process import WorkerProcess
 from infra.kafka.broker import embedded_broker, ensure_topics
 from infra.settings import Settings
+from schemas.codec import DecodeError, decode
+from schemas.events import AdmissionDecision, Completion
 from schemas.topics import ADMISSION, COMPLETIONS, DECISIONS, DLQ, REQUESTS
 from sim.evaluation.report import TABLE_WIDTH
 from sim.workloads.sources import open_workload
@@ -96,11 +98,12 @@ class Counter:
 
     def _answer(self, topic: str, value: bytes | None) -> None:
         try:
-            event = json.loads(value or b"")
-        except ValueError:
-            return  # the worker only publishes valid events; nothing to count otherwise
-        if topic == COMPLETIONS.name or event.get("action") == "reject":
-            self.answered.add(str(event.get("request_id")))
+            if topic == COMPLETIONS.name:
+                self.answered.add(decode(Completion, value).request_id)
+            elif (answer := decode(AdmissionDecision, value)).action == "reject":
+                self.answered.add(answer.request_id)
+        except DecodeError:
+            return  # the worker publishes only valid events; nothing to count otherwise
 
 
 async def _orchestrate(

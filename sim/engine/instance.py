@@ -106,7 +106,7 @@ class Attempt:
     anonymous_blocks: int = 0
     blocks: int = 0  # KV blocks it holds (keyed + anonymous)
     preemptions: int = 0
-    busy_s: float = 0.0  # its share of its instance's busy time (``Instance.finish_step``)
+    busy_s: float = 0.0  # its share of its instance's busy time (``Instance._account_busy``)
 
     @property
     def target_tokens(self) -> int:
@@ -224,7 +224,6 @@ class Instance:
     def finish_step(self, now_s: float) -> list[Attempt]:
         """Apply the step (or macro-step) ending now; return attempts that ended; plan the next."""
         self._account_busy(self.step_start_s, now_s)
-        self._attribute_busy(self.step_start_s, now_s)
         on_demand = self._on_demand
         cache = self.cache
         for attempt, chunk in self._chunks:
@@ -571,18 +570,14 @@ class Instance:
             self.version += 1
 
     def _account_busy(self, start_s: float, end_s: float) -> None:
-        lo, hi = max(start_s, self.window[0]), min(end_s, self.window[1])
-        if hi > lo:
-            self.busy_s += hi - lo
-
-    def _attribute_busy(self, start_s: float, end_s: float) -> None:
-        """Share the step's busy time (inside the window, as ``busy_s``) among the requests in
-        it by the tokens each computed: a prefill chunk of c tokens counts c, a decoder 1 per
-        step of the macro-step. Every busy second goes to some request, so the attempts' shares
-        add up to the instance's ``busy_s``."""
+        """Add the step's busy time inside the window to ``busy_s``, and share it among the
+        requests in the step by the tokens each computed: a prefill chunk of c tokens counts c,
+        a decoder 1 per step of the macro-step. Every busy second goes to some request, so the
+        attempts' ``busy_s`` add up to the instance's."""
         lo, hi = max(start_s, self.window[0]), min(end_s, self.window[1])
         if hi <= lo:
             return
+        self.busy_s += hi - lo
         steps = self._steps
         tokens = sum(chunk for _, chunk in self._chunks) + steps * len(self._decoders)
         if tokens == 0:

@@ -79,8 +79,8 @@ def compare(
         else:
             tick = progress(name, len(scaled.requests)) if progress else None
             run = simulate(scaled, fleet, name, config, tick, params_for(name, params))
-            results[name] = report(run.attempts, run.window, config.slo_classes, run.busy_s)
             requests[name] = judged(run.attempts, run.window, config.slo_classes)
+            results[name] = report(run.attempts, run.window, config.slo_classes, run.busy_s, requests[name])
             window_s = run.window[1] - run.window[0]
             _add_costs(
                 results[name], costs(run.attempts, requests[name], fleet.instances, run.busy_s, window_s)

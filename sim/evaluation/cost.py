@@ -90,7 +90,7 @@ def costs(
             gpu_s = attempt.busy_s * spec.profile.gpus
             money = attempt.busy_s * (spec.price or 0.0) / 3600.0
             wasted = not judged.good or attempt is not tries[-1]
-            for tally in tallies[:2]:
+            for tally in tallies[:2]:  # the total's busy time and cost come from the instances
                 tally.busy_gpu_s += gpu_s
                 tally.cost += money
                 tally.wasted_gpu_s += gpu_s if wasted else 0.0

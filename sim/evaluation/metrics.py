@@ -204,14 +204,17 @@ def report(
     window: tuple[float, float],
     slo_classes: dict[str, SloClass],
     busy_s: Sequence[float] | None,
+    requests: Sequence[RequestOutcome] | None = None,
 ) -> dict[str, object]:
     """Metrics in total and ``per_class``, rounded so equal runs print equal JSON. ``window`` is
-    the arrival span; the metrics are measured over ``measurement_window`` of it."""
+    the arrival span; the metrics are measured over ``measurement_window`` of it. ``requests``:
+    the run's ``judged`` outcomes, if the caller has them already."""
     attempts = list(attempts)
     arrivals = window
     window = measurement_window(attempts, arrivals)
     extended = window != arrivals
-    requests = judged(attempts, arrivals, slo_classes)
+    if requests is None:
+        requests = judged(attempts, arrivals, slo_classes)
     window_s = max(window[1] - window[0], 1e-9)
     busy = None if busy_s is None or extended else sum(busy_s) / (len(busy_s) * window_s)
     total: dict[str, object] = dict(_rounded(summarize(requests, window_s, busy)))

@@ -285,8 +285,7 @@ class SloMax:
         capacity = int(view.kv_total[view.ready].sum()) * BLOCK_TOKENS
         pending = 0  # prefill tokens admitted in this offer, not yet seen by the router
         tpot = self._tpot_objective()
-        room = self.prefill.room(view, now_s, self.tpot_headroom * tpot)
-        due_room = self.prefill.room(view, now_s, tpot)
+        room, due_room = self.prefill.room(view, now_s, self.tpot_headroom * tpot, tpot)
         rows = Rows(view, self._long_on, self.long_prefills_per_instance, self.long_share, room, due_room)
         interactive_waits = False
         batch_closed = False  # a batch request was refused its gate: later ones are too

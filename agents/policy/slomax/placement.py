@@ -45,15 +45,19 @@ class PrefillLoad:
     def add(self, instance_id: str, seconds: float, now_s: float) -> None:
         self._load[instance_id] = (self._decayed(instance_id, now_s) + seconds, now_s)
 
-    def room(self, view: ClusterView, now_s: float, target_s: float) -> tuple[FloatArray, FloatArray]:
-        """(room, budget) per row of ``view``: the prefill seconds it can still take (negative:
-        none), and what it could take with no prefill placed on it lately."""
+    def room(self, view: ClusterView, now_s: float, *targets_s: float) -> list[tuple[FloatArray, FloatArray]]:
+        """For each TPOT target, (room, budget) per row of ``view``: the prefill seconds it can
+        still take (negative: none), and what it could take with no prefill placed on it lately.
+        The decode step and the recent load are computed once for all targets."""
         t0, per_seq, per_token = self.law
         step = t0 + per_seq * view.running + per_token * view.tokens_in_flight
-        budget = self.tau_s * (1.0 - step / target_s)
         load = np.array([self._decayed(i, now_s) for i in view.instance_ids], dtype=np.float64)
-        room: FloatArray = np.where(view.ready, budget - load, -np.inf)
-        return room, budget
+        rooms = []
+        for target_s in targets_s:
+            budget = self.tau_s * (1.0 - step / target_s)
+            room: FloatArray = np.where(view.ready, budget - load, -np.inf)
+            rooms.append((room, budget))
+        return rooms
 
     def _decayed(self, instance_id: str, now_s: float) -> float:
         load, at = self._load.get(instance_id, (0.0, now_s))
@@ -128,5 +132,6 @@ class Rows:
         if slo_class == LONG_CONTEXT:
             self._free -= 1
         if rows is not None and rows.any():
-            self.room[rows] -= prefill_s / int(rows.sum())
-            self.due_room[rows] -= prefill_s / int(rows.sum())
+            share = prefill_s / int(rows.sum())
+            self.room[rows] -= share
+            self.due_room[rows] -= share

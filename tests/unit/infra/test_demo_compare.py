@@ -7,8 +7,10 @@ from typing import Any
 
 from rich.console import Console, RenderableType
 
-from infra.entrypoints.demo import LoadProgress, comparison, summary_line, summary_table
-from schemas.topics import COMPLETIONS, DECISIONS, DLQ
+from infra.entrypoints.demo import Counter, LoadProgress, comparison, summary_line, summary_table
+from schemas.codec import encode
+from schemas.events import AdmissionDecision, Completion
+from schemas.topics import ADMISSION, COMPLETIONS, DECISIONS, DLQ
 
 
 def _render(renderable: RenderableType, width: int = 120) -> list[str]:
@@ -109,3 +111,22 @@ def test_progress_off_a_terminal_writes_a_few_lines() -> None:
     assert len(lines) == 5  # at 0, 10, 20, 30 s, and the final counts
     assert lines[0] == "[demo] load 0/30 s: decisions 0, completions 0, dlq 0"
     assert lines[-1] == "[demo] drain 40 s: decisions 399, completions 399, dlq 0"
+
+
+def test_a_request_is_answered_by_its_completion_or_its_reject_and_nothing_else() -> None:
+    counter = Counter("127.0.0.1:9")  # never started: only its bookkeeping is tested
+
+    def admission(rid: str, action: str) -> bytes:
+        return encode(
+            AdmissionDecision(request_id=rid, model="m", slo_class="interactive", action=action, policy="p")
+        )
+
+    done = Completion(
+        request_id="done", instance_id="i0", model="m", status="timeout", arrival_ts=1.0, input_tokens=1,
+        output_tokens=0,
+    )  # fmt: skip
+    counter._answer(COMPLETIONS.name, encode(done))
+    counter._answer(ADMISSION.name, admission("turned-away", "reject"))
+    counter._answer(ADMISSION.name, admission("held", "queue"))
+    counter._answer(ADMISSION.name, b"{not json")
+    assert counter.answered == {"done", "turned-away"}

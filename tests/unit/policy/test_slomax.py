@@ -330,11 +330,13 @@ def test_prefill_room_follows_the_decode_step_and_the_recent_prefill() -> None:
     load = PrefillLoad(tau_s=4.0, law=(0.01, 0.0, 0.0))  # every decode step takes 10 ms
     view = cluster_view(2)
     # target 0.08 s: tpot = 0.01 / (1 - u) <= 0.08 while u <= 7/8, i.e. 3.5 s of the last 4 s
-    room, budget = load.room(view, 0.0, 0.08)
+    ((room, budget),) = load.room(view, 0.0, 0.08)
     assert (room.tolist(), budget.tolist()) == (pytest.approx([3.5, 3.5]), pytest.approx([3.5, 3.5]))
     load.add("i0", 3.0, 0.0)
-    assert load.room(view, 0.0, 0.08)[0].tolist() == pytest.approx([0.5, 3.5])
-    assert load.room(view, 4.0, 0.08)[0][0] == pytest.approx(3.5 - 3.0 * math.exp(-1.0))  # decays
+    ((room, _),) = load.room(view, 0.0, 0.08)
+    assert room.tolist() == pytest.approx([0.5, 3.5])
+    ((later, _),) = load.room(view, 4.0, 0.08)
+    assert later[0] == pytest.approx(3.5 - 3.0 * math.exp(-1.0))  # decays
 
 
 def test_without_prefill_room_a_request_waits_and_then_goes_where_room_is() -> None:
