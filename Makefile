@@ -82,8 +82,8 @@ scoreboard: install
 fleetmind: install
 	mkdir -p out
 	for s in hotspot version-mismatch pinned-tenant dc-failure; do \
-		$(PY) -m infra.entrypoints.cli simulate --scenario $$s --json out/scenario-$$s.json || exit 1; done
-	$(PY) -m infra.entrypoints.cli capacity --scenario hotspot --jobs 2 --json out/capacity-hotspot.json
+		$(PY) -m cli.main simulate --scenario $$s --json out/scenario-$$s.json || exit 1; done
+	$(PY) -m cli.main capacity --scenario hotspot --jobs 2 --json out/capacity-hotspot.json
 
 # What admission buys and costs: goodput and compliant share from 0.25x to 2x L67 on three
 # workloads (drawn to out/report/goodput_curve.png), then SLOMax against FCFS at L67 and

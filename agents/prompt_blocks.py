@@ -5,7 +5,7 @@
 (4 bytes each, little-endian), read as a signed int64. Equal hash at position i means an equal
 prefix up to the end of block i. Stable across processes and machines (unlike Python's salted
 ``hash``): the scheduler hashing a request and the engine adapter hashing what an engine cached
-(``infra/engines/vllm/kv_events.py``) must agree.
+(``dispatcher/engines/vllm/kv_events.py``) must agree.
 """
 
 from __future__ import annotations

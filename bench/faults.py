@@ -3,9 +3,9 @@
 ``python -m bench.faults [--only NAME ...] [--json out/faults.json]`` (``make faults``)
 
 Not a test: every scenario runs on a fresh embedded broker (Tansu) and a fresh data dir, with a
-``tokenfleet worker`` subprocess (``infra.entrypoints.worker_process.WorkerProcess``, the
+``tokenfleet worker`` subprocess (``lab.worker_process.WorkerProcess``, the
 embedded ClickHouse store unless said otherwise), the emulated fleet ``2xllama3-8b-h100``
-in this process (``infra.entrypoints.fleet.run_fleet``), a publisher and one collector that
+in this process (``dispatcher.service.run_fleet``), a publisher and one collector that
 reads ``tf.decisions``, ``tf.admission``, ``tf.completions`` and ``tf.dlq`` from their start.
 It prints one table row per scenario (stdout), progress on stderr, and with ``--json`` writes
 ``{"scenarios": {NAME: {...}}}``. A scenario that fails keeps its figures so far and gets an
@@ -97,11 +97,11 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from dispatcher.service import run_fleet
 from infra.clickhouse.client import connect
-from infra.entrypoints.fleet import run_fleet
-from infra.entrypoints.worker_process import WorkerProcess
 from infra.kafka.broker import embedded_broker, ensure_topics_async, free_port
 from infra.kafka.clients import start_client
+from lab.worker_process import WorkerProcess
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import InferenceRequest
 from schemas.topics import ADMISSION, COMPLETIONS, DECISIONS, DLQ, REQUESTS

@@ -40,12 +40,12 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from openai import AsyncOpenAI
 
-from infra.engines.vllm.inventory import dump_inventory, load_inventory
-from infra.engines.vllm.launcher import VllmServers, server_specs
-from infra.engines.vllm.tiny_model import ensure_tiny_model
-from infra.entrypoints.engine_stack import StackOptions, worker_settings
-from infra.entrypoints.worker_process import WorkerProcess
 from infra.kafka.broker import embedded_broker, ensure_topics_async, free_port
+from infra.vllm.inventory import dump_inventory, load_inventory
+from lab.engine_stack import StackOptions, worker_settings
+from lab.tiny_model import ensure_tiny_model
+from lab.vllm_launcher import VllmServers, server_specs
+from lab.worker_process import WorkerProcess
 from schemas.codec import DecodeError, decode
 from schemas.events import RoutingDecision
 from schemas.topics import DECISIONS
@@ -186,7 +186,7 @@ def _deployed(bootstrap: str, inventory: Path, data: Path, policy: str) -> Itera
         data / "worker",
         worker_settings(inventory, StackOptions(policy=policy, app_id="bench-gateway")),
     )
-    cli = [sys.executable, "-m", "infra.entrypoints.cli"]
+    cli = [sys.executable, "-m", "cli.main"]
     logs = [(data / name).open("wb") for name in ("fleet.log", "gateway.log")]
     services = [
         subprocess.Popen(

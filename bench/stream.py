@@ -64,10 +64,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 from prometheus_client.parser import text_string_to_metric_families
 
-from infra.entrypoints.worker_process import WorkerProcess
 from infra.kafka.broker import embedded_broker, ensure_topics, free_port
 from infra.kafka.clients import start_client
 from infra.settings import Settings
+from lab.worker_process import WorkerProcess
 from schemas.codec import decode, encode
 from schemas.events import Heartbeat, InferenceRequest
 from schemas.topics import DECISIONS, HEARTBEATS, REQUESTS, key_of

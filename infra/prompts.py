@@ -6,7 +6,7 @@ model's ``chat_template`` (Jinja, from ``tokenizer_config.json``, ``add_generati
 tokenized without adding special tokens (the template writes them), token ids as they are.
 ``Prompts.complete`` fills ``input_tokens`` and ``prompt_block_hashes`` of a request that carries
 a prompt but not them (the worker does it before routing; the gateway before publishing), so
-the prefix index compares what the engines cache (``infra/engines/vllm/kv_events.py`` hashes the
+the prefix index compares what the engines cache (``dispatcher/engines/vllm/kv_events.py`` hashes the
 same token ids). A mismatch with the engine's own tokenization costs cache affinity, never
 correctness: the engine tokenizes the prompt it is sent.
 """

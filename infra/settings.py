@@ -107,7 +107,7 @@ class Settings(BaseSettings):
     slo_classes: dict[str, SloClassSetting] = Field(default_factory=_default_slo_classes)
     inventory: Path | None = Field(
         default=None,
-        description="the real engines' inventory YAML (infra/engines/vllm/inventory.py): the gateway "
+        description="the real engines' inventory YAML (infra/vllm/inventory.py): the gateway "
         "and dispatcher reach its instances, the worker takes its models' tokenizers from it",
     )
     tokenizers: dict[str, Path] = Field(
@@ -123,7 +123,7 @@ class Settings(BaseSettings):
         """Model pool -> tokenizer directory: ``tokenizers`` over the inventory's."""
         found: dict[str, Path] = {}
         if self.inventory is not None:
-            from infra.engines.vllm.inventory import load_inventory
+            from infra.vllm.inventory import load_inventory
 
             found = load_inventory(self.inventory).tokenizer_dirs()
         return {**found, **self.tokenizers}

@@ -181,7 +181,7 @@ def demo_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     command = [
         sys.executable,
         "-m",
-        "infra.entrypoints.cli",
+        "cli.main",
         "demo",
         "--policy",
         "slomax+tokenpilot",  # so the SLOMax panels (control steps) have data too

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from infra.entrypoints.worker_process import WorkerProcess
+from lab.worker_process import WorkerProcess
 from schemas.codec import encode
 from schemas.events import Event, Heartbeat, InferenceRequest
 from schemas.topics import TopicSpec, key_of

@@ -21,9 +21,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from infra.entrypoints.fleet import run_fleet
-from infra.entrypoints.worker_process import WorkerProcess
+from dispatcher.service import run_fleet
 from infra.kafka.broker import embedded_broker, ensure_topics, free_port
+from lab.worker_process import WorkerProcess
 from schemas.events import Completion, InferenceRequest, RoutingDecision
 from schemas.topics import COMPLETIONS, DECISIONS, HEARTBEATS, REQUESTS
 from tests.integration.streaming import Collector, heartbeat, publish, unique

@@ -243,7 +243,7 @@ def tables_of(url: str) -> set[str]:
 
 
 def sql_error(capsys: pytest.CaptureFixture[str], args: list[str]) -> str:
-    from infra.entrypoints.cli import main
+    from cli.main import main
 
     assert main(["sql", *args]) == 2
     err = capsys.readouterr().err
@@ -282,7 +282,7 @@ def test_sql_is_read_only_by_default(
 
 
 def test_sql_reads_within_a_row_and_a_time_limit(store: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from infra.entrypoints.cli import main
+    from cli.main import main
 
     assert main(["sql", "SELECT number FROM numbers(3) -- DROP TABLE requests; file('x')"]) == 0
     assert capsys.readouterr().out == "number\n0\n1\n2\n"
@@ -306,7 +306,7 @@ def test_the_engine_itself_refuses_writes_with_the_sql_settings(store: str) -> N
 
 
 def test_sql_write_changes_the_store(store: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from infra.entrypoints.cli import main
+    from cli.main import main
 
     assert main(["sql", "--write", "INSERT INTO slo_classes (name, deadline) VALUES ('x', 0)"]) == 0
     with connect(store) as opened:
@@ -316,7 +316,7 @@ def test_sql_write_changes_the_store(store: str, capsys: pytest.CaptureFixture[s
 def test_migrate_repairs_dropped_tables_and_their_columns(
     store: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from infra.entrypoints.cli import main
+    from cli.main import main
 
     with connect(store) as opened:
         opened.command("DROP TABLE requests")

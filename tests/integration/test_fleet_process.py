@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from infra.entrypoints.fleet import run_fleet
-from infra.entrypoints.loadgen import parse_duration, publish_workload, submit_batch
+from dispatcher.service import run_fleet
+from lab.loadgen import parse_duration, publish_workload, submit_batch
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import (
     BatchJob,

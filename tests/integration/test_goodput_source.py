@@ -123,7 +123,7 @@ def test_a_simulated_run_closes_its_loop_through_clickhouse_exactly_as_through_m
 def test_slomax_status_prints_the_configuration_and_the_last_steps(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from infra.entrypoints.cli import main
+    from cli.main import main
 
     url = f"chdb:///{tmp_path / 'clickhouse'}"
     now = time.time()

@@ -21,9 +21,9 @@ import zmq
 import zmq.asyncio
 
 from agents.prompt_blocks import chained_block_hashes
-from infra.engines.vllm.kv_events import END_SEQ, KvEventSubscriber
-from infra.engines.vllm.kv_wire import decode_kv_batch
-from infra.engines.vllm.router_blocks import RouterBlocks
+from dispatcher.engines.vllm.kv_events import END_SEQ, KvEventSubscriber
+from dispatcher.engines.vllm.kv_wire import decode_kv_batch
+from dispatcher.engines.vllm.router_blocks import RouterBlocks
 from schemas.events import KvEvent
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"

@@ -20,12 +20,12 @@ from typing import Any, TypeVar
 import pytest
 from openai import OpenAI
 
-from infra.engines.vllm.inventory import dump_inventory
-from infra.engines.vllm.launcher import VllmServers
-from infra.engines.vllm.metrics import parse_metrics
-from infra.entrypoints.batch_results import collect_results
-from infra.entrypoints.engine_stack import EngineStack, StackOptions
-from infra.entrypoints.loadgen import submit_batch
+from dispatcher.engines.vllm.metrics import parse_metrics
+from infra.kafka.batches import collect_results
+from infra.vllm.inventory import dump_inventory
+from lab.engine_stack import EngineStack, StackOptions
+from lab.loadgen import submit_batch
+from lab.vllm_launcher import VllmServers
 from schemas.codec import decode
 from schemas.events import Completion, InferenceRequest, Response, RoutingDecision, Sampling
 from schemas.topics import COMPLETIONS, DECISIONS, REQUESTS, RESPONSES

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from infra.engines.vllm.launcher import ENGINE_MISSING, VllmServers, engine_python_or_none, server_specs
-from infra.engines.vllm.tiny_model import ensure_tiny_model
+from lab.tiny_model import ensure_tiny_model
+from lab.vllm_launcher import ENGINE_MISSING, VllmServers, engine_python_or_none, server_specs
 
 MODEL = "tiny-llama"
 

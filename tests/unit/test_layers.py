@@ -1,10 +1,12 @@
-"""The import arrows point inward: entry points -> agents -> agents.policy -> plain data.
+"""The import arrows point inward: deployables -> adapters -> agents -> agents.policy -> plain data.
 
 Checked on the source (every module's import statements, lazy ones inside functions included):
 - the pure core (``agents.policy``) imports only the standard library, numpy and itself;
 - ``schemas`` imports nothing of the project; ``agents`` nothing of streams, infra, sim, bench;
-- ``streams`` and the simulator never import entry points or adapters (``infra``) or ``bench``;
-- no shipped package imports ``bench`` or ``tests``.
+- ``streams`` and the simulator never import the adapters (``infra``) or a deployable;
+- the deployables (``worker``, ``dispatcher``, ``gateway``) never import one another;
+- product code never imports the lab, the command line, ``bench`` or ``tests``; the lab never
+  imports the command line.
 """
 
 from __future__ import annotations
@@ -16,7 +18,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PROJECT = ("agents", "schemas", "streams", "infra", "sim", "bench", "tests")
+PROJECT = (
+    "agents",
+    "schemas",
+    "streams",
+    "infra",
+    "sim",
+    "worker",
+    "dispatcher",
+    "gateway",
+    "cli",
+    "lab",
+    "bench",
+    "tests",
+)
+ADAPTERS = ("infra", "agents", "streams", "schemas", "sim")
 
 
 def imports_of(package: str) -> dict[str, set[str]]:
@@ -58,7 +74,13 @@ def test_the_pure_core_imports_only_stdlib_numpy_and_itself() -> None:
         ("agents", ("agents", "schemas")),
         ("streams", ("streams", "agents", "schemas")),
         ("sim", ("sim", "agents.policy", "schemas")),
-        ("infra", ("infra", "agents", "streams", "schemas", "sim")),
+        ("infra", ADAPTERS),
+        ("worker", ("worker", *ADAPTERS)),
+        ("dispatcher", ("dispatcher", *ADAPTERS)),
+        ("gateway", ("gateway", *ADAPTERS)),
+        ("lab", ("lab", "worker", "dispatcher", "gateway", *ADAPTERS)),
+        ("cli", ("cli", "lab", "worker", "dispatcher", "gateway", *ADAPTERS)),
+        ("bench", ("bench", "lab", "worker", "dispatcher", "gateway", *ADAPTERS)),
     ],
 )
 def test_layers_import_only_inward(package: str, allowed: tuple[str, ...]) -> None:

@@ -60,7 +60,7 @@ def test_an_unusable_rules_file_is_one_line_naming_it(
 def test_the_worker_command_refuses_a_missing_rules_file_in_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "missing.yaml"
     env = {**os.environ, "TOKENFLEET_FLEET_RULES": str(missing), "TOKENFLEET_DATA_DIR": str(tmp_path)}
-    cmd = [sys.executable, "-m", "infra.entrypoints.cli", "worker", "--policy", "fleetmind+tokenpilot"]
+    cmd = [sys.executable, "-m", "cli.main", "worker", "--policy", "fleetmind+tokenpilot"]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == (f"tokenfleet worker: error: fleet rules '{missing}': No such file or directory\n")

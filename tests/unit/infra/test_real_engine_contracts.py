@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from agents.prompt_blocks import ROOT, block_hash, chained_block_hashes
-from infra.engines.vllm.inventory import InventoryError, dump_inventory, load_inventory, parse_inventory
-from infra.engines.vllm.openai_http import Generation, engine_call
-from infra.engines.vllm.tiny_model import ensure_tiny_model
-from infra.gateway.openai_api import ApiError, assembled, parse_body, rejection
+from gateway.openai_api import ApiError, assembled, parse_body, rejection
 from infra.prompts import PromptError, Prompts
+from infra.vllm.inventory import InventoryError, dump_inventory, load_inventory, parse_inventory
+from infra.vllm.openai_http import Generation, engine_call
+from lab.tiny_model import ensure_tiny_model
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import AdmissionDecision, ChatMessage, InferenceRequest, Sampling
 
@@ -181,7 +181,7 @@ def test_real_engine_commands_say_what_is_wrong_in_one_line(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from infra.entrypoints.cli import main
+    from cli.main import main
 
     monkeypatch.delenv("TOKENFLEET_KAFKA_BOOTSTRAP", raising=False)
     monkeypatch.delenv("TOKENFLEET_INVENTORY", raising=False)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from infra.entrypoints.loadgen import to_inference_request
+from lab.loadgen import to_inference_request
 from schemas import events
 from schemas.codec import DecodeError, dead_letter, decode, encode
 from schemas.events import (

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.entrypoints.cli import main
+from cli.main import main
 from sim.engine.fleet import parse_fleet
 from sim.evaluation.capacity import capacities
 from sim.evaluation.compare import compare

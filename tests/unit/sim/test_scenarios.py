@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.entrypoints.cli import main
+from cli.main import main
 from sim.engine.fleet import fleet_from_doc
 from sim.evaluation.scenario import run_scenario
 from sim.loop.runner import MAX_FAILURE_RETRIES, SimConfig, simulate

@@ -1,0 +1,1 @@
+"""Real vLLM engines behind the engine port: the HTTP adapter, the /metrics scrape, KV events."""

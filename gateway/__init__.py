@@ -1,0 +1,6 @@
+"""The gateway: the OpenAI-compatible front door (``tokenfleet gateway``).
+
+A client's call becomes a request on the log; the worker's decision names the engine; the gateway
+forwards the call there and streams the answer back (``server.py``; the OpenAI wire format in
+``openai_api.py``; the decisions it waits for in ``decisions.py``).
+"""

@@ -1,0 +1,166 @@
+"""The OpenAI API as the gateway speaks it: client bodies in, TokenFleet requests and answers out.
+
+``parse_body`` validates a ``/v1/chat/completions`` or ``/v1/completions`` body into an
+``InferenceRequest`` (prompt, ``max_tokens`` as the output budget, sampling by their OpenAI
+names) or raises ``ApiError`` (HTTP 400 with OpenAI's error shape). ``assembled`` builds the
+non-streamed answer from what the engine streamed (the gateway always streams from the engine,
+so it sees the first token). ``rejection`` maps an admission reject onto HTTP: ``over_quota`` is
+429, every other reason 503, with ``Retry-After`` when the scheduler gave a hint.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from infra.vllm.openai_http import Generation
+from schemas.events import AdmissionDecision, ChatMessage, InferenceRequest, Sampling
+
+Kind = Literal["chat", "completion"]
+DEFAULT_MAX_TOKENS = {"chat": 256, "completion": 16}
+"""``max_tokens`` when the client sends none: OpenAI's 16 for completions; chats get 256 here
+(OpenAI's "up to the context" would make every chat's budget the model's whole context)."""
+_UNSUPPORTED = ("n", "best_of", "tools", "functions", "response_format", "logprobs", "echo", "suffix")
+
+
+@dataclass
+class ApiError(Exception):
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    code: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": None}}
+
+
+@dataclass(frozen=True)
+class ClientCall:
+    """What the client asked for, beside the request itself."""
+
+    kind: Kind
+    stream: bool
+    include_usage: bool
+    client_model: str
+
+
+def parse_body(
+    kind: Kind, body: Any, request_id: str, tenant: str, slo_class: str | None, known_models: set[str]
+) -> tuple[InferenceRequest, ClientCall]:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "'model' is required", code="missing_model")
+    if model not in known_models:
+        raise ApiError(404, f"the model {model!r} does not exist here", code="model_not_found")
+    for name in _UNSUPPORTED:
+        if body.get(name) not in (None, False, 1):
+            raise ApiError(400, f"'{name}' is not supported by this gateway", code="unsupported_parameter")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ApiError(400, "'stream' must be true or false")
+    options = body.get("stream_options") or {}
+    include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) or DEFAULT_MAX_TOKENS[kind]
+    stop = body.get("stop")
+    prompt: dict[str, Any] = {}
+    if kind == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ApiError(400, "'messages' must be a non-empty list")
+        prompt["messages"] = tuple(_message(m, i) for i, m in enumerate(messages))
+    else:
+        text = body.get("prompt")
+        if isinstance(text, list) and len(text) == 1 and isinstance(text[0], str | list):
+            text = text[0]  # one prompt in a list
+        if isinstance(text, str) and text:
+            prompt["prompt"] = text
+        elif (
+            isinstance(text, list)
+            and text
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in text)
+        ):
+            prompt["prompt_token_ids"] = tuple(text)
+        else:
+            raise ApiError(400, "'prompt' must be one non-empty string or a list of token ids")
+    try:
+        sampling = Sampling(
+            temperature=body.get("temperature"),
+            top_p=body.get("top_p"),
+            stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
+            seed=body.get("seed"),
+            ignore_eos=bool(body.get("ignore_eos", False)),
+        )
+        request = InferenceRequest(
+            request_id=request_id,
+            tenant=tenant,
+            model=model,
+            task_type="chat" if kind == "chat" else "completion",
+            output_budget=max_tokens,
+            slo_class=slo_class,
+            sampling=sampling,
+            reply="http",
+            **prompt,
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
+        raise ApiError(400, f"invalid request: {where}: {first.get('msg')}") from None
+    return request, ClientCall(kind, stream, include_usage, model)
+
+
+def _message(raw: Any, index: int) -> ChatMessage:
+    if not isinstance(raw, dict):
+        raise ApiError(400, f"messages[{index}] must be an object")
+    content = raw.get("content")
+    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if len(parts) != len(content):
+            raise ApiError(400, f"messages[{index}]: only text content is supported")
+        content = "".join(str(p) for p in parts)
+    try:
+        return ChatMessage.model_validate({"role": raw.get("role"), "content": content or ""})
+    except ValidationError as exc:
+        raise ApiError(400, f"messages[{index}]: {exc.errors()[0].get('msg')}") from None
+
+
+def assembled(call: ClientCall, request_id: str, generation: Generation) -> dict[str, Any]:
+    """The non-streamed OpenAI answer for what the engine streamed."""
+    usage = {
+        "prompt_tokens": generation.prompt_tokens,
+        "completion_tokens": generation.completion_tokens,
+        "total_tokens": generation.prompt_tokens + generation.completion_tokens,
+    }
+    if generation.cached_tokens:
+        usage["prompt_tokens_details"] = {"cached_tokens": generation.cached_tokens}  # type: ignore[assignment]
+    choice: dict[str, Any] = {"index": 0, "finish_reason": generation.finish_reason, "logprobs": None}
+    if call.kind == "chat":
+        choice["message"] = {"role": "assistant", "content": generation.text}
+        obj = "chat.completion"
+    else:
+        choice["text"] = generation.text
+        obj = "text_completion"
+    return {
+        "id": request_id,
+        "object": obj,
+        "created": int(time.time()),
+        "model": call.client_model,
+        "choices": [choice],
+        "usage": usage,
+    }
+
+
+def rejection(answer: AdmissionDecision) -> ApiError:
+    code = answer.reason.split(":", 1)[0].strip() or "rejected"
+    headers = {}
+    if answer.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(answer.retry_after_s)))
+    status = 429 if code == "over_quota" else 503
+    kind = "rate_limit_exceeded" if status == 429 else "service_unavailable"
+    return ApiError(status, f"not admitted: {answer.reason}", type=kind, code=code, headers=headers)

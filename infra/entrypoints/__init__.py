@@ -1,1 +1,0 @@
-"""Entry points: the ``tokenfleet`` CLI, the worker, the fleet dispatcher, the load generator, the demo."""

@@ -1,1 +1,0 @@
-"""The OpenAI-compatible gateway: HTTP in, the scheduler's decision, the chosen engine, the answer out."""

@@ -1,0 +1,88 @@
+"""The events that report one attempt on a real engine, from what its stream showed.
+
+Shared by the dispatcher's adapter (``adapter.py``) and the gateway (``gateway/server.py``),
+so both measure alike: TTFT = first token - the request's ``ts`` (its arrival at TokenFleet);
+TPOT = (last token - first token) / (output tokens - 1); E2E = end - ``ts``; durations clamped
+into the schema's range (a producer's clock slightly ahead gives 0, not a rejected event).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from infra.vllm.openai_http import Generation
+from schemas.events import (
+    MAX_DURATION_S,
+    MAX_RESPONSE_CHARS,
+    Completion,
+    Response,
+    ResponseStarted,
+    RoutingDecision,
+)
+
+Status = Literal["ok", "timeout", "aborted", "error"]
+
+
+def first_token(decision: RoutingDecision, now: float) -> ResponseStarted:
+    return ResponseStarted(
+        ts=now,
+        request_id=decision.request_id,
+        attempt=decision.attempt,
+        instance_id=decision.instance_id,
+        model=decision.model,
+        ttft_s=duration(now - decision.request.ts),
+    )
+
+
+def output_tokens(g: Generation) -> int:
+    """The engine's usage count; the streamed steps when it sent no usage (an abort)."""
+    return g.completion_tokens or g.chunks
+
+
+def completion(decision: RoutingDecision, g: Generation, status: Status, now: float) -> Completion:
+    request = decision.request
+    output = output_tokens(g)
+    tpot = None
+    if g.first_token_ts is not None and g.last_token_ts is not None and output > 1:
+        tpot = duration((g.last_token_ts - g.first_token_ts) / (output - 1))
+    return Completion(
+        ts=now,
+        request_id=decision.request_id,
+        attempt=decision.attempt,
+        instance_id=decision.instance_id,
+        model=decision.model,
+        tenant=decision.tenant,
+        slo_class=decision.slo_class,
+        status=status,
+        arrival_ts=request.ts,
+        ttft_s=None if g.first_token_ts is None else duration(g.first_token_ts - request.ts),
+        tpot_s=tpot,
+        e2e_s=duration(now - request.ts),
+        input_tokens=g.prompt_tokens or request.input_tokens,
+        cached_tokens=g.cached_tokens,
+        output_tokens=output,
+        deadline_ts=request.deadline_ts,
+    )
+
+
+def response(
+    decision: RoutingDecision, g: Generation, status: Status, now: float, error: str = ""
+) -> Response:
+    return Response(
+        ts=now,
+        request_id=decision.request_id,
+        attempt=decision.attempt,
+        instance_id=decision.instance_id,
+        model=decision.model,
+        status=status,
+        text=g.text[:MAX_RESPONSE_CHARS],
+        finish_reason=g.finish_reason,
+        prompt_tokens=g.prompt_tokens,
+        completion_tokens=output_tokens(g),
+        cached_tokens=g.cached_tokens,
+        error=error[:1000],
+    )
+
+
+def duration(seconds: float) -> float:
+    return min(max(seconds, 0.0), MAX_DURATION_S)

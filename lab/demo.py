@@ -1,0 +1,401 @@
+"""``tokenfleet demo``: the whole control plane on one machine, end to end.
+
+Starts the embedded broker, a worker process (which owns the embedded ClickHouse store), an
+emulated fleet and a load generator over a real trace; shows progress; stops everything in
+order (load -> drain -> fleet -> worker); then reads the summary back *from ClickHouse* (after
+the worker stopped, since the embedded engine admits one process at a time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.progress import BarColumn, Progress, TaskID, TextColumn
+from rich.table import Table
+from rich.text import Text
+
+from dispatcher.service import run_fleet
+from infra.clickhouse.client import connect
+from infra.clickhouse.summary import summary
+from infra.kafka.broker import embedded_broker, ensure_topics
+from infra.settings import Settings
+from lab.loadgen import publish_workload, workload_output_tokens
+from lab.worker_process import WorkerProcess
+from schemas.codec import DecodeError, decode
+from schemas.events import AdmissionDecision, Completion
+from schemas.topics import ADMISSION, COMPLETIONS, DECISIONS, DLQ, REQUESTS
+from sim.evaluation.report import TABLE_WIDTH
+from sim.workloads.sources import open_workload
+
+_MALFORMED = (b"{not json", b'{"request_id": "bad-1", "model": "llama3-8b", "input_tokens": -5}')
+_DRAIN_CAP_S = 300.0
+"""Longest wait for the last answers after the load (a stuck run, not a normal one)."""
+_LOG_EVERY_S = 10.0
+"""Off a terminal (a log file, CI), one progress line this often instead of a redrawn bar."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoOptions:
+    """What ``tokenfleet demo`` was asked for; the CLI owns the defaults of workload and fleet."""
+
+    workload: str
+    """A trace file or ``synthetic[:k=v,...]``."""
+    fleet: str
+    """``COUNTxPROFILE[+...]`` or a fleet YAML file."""
+    duration: float = 60.0
+    """Seconds of load."""
+    policy_names: tuple[str, ...] = ()
+    """One demo per policy, one after another; empty: round-robin."""
+    rate_scale: float = 1.0
+    json_path: Path | None = None
+    """Where to write the summary as JSON, if anywhere."""
+
+
+class Counter:
+    """Counts messages on the output topics, from a consumer group of its own, and which
+    requests are answered: completed (a completion of any status) or rejected (an admission
+    reject)."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.counts = {DECISIONS.name: 0, COMPLETIONS.name: 0, DLQ.name: 0, ADMISSION.name: 0}
+        self.answered: set[str] = set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        consumer = AIOKafkaConsumer(
+            *self.counts,
+            bootstrap_servers=self.bootstrap,
+            group_id=f"demo-monitor-{os.getpid()}-{time.time_ns()}",
+            auto_offset_reset="latest",
+            session_timeout_ms=6000,
+            rebalance_timeout_ms=6000,
+            heartbeat_interval_ms=1000,
+        )
+        await consumer.start()
+        try:
+            while not stop.is_set():
+                batch = await consumer.getmany(timeout_ms=200)
+                for partition, messages in batch.items():
+                    self.counts[partition.topic] += len(messages)
+                    if partition.topic in (COMPLETIONS.name, ADMISSION.name):
+                        for message in messages:
+                            self._answer(partition.topic, message.value)
+        finally:
+            await consumer.stop()
+
+    def _answer(self, topic: str, value: bytes | None) -> None:
+        try:
+            if topic == COMPLETIONS.name:
+                self.answered.add(decode(Completion, value).request_id)
+            elif (answer := decode(AdmissionDecision, value)).action == "reject":
+                self.answered.add(answer.request_id)
+        except DecodeError:
+            return  # the worker publishes only valid events; nothing to count otherwise
+
+
+async def _orchestrate(
+    bootstrap: str, settings: Settings, options: DemoOptions, worker: WorkerProcess
+) -> dict[str, Any]:
+    workload = open_workload(options.workload, seed=0)
+    counter = Counter(bootstrap)
+    stop_counter, stop_fleet = asyncio.Event(), asyncio.Event()
+    counter_task = asyncio.create_task(counter.run(stop_counter))
+    fleet_ready = asyncio.Event()
+    fleet_task = asyncio.create_task(
+        run_fleet(
+            bootstrap,
+            options.fleet,
+            speed=1.0,
+            heartbeat_s=settings.heartbeat_interval_s,
+            stop=stop_fleet,
+            ready=fleet_ready,
+            output_tokens=workload_output_tokens(workload),
+        )
+    )
+    # Traffic starts when everyone listens: the monitor ("latest" offsets), the fleet and the
+    # worker (partitions assigned, tables recovered), so TTFT measures scheduling, not start-up.
+    await asyncio.wait_for(fleet_ready.wait(), timeout=60)
+    await worker.wait_ready_async(timeout_s=90)
+    await asyncio.sleep(2 * settings.heartbeat_interval_s + 3)  # heartbeats reached the worker
+    await _send_malformed(bootstrap)
+    load_task = asyncio.create_task(
+        publish_workload(bootstrap, workload, rate_scale=options.rate_scale, duration_s=options.duration)
+    )
+    started = time.monotonic()
+    with LoadProgress(options.duration) as progress:
+        while not load_task.done():
+            await asyncio.wait({load_task}, timeout=0.5)
+            progress.update(time.monotonic() - started, counter.counts)
+        published = load_task.result()
+        # Drain until every published request is answered (completed or rejected); the cap only
+        # guards against a stuck run, and says so.
+        drain_until = time.monotonic() + _DRAIN_CAP_S
+        while len(counter.answered) < published and time.monotonic() < drain_until:
+            await asyncio.sleep(0.2)
+            progress.update(time.monotonic() - started, counter.counts, phase="drain")
+        if len(counter.answered) < published:
+            print(
+                f"demo: {published - len(counter.answered)} of {published} requests still unanswered "
+                f"after {_DRAIN_CAP_S:.0f} s of drain",
+                file=sys.stderr,
+            )
+        await asyncio.sleep(settings.feedback_flush_s + 1)  # last completions reach the worker's sink
+        progress.update(time.monotonic() - started, counter.counts, phase="done")
+    stop_fleet.set()
+    await fleet_task
+    stop_counter.set()
+    await counter_task
+    return {
+        "requests_published": published,
+        "answered": len(counter.answered),
+        "decisions": counter.counts[DECISIONS.name],
+        "completions": counter.counts[COMPLETIONS.name],
+        "dlq": counter.counts[DLQ.name],
+    }
+
+
+async def _send_malformed(bootstrap: str) -> None:
+    """Two bad events, to show they land in the dead-letter topic and nothing else stops."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for value in _MALFORMED:
+            await producer.send_and_wait(REQUESTS.name, value, key=b"llama3-8b")
+    finally:
+        await producer.stop()
+
+
+class LoadProgress:
+    """Live progress on stderr: on a terminal a rich bar over the load duration with the output
+    topics' counts; elsewhere (a log file, CI) a line every ``_LOG_EVERY_S`` seconds and one at
+    the end, so a log is not flooded with redraws. ``console``: stderr by default."""
+
+    def __init__(self, duration_s: float, console: Console | None = None) -> None:
+        self.duration_s = duration_s
+        self.console = console or Console(stderr=True, highlight=False)
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+        self._last: tuple[float, str, Mapping[str, int]] | None = None
+        self._logged_at = float("-inf")
+
+    def __enter__(self) -> LoadProgress:
+        if self.console.is_terminal:
+            self._progress = Progress(
+                TextColumn("[demo] {task.description:<5}", markup=False),
+                BarColumn(bar_width=30),
+                TextColumn("{task.fields[elapsed]:>4.0f}s", markup=False),
+                TextColumn(
+                    "decisions {task.fields[decisions]}  completions {task.fields[completions]}"
+                    "  dlq {task.fields[dlq]}",
+                    markup=False,
+                ),
+                console=self.console,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task(
+                "load", total=max(self.duration_s, 1e-9), elapsed=0.0, decisions=0, completions=0, dlq=0
+            )
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+        elif self._last is not None and self._logged_at != self._last[0]:
+            self._log(*self._last)  # the final counts, whenever the last periodic line was
+
+    def update(self, elapsed_s: float, counts: Mapping[str, int], phase: str = "load") -> None:
+        """``phase``: ``load`` while requests are published, then ``drain``, then ``done``."""
+        self._last = (elapsed_s, phase, dict(counts))
+        if self._progress is not None and self._task is not None:
+            self._progress.update(
+                self._task,
+                description=phase,
+                completed=min(elapsed_s, self.duration_s),
+                elapsed=elapsed_s,
+                decisions=counts[DECISIONS.name],
+                completions=counts[COMPLETIONS.name],
+                dlq=counts[DLQ.name],
+            )
+        elif elapsed_s - self._logged_at >= _LOG_EVERY_S:
+            self._log(elapsed_s, phase, counts)
+
+    def _log(self, elapsed_s: float, phase: str, counts: Mapping[str, int]) -> None:
+        self._logged_at = elapsed_s
+        clock = f"{elapsed_s:.0f}/{self.duration_s:.0f} s" if phase == "load" else f"{elapsed_s:.0f} s"
+        self.console.print(
+            Text(
+                f"[demo] {phase} {clock}: decisions {counts[DECISIONS.name]},"
+                f" completions {counts[COMPLETIONS.name]}, dlq {counts[DLQ.name]}"
+            )
+        )
+
+
+def _start_worker(bootstrap: str, settings: Settings, policy: str, run_id: str) -> WorkerProcess:
+    return WorkerProcess(
+        bootstrap,
+        settings.data_dir,
+        {
+            "TOKENFLEET_POLICY": policy,
+            "TOKENFLEET_RUN_ID": run_id,
+            "TOKENFLEET_CLICKHOUSE_DSN": settings.clickhouse_url,
+            # The configured metrics port if it is free, else any free one (see worker.log).
+            "TOKENFLEET_WORKER_WEB_PORT": str(
+                settings.worker_web_port if _port_free(settings.worker_web_port) else 0
+            ),
+        },
+        log_path=settings.data_dir / "worker.log",
+    )
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def run_demo(settings: Settings, options: DemoOptions) -> int:
+    """One demo per policy (one after another, same load); with two or more, a comparison.
+
+    The JSON is one run's summary, or ``{"runs": {policy: summary}}`` for several."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    policies = options.policy_names or ("round-robin",)
+    results = {policy: _run_once(settings, options, policy) for policy in policies}
+    if len(results) > 1:
+        print()
+        _stdout().print(comparison(results))
+    print(f"data: {settings.clickhouse_url} (query it with `tokenfleet sql`, see README)", file=sys.stderr)
+    if options.json_path is not None:
+        document = next(iter(results.values())) if len(results) == 1 else {"runs": results}
+        options.json_path.write_text(json.dumps(document, indent=2) + "\n")
+        print(f"wrote {options.json_path}", file=sys.stderr)
+    return 0 if all(r["decisions"] and r["completions"] for r in results.values()) else 1
+
+
+def _run_once(settings: Settings, options: DemoOptions, policy: str) -> dict[str, Any]:
+    since = time.time()
+    run_id = f"demo-{policy}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(since))}"
+    print(f"demo: policy {policy}, fleet {options.fleet}, {options.duration:.0f} s of load", file=sys.stderr)
+    with embedded_broker(log_path=settings.data_dir / "tansu.log") as bootstrap:
+        ensure_topics(bootstrap, settings.topic_partitions)
+        print(f"demo: embedded Kafka (Tansu) on {bootstrap}", file=sys.stderr)
+        worker = _start_worker(bootstrap, settings, policy, run_id)
+        try:
+            counts = asyncio.run(_orchestrate(bootstrap, settings, options, worker))
+        finally:
+            worker.stop()
+    client = connect(settings.clickhouse_url)
+    try:
+        result = {"run_id": run_id, **counts, **summary(client, run_id=run_id)}
+    finally:
+        client.close()
+    print(summary_line(result, policy))
+    print()
+    _stdout().print(summary_table(result))
+    return result
+
+
+def _stdout() -> Console:
+    # Wide enough that rich never wraps a cell however many policies are compared; a table
+    # still takes only its natural width.
+    return Console(width=TABLE_WIDTH, highlight=False)
+
+
+def _table(first: str, *others: str) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    table.add_column(Text(first), justify="left", no_wrap=True)
+    for name in others:
+        table.add_column(Text(name), justify="right", no_wrap=True)
+    return table
+
+
+def summary_line(result: Mapping[str, Any], policy: str) -> str:
+    """The counts of one run, as one plain line."""
+    return (
+        f"policy {policy}: published {result['requests_published']}, answered {result['answered']}"
+        f" (rejected {result['total'].get('rejected', 0)}), decisions {result['decisions']}, "
+        f"completions {result['completions']}, dlq {result['dlq']}, "
+        f"clickhouse rows {result['clickhouse_rows']}"
+    )
+
+
+def summary_table(result: Mapping[str, Any]) -> Group:
+    """One run, a row per SLO class: what was answered, rejected and held, latency and goodput;
+    then the top reasons of the rejects and holds."""
+    table = _table(
+        "class",
+        "answered",
+        "completed",
+        "rejected",
+        "held",
+        "TTFT p50",
+        "TTFT p95",
+        "goodput tok/s",
+        "compliant",
+    )
+    reasons: list[str] = []
+    for name, row in result["per_class"].items():
+        rejected, held = row.get("rejected", 0), row.get("held", 0)
+        cells = (
+            name,
+            str(row.get("requests", 0) + rejected),
+            str(row.get("completed", 0)),
+            str(rejected),
+            str(held),
+            _seconds(row.get("ttft_p50_s")),
+            _seconds(row.get("ttft_p95_s")),
+            f"{row.get('goodput_tokens_per_s', 0.0):.1f}",
+            f"{row.get('compliant_share', 0.0):.1%}",
+        )
+        table.add_row(*(Text(c) for c in cells))  # Text: a name is never read as rich markup
+        for kind, key in (("rejected", "rejects_by_reason"), ("held", "holds_by_reason")):
+            if row.get(key):
+                told = "; ".join(f"{why} ({n})" for why, n in row[key].items())
+                reasons.append(f"  {name} {kind}: {told}")
+    return Group(table, *(Text(line) for line in reasons))
+
+
+def comparison(results: Mapping[str, Mapping[str, Any]]) -> Group:
+    """A heading, then per class each policy's goodput, compliant share, TTFT p50 / p95 and
+    rejects side by side (and the totals); then each policy's goodput as a ratio to the first's
+    (the baseline)."""
+    table = _table("class", *results)
+    classes = sorted({c for r in results.values() for c in r["per_class"]})
+    for name in [*classes, "all"]:
+        cells = [name]
+        for r in results.values():
+            row = r.get("total", {}) if name == "all" else r["per_class"].get(name, {})
+            cells.append(
+                f"{row.get('goodput_tokens_per_s', 0.0):.1f} tok/s, {row.get('compliant_share', 0.0):.1%}, "
+                f"{_seconds(row.get('ttft_p50_s'))} / {_seconds(row.get('ttft_p95_s'))} s, "
+                f"{row.get('rejected', 0)} rejected"
+            )
+        table.add_row(*(Text(c) for c in cells))
+    heading = (
+        "comparison (goodput, compliant share, TTFT p50 / p95, rejects; same load, read back from ClickHouse)"
+    )
+    lines: list[RenderableType] = [Text(heading), table]
+    baseline, *others = results
+    base = results[baseline].get("total", {}).get("goodput_tokens_per_s") or 0.0
+    for policy in others:
+        mine = results[policy].get("total", {}).get("goodput_tokens_per_s") or 0.0
+        ratio = f"{mine / base:.2f}x" if base else "-"
+        lines.append(Text(f"goodput {policy} / {baseline}: {ratio} ({mine:.1f} vs {base:.1f} tok/s)"))
+    return Group(*lines)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"

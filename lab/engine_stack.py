@@ -1,0 +1,155 @@
+"""TokenFleet in front of real engines, on one machine: a worker, the dispatcher and the gateway.
+
+``EngineStack`` starts, over a broker and an engine inventory (a file): a worker process (the
+scheduler; it takes the models' tokenizers from the inventory), the dispatcher over the
+inventory's vLLM servers (heartbeats from their ``/metrics``, KV events, Kafka-published
+requests) and the OpenAI-compatible gateway, the last two in this process's event loop. It is
+ready once the worker consumes, the dispatcher has its partitions and every instance has been
+heard from (so the first request is routed on real load, not held). ``tokenfleet demo --engine
+vllm`` and the real-engine tests run it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from dispatcher.engines.vllm.adapter import VllmEngines
+from dispatcher.service import FleetCounts, run_fleet
+from gateway.server import Gateway, serve
+from infra.kafka.broker import free_port
+from infra.prompts import Prompts
+from infra.vllm.inventory import load_inventory
+from lab.worker_process import WorkerProcess
+
+
+@dataclass
+class StackOptions:
+    policy: str = "tokenpilot"
+    scrape_s: float = 0.25
+    heartbeat_s: float = 0.25
+    clickhouse: str = "off"  # the worker's TOKENFLEET_CLICKHOUSE_DSN ("off": no feedback store)
+    gateway_port: int = 0  # 0: any free port
+    worker_settings: dict[str, str] = field(default_factory=dict)
+    app_id: str = "tokenfleet-engines"
+
+
+def worker_settings(inventory_path: Path, options: StackOptions) -> dict[str, str]:
+    """The ``TOKENFLEET_*`` settings of a worker scheduling the engines of ``inventory_path``:
+    its pools are the inventory's models, its tokenizers the inventory's."""
+    models = sorted({i.model for i in load_inventory(inventory_path).instances})
+    return {
+        "TOKENFLEET_APP_ID": options.app_id,
+        "TOKENFLEET_POLICY": options.policy,
+        "TOKENFLEET_INVENTORY": str(inventory_path.resolve()),
+        "TOKENFLEET_POOLS": "[" + ",".join(f'"{m}"' for m in models) + "]",
+        "TOKENFLEET_CLICKHOUSE_DSN": options.clickhouse,
+        "TOKENFLEET_WORKER_WEB_PORT": "0",
+        "TOKENFLEET_HEARTBEAT_INTERVAL_S": str(options.heartbeat_s),
+        **options.worker_settings,
+    }
+
+
+class EngineStack:
+    def __init__(
+        self, bootstrap: str, inventory_path: Path, data_dir: Path, options: StackOptions | None = None
+    ):
+        self.bootstrap = bootstrap
+        self.inventory_path = inventory_path
+        self.inventory = load_inventory(inventory_path)
+        self.data_dir = data_dir
+        self.options = options or StackOptions()
+        self.engines = VllmEngines(self.inventory, scrape_s=self.options.scrape_s)
+        self.port = self.options.gateway_port or free_port()
+        self.worker: WorkerProcess | None = None
+        self.fleet_counts: FleetCounts | None = None
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[object]] = []
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def __aenter__(self) -> EngineStack:
+        try:
+            await self._start()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def _start(self) -> None:
+        self.worker = WorkerProcess(
+            self.bootstrap,
+            self.data_dir / "worker",
+            worker_settings(self.inventory_path, self.options),
+            loglevel="info",
+        )
+        fleet_ready = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        self._tasks.append(
+            loop.create_task(
+                run_fleet(
+                    self.bootstrap,
+                    self.engines,
+                    heartbeat_s=self.options.heartbeat_s,
+                    stop=self._stop,
+                    ready=fleet_ready,
+                    group_id=f"{self.options.app_id}-dispatcher",
+                )
+            )
+        )
+        self.gateway = Gateway(
+            self.bootstrap, self.inventory, Prompts.from_dirs(self.inventory.tokenizer_dirs())
+        )
+        self._tasks.append(loop.create_task(serve(self.gateway, "127.0.0.1", self.port, self._stop)))
+        await asyncio.wait_for(fleet_ready.wait(), 60)
+        await self.worker.wait_ready_async(timeout_s=120)
+        await self._until_heard_from_every_engine(60)
+        await self._until_gateway_answers(30)
+
+    async def _until_heard_from_every_engine(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ready = self.engines.readiness()
+            if all(ready.values()):
+                break
+            if time.monotonic() > deadline:
+                silent = [name for name, ok in ready.items() if not ok]
+                raise RuntimeError(f"engines not ready after {timeout_s:.0f} s: {silent}")
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(3 * self.options.heartbeat_s + 1.0)  # their heartbeats reached the worker
+
+    async def _until_gateway_answers(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for task in self._tasks:
+                if task.done():
+                    task.result()  # a crashed dispatcher or gateway raises here
+            with contextlib.suppress(OSError):
+                _reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                writer.close()
+                return
+            await asyncio.sleep(0.1)
+        raise RuntimeError(f"the gateway did not listen on port {self.port} within {timeout_s:.0f} s")
+
+    async def close(self) -> None:
+        self._stop.set()
+        for task in self._tasks:
+            with contextlib.suppress(Exception):
+                result = await asyncio.wait_for(task, 15)
+                if isinstance(result, FleetCounts):
+                    self.fleet_counts = result
+        self._tasks = []
+        if self.worker is not None:
+            self.worker.stop()
+            self.worker = None
