@@ -40,9 +40,13 @@ class Settings(BaseSettings):
     clickhouse_dsn: str = Field(
         default="", description="chdb:///path or http://host:8123/db; empty = embedded"
     )
-    data_dir: Path = Path(".tokenfleet")
-    topic_partitions: int = Field(default=4, ge=1)
-    heartbeat_interval_s: float = Field(default=0.25, gt=0)
+    data_dir: Path = Field(
+        default=Path(".tokenfleet"), description="local state: the embedded store, the spool, ready markers"
+    )
+    topic_partitions: int = Field(default=4, ge=1, description="partitions of each topic the worker creates")
+    heartbeat_interval_s: float = Field(
+        default=0.25, gt=0, description="how often the dispatcher publishes each instance's heartbeat"
+    )
     policy: str = Field(default="round-robin", description="a policy name of agents/policy/registry.py")
     policy_params: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="stage name -> its parameters, e.g. {'tokenpilot': {...}}"
@@ -67,7 +71,10 @@ class Settings(BaseSettings):
         description="a fleet YAML (sim/engine/fleet.py's format) with FleetMind's rules: data "
         "centres, tenants, pinned versions, reservations; read when the policy has the fleetmind stage",
     )
-    app_id: str = "tokenfleet"
+    app_id: str = Field(
+        default="tokenfleet",
+        description="the Faust app id: its consumer group, its changelog topics",
+    )
     run_id: str = Field(
         default="",
         max_length=128,
@@ -76,21 +83,25 @@ class Settings(BaseSettings):
     )
     worker_web_port: int = Field(default=6066, ge=0, description="Faust web + /metrics; 0 = any free port")
     # Tansu holds a consumer-group join for half the rebalance timeout: keep these low there.
-    broker_rebalance_timeout_s: float = 6.0
-    broker_session_timeout_s: float = 6.0
-    broker_heartbeat_interval_s: float = 1.0
+    broker_rebalance_timeout_s: float = Field(default=6.0, gt=0, description="group rebalance timeout")
+    broker_session_timeout_s: float = Field(default=6.0, gt=0, description="consumer-group session timeout")
+    broker_heartbeat_interval_s: float = Field(default=1.0, gt=0, description="group heartbeat interval")
     # How long a fetch may wait at the broker. Faust would wait 1.5 s on brokers that hold
     # fetches (Tansu does). Requests need it short (latency); the other topics (heartbeats, KV
     # events, completions) can wait longer, which saves the CPU of polling.
-    request_fetch_max_wait_ms: int = Field(default=10, ge=1)
-    consumer_fetch_max_wait_ms: int = Field(default=100, ge=1)
-    feedback_batch_size: int = Field(default=500, ge=1)
-    feedback_flush_s: float = Field(default=1.0, gt=0)
+    request_fetch_max_wait_ms: int = Field(default=10, ge=1, description="longest a request fetch waits, ms")
+    consumer_fetch_max_wait_ms: int = Field(
+        default=100, ge=1, description="longest a fetch of the other topics waits, ms"
+    )
+    feedback_batch_size: int = Field(default=500, ge=1, description="rows per ClickHouse insert, at most")
+    feedback_flush_s: float = Field(default=1.0, gt=0, description="a partial batch waits at most this long")
     # The feedback store off the request path (infra/clickhouse/feedback.py): rows wait in a
     # bounded memory buffer, and on local disk (the spool) while ClickHouse is down or slow.
     feedback_buffer_rows: int = Field(default=50_000, ge=1, description="rows in memory, at most")
     feedback_spool_dir: Path | None = Field(default=None, description="empty = <data_dir>/spool")
-    feedback_spool_max_bytes: int = Field(default=512 * 1024 * 1024, ge=1)
+    feedback_spool_max_bytes: int = Field(
+        default=512 * 1024 * 1024, ge=1, description="disk the spool may take, bytes; then the oldest rows go"
+    )
     feedback_retry_s: float = Field(
         default=5.0, gt=0, description="retry budget of one ClickHouse write; then its rows spool"
     )
@@ -101,10 +112,14 @@ class Settings(BaseSettings):
     # arrived within ``event_batch_window_s``. The window also sets how often an idle agent wakes
     # up: 5 ms cost an idle worker 4 % of a core; 50 ms delays a lone KV event by at most that
     # (the router credits blocks it has just routed meanwhile).
-    event_batch_size: int = Field(default=512, ge=1)
-    event_batch_window_s: float = Field(default=0.05, ge=0)
+    event_batch_size: int = Field(default=512, ge=1, description="KV events or completions per batch")
+    event_batch_window_s: float = Field(default=0.05, ge=0, description="a batch is taken after this long")
     request_batch_max: int = Field(default=256, ge=1, description="requests routed per lane batch, at most")
-    slo_classes: dict[str, SloClassSetting] = Field(default_factory=_default_slo_classes)
+    slo_classes: dict[str, SloClassSetting] = Field(
+        default_factory=_default_slo_classes,
+        description="class -> its objectives (ttft_s, tpot_s, deadline, client_timeout_s), e.g. "
+        "TOKENFLEET_SLO_CLASSES__INTERACTIVE__TTFT_S=1.5",
+    )
     inventory: Path | None = Field(
         default=None,
         description="the real engines' inventory YAML (infra/vllm/inventory.py): the gateway "
@@ -117,6 +132,16 @@ class Settings(BaseSettings):
     )
     scrape_interval_s: float = Field(
         default=0.5, gt=0, description="how often each engine's /metrics is read"
+    )
+    worker_run_token: str = Field(
+        default="",
+        description="names one run of a worker supervisor in its ready marker (set by whoever starts "
+        "it and waits for it); empty = a fresh random token",
+    )
+    vllm_python: Path | None = Field(
+        default=None,
+        description="the Python of a vLLM installation, for the lab's CPU engines (demo, tests); "
+        "empty = .venv-engine/bin/python of the checkout",
     )
 
     def tokenizer_dirs(self) -> dict[str, Path]:
@@ -135,14 +160,6 @@ class Settings(BaseSettings):
     @cached_property
     def feedback_spool_path(self) -> Path:
         return self.feedback_spool_dir or self.data_dir / "spool"
-
-    @property
-    def embedded_broker(self) -> bool:
-        return not self.kafka_bootstrap
-
-    @property
-    def embedded_clickhouse(self) -> bool:
-        return self.clickhouse_url.startswith("chdb:")
 
     def slo(self) -> dict[str, SloClass]:
         """SLO classes as the policy core's plain objects."""

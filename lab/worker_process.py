@@ -3,10 +3,10 @@ integration tests start workers with.
 
 The child gets the parent's environment plus ``TOKENFLEET_*`` overrides (the settings object
 reads them), writes its output to ``log_path`` and is ready when its readiness marker
-(``worker.supervisor.ready_file``: consuming, tables recovered) names a live worker of
+(``worker.ready.ready_file``: consuming, tables recovered) names a live worker of
 this run: ``tokenfleet worker`` is a supervisor that runs the Faust worker as its own child and
 restarts it, so the marker carries the serving child's pid, the supervisor's pid and the run
-token this helper passed (``RUN_TOKEN_ENV``). A marker left by an earlier run, or by a child
+token this helper passed (``TOKENFLEET_WORKER_RUN_TOKEN``). A marker left by an earlier run, or by a child
 that died, is never taken for readiness.
 """
 
@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from worker.supervisor import RUN_TOKEN_ENV, read_marker, ready_file
+from worker.ready import read_marker, ready_file
 
 
 class WorkerProcess:
@@ -40,7 +40,7 @@ class WorkerProcess:
     ) -> None:
         self.run_token = uuid.uuid4().hex
         env = {**os.environ, **(settings or {}), "TOKENFLEET_KAFKA_BOOTSTRAP": bootstrap}
-        env[RUN_TOKEN_ENV] = self.run_token
+        env["TOKENFLEET_WORKER_RUN_TOKEN"] = self.run_token
         env["TOKENFLEET_DATA_DIR"] = str(data_dir)
         app_id = env.get("TOKENFLEET_APP_ID", "tokenfleet")
         data_dir.mkdir(parents=True, exist_ok=True)
