@@ -76,17 +76,3 @@ class Telemetry(Protocol):
 
     def fleet_events(self, events: Sequence[FleetEvent]) -> None:
         """FleetMind's notices, as published on ``tf.fleet-events`` (counted by kind and DC)."""
-
-
-class NoTelemetry:
-    def decided_batch(self, policy: str, outcomes: Sequence[Routed], latency_s: float) -> None:
-        pass
-
-    def dead_lettered(self, topic: str) -> None:
-        pass
-
-    def queue_depth(self, pool: str, depth: int) -> None:
-        pass
-
-    def fleet_events(self, events: Sequence[FleetEvent]) -> None:
-        pass

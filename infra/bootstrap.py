@@ -28,7 +28,6 @@ from agents.policy import Scheduler, build_scheduler
 from agents.policy.fleetmind.rules import parse_rules
 from agents.policy.pipeline import HoldLimits
 from agents.policy.registry import parse_policy, with_deployment
-from agents.policy.slomax import SloMax
 from agents.policy.slomax.controller import Step
 from agents.policy.types import DcView
 from agents.routing import RoutingService
@@ -111,9 +110,10 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
     hold = HoldLimits(settings.hold_max_per_pool, settings.hold_timeout_s)
 
     def make_scheduler(pool: str) -> Scheduler:
-        """A pool's scheduler; SLOMax's control loop reads the pool's goodput from the store."""
+        """A pool's scheduler; an admission stage that closes a loop (SLOMax) reads the pool's
+        goodput from the store, and its steps are shown as Prometheus gauges and stored."""
         scheduler = build_scheduler(settings.policy, params=params, hold=hold)
-        if store is not None and isinstance(scheduler.admission, SloMax):
+        if store is not None:
             source = StoreGoodput(store, settings.policy, run_id, pool)
 
             def record(step: Step) -> None:
@@ -123,7 +123,7 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
                 )
                 source.record(step)
 
-            scheduler.admission.bind_feedback(source, record)
+            scheduler.bind_feedback(source, record)
         return scheduler
 
     service = RoutingService(
@@ -140,10 +140,7 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
         topics.REQUESTS.name,
         follows_topic=topics.HEARTBEATS.name,
         group_id=f"{settings.app_id}-requests",
-        handler=lambda messages, positions: agents.on_requests(messages, positions),
-        commit_floor=lambda: agents.commit_floor(),
         replay_topic=topics.ADMISSION.name,
-        on_replay=lambda messages: agents.on_replayed_admissions(messages),
         fetch_max_wait_ms=settings.request_fetch_max_wait_ms,
         max_batch=settings.request_batch_max,
     )

@@ -52,7 +52,9 @@ def bind(
     batch_size: int,
     batch_window_s: float,
 ) -> None:
-    """Attach every handler of ``agents`` to ``app`` (and the lane to its partition assignment)."""
+    """Attach every handler of ``agents`` to ``app`` and to the request lane (and the lane to the
+    app's partition assignment)."""
+    lane.attach(agents.on_requests, agents.commit_floor, agents.on_replayed_admissions)
 
     def batched(channel: Any, name: str, handler: Callable[[Sequence[RawMessage]], Awaitable[None]]) -> None:
         async def agent(stream: Any) -> None:

@@ -54,19 +54,17 @@ class RequestLane:
         topic: str,
         follows_topic: str,
         group_id: str,
-        handler: Handler,
         max_batch: int = 256,
         max_in_flight: int = 8,
         fetch_max_wait_ms: int = 10,
         commit_interval_s: float = 0.1,
-        commit_floor: Callable[[], Mapping[int, int]] = dict,
         replay_topic: str | None = None,
-        on_replay: Replay | None = None,
     ) -> None:
         self.topic, self.follows_topic = topic, follows_topic
-        self.handler = handler
-        self.commit_floor = commit_floor
-        self.replay_topic, self.on_replay = replay_topic, on_replay
+        self.handler: Handler | None = None
+        self.commit_floor: Callable[[], Mapping[int, int]] = dict
+        self.replay_topic = replay_topic
+        self.on_replay: Replay | None = None
         self._fresh: set[int] = set()  # assigned, decisions not replayed yet
         self.max_batch = max_batch
         self.max_in_flight = max_in_flight
@@ -92,6 +90,17 @@ class RequestLane:
         self._committed_at = 0.0
         self.last_fetch_ok: float | None = None  # monotonic: the broker last answered our fetch
         self._fetch_seen: dict[Any, int] = {}  # partition -> its last fetch response (wall ms)
+
+    def attach(
+        self,
+        handler: Handler,
+        commit_floor: Callable[[], Mapping[int, int]] = dict,
+        on_replay: Replay | None = None,
+    ) -> None:
+        """Who decides on the lane's batches (``streams.binding.bind`` attaches the agents):
+        ``handler`` per batch, ``commit_floor`` per commit, ``on_replay`` before a newly assigned
+        partition's first batch. Called once, before the app starts."""
+        self.handler, self.commit_floor, self.on_replay = handler, commit_floor, on_replay
 
     async def start(self) -> None:
         """Create and start the consumer and producer (inside the worker's event loop)."""
@@ -238,6 +247,7 @@ class RequestLane:
                     await self._replay_for(batches)
                 if messages:
                     try:
+                        assert self.handler is not None, "RequestLane.attach was not called"
                         delivered = await self.handler(messages, positions)
                     except Exception:
                         await self._settle(in_flight, keep=0)

@@ -23,12 +23,14 @@ re-offer yields nothing new, so callers report each hold once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from agents.policy.fleetmind.notices import FleetNotice
 from agents.policy.stages import (
     AdmissionStage,
+    ClosesLoop,
     DcSelectionStage,
     HoldAware,
     InstanceSelectionStage,
@@ -46,6 +48,9 @@ from agents.policy.types import (
     Outcome,
     RequestView,
 )
+
+if TYPE_CHECKING:  # slomax imports this module
+    from agents.policy.slomax.feedback import GoodputSource
 
 NO_CAPACITY_POOL = "no_capacity"
 
@@ -104,6 +109,14 @@ class Scheduler:
         self._placement_aware = admission if isinstance(admission, PlacementAware) else None
         self._hold_aware = admission if isinstance(admission, HoldAware) else None
         self._noticing = tuple(s for s in self._stages if isinstance(s, Noticing))
+
+    def bind_feedback(self, source: GoodputSource, record: Callable[[Any], None] | None = None) -> bool:
+        """Bind ``source`` (and ``record`` for each control step) to the admission stage if it
+        closes a loop on measured outcomes (``ClosesLoop``); whether it does."""
+        if isinstance(self.admission, ClosesLoop):
+            self.admission.bind_feedback(source, record)
+            return True
+        return False
 
     @property
     def wants_kv_events(self) -> bool:

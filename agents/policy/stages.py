@@ -20,8 +20,8 @@ Common rules for every stage:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from agents.policy.fleetmind.notices import FleetNotice
 from agents.policy.types import (
@@ -33,6 +33,9 @@ from agents.policy.types import (
     Placement,
     RequestView,
 )
+
+if TYPE_CHECKING:  # slomax imports this module
+    from agents.policy.slomax.feedback import GoodputSource
 
 
 @runtime_checkable
@@ -131,3 +134,13 @@ class Noticing(Protocol):
     def refresh(self, view: ClusterView, now_s: float) -> None:
         """Look at the fleet on ``view`` without a request (the driver's timer calls it), so a
         DC whose heartbeats stopped is noticed even when no request comes."""
+
+
+@runtime_checkable
+class ClosesLoop(Protocol):
+    """An admission stage that steers itself on measured outcomes (SLOMax's control loop): it
+    reads per-class windows from a ``GoodputSource`` and hands each control step to ``record``.
+    The simulator binds an in-memory or ClickHouse source, the worker the store's; both through
+    ``Scheduler.bind_feedback``."""
+
+    def bind_feedback(self, source: GoodputSource, record: Callable[[Any], None] | None = None) -> None: ...

@@ -19,9 +19,8 @@ What happens when:
 - A write fails after the sink's retry budget (``retry_for_s``, a transient error: connection,
   server, timeout): its rows go to the spool (nothing is dropped), the store is down, as above.
 - ClickHouse refuses rows for good (``DataError``, ``ProgrammingError``, ... or any error
-  converting them): the batch is split in halves until the refused rows are isolated (at most
-  ``MAX_SPLIT_WRITES`` extra writes; past that the remainder is refused whole); the refused rows
-  go to the spool's ``rejected-<table>.jsonl`` with the error, are logged and counted
+  converting them): the refused rows are isolated (``infra/clickhouse/writes.py``) and go to
+  the spool's ``rejected-<table>.jsonl`` with the error, are logged and counted
   (``tokenfleet_feedback_rejected_rows_total``), and the queue goes on.
 - The buffer is full (``buffer_rows``; only if the disk cannot keep up): the newest rows are
   dropped, logged, counted (``tokenfleet_feedback_dropped_rows_total{reason="buffer_full"}``).
@@ -30,6 +29,8 @@ What happens when:
 - ``close()``: with the store up, flushes spool and buffer to ClickHouse for up to
   ``close_timeout_s``; whatever is left (store down, time up, a write still hanging) is spooled,
   and drained by the next worker that starts on the same spool directory.
+
+Reads (``submit``) run on the store thread between writes (``infra/clickhouse/calls.py``).
 
 Re-sent rows are harmless: the sink skips event_ids already stored (one lookup per batch), so a
 spooled batch sent again after a crash, or a write that failed ambiguously and was spooled,
@@ -42,19 +43,21 @@ import contextlib
 import logging
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from clickhouse_connect.driver.client import Client
 
 from agents.policy.common.slo import SloClass
 from infra import metrics
+from infra.clickhouse.calls import Call, CallQueue, Done
 from infra.clickhouse.client import connect, split_database
 from infra.clickhouse.migrate import migrate
-from infra.clickhouse.sink import DEFAULT_RETRY_FOR_S, FeedbackSink, is_transient
+from infra.clickhouse.sink import DEFAULT_RETRY_FOR_S, FeedbackSink
 from infra.clickhouse.spool import DEFAULT_MAX_BYTES, TABLES, Spool
+from infra.clickhouse.writes import StoreDown, store_rows
+from infra.errors import first_line
 from schemas.events import (
     AdmissionDecision,
     Completion,
@@ -69,26 +72,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_CALLS = 16
-"""Most ``submit``-ted calls waiting for the store thread."""
-MAX_SPLIT_WRITES = 64
-"""At most this many extra writes to isolate the refused rows of one batch."""
 REPEAT_LOG_S = 60.0
 
-_WRITERS: dict[str, Callable[[FeedbackSink, Sequence[Any]], int]] = {
-    "requests": FeedbackSink.write_requests,
-    "admission_decisions": FeedbackSink.write_admission,
-    "routing_decisions": FeedbackSink.write_routing,
-    "completions": FeedbackSink.write_completions,
-    "fleet_events": FeedbackSink.write_fleet_events,
-}
-assert set(_WRITERS) == set(TABLES)
-
 Work = list[tuple[str, list[Event]]]
-
-
-class _StoreDown(Exception):
-    """A write failed after the sink's retry budget with a transient error."""
 
 
 class _Throttled:
@@ -156,9 +142,7 @@ class ClickHouseFeedback:
         self._flush_now = False
         self._down_log = _Throttled()
         self._drop_log = _Throttled()
-        self._calls: deque[tuple[Callable[[Client], Any], Callable[[Any, BaseException | None], None]]] = (
-            deque()
-        )
+        self._calls = CallQueue(self._cond)
 
         metrics.feedback_store_up.set(0)
         metrics.feedback_buffer_rows.set(0)
@@ -234,32 +218,16 @@ class ClickHouseFeedback:
                 reason,
             )
 
-    def submit(
-        self, call: Callable[[Client], Any], done: Callable[[Any, BaseException | None], None]
-    ) -> bool:
+    def submit(self, call: Call, done: Done) -> bool:
         """Run ``call(client)`` on the store thread (the one that owns the client), between
         writes; ``done(result, error)`` is called there with its outcome. Never blocks: False
         (nothing queued) while the store is down, closing, or ``MAX_CALLS`` calls wait. For
         the few reads the service makes (SLOMax's control loop), not for bulk work."""
         with self._cond:
-            if not self._up or self._closing or len(self._calls) >= MAX_CALLS:
+            if not self._up or self._closing or not self._calls.put(call, done):
                 return False
-            self._calls.append((call, done))
             self._cond.notify_all()
         return True
-
-    def _run_calls(self, client: Client) -> None:
-        while True:
-            with self._cond:
-                if not self._calls:
-                    return
-                call, done = self._calls.popleft()
-            try:
-                result = call(client)
-            except Exception as exc:
-                done(None, exc)
-            else:
-                done(result, None)
 
     # -- state, for tests and operators -------------------------------------------------------
 
@@ -306,10 +274,9 @@ class ClickHouseFeedback:
                     except Exception as exc:
                         if self._down_log.due():
                             log.warning(
-                                "feedback store %s unavailable (%s: %s); rows spool to %s, retrying",
+                                "feedback store %s unavailable (%s); rows spool to %s, retrying",
                                 self._url,
-                                type(exc).__name__,
-                                _first_line(exc),
+                                first_line(exc)[:300],
                                 self.spool.directory,
                             )
                         self._wait(backoff)
@@ -321,12 +288,12 @@ class ClickHouseFeedback:
                     return  # closing: no more attempts on a store that is down, nor past the deadline
                 try:
                     assert client is not None
-                    self._run_calls(client)
+                    self._calls.run(client)
                     if not (self._drain_spool(sink) or self._flush_buffer(sink)):
                         return  # closing, and everything is stored
                     if self._up:
                         backoff = self._backoff_min
-                except _StoreDown as down:
+                except StoreDown as down:
                     self._set_up(False)
                     if self._down_log.due():
                         log.warning(
@@ -431,33 +398,12 @@ class ClickHouseFeedback:
         return True
 
     def _store(self, sink: FeedbackSink, table: str, rows: list[Event]) -> list[tuple[list[Event], str]]:
-        """Write ``rows``; returns the parts ClickHouse refused for good, with the error.
-        Raises ``_StoreDown`` on a transient error (nothing refused is reported then)."""
-        write = _WRITERS[table]
-        refused: list[tuple[list[Event], str]] = []
-        budget = MAX_SPLIT_WRITES
+        """``store_rows``; a write that goes through marks the store up again."""
+        return store_rows(sink, table, rows, self._written)
 
-        def attempt(part: list[Event]) -> None:
-            nonlocal budget
-            try:
-                written = write(sink, part)
-            except Exception as exc:
-                if is_transient(exc):
-                    raise _StoreDown(f"{type(exc).__name__}: {_first_line(exc)}") from exc
-                if len(part) == 1 or budget < 2:
-                    refused.append((part, f"{type(exc).__name__}: {exc}"))
-                    return
-                budget -= 2
-                middle = len(part) // 2
-                attempt(part[:middle])
-                attempt(part[middle:])
-                return
-            metrics.feedback_rows_total.labels(table=table).inc(written)
-            if not self._up:
-                self._set_up(True)  # a write went through: the store is back
-
-        attempt(rows)
-        return refused
+    def _written(self) -> None:
+        if not self._up:
+            self._set_up(True)  # a write went through: the store is back
 
     def _quarantine(self, table: str, rows: list[Event], error: str) -> None:
         log.error(
@@ -578,8 +524,3 @@ class ClickHouseFeedback:
 
 def _count_rejected(table: str, rows: int) -> None:
     metrics.feedback_rejected_rows_total.labels(table=table).inc(rows)
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error)
-    return text.splitlines()[0][:300] if text else ""

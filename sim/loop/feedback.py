@@ -10,7 +10,7 @@ query). Both judge ``met`` by the same rule (``met_slo``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from agents.policy.pipeline import Scheduler
 from agents.policy.slomax.feedback import ClassWindow, GoodputSource, InMemoryGoodput
@@ -62,15 +62,8 @@ class MemoryOutcomes:
         return self.goodput.window(now_s, span_s)
 
 
-@runtime_checkable
-class _ClosesLoop(Protocol):
-    def bind_feedback(self, source: GoodputSource) -> None: ...
-
-
 def bind_feedback(scheduler: Scheduler, sink: OutcomeSink) -> OutcomeSink | None:
-    """Bind ``sink`` to the scheduler's admission stage if it reads feedback; the sink to record
-    into, or None (nothing reads it: record nothing)."""
-    if isinstance(scheduler.admission, _ClosesLoop):
-        scheduler.admission.bind_feedback(sink)
-        return sink
-    return None
+    """Bind ``sink`` to the scheduler's admission stage if it reads feedback
+    (``Scheduler.bind_feedback``); the sink to record into, or None (nothing reads it: record
+    nothing)."""
+    return sink if scheduler.bind_feedback(sink) else None
