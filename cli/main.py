@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, KeyError, OSError) as exc:
         # The top-level group's only option (--version) exits, so args[0] is the command that
         # failed (and args[1] the subcommand of a group: batch submit, db migrate).
-        group = args[0] in {"batch", "schemas", "db"} and len(args) > 1
+        group = args[0] in {info.name for info in app.registered_groups} and len(args) > 1
         error(f"tokenfleet {' '.join(args[:2] if group else args[:1])}", str(exc))
         return 2
     except typer.Abort:

@@ -108,3 +108,18 @@ def test_each_module_of_the_cli_is_under_300_lines() -> None:
     sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "cli").glob("*.py")}
     assert {"main.py", "options.py", "simulator.py", "service.py", "store.py", "demo.py"} <= set(sizes)
     assert {name: n for name, n in sizes.items() if n >= 300} == {}
+
+
+@pytest.mark.parametrize("args", [["slomax", "status"], ["db", "migrate"], ["sql", "SELECT 1"]])
+def test_an_error_of_a_group_command_names_the_subcommand(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    import infra.clickhouse.client
+
+    def refuse(url: str) -> None:
+        raise ValueError("no store here")
+
+    monkeypatch.setattr(infra.clickhouse.client, "connect", refuse)
+    assert main(args) == 2
+    name = " ".join(args[:2] if args[0] != "sql" else args[:1])
+    assert capsys.readouterr().err == f"tokenfleet {name}: error: no store here\n"
