@@ -1,0 +1,264 @@
+"""What the commands share: option types, their validators and help texts, the settings, the
+policy checks, and the one-line error.
+
+Validators raise ``typer.BadParameter`` (click reports it as ``Invalid value for '--x'``) or
+``ValueError`` (``cli.main.main`` prints it); either way one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from sim.loop.runner import SimConfig
+
+DEFAULT_FLEET = "8xllama3-8b-h100"
+
+POLICY_HELP = (
+    "a router (round-robin, least-tokens, dynamo-kv, tokenpilot, ...) or stages joined with '+' "
+    "(an unknown name lists them all)"
+)
+WORKLOAD_HELP = "trace file (Mooncake JSONL, Azure CSV) or 'synthetic[:k=v,...]'"
+INVENTORY_HELP = "the engines' inventory YAML (default: TOKENFLEET_INVENTORY)"
+FLEET_HELP = "COUNTxPROFILE[+...] or a fleet YAML file"
+EMBEDDED_HELP = (
+    "no TOKENFLEET_KAFKA_BOOTSTRAP: publish into a throwaway embedded broker (what is published "
+    "is lost when the command exits)"
+)
+MAX_SECONDS = 1e7  # the longest duration an option takes: about 115 days
+MAX_TOKENS = 10_000_000
+
+
+def real(
+    low: float, high: float, *, low_open: bool = True, unit: str = ""
+) -> Callable[[float | None], float | None]:
+    """An option callback: the value must be finite and in (low, high] (``low_open``) or
+    [low, high]. Typer's own float ranges let NaN through, so every float option uses this."""
+    interval = f"{'(' if low_open else '['}{low:g}, {high:g}]{unit}"
+
+    def check(value: float | None) -> float | None:
+        if value is None:
+            return None
+        above = value > low if low_open else value >= low
+        if not (math.isfinite(value) and above and value <= high):
+            raise typer.BadParameter(f"{value:g} is not a finite number in {interval}")
+        return value
+
+    return check
+
+
+def whole(low: int, high: int | None = None) -> Callable[[int | None], int | None]:
+    """An option callback: the integer must be in [low, high] (no upper bound if None)."""
+    interval = f">= {low}" if high is None else f"in [{low}, {high}]"
+
+    def check(value: int | None) -> int | None:
+        if value is not None and not (value >= low and (high is None or value <= high)):
+            raise typer.BadParameter(f"{value} is not an integer {interval}")
+        return value
+
+    return check
+
+
+RATE_SCALE_HELP = "X times the trace's arrival rate, X in [0.001, 1000]"
+check_rate_scale = real(0.001, 1000.0, low_open=False)
+check_seed = whole(0, 2**63 - 1)
+
+
+class LogLevel(StrEnum):
+    crit = "crit"
+    error = "error"
+    warn = "warn"
+    info = "info"
+    debug = "debug"
+
+
+# Options shared by the simulator's commands (``simulate``, ``capacity``, ``tail``; ``--rate-scale``
+# also ``loadgen`` and ``demo``).
+WorkloadOpt = Annotated[str, typer.Option("--workload", metavar="PATH", help=WORKLOAD_HELP)]
+FleetOpt = Annotated[str, typer.Option("--fleet", metavar="SPEC", help=FLEET_HELP)]
+RateScaleOpt = Annotated[
+    float, typer.Option("--rate-scale", metavar="X", help=RATE_SCALE_HELP, callback=check_rate_scale)
+]
+SeedOpt = Annotated[int, typer.Option("--seed", metavar="N", callback=check_seed)]
+HeartbeatOpt = Annotated[
+    float,
+    typer.Option(
+        "--heartbeat",
+        metavar="S",
+        help="heartbeat (metrics refresh) interval in seconds, in [0.001, 3600]",
+        callback=real(0.001, 3600.0, low_open=False, unit=" s"),
+    ),
+]
+SignalDelayOpt = Annotated[
+    float,
+    typer.Option(
+        "--signal-delay",
+        metavar="S",
+        help="delay before heartbeats and KV events reach the router, seconds in [0, 60]",
+        callback=real(0.0, 60.0, low_open=False, unit=" s"),
+    ),
+]
+JitterOpt = Annotated[
+    float,
+    typer.Option(
+        "--jitter-arrivals",
+        metavar="S",
+        help="spread each arrival uniformly inside a bin of S seconds (Mooncake: 3), in [0, 3600]",
+        callback=real(0.0, 3600.0, low_open=False, unit=" s"),
+    ),
+]
+RetryShareOpt = Annotated[
+    float,
+    typer.Option(
+        "--retry-share",
+        metavar="P",
+        help="share of given-up interactive requests retried, in [0, 1]",
+        callback=real(0.0, 1.0, low_open=False),
+    ),
+]
+OutputBudgetOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--output-budget",
+        metavar="N",
+        help=f"fixed max_tokens for every request, in [1, {MAX_TOKENS}]",
+        callback=whole(1, MAX_TOKENS),
+    ),
+]
+PolicyConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--policy-config",
+        metavar="FILE",
+        help="YAML mapping stage name -> parameters, e.g. 'tokenpilot: {tie_tolerance: 0.05}'",
+    ),
+]
+JsonOpt = Annotated[str | None, typer.Option("--json", metavar="OUT", help="write the results as JSON")]
+ScenarioOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--scenario",
+        metavar="NAME",
+        help="a multi-DC scenario (hotspot, version-mismatch, pinned-tenant, dc-failure, or a scenario "
+        "YAML): its fleet and workload replace --fleet and --workload",
+    ),
+]
+
+
+def sim_config(
+    seed: int, heartbeat: float, signal_delay: float, retry_share: float, output_budget: int | None
+) -> SimConfig:
+    """The simulator's configuration from the options its commands share."""
+    from sim.loop.runner import SimConfig
+
+    return SimConfig(
+        seed=seed,
+        heartbeat_s=heartbeat,
+        signal_delay_s=signal_delay,
+        retry_share=retry_share,
+        output_budget=output_budget,
+    )
+
+
+def load_settings(policy: str | None = None) -> Any:
+    """The settings (environment, ``.env``), with ``policy`` in force if given and known."""
+    from infra.settings import Settings
+
+    if policy is None:
+        return Settings()
+    from agents.policy.registry import parse_policy
+
+    parse_policy(policy)  # an unknown name is a one-line error here, not deep in the worker
+    return Settings(policy=policy)
+
+
+def require_broker(settings: Any, embedded: bool | None) -> None:
+    """A command that only publishes needs a broker that outlives it: refuse to publish into a
+    throwaway embedded one unless ``--embedded`` asks for exactly that (and say so). ``None``:
+    the command has no ``--embedded`` (it needs the worker's broker, whatever it does)."""
+    if settings.kafka_bootstrap:
+        return
+    if not embedded:
+        offer = "" if embedded is None else ", or pass --embedded to publish into a throwaway embedded broker"
+        raise ValueError(
+            "no Kafka broker configured: set TOKENFLEET_KAFKA_BOOTSTRAP=host:port (the broker the "
+            f"worker reads){offer}"
+        )
+    print(
+        "warning: --embedded: publishing into an embedded broker that stops with this command; "
+        "what it publishes is lost when the command exits",
+        file=sys.stderr,
+    )
+
+
+def no_bounds(policies: Sequence[str]) -> None:
+    """``ideal`` and ``ideal-fleet-cache`` are latency floors ``simulate`` reports, not policies."""
+    from sim.evaluation.compare import BOUNDS
+
+    bounds = [name for name in policies if name in BOUNDS]
+    if bounds:
+        names = ", ".join(bounds)
+        raise typer.BadParameter(f"{names} is a latency bound, not a policy", param_hint="--policy")
+
+
+def checked_policies(policies: Sequence[str], seed: int, policy_config: Path | None) -> Any:
+    """The stage parameters, once every policy name and parameter was checked (before any trace
+    is read or policy run)."""
+    from agents.policy import PolicyError, build_scheduler
+    from agents.policy.registry import params_for
+    from sim.evaluation.compare import BOUNDS, check_policies
+
+    params = load_policy_config(policy_config) if policy_config is not None else None
+    try:
+        check_policies(policies, params)
+    except PolicyError as exc:
+        raise PolicyError(f"{exc}; bounds: {', '.join(BOUNDS)}") from None
+    for name in policies:
+        if name not in BOUNDS:
+            build_scheduler(name, seed=seed, params=params_for(name, params))
+    return params
+
+
+def load_policy_config(path: Path) -> dict[str, dict[str, Any]]:
+    """Stage parameters from a YAML file (stage name -> keyword parameters); ValueError with
+    one line saying what is wrong if the file is missing, not YAML or not that shape."""
+    from infra.yaml_files import read_yaml
+
+    data = read_yaml(path, "policy config")
+    shape = "must map stage names to parameter mappings, e.g. 'tokenpilot: {tie_tolerance: 0.05}'"
+    if not isinstance(data, dict):
+        raise ValueError(f"policy config {str(path)!r} {shape}")
+    for stage, kwargs in data.items():
+        if (
+            not isinstance(stage, str)
+            or not isinstance(kwargs, dict)
+            or not all(isinstance(k, str) for k in kwargs)
+        ):
+            raise ValueError(f"policy config {str(path)!r}: stage {stage!r} {shape}")
+    return data
+
+
+def write_json(path: str | None, document: Any) -> None:
+    """``--json OUT``: write ``document`` there (indented) and say so on stderr; nothing if None."""
+    if path:
+        Path(path).write_text(json.dumps(document, indent=2) + "\n")
+        print(f"wrote {path}", file=sys.stderr)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name if it has none)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def error(prog: str, message: str) -> None:
+    """One line on stderr, however many lines ``message`` has."""
+    print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)

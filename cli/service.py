@@ -1,0 +1,294 @@
+"""The service commands: the deployables (``worker``, ``fleet``, ``gateway``) and what publishes
+to or reads from their broker (``loadgen``, ``batch submit``, ``batch results``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from cli.options import (
+    DEFAULT_FLEET,
+    EMBEDDED_HELP,
+    FLEET_HELP,
+    INVENTORY_HELP,
+    MAX_SECONDS,
+    POLICY_HELP,
+    WORKLOAD_HELP,
+    LogLevel,
+    RateScaleOpt,
+    check_seed,
+    load_settings,
+    real,
+    require_broker,
+    whole,
+)
+
+batch_app = typer.Typer(
+    help="offline batch jobs\n\n\b\nExample:\n"
+    "  TOKENFLEET_KAFKA_BOOTSTRAP=localhost:9092 tokenfleet batch submit jobs.jsonl --deadline 30m",
+    rich_markup_mode=None,
+)
+
+
+def worker(
+    policy: Annotated[
+        str | None, typer.Option("--policy", metavar="NAME", help=f"routing policy: {POLICY_HELP}")
+    ] = None,
+    loglevel: Annotated[LogLevel, typer.Option("--loglevel")] = LogLevel.warn,
+) -> None:
+    """Run the streaming scheduler (Faust worker).
+
+    \b
+    Example:
+      tokenfleet worker --policy tokenpilot --loglevel info
+    """
+    from infra.bootstrap import policy_params
+    from worker.supervisor import run_worker
+
+    settings = load_settings(policy)
+    policy_params(settings)  # a bad fleet rules file is a one-line error here, not a restart loop
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    run_worker(settings, loglevel=loglevel.value)
+
+
+def fleet_command(
+    fleet: Annotated[str, typer.Option("--fleet", metavar="SPEC", help=FLEET_HELP)] = DEFAULT_FLEET,
+    speed: Annotated[
+        float,
+        typer.Option(
+            "--speed",
+            metavar="X",
+            help="emulated time runs X times faster, X in [0.001, 1e6]",
+            callback=real(0.001, 1e6, low_open=False),
+        ),
+    ] = 1.0,
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine",
+            metavar="KIND",
+            help="emulated (the simulator's engine model, --fleet) or vllm (the real servers of --inventory)",
+        ),
+    ] = "emulated",
+    inventory: Annotated[
+        str | None,
+        typer.Option("--inventory", metavar="FILE", help=INVENTORY_HELP),
+    ] = None,
+    workload: Annotated[
+        str | None,
+        typer.Option(
+            "--workload",
+            metavar="PATH",
+            help="emulated: the workload the load generator replays, for its answers' lengths "
+            "(without it every request generates its whole max_tokens budget)",
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", metavar="N", help="of a synthetic --workload")] = 0,
+) -> None:
+    """The dispatcher: execute routing decisions on emulated instances or real vLLM servers.
+
+    \b
+    Example:
+      tokenfleet fleet --fleet 2xllama3-8b-h100 --speed 10
+    """
+    from dispatcher.service import run_fleet
+    from infra.bootstrap import kafka_bootstrap
+
+    settings = load_settings()
+    engines: Any = fleet
+    lengths = None
+    if workload is not None:
+        from lab.loadgen import workload_output_tokens
+        from sim.workloads.sources import open_workload
+
+        lengths = workload_output_tokens(open_workload(workload, seed=seed))
+    if engine == "vllm":
+        from dispatcher.engines.vllm.adapter import VllmEngines
+
+        engines = VllmEngines(_inventory(inventory, settings), scrape_s=settings.scrape_interval_s)
+    elif engine == "emulated":
+        from sim.engine.fleet import parse_fleet
+
+        parse_fleet(fleet)  # fail fast on a bad spec
+    else:
+        raise ValueError(f"--engine must be emulated or vllm, not {engine!r}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    with kafka_bootstrap(settings) as bootstrap:
+        counts = _run_until_interrupted(
+            run_fleet(
+                bootstrap,
+                engines,
+                speed=speed,
+                heartbeat_s=settings.heartbeat_interval_s,
+                output_tokens=lengths,
+            )
+        )
+    print(f"fleet stopped: {counts}")
+
+
+def gateway(
+    inventory: Annotated[
+        str | None,
+        typer.Option("--inventory", metavar="FILE", help=INVENTORY_HELP),
+    ] = None,
+    host: Annotated[str, typer.Option("--host", metavar="ADDR")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", metavar="N", callback=whole(1, 65535))] = 8000,
+    decision_timeout: Annotated[
+        float,
+        typer.Option(
+            "--decision-timeout",
+            metavar="S",
+            help="answer 503 when the scheduler has not decided within S seconds",
+            callback=real(0.0, MAX_SECONDS),
+        ),
+    ] = 30.0,
+) -> None:
+    """OpenAI-compatible HTTP front door (/v1/chat/completions, /v1/completions, /v1/models).
+
+    \b
+    Example:
+      TOKENFLEET_KAFKA_BOOTSTRAP=localhost:9092 tokenfleet gateway --inventory inventory.yaml --port 8000
+    """
+    from gateway.server import Gateway, GatewayOptions, serve
+    from infra.bootstrap import kafka_bootstrap
+    from infra.prompts import Prompts
+
+    settings = load_settings()
+    require_broker(settings, embedded=None)
+    found = _inventory(inventory, settings)
+    prompts = Prompts.from_dirs({**found.tokenizer_dirs(), **settings.tokenizers})
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    with kafka_bootstrap(settings) as bootstrap:
+        gw = Gateway(bootstrap, found, prompts, GatewayOptions(decision_timeout_s=decision_timeout))
+        _run_until_interrupted(serve(gw, host, port, asyncio.Event()))
+
+
+def _inventory(path: str | None, settings: Any) -> Any:
+    """The inventory of ``--inventory`` or ``TOKENFLEET_INVENTORY`` (``InventoryError`` if none)."""
+    from infra.vllm.inventory import InventoryError, load_inventory
+
+    chosen = path or settings.inventory
+    if chosen is None:
+        raise InventoryError("no engine inventory: pass --inventory FILE or set TOKENFLEET_INVENTORY")
+    return load_inventory(chosen)
+
+
+def loadgen(
+    workload: Annotated[str, typer.Option("--workload", metavar="PATH", help=WORKLOAD_HELP)],
+    rate_scale: RateScaleOpt = 1.0,
+    model: Annotated[
+        str, typer.Option("--model", metavar="NAME", help="model pool the requests are for")
+    ] = "llama3-8b",
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", metavar="N", help="stop after N requests", callback=whole(1)),
+    ] = None,
+    duration: Annotated[
+        float | None,
+        typer.Option(
+            "--duration",
+            metavar="S",
+            help="stop after S seconds of (scaled) arrivals",
+            callback=real(0.0, MAX_SECONDS),
+        ),
+    ] = None,
+    fast: Annotated[
+        bool, typer.Option("--fast", help="publish as fast as possible, not in real time")
+    ] = False,
+    seed: Annotated[int, typer.Option("--seed", metavar="N", callback=check_seed)] = 0,
+    embedded: Annotated[bool, typer.Option("--embedded", help=EMBEDDED_HELP)] = False,
+) -> None:
+    """Publish a workload to tf.requests (of the broker TOKENFLEET_KAFKA_BOOTSTRAP names).
+
+    \b
+    Example:
+      TOKENFLEET_KAFKA_BOOTSTRAP=localhost:9092 tokenfleet loadgen --workload synthetic --duration 60
+    """
+    from infra.bootstrap import kafka_bootstrap
+    from lab.loadgen import publish_workload
+    from sim.workloads.sources import open_workload
+
+    settings = load_settings()
+    require_broker(settings, embedded)
+    trace = open_workload(workload, seed=seed)
+    with kafka_bootstrap(settings) as bootstrap:
+        sent = asyncio.run(
+            publish_workload(
+                bootstrap,
+                trace,
+                rate_scale=rate_scale,
+                model=model,
+                limit=limit,
+                duration_s=duration,
+                realtime=not fast,
+            )
+        )
+    print(f"published {sent} requests to tf.requests")
+
+
+@batch_app.command("submit")
+def batch_submit(
+    file: Annotated[str, typer.Argument(metavar="FILE")],
+    deadline: Annotated[str, typer.Option("--deadline", metavar="DURATION", help="e.g. 30m, 2h, 900s")],
+    model: Annotated[str, typer.Option("--model", metavar="NAME")] = "llama3-8b",
+    embedded: Annotated[bool, typer.Option("--embedded", help=EMBEDDED_HELP)] = False,
+) -> None:
+    """Publish a JSONL file of requests as one batch job (to TOKENFLEET_KAFKA_BOOTSTRAP's broker).
+
+    \b
+    Example:
+      TOKENFLEET_KAFKA_BOOTSTRAP=localhost:9092 tokenfleet batch submit jobs.jsonl --deadline 30m
+    """
+    from infra.bootstrap import kafka_bootstrap
+    from lab.loadgen import parse_duration, submit_batch
+
+    deadline_s = parse_duration(deadline)
+    settings = load_settings()
+    require_broker(settings, embedded)
+    with kafka_bootstrap(settings) as bootstrap:
+        job = asyncio.run(submit_batch(bootstrap, Path(file), deadline_s, model=model))
+    print(f"submitted batch job {job.job_id}: {len(job.requests)} requests, deadline in {deadline_s:.0f} s")
+
+
+@batch_app.command("results")
+def batch_results(
+    job: Annotated[str, typer.Argument(metavar="JOB")],
+    out: Annotated[str, typer.Option("--out", metavar="FILE", help="where to write the answers (JSONL)")],
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            metavar="S",
+            help="wait up to S seconds for every answer",
+            callback=real(0.0, MAX_SECONDS),
+        ),
+    ] = 60.0,
+) -> None:
+    """Collect a batch job's answers from tf.responses into a JSONL file.
+
+    \b
+    Example:
+      TOKENFLEET_KAFKA_BOOTSTRAP=localhost:9092 tokenfleet batch results JOB --out answers.jsonl
+    """
+    from infra.bootstrap import kafka_bootstrap
+    from infra.kafka.batches import collect_results
+
+    settings = load_settings()
+    require_broker(settings, embedded=None)
+    with kafka_bootstrap(settings) as bootstrap:
+        written, expected = asyncio.run(collect_results(bootstrap, job, Path(out), timeout))
+    print(f"{written} of {expected} answers of {job} written to {out}")
+    if written < expected:
+        raise typer.Exit(1)
+
+
+def _run_until_interrupted(coro: Any) -> Any:
+    """Run ``coro``; Ctrl-C / SIGTERM cancel it cleanly."""
+    try:
+        return asyncio.run(coro)
+    except KeyboardInterrupt:
+        return None
