@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MOONCAKE := sim/traces/mooncake/conversation_trace.jsonl
 
-.PHONY: install engine demo demo-vllm simulate test lint bench bench-stream bench-broker bench-gateway bench-decision scoreboard goodput fleetmind faults clean
+.PHONY: install engine demo demo-vllm simulate test test-unit test-integration test-e2e lint bench bench-stream bench-broker bench-gateway bench-decision scoreboard goodput fleetmind faults clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,16 @@ lint: install
 
 test: lint engine
 	$(PY) -m pytest -q
+
+# The tiers alone (`make test` runs all three): no process / real services / whole stacks.
+test-unit: install
+	$(PY) -m pytest -q -m unit
+
+test-integration: install engine
+	$(PY) -m pytest -q -m integration
+
+test-e2e: install
+	$(PY) -m pytest -q -m e2e
 
 bench: install
 	$(PY) -m bench.simulator
