@@ -106,10 +106,12 @@ class SchedulerAgents:
         (a held request is routed at the first heartbeat that makes room, with no further
         request arriving)."""
         arrived = time.perf_counter()
-        pools = []
-        for beat in await self._decoded(Heartbeat, topics.HEARTBEATS, messages):
+        beats = await self._decoded(Heartbeat, topics.HEARTBEATS, messages)
+        for beat in beats:
             self.state.record(beat)
-            pools.append(beat.model)
+        pools = [beat.model for beat in beats]
+        if self.store is not None and beats:
+            await self.store.heartbeats(beats)
         routed: list[Routed] = []
         ticked = False
         now = time.time()

@@ -64,6 +64,9 @@ class FeedbackStore(Protocol):
 
     async def fleet_events(self, events: Sequence[FleetEvent]) -> None: ...
 
+    async def heartbeats(self, events: Sequence[Heartbeat]) -> None:
+        """The instances' heartbeats, for capacity and cost per minute."""
+
 
 class Telemetry(Protocol):
     def decided_batch(self, policy: str, outcomes: Sequence[Routed], latency_s: float) -> None:

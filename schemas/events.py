@@ -251,7 +251,9 @@ class Heartbeat(Event):
       ``vllm:prefix_cache_hits_total`` (prompt tokens looked up / found, cumulative);
     - ``preemptions``: ``vllm:num_preemptions_total`` (cumulative);
     - ``endpoint_ready``: the engine's ``/health`` answers 200; ``model`` / ``model_version`` /
-      ``profile`` / ``dc``: the deployment that started it.
+      ``profile`` / ``dc``: the deployment that started it;
+    - ``gpus`` / ``price_per_hour``: what the instance holds and what an hour of it costs (the
+      engine profile's or the inventory's price; None: no price, cost figures report GPU-seconds).
     """
 
     instance_id: Name
@@ -268,6 +270,8 @@ class Heartbeat(Event):
     prefix_cache_queries: Total = 0
     prefix_cache_hits: Total = 0
     preemptions: Total = 0
+    gpus: int = Field(default=1, ge=1, le=1024)
+    price_per_hour: float | None = Field(default=None, ge=0, lt=1e6)
 
 
 class KvEvent(Event):

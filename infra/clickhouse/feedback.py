@@ -63,6 +63,7 @@ from schemas.events import (
     Completion,
     Event,
     FleetEvent,
+    Heartbeat,
     InferenceRequest,
     RoutingDecision,
 )
@@ -112,11 +113,14 @@ class ClickHouseFeedback:
         backoff_s: tuple[float, float] = (0.5, 10.0),
         run_id: str = "",
         run_policy: str = "",
+        heartbeat_interval_s: float = 0.25,
     ) -> None:
-        """``run_id`` / ``run_policy`` are stamped on every row written (``FeedbackSink``)."""
+        """``run_id`` / ``run_policy`` are stamped on every row written; each heartbeat stands
+        for ``heartbeat_interval_s`` of its instance's time (``FeedbackSink``)."""
         split_database(url)  # a malformed URL is a configuration error: fail now, not in a loop
         self._url = url
         self.run_id, self.run_policy = run_id, run_policy
+        self._heartbeat_interval_s = heartbeat_interval_s
         self._slo = dict(slo_classes)
         self._batch_size = batch_size
         self._flush_s = flush_s
@@ -166,6 +170,7 @@ class ClickHouseFeedback:
             close_timeout_s=settings.feedback_close_s,
             run_id=run_id or settings.run_id,
             run_policy=settings.policy,
+            heartbeat_interval_s=settings.heartbeat_interval_s,
         )
 
     # -- the port: enqueue only ---------------------------------------------------------------
@@ -184,6 +189,9 @@ class ClickHouseFeedback:
 
     async def fleet_events(self, events: Sequence[FleetEvent]) -> None:
         self._enqueue("fleet_events", events)
+
+    async def heartbeats(self, events: Sequence[Heartbeat]) -> None:
+        self._enqueue("heartbeats", events)
 
     def _enqueue(self, table: str, events: Sequence[Event]) -> None:
         if not events:
@@ -328,6 +336,7 @@ class ClickHouseFeedback:
                 retry_for_s=self._retry_for_s,
                 run_id=self.run_id,
                 run_policy=self.run_policy,
+                heartbeat_interval_s=self._heartbeat_interval_s,
             )
         except BaseException:
             with contextlib.suppress(Exception):

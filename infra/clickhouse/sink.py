@@ -37,6 +37,7 @@ from schemas.events import (
     Completion,
     Event,
     FleetEvent,
+    Heartbeat,
     InferenceRequest,
     RoutingDecision,
 )
@@ -71,6 +72,11 @@ COMPLETION_COLUMNS = (
 FLEET_EVENT_COLUMNS = (
     "event_id", "ts", "schema_version", "kind", "dc", "model", "model_version", "tenant", "delta",
     "detail", "worker",
+)  # fmt: skip
+
+HEARTBEAT_COLUMNS = (
+    "event_id", "ts", "schema_version", "instance_id", "dc", "model", "profile", "endpoint_ready",
+    "waiting", "running", "kv_blocks_used", "kv_blocks_total", "gpus", "price_per_hour", "interval_s",
 )  # fmt: skip
 
 RUN_COLUMNS = ("run_id", "run_policy")
@@ -153,10 +159,13 @@ class FeedbackSink:
         retry_for_s: float = DEFAULT_RETRY_FOR_S,
         run_id: str = "",
         run_policy: str = "",
+        heartbeat_interval_s: float = 0.25,
     ) -> None:
         """Every row written carries ``run_id`` and ``run_policy`` (the run and policy of the
-        worker that stores it), so one run can be read apart in a shared store."""
+        worker that stores it), so one run can be read apart in a shared store. Each heartbeat
+        stands for ``heartbeat_interval_s`` of its instance's time (the interval in force)."""
         self._client = client
+        self._interval_s = heartbeat_interval_s
         self._slo = dict(slo_classes)
         self._retry_for_s = retry_for_s
         self._run = [run_id, run_policy]
@@ -176,6 +185,16 @@ class FeedbackSink:
 
     def write_fleet_events(self, events: Sequence[FleetEvent]) -> int:
         return self._write("fleet_events", FLEET_EVENT_COLUMNS, events, _fleet_event_row)
+
+    def write_heartbeats(self, events: Sequence[Heartbeat]) -> int:
+        return self._write("heartbeats", HEARTBEAT_COLUMNS, events, self._heartbeat_row)
+
+    def _heartbeat_row(self, h: Heartbeat) -> Row:
+        return [
+            h.event_id, ms_time(h.ts), h.schema_version, h.instance_id, h.dc, h.model, h.profile,
+            int(h.endpoint_ready), h.waiting, h.running, h.kv_blocks_used, h.kv_blocks_total, h.gpus,
+            h.price_per_hour, self._interval_s,
+        ]  # fmt: skip
 
     def _completion_row(self, c: Completion) -> Row:
         good = met_slo(c, self._slo.get(c.slo_class))

@@ -57,6 +57,7 @@ from schemas.events import (
     Completion,
     Event,
     FleetEvent,
+    Heartbeat,
     InferenceRequest,
     RoutingDecision,
 )
@@ -69,6 +70,7 @@ TABLES: dict[str, type[Event]] = {
     "routing_decisions": RoutingDecision,
     "completions": Completion,
     "fleet_events": FleetEvent,
+    "heartbeats": Heartbeat,
 }
 """The feedback tables, and the event kind each stores."""
 

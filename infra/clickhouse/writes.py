@@ -27,6 +27,7 @@ WRITERS: dict[str, Callable[[FeedbackSink, Sequence[Any]], int]] = {
     "routing_decisions": FeedbackSink.write_routing,
     "completions": FeedbackSink.write_completions,
     "fleet_events": FeedbackSink.write_fleet_events,
+    "heartbeats": FeedbackSink.write_heartbeats,
 }
 assert set(WRITERS) == set(TABLES)
 

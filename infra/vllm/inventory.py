@@ -16,7 +16,11 @@ A YAML file, one for the worker, the dispatcher and the gateway::
         served_model_name: tiny-llama # what the engine calls the model (default: model)
         kv_events: tcp://10.0.0.5:5557  # vLLM's ZMQ KV-event publisher (optional)
         kv_replay: tcp://10.0.0.5:5558  # its replay endpoint (optional)
+        gpus: 1                       # GPUs the server holds (default 1)
+        price_per_hour: 3.0           # what an hour of it costs (default: none, GPU-hours only)
 
+The price is what the cost figures (``cost_per_minute`` in ClickHouse) charge for the instance,
+whatever it does; without one they report GPU-seconds only.
 ``load_inventory`` raises ``InventoryError`` with one line saying what is wrong.
 """
 
@@ -51,6 +55,8 @@ class InstanceEntry:
     served_model_name: str = ""
     kv_events: str | None = None
     kv_replay: str | None = None
+    gpus: int = 1
+    price_per_hour: float | None = None  # None: no price (GPU-hours only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +106,10 @@ def parse_inventory(raw: Any, where: str = "inventory", base: Path | None = None
         if not isinstance(spec, dict):
             raise InventoryError(f"{at}: expected a mapping")
         _keys(
-            spec, {"id", "url", "model", "version", "dc", "served_model_name", "kv_events", "kv_replay"}, at
+            spec,
+            {"id", "url", "model", "version", "dc", "served_model_name", "kv_events", "kv_replay", "gpus"}
+            | {"price_per_hour"},
+            at,
         )
         for required in ("id", "url", "model"):
             if not spec.get(required):
@@ -121,6 +130,8 @@ def parse_inventory(raw: Any, where: str = "inventory", base: Path | None = None
                 served_model_name=str(spec.get("served_model_name", model)),
                 kv_events=_zmq(spec.get("kv_events"), f"{at}: kv_events"),
                 kv_replay=_zmq(spec.get("kv_replay"), f"{at}: kv_replay"),
+                gpus=_gpus(spec.get("gpus", 1), f"{at}: gpus"),
+                price_per_hour=_price(spec.get("price_per_hour"), f"{at}: price_per_hour"),
             )
         )
     ids = [i.instance_id for i in instances]
@@ -150,8 +161,10 @@ def dump_inventory(inventory: Inventory) -> str:
                 ("served_model_name", i.served_model_name),
                 ("kv_events", i.kv_events),
                 ("kv_replay", i.kv_replay),
+                ("gpus", i.gpus if i.gpus != 1 else None),
+                ("price_per_hour", i.price_per_hour),
             )
-            if v
+            if v is not None and v != ""
         }
         for i in inventory.instances
     ]
@@ -173,3 +186,17 @@ def _zmq(value: Any, at: str) -> str | None:
     if not text.startswith(("tcp://", "ipc://")):
         raise InventoryError(f"{at}: {text!r} is not a ZMQ endpoint (tcp://host:port)")
     return text
+
+
+def _gpus(value: Any, at: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1024:
+        raise InventoryError(f"{at}: {value!r} is not a whole number of GPUs in [1, 1024]")
+    return value
+
+
+def _price(value: Any, at: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e6:
+        raise InventoryError(f"{at}: {value!r} is not a price per hour in [0, 1e6)")
+    return float(value)

@@ -197,6 +197,8 @@ class LiveFleet:
                     prefix_cache_queries=instance.prefix_cache_queries,
                     prefix_cache_hits=instance.prefix_cache_hits,
                     preemptions=instance.preemptions,
+                    gpus=spec.profile.gpus,
+                    price_per_hour=spec.price,
                 )
             )
         return beats

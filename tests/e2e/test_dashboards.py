@@ -223,12 +223,30 @@ def test_totals_table_counts_each_completion_once(
     store: Client, demo_data: tuple[Path, dict[str, Any]]
 ) -> None:
     _data_dir, summary = demo_data
-    (table,) = [p for p in panels(load("goodput.json")) if p["type"] == "table"]
+    (table,) = [p for p in panels(load("goodput.json")) if p["title"].startswith("Per-class totals")]
     (target,) = table["targets"]
     assert target["format"] == TABLE_FORMAT
     result = store.query(expand_macros(target["rawSql"], 0, int(time.time()) + 86_400, 10))
     attempts = result.column_names.index("attempts")
     assert sum(row[attempts] for row in result.result_rows) == summary["completions"]
+
+
+def test_cost_table_accounts_for_every_gpu_second_of_the_demo(
+    store: Client, demo_data: tuple[Path, dict[str, Any]]
+) -> None:
+    """The cost panel on the demo's store: busy time attributed to the classes, unattributed
+    and idle time add up to the fleet's GPU-seconds (from the heartbeats) within 0.1 %; the
+    emulated fleet has a price, so compliant tokens have a positive cost."""
+    (table,) = [p for p in panels(load("goodput.json")) if p["title"].startswith("Cost per pool")]
+    (target,) = table["targets"]
+    result = store.query(expand_macros(target["rawSql"], 0, int(time.time()) + 86_400, 10))
+    rows = [dict(zip(result.column_names, row, strict=True)) for row in result.result_rows]
+    fleet = store.query("SELECT sum(gpu_seconds) FROM instance_minutes").result_rows[0][0]
+    assert fleet > 0
+    assert sum(r["gpu_s"] for r in rows) == pytest.approx(fleet, rel=1e-3, abs=0.2)  # rounded to 0.1 s
+    served = [r for r in rows if r["slo_class"] not in ("(idle)", "(unattributed)")]
+    assert sum(r["good_tok"] for r in served) > 0
+    assert all(r["usd_per_million_good_tok"] > 0 for r in served if r["good_tok"])
 
 
 def test_a_broken_panel_query_fails(store: Client) -> None:

@@ -65,6 +65,9 @@ class MemoryStore:
     async def fleet_events(self, events: Sequence[FleetEvent]) -> None:
         self.rows["fleet_events"].extend(events)
 
+    async def heartbeats(self, events: Sequence[Heartbeat]) -> None:
+        self.rows["heartbeats"].extend(events)
+
 
 class RecordingTelemetry:
     def __init__(self) -> None:

@@ -14,7 +14,7 @@ from infra.clickhouse import FeedbackSink, connect, migrate, summary
 from infra.clickhouse.client import split_database
 from infra.clickhouse.migrate import load_migrations
 from infra.clickhouse.summary import clickhouse_rows
-from schemas.events import AdmissionDecision, Completion, InferenceRequest, RoutingDecision
+from schemas.events import AdmissionDecision, Completion, Heartbeat, InferenceRequest, RoutingDecision
 
 T0 = 1_700_000_000.0
 
@@ -403,3 +403,78 @@ def test_summary_counts_rejected_and_held_requests_with_their_top_reasons(
     }
     total = cast(dict[str, Any], result["total"])
     assert (total["rejected"], total["held"]) == (2, 3)
+
+
+# -- cost per minute -----------------------------------------------------------------------------
+
+
+def beat(instance_id: str, ts: float, running: int, price: float | None = 3.0, gpus: int = 1) -> Heartbeat:
+    return Heartbeat(
+        ts=ts,
+        instance_id=instance_id,
+        dc="eu",
+        model="llama3-8b",
+        model_version="v1",
+        waiting=0,
+        running=running,
+        tokens_in_flight=0,
+        kv_blocks_used=0,
+        kv_blocks_total=100,
+        gpus=gpus,
+        price_per_hour=price,
+    )
+
+
+def cost_rows(client: Client) -> dict[tuple[str, str], tuple[float, float, float, int]]:
+    rows = client.query(
+        "SELECT tenant, slo_class, sum(gpu_seconds), sum(wasted_gpu_seconds), sum(cost), "
+        "sum(goodput_tokens) FROM cost_per_minute GROUP BY tenant, slo_class"
+    ).result_rows
+    return {(r[0], r[1]): (r[2], r[3], r[4], r[5]) for r in rows}
+
+
+def test_cost_per_minute_splits_busy_time_by_tokens_and_reports_idle_apart(client: Client) -> None:
+    """Two requests on one 2-GPU instance in one minute: 40 beats of 0.25 s, 30 of them busy
+    (7.5 s x 2 GPUs = 15 busy GPU-s, 5 idle), at $6/hour. Request a (tenant t1) processed 300
+    tokens and met its objective; b (t2) 100 tokens and timed out: a gets 3/4 of the busy time,
+    b 1/4, all of it wasted."""
+    sink = FeedbackSink(client, DEFAULT_SLO_CLASSES, retry_for_s=5.0, heartbeat_interval_s=0.25)
+    minute = 1_700_000_040.0  # a minute boundary
+    sink.write_heartbeats(
+        [beat("i0", minute + k * 0.25, running=int(k < 30), price=6.0, gpus=2) for k in range(40)]
+    )
+    sink.write_completions(
+        [
+            completion(
+                "a", tenant="t1", ts=minute + 5, input_tokens=250, cached_tokens=50, output_tokens=100
+            ),
+            completion("b", tenant="t2", ts=minute + 6, status="timeout", input_tokens=100, output_tokens=0),
+        ]
+    )
+    rows = cost_rows(client)
+    busy_a, wasted_a, cost_a, good_a = rows[("t1", "interactive")]
+    busy_b, wasted_b, cost_b, good_b = rows[("t2", "interactive")]
+    assert busy_a == pytest.approx(15.0 * 3 / 4) and wasted_a == 0 and good_a == 100
+    assert busy_b == pytest.approx(15.0 / 4) and wasted_b == pytest.approx(busy_b) and good_b == 0
+    busy_cost = 30 * 0.25 * 6.0 / 3600
+    assert cost_a + cost_b == pytest.approx(busy_cost) and cost_a == pytest.approx(3 * cost_b)
+    idle, _, idle_cost, _ = rows[("", "(idle)")]
+    assert idle == pytest.approx(10 * 0.25 * 2) and idle_cost == pytest.approx(10 * 0.25 * 6.0 / 3600)
+    assert ("", "(unattributed)") not in rows
+
+
+def test_cost_per_minute_keeps_busy_time_with_no_ended_attempt_and_unpriced_instances(client: Client) -> None:
+    """An instance busy for a minute in which nothing ended on it: its busy time is
+    '(unattributed)', not lost; an instance without a price reports GPU-seconds at cost 0; the
+    attributed, unattributed and idle GPU-seconds add up to the fleet's."""
+    sink = FeedbackSink(client, DEFAULT_SLO_CLASSES, retry_for_s=5.0, heartbeat_interval_s=0.25)
+    minute = 1_700_000_040.0
+    sink.write_heartbeats([beat("busy", minute + k * 0.25, running=1, price=None) for k in range(8)])
+    sink.write_heartbeats([beat("i1", minute + k * 0.25, running=int(k < 4)) for k in range(8)])
+    sink.write_completions([completion("c", instance_id="i1", ts=minute + 1.5)])
+    rows = cost_rows(client)
+    assert rows[("", "(unattributed)")][0] == pytest.approx(2.0) and rows[("", "(unattributed)")][2] == 0
+    assert rows[("default", "interactive")][0] == pytest.approx(1.0)
+    total = sum(r[0] for r in rows.values())
+    fleet = scalar(client, "SELECT sum(gpu_seconds) FROM instance_minutes")
+    assert total == pytest.approx(fleet, rel=1e-3) and fleet == pytest.approx(4.0)

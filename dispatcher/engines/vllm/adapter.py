@@ -166,6 +166,8 @@ class VllmEngines:
                     model_version=entry.version,
                     profile="vllm",
                     endpoint_ready=scraped.ready and scraped.metrics is not None,
+                    gpus=entry.gpus,
+                    price_per_hour=entry.price_per_hour,
                     **fields,  # type: ignore[arg-type]
                 )
             )
