@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MOONCAKE := sim/traces/mooncake/conversation_trace.jsonl
 
-.PHONY: install engine demo demo-vllm simulate test test-unit test-integration test-e2e lint bench bench-stream bench-broker bench-gateway bench-decision scoreboard goodput fleetmind faults clean
+.PHONY: install engine demo demo-vllm simulate test test-unit test-integration test-e2e lint docs bench bench-stream bench-broker bench-gateway bench-decision scoreboard goodput fleetmind faults clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,7 +48,7 @@ lint: install
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
-test: lint engine
+test: lint docs engine
 	$(PY) -m pytest -q
 
 # The tiers alone (`make test` runs all three): no process / real services / whole stacks.
@@ -108,6 +108,15 @@ goodput: install
 faults: install
 	mkdir -p out
 	$(PY) -m bench.faults --json out/faults.json
+
+# The documentation site (MkDocs, Material theme, API reference from the docstrings) into
+# out/site; --strict fails on any warning (a broken link, a page missing from the nav).
+$(VENV)/.docs-installed: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $@
+
+docs: install $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir out/site
 
 clean:
 	rm -rf $(VENV) out .tokenfleet
