@@ -1,4 +1,10 @@
-"""The one settings object. The only reader of the environment (prefix ``TOKENFLEET_``).
+"""The one settings object. The only reader of the environment (prefix ``TOKENFLEET_``) and of
+the settings file.
+
+Where a setting comes from, first match wins: an argument (the command line's options), the
+environment (``TOKENFLEET_<NAME>``, nested with ``__``), a ``.env`` file, then the YAML settings
+file named by ``TOKENFLEET_CONFIG`` (keys are the settings' names in lower case; an unknown key
+is an error, not ignored: see ``examples/tokenfleet.yaml``), then the defaults below.
 
 Empty ``kafka_bootstrap`` means: start the embedded Tansu broker on loopback. The ClickHouse
 DSN defaults to the embedded engine (chdb) under ``data_dir``; point it at a server with
@@ -7,12 +13,18 @@ DSN defaults to the embedded engine (chdb) under ``data_dir``; point it at a ser
 
 from __future__ import annotations
 
+import os
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
 
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES, SloClass
 
@@ -33,8 +45,19 @@ def _default_slo_classes() -> dict[str, SloClassSetting]:
     }
 
 
+CONFIG_ENV = "TOKENFLEET_CONFIG"
+
+
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="TOKENFLEET_", env_nested_delimiter="__", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="TOKENFLEET_", env_nested_delimiter="__", frozen=True, extra="forbid"
+    )
+
+    config: Path | None = Field(
+        default=None,
+        description="a YAML settings file (keys: these settings' names in lower case); the "
+        "environment overrides it. Only from the environment (TOKENFLEET_CONFIG)",
+    )
 
     kafka_bootstrap: str = Field(default="", description="host:port[,host:port]; empty = embedded Tansu")
     clickhouse_dsn: str = Field(
@@ -143,6 +166,24 @@ class Settings(BaseSettings):
         description="the Python of a vLLM installation, for the lab's CPU engines (demo, tests); "
         "empty = .venv-engine/bin/python of the checkout",
     )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Arguments, then the environment, ``.env``, the settings file, secrets."""
+        sources = [init_settings, env_settings, dotenv_settings]
+        path = os.environ.get(CONFIG_ENV)
+        if path:
+            if not Path(path).is_file():
+                raise ValueError(f"{CONFIG_ENV}={path}: no such settings file")
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+        return (*sources, file_secret_settings)
 
     def tokenizer_dirs(self) -> dict[str, Path]:
         """Model pool -> tokenizer directory: ``tokenizers`` over the inventory's."""
