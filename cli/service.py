@@ -95,7 +95,7 @@ def fleet_command(
     Example:
       tokenfleet fleet --fleet 2xllama3-8b-h100 --speed 10
     """
-    from dispatcher.service import run_fleet
+    from dispatcher.main import serve
     from infra.bootstrap import kafka_bootstrap
 
     settings = load_settings()
@@ -119,13 +119,7 @@ def fleet_command(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     with kafka_bootstrap(settings) as bootstrap:
         counts = _run_until_interrupted(
-            run_fleet(
-                bootstrap,
-                engines,
-                speed=speed,
-                heartbeat_s=settings.heartbeat_interval_s,
-                output_tokens=lengths,
-            )
+            serve(settings, bootstrap, engines, speed=speed, output_tokens=lengths)
         )
     print(f"fleet stopped: {counts}")
 

@@ -110,7 +110,8 @@ async def run_fleet(
     lengths by request id (the workload's; others generate their whole budget). Stops within
     ``heartbeat_s`` of ``stop``; events produced up to then are delivered; attempts still
     running are abandoned (logged).
-    ``ready`` is set once the consumer has its partitions: start sending load then, as TTFT
+    ``ready`` is set once the consumer has its partitions (and cleared while the broker is
+    lost: the dispatcher's ``/ready``): start sending load then, as TTFT
     counts from each request's ``ts`` and a consumer-group join (seconds) costs ``speed`` times
     that in emulated time.
 
@@ -185,6 +186,8 @@ async def run_fleet(
             except _BROKER_ERRORS as exc:
                 if stop.is_set():
                     return loop.counts()
+                if ready is not None:
+                    ready.clear()  # not serving until the new consumer has its partitions again
                 if not failures:
                     lost_at = time.monotonic()
                 failures += 1

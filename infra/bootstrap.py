@@ -99,6 +99,7 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
         partitions=settings.topic_partitions,
         data_dir=settings.data_dir,
         web_port=settings.worker_web_port or free_port(),
+        web_host=settings.http_host,
         rebalance_timeout_s=settings.broker_rebalance_timeout_s,
         session_timeout_s=settings.broker_session_timeout_s,
         heartbeat_interval_s=settings.broker_heartbeat_interval_s,
@@ -183,6 +184,12 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
 
     @app.page("/health")
     async def health_page(web: Any, request: Any) -> Any:
+        """Live: the worker's event loop answers."""
+        return web.json({"live": True})
+
+    @app.page("/ready")
+    async def ready_page(web: Any, request: Any) -> Any:
+        """Serving: the request lane reads partitions and the broker answers its fetches."""
         consuming, body = health()
         body.pop("highwater")
         return web.json(body, status=200 if consuming else 503)

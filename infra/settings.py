@@ -104,7 +104,20 @@ class Settings(BaseSettings):
         description="stamped on every row this worker stores (with its policy), so one run can be "
         "read apart from the others in a shared store; empty = app id and start time",
     )
-    worker_web_port: int = Field(default=6066, ge=0, description="Faust web + /metrics; 0 = any free port")
+    http_host: str = Field(
+        default="127.0.0.1",
+        description="the address the worker's and the dispatcher's /metrics, /health and /ready listen "
+        "on; 0.0.0.0 for a Prometheus or a kubelet on another host",
+    )
+    worker_web_port: int = Field(
+        default=6066, ge=0, le=65535, description="the worker's /metrics, /health, /ready; 0 = any free port"
+    )
+    dispatcher_web_port: int = Field(
+        default=6067,
+        ge=0,
+        le=65535,
+        description="the dispatcher's /metrics, /health, /ready; 0 = any free port",
+    )
     # Tansu holds a consumer-group join for half the rebalance timeout: keep these low there.
     broker_rebalance_timeout_s: float = Field(default=6.0, gt=0, description="group rebalance timeout")
     broker_session_timeout_s: float = Field(default=6.0, gt=0, description="consumer-group session timeout")

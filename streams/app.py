@@ -43,6 +43,7 @@ def create_app(
     partitions: int,
     data_dir: Path,
     web_port: int,
+    web_host: str = "127.0.0.1",
     rebalance_timeout_s: float,
     session_timeout_s: float,
     heartbeat_interval_s: float,
@@ -61,7 +62,7 @@ def create_app(
         producer_linger=0.002,  # a few ms of batching: far fewer, larger produce requests
         web_enabled=True,
         web_port=web_port,
-        web_bind="127.0.0.1",
+        web_bind=web_host,
         datadir=str(data_dir / "faust"),
         fetch_max_wait_ms=fetch_max_wait_ms,
     )
