@@ -193,5 +193,5 @@ def test_one_process_owns_a_spool_directory(tmp_path: Path) -> None:
 def test_unknown_tables_are_refused(tmp_path: Path) -> None:
     spool = Spool(tmp_path)
     with pytest.raises(ValueError):
-        spool.append("heartbeats", [req("a")])
+        spool.append("kv_events", [req("a")])
     spool.close()
