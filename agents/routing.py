@@ -12,8 +12,11 @@ Once per request attempt: a request already held, or already decided in the last
 ``remembered`` decisions of its pool, is a redelivery (the bus delivers at least once, and the
 request lane re-reads a batch it could not finish) and is skipped. With ``known_pools`` set, a
 request for any other model is rejected at once (reason ``unknown_model``), never held;
-without it, at most ``max_pools`` pools get a scheduler (each holds real state: a prefix index,
-a predictor), and a request for a model beyond them is rejected the same way.
+without it, any model name gets a scheduler (each holds real state: a prefix index, a
+predictor), but names no engine has served (no heartbeat, no engine event) take at most
+``max_pools`` places: when they are full, the oldest such name that holds nothing is forgotten
+to make room, and only when none can be is a request rejected the same way. A pool an engine
+serves always gets its place, so junk names can never lock a real pool out.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class _Pool:
     scheduler: Scheduler
     requests: dict[tuple[str, int], InferenceRequest] = field(default_factory=dict)  # offered, unsettled
     decided: dict[tuple[str, int], None] = field(default_factory=dict)  # settled, oldest first
+    served: bool = False  # an engine of this pool has reported (a heartbeat, an engine event)
 
 
 class RoutingService:
@@ -89,7 +93,7 @@ class RoutingService:
 
         A request whose (id, attempt) is already held here, or comes twice in one batch, is a
         redelivery: it is skipped, so a held request is decided once."""
-        if not self._serves(pool):
+        if not self._serves(pool, served=view is not None and len(view.instance_ids) > 0):
             return [self._unknown(request) for request in requests]
         state = self._pool(pool)
         views = []
@@ -115,6 +119,7 @@ class RoutingService:
         state = self._pools.get(pool)
         if state is None or not state.scheduler.held_total:
             return []
+        state.served = state.served or len(view.instance_ids) > 0
         started = time.perf_counter()
         outcomes = state.scheduler.tick(view, now)
         return self._events(state, outcomes, (time.perf_counter() - started) / max(len(outcomes), 1))
@@ -162,15 +167,15 @@ class RoutingService:
         return 0 if state is None else state.scheduler.held_total
 
     def observe_completion(self, event: Completion) -> None:
-        if self._serves(event.model):
+        if self._serves(event.model, served=True):
             self._pool(event.model).scheduler.observe(finished(event))
 
     def observe_first_token(self, event: ResponseStarted) -> None:
-        if self._serves(event.model):
+        if self._serves(event.model, served=True):
             self._pool(event.model).scheduler.observe(first_token(event))
 
     def observe_kv(self, event: KvEvent) -> None:
-        if self._serves(event.model):
+        if self._serves(event.model, served=True):
             scheduler = self._pool(event.model).scheduler
             if scheduler.wants_kv_events:
                 scheduler.observe(blocks_changed(event))
@@ -183,13 +188,30 @@ class RoutingService:
             state = self._pools[pool] = _Pool(self.make_scheduler(pool))
         return state
 
-    def _serves(self, pool: str) -> bool:
+    def _serves(self, pool: str, served: bool = False) -> bool:
+        """Whether ``pool`` has (or now gets) a scheduler here; ``served``: the caller saw an
+        engine of it (see the module docstring)."""
         if self.known_pools:
             return pool in self.known_pools
-        return pool in self._pools or len(self._pools) < self.max_pools
+        state = self._pools.get(pool)
+        if state is None:
+            if len(self._pools) >= self.max_pools and not self._forget_unserved() and not served:
+                return False
+            state = self._pools[pool] = _Pool(self.make_scheduler(pool))
+        state.served = state.served or served
+        return True
+
+    def _forget_unserved(self) -> bool:
+        """Free the place of the oldest pool no engine has served and that holds nothing;
+        whether there was one."""
+        for name, state in self._pools.items():
+            if not state.served and not state.requests and not state.scheduler.held_total:
+                del self._pools[name]
+                return True
+        return False
 
     def _unknown(self, request: InferenceRequest) -> Routed:
-        known = ", ".join(sorted(self.known_pools)) or f"the first {self.max_pools} seen"
+        known = ", ".join(sorted(self.known_pools)) or f"{self.max_pools} names no engine serves wait here"
         admission = AdmissionDecision(
             **self._common(request, request_view(request).slo_class),
             action="reject",

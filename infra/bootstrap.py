@@ -92,7 +92,9 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
     """The Faust app with every agent bound; returns (app, feedback store or None).
 
     ``feedback=False`` turns off the ClickHouse sink only: Prometheus telemetry is always on.
+    The data directory is created if it does not exist (Faust keeps its state under it).
     """
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
     app, channels = create_app(
         settings.app_id,
         bootstrap,

@@ -15,6 +15,7 @@ or another path, needs the store.
 
 from __future__ import annotations
 
+import difflib
 import re
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -83,6 +84,11 @@ _COMMENT_OR_LITERAL = re.compile(
 )
 _EXTERNAL_CALL = re.compile(r"\b(" + "|".join(EXTERNAL_FUNCTIONS) + r")\s*\(", re.IGNORECASE)
 _INTO_OUTFILE = re.compile(r"\bINTO\s+OUTFILE\b", re.IGNORECASE)
+WRITE_STATEMENTS = (
+    "INSERT", "ALTER", "CREATE", "DROP", "TRUNCATE", "DELETE", "UPDATE", "OPTIMIZE", "RENAME",
+    "EXCHANGE", "ATTACH", "DETACH", "SYSTEM", "GRANT", "REVOKE", "KILL", "SET", "USE", "UNDROP",
+)  # fmt: skip
+"""The statements that change the store (``--write``); any other word is not a statement."""
 
 
 def check_read_only(sql: str) -> None:
@@ -107,8 +113,12 @@ def check_read_only(sql: str) -> None:
         raise ValueError("one statement at a time (found ';' inside the query)")
     keyword = re.split(r"[\s(]+", code.lstrip("("), maxsplit=1)[0].upper()
     if keyword not in READ_ONLY_STATEMENTS:
+        if keyword not in WRITE_STATEMENTS:
+            close = difflib.get_close_matches(keyword, (*READ_ONLY_STATEMENTS, *WRITE_STATEMENTS), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ValueError(f"{keyword or 'this'!r} does not start a ClickHouse statement{hint}")
         raise ValueError(
-            f"{keyword or 'this'} statements are refused: the query is read-only "
+            f"{keyword} statements are refused: the query is read-only "
             f"({', '.join(READ_ONLY_STATEMENTS)}); pass --write to change the store"
         )
     if _INTO_OUTFILE.search(code):

@@ -54,6 +54,28 @@ def test_without_configured_pools_the_number_of_pools_is_bounded() -> None:
     assert len(agents.service.pools()) == 3
 
 
+def test_junk_model_names_never_lock_out_a_pool_that_engines_serve() -> None:
+    """Three junk names fill the unserved places and expire; a real pool whose instances report
+    later gets its place and routes (the oldest junk name that holds nothing is forgotten), and
+    even with every unserved place holding a request a served pool is never refused."""
+    agents, publisher = agents_with(
+        RoutingService("round-robin", max_pools=3, hold=HoldLimits(max_per_pool=10, timeout_s=0.0))
+    )
+    asyncio.run(agents.on_requests(raw(*(request(f"junk-{i}", f"j{i}") for i in range(3)))))
+    asyncio.run(agents.on_timer())  # the junk requests expire: their pools hold nothing now
+    asyncio.run(agents.on_heartbeats(raw(beat("real", "i-1"))))
+    asyncio.run(agents.on_requests(raw(*(request("real", f"r{i}") for i in range(20)))))
+    real = [action for rid, action, _ in answers(publisher) if rid.startswith("r")]
+    assert real == ["admit"] * 20
+    assert "real" in agents.service.pools() and len(agents.service.pools()) == 3
+
+    agents, publisher = agents_with(RoutingService("round-robin", max_pools=2))
+    asyncio.run(agents.on_requests(raw(request("junk-a", "a"), request("junk-b", "b"))))  # held
+    asyncio.run(agents.on_heartbeats(raw(beat("real", "i-1"))))
+    asyncio.run(agents.on_requests(raw(request("real", "r"), request("junk-c", "c"))))
+    assert [(rid, action) for rid, action, _ in answers(publisher)][2:] == [("r", "admit"), ("c", "reject")]
+
+
 def test_a_redelivered_request_is_not_decided_again() -> None:
     agents, publisher = agents_with(RoutingService("round-robin"))
     asyncio.run(agents.on_heartbeats(raw(beat("m", "i-1"))))

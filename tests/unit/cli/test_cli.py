@@ -397,3 +397,10 @@ def test_tail_analyses_a_policy_and_refuses_a_bound(
         assert main(args) == 2
         err = capsys.readouterr().err
         assert len(err.splitlines()) == 1 and err.startswith("tokenfleet tail: error: ") and says in err, err
+
+
+def test_a_misspelt_query_is_named_not_sent_to_write_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    err = _error_line(capsys, main(["sql", "SELEC 1"]), "sql")
+    assert "did you mean SELECT" in err and "--write" not in err
+    err = _error_line(capsys, main(["sql", "DROP TABLE completions"]), "sql")
+    assert "pass --write" in err
