@@ -35,10 +35,12 @@ class PassThrough:
 class HomeDc:
     """DC selection ``home-dc``: the request's home DC if it can serve it, else any allowed DC.
 
-    candidates = ready ∧ model == request.model ∧ DC reachable ∧ (DC ∈ allowed_regions, if any);
-    if some candidate is in ``request.home_dc``, only those. Masks are computed once per
-    snapshot version and (model, allowed regions, home DC): string compares over a large pool
-    are among the costliest steps of a decision.
+    candidates = ready ∧ model == request.model ∧ (version == request.model_version, if it names
+    one) ∧ DC reachable ∧ (DC ∈ allowed_regions, if any); if some candidate is in
+    ``request.home_dc``, only those; none: the request is held (until its version is served, or
+    its hold times out). Masks are computed once per snapshot version and (model, version,
+    allowed regions, home DC): string compares over a large pool are among the costliest steps
+    of a decision.
     """
 
     name = "home-dc"
@@ -47,19 +49,19 @@ class HomeDc:
     def __init__(self, seed: int = 0) -> None:
         del seed
         self._version = -1
-        self._choices: dict[tuple[str, tuple[str, ...], str], DcChoice] = {}
+        self._choices: dict[tuple[str, str, tuple[str, ...], str], DcChoice] = {}
 
     def select(self, request: RequestView, view: ClusterView, now_s: float) -> DcChoice:
         if view.version != self._version:
             self._version, self._choices = view.version, {}
-        key = (request.model, request.allowed_regions, request.home_dc)
+        key = (request.model, request.model_version, request.allowed_regions, request.home_dc)
         choice = self._choices.get(key)
         if choice is None:
             choice = self._choices[key] = self._choose(request, view)
         return choice
 
     def _choose(self, request: RequestView, view: ClusterView) -> DcChoice:
-        allowed: BoolArray = view.ready & (view.model == request.model) & view.reachable_rows()
+        allowed: BoolArray = view.serving_rows(request) & view.reachable_rows()
         if request.allowed_regions:
             allowed &= np.isin(view.dc, request.allowed_regions)
         if request.home_dc:
@@ -67,7 +69,8 @@ class HomeDc:
             if home.any():
                 return DcChoice(request.home_dc, home, "home data centre")
         if not allowed.any():
-            return DcChoice("", allowed, "no ready instance of the model in an allowed data centre")
+            what = f"version {request.model_version} of the model" if request.model_version else "the model"
+            return DcChoice("", allowed, f"no ready instance of {what} in an allowed data centre")
         return DcChoice("", allowed, "any allowed data centre")
 
     def observe(self, event: Observation) -> None:

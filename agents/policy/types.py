@@ -127,6 +127,14 @@ class ClusterView:
         lost = [dc for dc, up in zip(self.dcs.names, self.dcs.reachable, strict=True) if not up]
         return ~np.isin(self.dc, lost) if lost else np.ones(len(self), dtype=bool)
 
+    def serving_rows(self, request: RequestView) -> BoolArray:
+        """Ready rows of the request's model, and of its ``model_version`` if it names one: the
+        wire contract (no substitution) every DC-selection stage starts from."""
+        rows: BoolArray = self.ready & (self.model == request.model)
+        if request.model_version:
+            rows &= self.model_version == request.model_version
+        return rows
+
 
 @dataclass(frozen=True, slots=True)
 class Admission:

@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
+
 from agents.handlers import SchedulerAgents
 from agents.policy.baselines import RoundRobin
 from agents.policy.defaults import HomeDc, PassThrough
@@ -109,3 +111,19 @@ def test_a_request_that_cannot_be_scheduled_is_dead_lettered_alone() -> None:
     assert [d.request_id for d in publisher.sent[topics.DECISIONS.name]] == ["a", "b"]  # type: ignore[attr-defined]
     (dead,) = publisher.sent[topics.DLQ.name]
     assert dead.source_topic == topics.REQUESTS.name and "cannot place this one" in dead.reason  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("policy", ["tokenpilot", "local-only+tokenpilot", "global-least-load+tokenpilot"])
+def test_a_pinned_model_version_is_never_substituted(policy: str) -> None:
+    """Every DC stage honours the request's model_version: a request for version 999 is held
+    while only version 1 runs, and expires unanswered by any instance; version 1 is routed."""
+    agents, publisher = agents_with(RoutingService(policy, hold=HoldLimits(max_per_pool=10, timeout_s=0.0)))
+    asyncio.run(agents.on_heartbeats(raw(beat("m", "i-1"))))
+    asyncio.run(agents.on_requests(raw(request("m", "v999", model_version="999", home_dc="dc-1"))))
+    asyncio.run(agents.on_requests(raw(request("m", "v1", model_version="1", home_dc="dc-1"))))
+    asyncio.run(agents.on_timer())
+    assert [(rid, action) for rid, action, _ in answers(publisher)] == [
+        ("v999", "queue"), ("v1", "admit"), ("v999", "reject")
+    ]  # fmt: skip
+    routed = publisher.sent[topics.DECISIONS.name]
+    assert [d.request_id for d in routed] == ["v1"]  # type: ignore[attr-defined]

@@ -1,12 +1,14 @@
 """The DC-selection baselines FleetMind is judged against.
 
 - ``local-only``: each request stays in its home DC (today's single-cluster deployment):
-  candidates = ready ∧ model ∧ dc = home_dc (held while the home has none).
+  candidates = ready ∧ model (and the request's own version pin) ∧ dc = home_dc (held while the
+  home has none).
 - ``global-least-load``: one global pool by load: the DC with the lowest tokens in flight per
   token of KV capacity among ready instances of the model name in reachable DCs, honouring only
   the request's own ``allowed_regions`` and a health check (a heartbeat within two intervals).
-  It ignores the network, model versions and the tenants' rules, as a load balancer in front
-  of every cluster would.
+  It ignores the network, the fleet's version rules and the tenants' rules, as a load balancer
+  in front of every cluster would; a version the request itself names is honoured (the wire
+  contract: no substitution).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class LocalOnly:
         del seed
 
     def select(self, request: RequestView, view: ClusterView, now_s: float) -> DcChoice:
-        home: BoolArray = view.ready & (view.model == request.model) & (view.dc == request.home_dc)
+        home: BoolArray = view.serving_rows(request) & (view.dc == request.home_dc)
         return DcChoice(request.home_dc, home, "home data centre only")
 
     def observe(self, event: Observation) -> None:
@@ -42,10 +44,7 @@ class GlobalLeastLoad:
 
     def select(self, request: RequestView, view: ClusterView, now_s: float) -> DcChoice:
         rows: BoolArray = (
-            view.ready
-            & fresh_rows(view, now_s, self.stale_after_s)
-            & (view.model == request.model)
-            & view.reachable_rows()
+            view.serving_rows(request) & fresh_rows(view, now_s, self.stale_after_s) & view.reachable_rows()
         )
         if request.allowed_regions:
             rows &= np.isin(view.dc, request.allowed_regions)

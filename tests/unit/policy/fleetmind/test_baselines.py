@@ -67,11 +67,14 @@ def test_global_least_load_picks_the_least_loaded_dc_whatever_the_home() -> None
     assert choice.dc == "B" and list(np.flatnonzero(choice.candidates)) == [1, 2]
 
 
-def test_global_least_load_ignores_versions_and_tenant_rules() -> None:
+def test_global_least_load_ignores_tenant_rules_but_never_substitutes_a_named_version() -> None:
     view = fleet_view([inst("A", 500, version="v2"), inst("C", 10, version="v1")])
-    # The request names v2 and a tenant, and comes from A: load alone decides.
-    outcome = one(global_least_load(), request("r", "eu-only", version="v2", home="A"), view, NOW)
+    # A tenant with rules, from A, no version named: load alone decides.
+    outcome = one(global_least_load(), request("r", "eu-only", home="A"), view, NOW)
     assert (outcome.dc, outcome.instance_id) == ("C", "C-0")
+    # The request itself names v2 (the wire contract: no substitution): only A serves it.
+    outcome = one(global_least_load(), request("r", "eu-only", version="v2", home="A"), view, NOW)
+    assert (outcome.dc, outcome.instance_id) == ("A", "A-0")
 
 
 def test_global_least_load_honours_the_requests_allowed_regions() -> None:
