@@ -147,17 +147,21 @@ def gateway(
     Example:
       TOKENFLEET_KAFKA_BOOTSTRAP=localhost:9092 tokenfleet gateway --inventory inventory.yaml --port 8000
     """
+    from gateway.auth import Authenticator
     from gateway.server import Gateway, GatewayOptions, serve
     from infra.bootstrap import kafka_bootstrap
     from infra.prompts import Prompts
 
     settings = load_settings()
+    classes = frozenset(settings.slo_classes)  # callers' keys: TOKENFLEET_API_KEYS (gateway/auth.py)
+    auth = Authenticator.from_settings(settings.api_keys, settings.trust_tenant_header, classes)
     require_broker(settings, embedded=None)
     found = _inventory(inventory, settings)
     prompts = Prompts.from_dirs({**found.tokenizer_dirs(), **settings.tokenizers})
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    options = GatewayOptions(decision_timeout_s=decision_timeout, slo_classes=classes)
     with kafka_bootstrap(settings) as bootstrap:
-        gw = Gateway(bootstrap, found, prompts, GatewayOptions(decision_timeout_s=decision_timeout))
+        gw = Gateway(bootstrap, found, prompts, options, auth)
         _run_until_interrupted(serve(gw, host, port, asyncio.Event()))
 
 

@@ -2,7 +2,8 @@
 
 ``parse_body`` validates a ``/v1/chat/completions`` or ``/v1/completions`` body into an
 ``InferenceRequest`` (prompt, ``max_tokens`` as the output budget, sampling by their OpenAI
-names) or raises ``ApiError`` (HTTP 400 with OpenAI's error shape). ``assembled`` builds the
+names) or raises ``ApiError`` (HTTP 400 with OpenAI's error shape, ``param`` naming the field
+as the client sent it: never an internal name). ``assembled`` builds the
 non-streamed answer from what the engine streamed (the gateway always streams from the engine,
 so it sees the first token). ``rejection`` maps an admission reject onto HTTP: ``over_quota`` is
 429, every other reason 503, with ``Retry-After`` when the scheduler gave a hint.
@@ -18,7 +19,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from infra.vllm.openai_http import Generation
-from schemas.events import AdmissionDecision, ChatMessage, InferenceRequest, Sampling
+from schemas.events import MAX_TOKENS, AdmissionDecision, ChatMessage, InferenceRequest, Sampling
 
 Kind = Literal["chat", "completion"]
 DEFAULT_MAX_TOKENS = {"chat": 256, "completion": 16}
@@ -34,9 +35,11 @@ class ApiError(Exception):
     type: str = "invalid_request_error"
     code: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    param: str | None = None
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": None}}
+        """OpenAI's error JSON."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 @dataclass(frozen=True)
@@ -47,33 +50,53 @@ class ClientCall:
     stream: bool
     include_usage: bool
     client_model: str
+    user: str = ""  # the body's ``user``: an end-user id for the logs, never the tenant
 
 
 def parse_body(
     kind: Kind, body: Any, request_id: str, tenant: str, slo_class: str | None, known_models: set[str]
 ) -> tuple[InferenceRequest, ClientCall]:
     if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object")
+        raise ApiError(400, "the body must be a JSON object", code="invalid_body")
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise ApiError(400, "'model' is required", code="missing_model")
+        raise ApiError(400, "'model' is required", code="missing_model", param="model")
     if model not in known_models:
-        raise ApiError(404, f"the model {model!r} does not exist here", code="model_not_found")
+        raise ApiError(
+            404, f"the model {model[:256]!r} does not exist here", code="model_not_found", param="model"
+        )
     for name in _UNSUPPORTED:
         if body.get(name) not in (None, False, 1):
-            raise ApiError(400, f"'{name}' is not supported by this gateway", code="unsupported_parameter")
+            raise ApiError(
+                400, f"'{name}' is not supported by this gateway", code="unsupported_parameter", param=name
+            )
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
-        raise ApiError(400, "'stream' must be true or false")
+        raise ApiError(400, "'stream' must be true or false", param="stream")
     options = body.get("stream_options") or {}
     include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) or DEFAULT_MAX_TOKENS[kind]
+    budget_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = body.get(budget_name)
+    if max_tokens is None:
+        max_tokens = DEFAULT_MAX_TOKENS[kind]
+    elif not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= MAX_TOKENS:
+        raise ApiError(400, f"'{budget_name}' must be an integer from 1 to {MAX_TOKENS}", param=budget_name)
     stop = body.get("stop")
+    if (
+        stop is not None
+        and not isinstance(stop, str)
+        and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+    ):
+        raise ApiError(400, "'stop' must be a string or a list of strings", param="stop")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise ApiError(400, "'user' must be a string", param="user")
     prompt: dict[str, Any] = {}
+    prompt_name = "messages" if kind == "chat" else "prompt"
     if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise ApiError(400, "'messages' must be a non-empty list")
+            raise ApiError(400, "'messages' must be a non-empty list", param="messages")
         prompt["messages"] = tuple(_message(m, i) for i, m in enumerate(messages))
     else:
         text = body.get("prompt")
@@ -88,7 +111,9 @@ def parse_body(
         ):
             prompt["prompt_token_ids"] = tuple(text)
         else:
-            raise ApiError(400, "'prompt' must be one non-empty string or a list of token ids")
+            raise ApiError(
+                400, "'prompt' must be one non-empty string or a list of token ids", param="prompt"
+            )
     try:
         sampling = Sampling(
             temperature=body.get("temperature"),
@@ -97,6 +122,9 @@ def parse_body(
             seed=body.get("seed"),
             ignore_eos=bool(body.get("ignore_eos", False)),
         )
+    except ValidationError as exc:
+        raise _invalid(exc, {}, "body") from None
+    try:
         request = InferenceRequest(
             request_id=request_id,
             tenant=tenant,
@@ -109,29 +137,41 @@ def parse_body(
             **prompt,
         )
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
-        raise ApiError(400, f"invalid request: {where}: {first.get('msg')}") from None
-    return request, ClientCall(kind, stream, include_usage, model)
+        raise _invalid(
+            exc, {"output_budget": budget_name, "prompt_token_ids": "prompt"}, prompt_name
+        ) from None
+    return request, ClientCall(kind, stream, include_usage, model, user or "")
+
+
+def _invalid(exc: ValidationError, public: dict[str, str], whole: str) -> ApiError:
+    """A 400 for pydantic's first complaint, named by the client's field (``public`` maps the
+    internal names; a complaint about the whole request is about ``whole``, the prompt)."""
+    first = exc.errors()[0]
+    location = [str(p) for p in first.get("loc", ())]
+    param = public.get(location[0], location[0]) if location else whole
+    message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+    for internal, name in public.items():
+        message = message.replace(internal, name)
+    return ApiError(400, f"invalid '{param}': {message}", param=param)
 
 
 def _message(raw: Any, index: int) -> ChatMessage:
     if not isinstance(raw, dict):
-        raise ApiError(400, f"messages[{index}] must be an object")
+        raise ApiError(400, f"messages[{index}] must be an object", param="messages")
     content = raw.get("content")
     if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
         parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
         if len(parts) != len(content):
-            raise ApiError(400, f"messages[{index}]: only text content is supported")
+            raise ApiError(400, f"messages[{index}]: only text content is supported", param="messages")
         content = "".join(str(p) for p in parts)
     try:
         return ChatMessage.model_validate({"role": raw.get("role"), "content": content or ""})
     except ValidationError as exc:
-        raise ApiError(400, f"messages[{index}]: {exc.errors()[0].get('msg')}") from None
+        raise ApiError(400, f"messages[{index}]: {exc.errors()[0].get('msg')}", param="messages") from None
 
 
-def assembled(call: ClientCall, request_id: str, generation: Generation) -> dict[str, Any]:
-    """The non-streamed OpenAI answer for what the engine streamed."""
+def assembled(call: ClientCall, response_id: str, generation: Generation) -> dict[str, Any]:
+    """The non-streamed OpenAI answer for what the engine streamed (``response_id``: its ``id``)."""
     usage = {
         "prompt_tokens": generation.prompt_tokens,
         "completion_tokens": generation.completion_tokens,
@@ -147,7 +187,7 @@ def assembled(call: ClientCall, request_id: str, generation: Generation) -> dict
         choice["text"] = generation.text
         obj = "text_completion"
     return {
-        "id": request_id,
+        "id": response_id,
         "object": obj,
         "created": int(time.time()),
         "model": call.client_model,

@@ -1,39 +1,61 @@
 """``tokenfleet gateway``: an OpenAI-compatible front door that schedules real engines.
 
-For each ``/v1/chat/completions`` or ``/v1/completions`` call: parse (``openai_api``), count and
-hash the prompt with the model's tokenizer (``infra/prompts.py``), publish the request to
+For each ``/v1/chat/completions`` or ``/v1/completions`` call: find the caller (``auth``: its
+tenant comes from its API key, never from what it sets), parse (``openai_api``), count and hash
+the prompt with the model's tokenizer (``infra/prompts.py``), publish the request to
 ``tf.requests`` (``reply="http"``: this gateway executes it; the prompt itself stays here, the
 bus carries its counts and block hashes), wait for the scheduler's answer (``decisions``),
 proxy the call to the chosen engine (always streamed from the engine, so the first token is
 seen), stream or return the answer, and publish what happened: a ``ResponseStarted`` at the
 first token and a ``Completion`` with TTFT / TPOT / E2E as measured here, from the moment the
-call arrived. A client that disconnects aborts the generation at the engine (the connection to
-it is closed) and is recorded ``aborted``. An engine that fails before anything reached the
-client (it died, refused the call) costs an ``error`` attempt and the call is scheduled again as
-the next attempt, up to ``attempts`` (``retry_backoff_s`` times n apart); then 502. Admission
-rejects are HTTP 429 (``over_quota``) or 503, with ``Retry-After``; no answer within
-``decision_timeout_s`` is 503.
+call arrived. An engine that fails before anything reached the client (it died, refused the
+call) costs an ``error`` attempt and the call is scheduled again as the next attempt, up to
+``attempts`` (``retry_backoff_s`` times n apart); then 502. Admission rejects are HTTP 429
+(``over_quota``) or 503, with ``Retry-After``; no answer within ``decision_timeout_s`` is 503.
 
-``/v1/models`` lists the inventory's models, ``/health`` says whether the broker link works,
-``/metrics`` is Prometheus.
+Every error is OpenAI's error JSON (``{"error": {"message", "type", "param", "code"}}``), named
+by the client's fields; what only an operator should see (engine URLs, broker errors) goes to
+the log. The SLO class comes from ``X-TokenFleet-SLO-Class``: an unknown class is 400, one the
+caller's key does not allow 403. With API keys, a call that declares no class gets one its key
+allows (the class the scheduler would give it if allowed, else the key's first).
+
+Each call has a request id (``request_ids``: the client's ``x-request-id`` when it can be one):
+the id on the bus, in the log, in the ``x-request-id`` response header and in the answer's
+``id`` (``chatcmpl-<id>``). Each call ends with one line on the ``gateway.access`` logger and
+one count in ``gateway_requests_total`` by how it ended: ``ok``, ``error`` (the engine failed
+mid-answer), ``client_closed`` (the client hung up: while waiting for the decision, during the
+answer or as it ended; its engine connection is closed, which makes vLLM abort, and the attempt
+is recorded ``aborted`` on the bus, also when the decision comes after the client left) or the
+error's code (``invalid_api_key``, ``over_quota``, ...) or HTTP status. A hang-up is not an
+error of the gateway: it leaves no traceback.
+
+``/v1/models`` lists the inventory's models (to callers with a key, when keys are on),
+``/health`` says whether the broker link works, ``/metrics`` is Prometheus.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-import os
+import re
 import time
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
 from aiokafka import AIOKafkaProducer
 
-from gateway.decisions import DecisionWaiter
+from agents.policy.common.slo import DEFAULT_SLO_CLASSES, classify
+from gateway.auth import Authenticator, Caller
+from gateway.decisions import Answer, DecisionWaiter, Key
 from gateway.openai_api import ApiError, ClientCall, Kind, assembled, parse_body, rejection
+from gateway.request_ids import HEADER as REQUEST_ID_HEADER
+from gateway.request_ids import RequestId, RequestIds
 from infra import metrics
 from infra.kafka.clients import send_event, start_client
 from infra.prompts import PromptError, Prompts
@@ -45,10 +67,17 @@ from schemas.events import Event, InferenceRequest, RoutingDecision
 from schemas.topics import COMPLETIONS, FIRST_TOKENS, REQUESTS, TopicSpec
 
 log = logging.getLogger(__name__)
+access = logging.getLogger("gateway.access")
+
+CLIENT_CLOSED = "client_closed"
 
 
 class _NothingSent(RuntimeError):
     """The engine failed before any byte of the answer reached the client."""
+
+
+class _ClientGone(Exception):
+    """The client hung up: reading its body or writing to it failed."""
 
 
 @dataclass(frozen=True)
@@ -59,28 +88,49 @@ class GatewayOptions:
     engine_timeout_s: float = 600.0
     tenant_header: str = "X-TokenFleet-Tenant"
     slo_class_header: str = "X-TokenFleet-SLO-Class"
+    slo_classes: frozenset[str] = frozenset(DEFAULT_SLO_CLASSES)  # the classes a call may name
+    max_body_bytes: int = 4 * 1024 * 1024
+
+
+@dataclass
+class _Call:
+    """One HTTP call: its id, who made it, how it ended (``status``: the metrics label)."""
+
+    rid: RequestId
+    path: str
+    arrived: float = field(default_factory=time.monotonic)
+    tenant: str = "-"
+    key_name: str = ""
+    user: str = ""
+    status: str = "ok"
+    http_status: int = 200
 
 
 class Gateway:
     def __init__(
-        self, bootstrap: str, inventory: Inventory, prompts: Prompts, options: GatewayOptions | None = None
+        self,
+        bootstrap: str,
+        inventory: Inventory,
+        prompts: Prompts,
+        options: GatewayOptions | None = None,
+        auth: Authenticator | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.inventory = inventory
         self.prompts = prompts
         self.options = options or GatewayOptions()
+        self.auth = auth or Authenticator.open()
         self.models = {i.model for i in inventory.instances}
         self.waiter = DecisionWaiter(bootstrap)
+        self.ids = RequestIds()
         self._producer: AIOKafkaProducer | None = None
         self._session: aiohttp.ClientSession | None = None
         self._background: set[asyncio.Task[Any]] = set()
-        self._ids = 0
-        self._prefix = f"gw-{os.getpid()}-{int(time.time() * 1000) % 10**9}"
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=4 * 1024 * 1024)
+        app = web.Application(client_max_size=self.options.max_body_bytes, middlewares=[_errors_as_json])
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completion)
         app.router.add_get("/v1/models", self._models)
@@ -91,6 +141,14 @@ class Gateway:
         return app
 
     async def _on_startup(self, _app: web.Application) -> None:
+        if self.auth.mode == "open":
+            log.warning(
+                "gateway: %s; %s and the body's 'user' do not choose the tenant",
+                self.auth.describe(),
+                self.options.tenant_header,
+            )
+        else:
+            log.info("gateway: callers are known by %s", self.auth.describe())
         await self.start()
 
     async def _on_cleanup(self, _app: web.Application) -> None:
@@ -104,9 +162,9 @@ class Gateway:
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
 
     async def close(self) -> None:
+        await self.waiter.close()  # first: decisions still awaited for clients that left end now
         if self._background:
             await asyncio.wait(self._background, timeout=5.0)
-        await self.waiter.close()
         if self._producer is not None:
             await self._producer.stop()
         if self._session is not None:
@@ -114,7 +172,11 @@ class Gateway:
 
     # -- handlers -----------------------------------------------------------------------------
 
-    async def _models(self, _request: web.Request) -> web.Response:
+    async def _models(self, http: web.Request) -> web.Response:
+        try:
+            self.auth.caller(http.headers)
+        except ApiError as err:
+            return web.json_response(err.body(), status=err.status, headers=err.headers)
         data = [
             {"id": m, "object": "model", "created": 0, "owned_by": "tokenfleet"} for m in sorted(self.models)
         ]
@@ -134,40 +196,105 @@ class Gateway:
         return await self._call("completion", http)
 
     async def _call(self, kind: Kind, http: web.Request) -> web.StreamResponse:
+        call = _Call(self.ids.assign(http.headers.get(REQUEST_ID_HEADER)), http.path)
+        response: web.StreamResponse = web.Response(status=499)  # what a client that left "gets"
         try:
-            return await self._serve(kind, http)
-        except ApiError as err:
-            metrics.gateway_requests_total.labels(status=err.code or str(err.status)).inc()
-            return web.json_response(err.body(), status=err.status, headers=err.headers)
+            try:
+                response = await self._serve(kind, http, call)
+            except ApiError as err:
+                call.status, call.http_status = err.code or str(err.status), err.status
+                response = await self._send_json(http, call, err.body(), err.status, err.headers)
+            except _ClientGone:
+                call.status = CLIENT_CLOSED
+        except asyncio.CancelledError:  # the client hung up (aiohttp cancels its handler)
+            call.status = CLIENT_CLOSED
+            raise
+        except Exception:
+            log.exception("request %s failed", call.rid.id)
+            call.status, call.http_status = "500", 500
+            error = ApiError(500, "the gateway failed on this call", type="server_error")
+            response = await self._send_json(http, call, error.body(), 500)
+        finally:
+            self._finish(call)
+        return response
 
-    async def _serve(self, kind: Kind, http: web.Request) -> web.StreamResponse:
-        try:
-            body = await http.json()
-        except ValueError:
-            raise ApiError(400, "the body is not valid JSON") from None
-        self._ids += 1
-        request_id = f"{self._prefix}-{self._ids}"
-        tenant = http.headers.get(self.options.tenant_header) or str(body.get("user") or "default")
-        slo_class = http.headers.get(self.options.slo_class_header) or None
-        request, call = parse_body(kind, body, request_id, tenant[:256], slo_class, self.models)
+    async def _serve(self, kind: Kind, http: web.Request, call: _Call) -> web.StreamResponse:
+        caller = self.auth.caller(http.headers)
+        call.tenant, call.key_name = caller.tenant, caller.key_name
+        declared = self._declared_class(http, caller)
+        body = await self._read_json(http)
+        request, client = parse_body(kind, body, call.rid.id, caller.tenant, declared, self.models)
+        call.user = client.user[:256]
         try:
             request = self.prompts.complete(request)
         except PromptError as exc:
-            raise ApiError(400, str(exc)) from None
+            raise self._prompt_error(request, client, exc) from None
+        if caller.slo_classes is not None and declared is None:
+            request = request.model_copy(update={"slo_class": _class_for(request, caller.slo_classes)})
         for attempt in range(1, self.options.attempts + 1):
             if attempt > 1:
                 request = request.model_copy(update={"attempt": attempt})
             decision = await self._decide(request)
             try:
-                return await self._proxy(http, request, call, decision)
+                return await self._proxy(http, call, request, client, decision)
             except _NothingSent as failed:
                 # The engine failed before anything reached the client: ask the scheduler again
                 # (a new attempt; by then the failed engine may be out of the candidates).
                 if attempt == self.options.attempts:
-                    raise ApiError(502, str(failed), type="engine_error") from None
+                    log.warning("request %s attempt %d: %s; giving up", request.request_id, attempt, failed)
+                    raise ApiError(
+                        502, f"the engines failed {attempt} times before answering", type="engine_error"
+                    ) from None
                 log.info("request %s attempt %d: %s; trying again", request.request_id, attempt, failed)
                 await asyncio.sleep(self.options.retry_backoff_s * attempt)
         raise AssertionError("unreachable")
+
+    def _declared_class(self, http: web.Request, caller: Caller) -> str | None:
+        header = self.options.slo_class_header
+        declared = http.headers.get(header) or None
+        if declared is None:
+            return None
+        if declared not in self.options.slo_classes:
+            raise ApiError(
+                400,
+                f"unknown SLO class {declared[:64]!r} in {header}; known: "
+                + ", ".join(sorted(self.options.slo_classes)),
+                code="invalid_slo_class",
+                param=header,
+            )
+        if not caller.may_use(declared):
+            raise ApiError(
+                403,
+                f"tenant {caller.tenant!r} may not use the SLO class {declared!r}; its key allows "
+                + ", ".join(caller.slo_classes or ()),
+                type="permission_denied",
+                code="slo_class_not_allowed",
+                param=header,
+            )
+        return declared
+
+    async def _read_json(self, http: web.Request) -> Any:
+        try:
+            raw = await http.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise ApiError(
+                413,
+                f"the body is larger than {self.options.max_body_bytes} bytes",
+                code="request_too_large",
+            ) from None
+        except ConnectionError:
+            raise _ClientGone from None
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError):
+            raise ApiError(400, "the body is not valid JSON", code="invalid_json") from None
+
+    def _prompt_error(self, request: InferenceRequest, client: ClientCall, exc: PromptError) -> ApiError:
+        param = "messages" if client.kind == "chat" else "prompt"
+        if str(exc).startswith("the prompt"):  # the client's prompt: empty or too long once tokenized
+            return ApiError(400, f"invalid '{param}': {exc}", param=param)
+        log.error("request %s: cannot count the prompt: %s", request.request_id, exc)
+        return ApiError(500, f"the gateway cannot tokenize prompts of {request.model!r}", type="server_error")
 
     # -- scheduling ---------------------------------------------------------------------------
 
@@ -178,37 +305,57 @@ class Gateway:
         on_bus = request.model_copy(update={"prompt": None, "messages": None, "prompt_token_ids": None})
         try:
             await self._publish(REQUESTS, on_bus, wait=True)
+        except asyncio.CancelledError:
+            self._spawn(self._settle_late(key, answer_future, "aborted"))
+            raise
         except Exception as exc:
             self.waiter.forget(key)
-            raise ApiError(
-                503, f"the scheduler's broker is unavailable: {exc}", type="service_unavailable"
-            ) from None
+            log.warning("request %s: publishing it failed: %s", request.request_id, exc)
+            raise ApiError(503, "the scheduler is unavailable", type="service_unavailable") from None
         try:
-            answer = await asyncio.wait_for(answer_future, self.options.decision_timeout_s)
+            answer = await asyncio.wait_for(asyncio.shield(answer_future), self.options.decision_timeout_s)
         except TimeoutError:
-            self.waiter.forget(key)
+            self._spawn(self._settle_late(key, answer_future, "timeout"))
             raise ApiError(
                 503,
                 f"no scheduling decision within {self.options.decision_timeout_s:g} s",
                 type="service_unavailable",
                 code="no_decision",
             ) from None
+        except asyncio.CancelledError:
+            self._spawn(self._settle_late(key, answer_future, "aborted"))
+            raise
         metrics.gateway_decision_seconds.observe(time.time() - request.ts)
         if not isinstance(answer, RoutingDecision):
             raise rejection(answer)
         return answer
 
+    async def _settle_late(self, key: Key, answer: asyncio.Future[Answer], status: Status) -> None:
+        """The decision for a call nobody waits for any more (the client left, or the wait timed
+        out): if it places the request, record the attempt as ended (``status``), so the
+        scheduler does not count it running for ever."""
+        await asyncio.wait({answer}, timeout=self.options.decision_timeout_s)
+        if not answer.done():
+            answer.cancel()
+            self.waiter.forget(key)
+            return
+        decision = None if answer.cancelled() else answer.result()
+        if isinstance(decision, RoutingDecision):
+            log.info("request %s attempt %d: placed after its caller left", *key)
+            await self._publish(COMPLETIONS, outcome.completion(decision, Generation(), status, time.time()))
+
     async def _proxy(
-        self, http: web.Request, request: InferenceRequest, call: ClientCall, decision: RoutingDecision
+        self,
+        http: web.Request,
+        call: _Call,
+        request: InferenceRequest,
+        client: ClientCall,
+        decision: RoutingDecision,
     ) -> web.StreamResponse:
-        entry = self.inventory.instance(decision.instance_id)
-        if entry is None:
-            raise ApiError(
-                502, f"the scheduler chose {decision.instance_id!r}, not in this gateway's inventory"
-            )
-        path, body = engine_call(request, entry.served_model_name or entry.model)
+        ended: Status = "error"  # the attempt, as the bus records it
         generation = Generation()
         stream: web.StreamResponse | None = None
+        response_id = call.rid.response_id(client.kind)
         started = False
 
         async def on_event(event: dict[str, Any], raw: bytes) -> None:
@@ -216,59 +363,134 @@ class Gateway:
             if event.get("choices") and not started:
                 started = True
                 self._spawn(self._publish(FIRST_TOKENS, outcome.first_token(decision, time.time())))
-            if not call.stream:
+            if not client.stream:
                 return
-            if not event.get("choices") and not call.include_usage:
+            if not event.get("choices") and not client.include_usage:
                 return
+            event["id"] = response_id
+            event["model"] = client.client_model
             if stream is None:
-                stream = await self._open_stream(http)
-            event["model"] = call.client_model
-            await stream.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                stream = await self._open_stream(http, call)
+            await _send(stream, b"data: " + json.dumps(event).encode() + b"\n\n")
 
-        status: Status = "error"
         try:
-            assert self._session is not None
-            await stream_generation(
-                self._session, entry.url, path, body, on_event, self.options.engine_timeout_s, into=generation
-            )
-            status = "ok"
-        except asyncio.CancelledError:
-            status = "aborted"  # the client hung up: leaving closes the engine connection
+            entry = self.inventory.instance(decision.instance_id)
+            if entry is None:
+                log.error(
+                    "request %s: the scheduler chose %r, not in this gateway's inventory",
+                    request.request_id,
+                    decision.instance_id,
+                )
+                raise ApiError(
+                    502, "the scheduler chose an engine this gateway cannot reach", type="engine_error"
+                )
+            path, body = engine_call(request, entry.served_model_name or entry.model)
+            try:
+                assert self._session is not None
+                await stream_generation(
+                    self._session,
+                    entry.url,
+                    path,
+                    body,
+                    on_event,
+                    self.options.engine_timeout_s,
+                    into=generation,
+                )
+            except (EngineHttpError, aiohttp.ClientError, TimeoutError, OSError) as exc:
+                log.warning(
+                    "request %s attempt %d on %s: %s",
+                    request.request_id,
+                    request.attempt,
+                    entry.instance_id,
+                    exc,
+                )
+                if stream is None:
+                    if isinstance(exc, EngineHttpError) and 400 <= exc.status < 500:
+                        # The engine refused the call itself (e.g. a prompt beyond its context): so
+                        # would any other; the client gets the engine's reason, not a retry.
+                        raise ApiError(
+                            exc.status, f"the engine refused the request: {_engine_reason(exc, entry.url)}"
+                        ) from None
+                    raise _NothingSent(f"the engine {entry.instance_id} failed: {exc}") from None
+                call.status = "error"
+                error = ApiError(502, "the engine failed during the answer", type="engine_error")
+                with contextlib.suppress(_ClientGone):
+                    await _send(stream, b"data: " + json.dumps(error.body()).encode() + b"\n\n")
+                    await _send(stream, None)
+                return stream
+            if client.stream:
+                if stream is None:
+                    stream = await self._open_stream(http, call)
+                await _send(stream, b"data: [DONE]\n\n")
+                await _send(stream, None)
+                response = stream
+            else:
+                response = await self._send_json(http, call, assembled(client, response_id, generation))
+            ended = "aborted" if call.status == CLIENT_CLOSED else "ok"
+            return response
+        except _ClientGone:  # a write to the client failed: it left
+            ended, call.status = "aborted", CLIENT_CLOSED
+            return web.Response(status=499) if stream is None else stream
+        except asyncio.CancelledError:  # the client left: leaving closes the engine connection
+            ended, call.status = "aborted", CLIENT_CLOSED
             raise
-        except (EngineHttpError, aiohttp.ClientError, TimeoutError, OSError) as exc:
-            if (
-                isinstance(exc, ConnectionResetError | aiohttp.ClientConnectionResetError)
-                and stream is not None
-            ):
-                status = "aborted"  # writing to a client that left
-                raise asyncio.CancelledError from exc
-            if stream is None:
-                if isinstance(exc, EngineHttpError) and 400 <= exc.status < 500:
-                    # The engine refused the call itself (e.g. a prompt beyond its context): so
-                    # would any other; the client gets the engine's answer, not a retry.
-                    raise ApiError(exc.status, f"the engine refused the request: {exc}") from None
-                raise _NothingSent(f"the engine {entry.instance_id} failed: {exc}") from None
-            await stream.write(b"data: " + json.dumps({"error": {"message": str(exc)}}).encode() + b"\n\n")
-            return stream
         finally:
-            metrics.gateway_requests_total.labels(status=status).inc()
             self._spawn(
-                self._publish(COMPLETIONS, outcome.completion(decision, generation, status, time.time()))
+                self._publish(COMPLETIONS, outcome.completion(decision, generation, ended, time.time()))
             )
-        if not call.stream:
-            return web.json_response(assembled(call, request.request_id, generation))
-        if stream is None:
-            stream = await self._open_stream(http)
-        await stream.write(b"data: [DONE]\n\n")
-        await stream.write_eof()
+
+    async def _open_stream(self, http: web.Request, call: _Call) -> web.StreamResponse:
+        stream = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                REQUEST_ID_HEADER: call.rid.id,
+            }
+        )
+        try:
+            await stream.prepare(http)
+        except ConnectionError:
+            raise _ClientGone from None
         return stream
 
-    async def _open_stream(self, http: web.Request) -> web.StreamResponse:
-        stream = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    async def _send_json(
+        self,
+        http: web.Request,
+        call: _Call,
+        body: dict[str, Any],
+        status: int = 200,
+        headers: dict[str, str] | None = None,
+    ) -> web.StreamResponse:
+        """Send a JSON answer now (not when the handler returns), so a client that has left is
+        seen here: recorded ``client_closed``, not ``ok``."""
+        response = web.json_response(
+            body, status=status, headers={**(headers or {}), REQUEST_ID_HEADER: call.rid.id}
         )
-        await stream.prepare(http)
-        return stream
+        try:
+            await response.prepare(http)
+            await response.write_eof()
+        except ConnectionError:
+            call.status = CLIENT_CLOSED
+        return response
+
+    def _finish(self, call: _Call) -> None:
+        metrics.gateway_requests_total.labels(status=call.status).inc()
+        rid = call.rid
+        note = ""
+        if rid.client_id is not None and rid.client_id != rid.id:
+            note = f" (client x-request-id {rid.client_id[:160]!r} not used: {rid.why_not})"
+        access.info(
+            "%s %s tenant=%s%s user=%r -> %d %s %.3fs%s",
+            rid.id,
+            call.path,
+            call.tenant,
+            f" key={call.key_name}" if call.key_name else "",
+            call.user,
+            499 if call.status == CLIENT_CLOSED else call.http_status,  # nginx's "client closed"
+            call.status,
+            time.monotonic() - call.arrived,
+            note,
+        )
 
     # -- publishing ---------------------------------------------------------------------------
 
@@ -298,3 +520,66 @@ async def serve(gateway: Gateway, host: str, port: int, stop: asyncio.Event) -> 
         await stop.wait()
     finally:
         await runner.cleanup()
+
+
+async def _send(stream: web.StreamResponse, data: bytes | None) -> None:
+    """Write ``data`` to the client (None: end the answer); ``_ClientGone`` if it has left."""
+    try:
+        if data is None:
+            await stream.write_eof()
+        else:
+            await stream.write(data)
+    except ConnectionError:
+        raise _ClientGone from None
+
+
+def _class_for(request: InferenceRequest, allowed: tuple[str, ...]) -> str:
+    """The class of a call that declared none, for a caller limited to ``allowed``: the one the
+    scheduler would give it, if allowed, else the first allowed."""
+    natural = classify(request.input_tokens, None)
+    return natural if natural in allowed else allowed[0]
+
+
+def _engine_reason(exc: EngineHttpError, url: str) -> str:
+    """Why an engine refused a call, for the client: the message of its error JSON, without its
+    address."""
+    text = str(exc)
+    detail = text.split(": ", 1)[1] if text.startswith(url) and ": " in text else ""
+    reason = ""
+    try:
+        parsed = json.loads(detail)
+    except ValueError:  # cut short (the first 300 characters): take the message's start
+        found = re.search(r'"message"\s*:\s*"((?:[^"\\]|\\.)*)', detail)
+        reason = found.group(1).replace('\\"', '"') if found else ""
+    else:
+        if isinstance(parsed, dict):
+            inner = parsed.get("error")
+            reason = str(
+                parsed.get("message") or (inner.get("message") if isinstance(inner, dict) else "") or ""
+            )
+    reason = reason or f"HTTP {exc.status}"
+    where = urlsplit(url)
+    for secret in (url, where.netloc, where.hostname or ""):
+        if secret:
+            reason = reason.replace(secret, "<engine>")
+    return reason[:500]
+
+
+@web.middleware
+async def _errors_as_json(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """aiohttp's own errors (unknown path, wrong method) as OpenAI's error JSON, not text."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        error = ApiError(
+            exc.status,
+            f"{exc.reason}: {request.method} {request.path[:200]}",
+            type="invalid_request_error" if exc.status < 500 else "server_error",
+            code=re.sub(r"\W+", "_", exc.reason.lower()).strip("_") or None,
+        )
+        kept = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
+        return web.json_response(error.body(), status=exc.status, headers=kept)

@@ -169,6 +169,17 @@ class Settings(BaseSettings):
     scrape_interval_s: float = Field(
         default=0.5, gt=0, description="how often each engine's /metrics is read"
     )
+    api_keys: Path | None = Field(
+        default=None,
+        description="the gateway's API key file (YAML: keys: [{sha256, tenant, slo_classes, name}], "
+        "gateway/auth.py): each caller's tenant and SLO classes come from its key; empty = no "
+        "authentication, every call is tenant 'default'",
+    )
+    trust_tenant_header: bool = Field(
+        default=False,
+        description="the gateway sits behind a proxy that authenticates callers: take the tenant "
+        "from its X-TokenFleet-Tenant header (not with api_keys)",
+    )
     worker_run_token: str = Field(
         default="",
         description="names one run of a worker supervisor in its ready marker (set by whoever starts "

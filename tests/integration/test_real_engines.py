@@ -105,12 +105,15 @@ def decisions_for(stack: EngineStack, runner: LoopThread, prefix: str, count: in
 
 
 def test_chat_and_completions_through_the_gateway_streamed_and_not(client: OpenAI) -> None:
+    request_id = unique("chat")
     chat = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Say something."}],
         max_tokens=8,
         extra_body={"ignore_eos": True},
+        extra_headers={"x-request-id": request_id},
     )
+    assert chat.id == f"chatcmpl-{request_id}" and chat._request_id == request_id
     assert chat.choices[0].message.role == "assistant" and chat.usage is not None
     assert chat.usage.completion_tokens == 8 and chat.usage.prompt_tokens > 0
     completion = client.completions.create(
@@ -184,13 +187,13 @@ def test_requests_sharing_a_long_prefix_land_where_it_is_cached(
             ],
             max_tokens=4,
             extra_body={"ignore_eos": True},
-            extra_headers={"X-TokenFleet-Tenant": tag},
+            extra_headers={"x-request-id": f"{tag}-{i}"},
         )
         # A user's next turn comes after the answer: by then the router has heard, through the
         # bus, of the first token and the end (~0.1 s). Without the pause, the next request can
         # race the first-token event and see the previous prefill still queued there.
         time.sleep(0.5)
-    decided = [d for d in decisions_for(engine_stack, runner, tag, 6) if d.tenant == tag]
+    decided = [d for d in decisions_for(engine_stack, runner, tag, 6) if d.request_id.startswith(tag)]
     assert len(decided) == 6
     home = decided[0].instance_id
     assert [d.instance_id for d in decided] == [home] * 6, [
@@ -218,7 +221,7 @@ def test_requests_sharing_a_long_prefix_land_where_it_is_cached(
             await asyncio.sleep(3)
             return [decode(Completion, v) for v in collector.values if tag.encode() in v]
 
-    cached = sorted(c.cached_tokens for c in runner.run(completions()) if c.tenant == tag)
+    cached = sorted(c.cached_tokens for c in runner.run(completions()) if c.request_id.startswith(tag))
     assert len(cached) == 6 and cached[0] < 512 and cached[1] >= 512 * blocks, cached  # as vLLM reported
 
 
@@ -233,11 +236,11 @@ def test_a_client_disconnect_aborts_the_generation_at_the_engine(
         max_tokens=3000,
         stream=True,
         extra_body={"ignore_eos": True},
-        extra_headers={"X-TokenFleet-Tenant": tag},
+        extra_headers={"x-request-id": tag},  # the call's id on the bus
     )
     for _ in zip(range(5), stream, strict=False):
         pass
-    (decision,) = [d for d in decisions_for(engine_stack, runner, tag, 1) if d.tenant == tag]
+    (decision,) = [d for d in decisions_for(engine_stack, runner, tag, 1) if d.request_id == tag]
     url = engine_stack.inventory.instance(decision.instance_id).url  # type: ignore[union-attr]
     assert scrape(url).running >= 1
     stream.close()  # the client hangs up
@@ -327,7 +330,7 @@ def test_a_killed_instance_gets_no_new_request_and_none_is_lost(
                     prompt=f"{tag} user {index} turn {turn}",
                     max_tokens=24,
                     extra_body={"ignore_eos": True},
-                    extra_headers={"X-TokenFleet-Tenant": tag},
+                    extra_headers={"x-request-id": f"{tag}-u{index}-t{turn}"},
                 )
                 answers.append(answer.usage.completion_tokens if answer.usage else 0)
             except Exception as exc:  # counted: the assertion below shows them
@@ -350,7 +353,9 @@ def test_a_killed_instance_gets_no_new_request_and_none_is_lost(
         vllm_pair.restart(victim)  # the pair is shared by the session
     assert seen_after <= 2 * engine_stack.options.scrape_s + 0.3, seen_after
     assert failures == [] and answers and set(answers) == {24}, (failures[:3], set(answers))
-    decided = [d for d in decisions_for(engine_stack, runner, tag, len(answers)) if d.tenant == tag]
+    decided = [
+        d for d in decisions_for(engine_stack, runner, tag, len(answers)) if d.request_id.startswith(tag)
+    ]
     assert len({(d.request_id, d.attempt) for d in decided}) == len(decided) >= len(answers)
     # The router hears of the kill through heartbeats: two scrapes, one beat, one batch window.
     blind_s = 2 * engine_stack.options.scrape_s + 2 * engine_stack.options.heartbeat_s + 0.2
