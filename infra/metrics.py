@@ -146,7 +146,7 @@ feedback_dropped_rows_total = Counter(
 
 gateway_requests_total = Counter(
     "gateway_requests",
-    "Gateway calls by outcome (ok, aborted, error, or the HTTP error code).",
+    "Gateway calls by outcome (ok, client_closed, error, or the HTTP error code).",
     ["status"],
     namespace=NAMESPACE,
     registry=REGISTRY,
