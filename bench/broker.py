@@ -25,7 +25,8 @@ from collections.abc import Sequence
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from infra.kafka.broker import embedded_broker, ensure_topics
+from infra.kafka.broker import ensure_topics
+from lab.stack import broker
 from sim.evaluation.metrics import percentile
 
 PARTITIONS = 4
@@ -84,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     waits = [int(w) for w in args.waits.split(",")]
     print(f"embedded broker, {args.rate:,.0f} records/s for {args.seconds:.0f} s, nothing else running")
     print(f"{'fetch_max_wait_ms':>18} {'ack -> received p50':>20} {'p99':>8}")
-    with embedded_broker() as bootstrap:
+    with broker(topics=()) as bootstrap:  # the benchmark's own topics only, below
         for wait_ms in waits:
             topic = f"lag-{wait_ms}"
             ensure_topics(bootstrap, PARTITIONS, [topic])

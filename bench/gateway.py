@@ -24,28 +24,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
-import os
 import random
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from openai import AsyncOpenAI
 
-from infra.kafka.broker import embedded_broker, ensure_topics_async, free_port
+from infra.kafka.broker import ensure_topics_async, free_port
 from infra.vllm.inventory import dump_inventory, load_inventory
-from lab.engine_stack import StackOptions, worker_settings
+from lab.engine_stack import StackOptions, worker_options
+from lab.stack import Stack
 from lab.tiny_model import ensure_tiny_model
 from lab.vllm_launcher import VllmServers, server_specs
-from lab.worker_process import WorkerProcess
 from schemas.codec import DecodeError, decode
 from schemas.events import RoutingDecision
 from schemas.topics import DECISIONS
@@ -169,47 +167,26 @@ async def _decision_shares(bootstrap: str, tag: str) -> dict[str, Any]:
     return shares
 
 
-@contextlib.contextmanager
-def _deployed(bootstrap: str, inventory: Path, data: Path, policy: str) -> Iterator[str]:
+@contextlib.asynccontextmanager
+async def _deployed(bootstrap: str, inventory: Path, data: Path, policy: str) -> AsyncIterator[str]:
     """The worker, ``tokenfleet fleet --engine vllm`` and ``tokenfleet gateway``, each its own
-    process as deployed (so the load generator's CPU is not the gateway's); yields its URL."""
+    process as deployed (so the load generator's CPU is not the gateway's), on ``bootstrap``
+    (left running); yields the gateway's URL."""
     port = free_port()
     env = {
-        **os.environ,
-        "TOKENFLEET_KAFKA_BOOTSTRAP": bootstrap,
         "TOKENFLEET_INVENTORY": str(inventory),
         "TOKENFLEET_SCRAPE_INTERVAL_S": "0.25",
         "TOKENFLEET_DATA_DIR": str(data / "services"),
     }
-    worker = WorkerProcess(
-        bootstrap,
-        data / "worker",
-        worker_settings(inventory, StackOptions(policy=policy, app_id="bench-gateway")),
-    )
-    cli = [sys.executable, "-m", "cli.main"]
-    logs = [(data / name).open("wb") for name in ("fleet.log", "gateway.log")]
-    services = [
-        subprocess.Popen(
-            [*cli, "fleet", "--engine", "vllm"], env=env, stdout=logs[0], stderr=subprocess.STDOUT
-        ),
-        subprocess.Popen(
-            [*cli, "gateway", "--port", str(port)], env=env, stdout=logs[1], stderr=subprocess.STDOUT
-        ),
-    ]
-    try:
-        worker.wait_ready(120)
+    options = worker_options(inventory, StackOptions(policy=policy, app_id="bench-gateway"))
+    async with Stack(
+        data, bootstrap=bootstrap, worker=dataclasses.replace(options, loglevel="warn")
+    ) as stack:
+        worker = stack.start_worker(data_dir=data / "worker")
+        stack.start_service(["fleet", "--engine", "vllm"], env, "fleet.log")
+        stack.start_service(["gateway", "--port", str(port)], env, "gateway.log")
+        await worker.wait_ready_async(120)
         yield f"http://127.0.0.1:{port}"
-    finally:
-        for service in services:
-            service.send_signal(signal.SIGINT)
-        for service in services:
-            try:
-                service.wait(15)
-            except subprocess.TimeoutExpired:
-                service.kill()
-        worker.stop()
-        for log in logs:
-            log.close()
 
 
 async def _until_answered(gateway: AsyncOpenAI, timeout_s: float) -> None:
@@ -236,45 +213,50 @@ async def run(requests: int, concurrencies: list[int], max_tokens: int, policy: 
         model_dir = ensure_tiny_model(data / "model", MODEL)
         servers = VllmServers(server_specs(2), model_dir, data / "servers", served_model_name=MODEL)
         print("bench: starting 2 vLLM servers", file=sys.stderr)
-        with servers, embedded_broker(log_path=data / "tansu.log") as bootstrap:
-            await ensure_topics_async(bootstrap, 4)
-            inventory = data / "inventory.yaml"
-            inventory.write_text(dump_inventory(servers.inventory()))
-            with _deployed(bootstrap, inventory, data, policy) as gateway_url:
-                gateway = AsyncOpenAI(base_url=gateway_url + "/v1", api_key="-", max_retries=0, timeout=60)
-                engines = [
-                    AsyncOpenAI(base_url=i.url + "/v1", api_key="-", max_retries=0, timeout=60)
-                    for i in load_inventory(inventory).instances
-                ]
-                await _until_answered(gateway, 120)
-                print("bench: warm-up", file=sys.stderr)
-                await _phase(gateway, engines, 10, 2, max_tokens, "bench-warmup")
-                report: dict[str, Any] = {
-                    "requests_per_path": requests, "max_tokens": max_tokens, "policy": policy, "runs": {}
-                }  # fmt: skip
-                for concurrency in concurrencies:
-                    tag = f"bench-c{concurrency}"
-                    print(f"bench: concurrency {concurrency}, {requests} requests per path", file=sys.stderr)
-                    results = await _phase(gateway, engines, requests, concurrency, max_tokens, tag)
-                    shares = await _decision_shares(bootstrap, tag)
-                    direct = [t for t, _ in results["direct"]]
-                    through = [t for t, _ in results["gateway"]]
-                    report["runs"][str(concurrency)] = {
-                        "direct_ttft_p50_s": _q(direct, 0.5),
-                        "direct_ttft_p99_s": _q(direct, 0.99),
-                        "gateway_ttft_p50_s": _q(through, 0.5),
-                        "gateway_ttft_p99_s": _q(through, 0.99),
-                        "added_p50_s": _q(through, 0.5) - _q(direct, 0.5),
-                        "to_decision_p50_s": _q(shares["to_decision_s"], 0.5),
-                        "policy_p50_s": _q(shares["policy_s"], 0.5),
-                        "decisions_seen": len(shares["to_decision_s"]),
-                        "gateway_per_instance": shares["per_instance"],
-                    }
-                for c in (gateway, *engines):
-                    await c.close()
-            round_trips = await _broker_round_trip(bootstrap)
-            report["broker_round_trip_p50_s"] = statistics.median(round_trips)
-            report["broker_round_trip_p99_s"] = _q(round_trips, 0.99)
+        with servers:
+            async with Stack(data, partitions=4) as lab:
+                bootstrap = await lab.start_broker()
+                inventory = data / "inventory.yaml"
+                inventory.write_text(dump_inventory(servers.inventory()))
+                async with _deployed(bootstrap, inventory, data, policy) as gateway_url:
+                    gateway = AsyncOpenAI(
+                        base_url=gateway_url + "/v1", api_key="-", max_retries=0, timeout=60
+                    )
+                    engines = [
+                        AsyncOpenAI(base_url=i.url + "/v1", api_key="-", max_retries=0, timeout=60)
+                        for i in load_inventory(inventory).instances
+                    ]
+                    await _until_answered(gateway, 120)
+                    print("bench: warm-up", file=sys.stderr)
+                    await _phase(gateway, engines, 10, 2, max_tokens, "bench-warmup")
+                    report: dict[str, Any] = {
+                        "requests_per_path": requests, "max_tokens": max_tokens, "policy": policy, "runs": {}
+                    }  # fmt: skip
+                    for concurrency in concurrencies:
+                        tag = f"bench-c{concurrency}"
+                        print(
+                            f"bench: concurrency {concurrency}, {requests} requests per path", file=sys.stderr
+                        )
+                        results = await _phase(gateway, engines, requests, concurrency, max_tokens, tag)
+                        shares = await _decision_shares(bootstrap, tag)
+                        direct = [t for t, _ in results["direct"]]
+                        through = [t for t, _ in results["gateway"]]
+                        report["runs"][str(concurrency)] = {
+                            "direct_ttft_p50_s": _q(direct, 0.5),
+                            "direct_ttft_p99_s": _q(direct, 0.99),
+                            "gateway_ttft_p50_s": _q(through, 0.5),
+                            "gateway_ttft_p99_s": _q(through, 0.99),
+                            "added_p50_s": _q(through, 0.5) - _q(direct, 0.5),
+                            "to_decision_p50_s": _q(shares["to_decision_s"], 0.5),
+                            "policy_p50_s": _q(shares["policy_s"], 0.5),
+                            "decisions_seen": len(shares["to_decision_s"]),
+                            "gateway_per_instance": shares["per_instance"],
+                        }
+                    for c in (gateway, *engines):
+                        await c.close()
+                round_trips = await _broker_round_trip(bootstrap)
+                report["broker_round_trip_p50_s"] = statistics.median(round_trips)
+                report["broker_round_trip_p99_s"] = _q(round_trips, 0.99)
     return report
 
 

@@ -10,30 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 from rich.text import Text
 
-from dispatcher.service import run_fleet
 from infra.clickhouse.client import connect
 from infra.clickhouse.summary import summary
-from infra.kafka.broker import embedded_broker, ensure_topics
 from infra.settings import Settings
 from lab.loadgen import publish_workload, workload_output_tokens
-from lab.worker_process import WorkerProcess
+from lab.stack import Collector, Stack, publish
 from schemas.codec import DecodeError, decode
 from schemas.events import AdmissionDecision, Completion
 from schemas.topics import ADMISSION, COMPLETIONS, DECISIONS, DLQ, REQUESTS
@@ -64,37 +60,23 @@ class DemoOptions:
     """Where to write the summary as JSON, if anywhere."""
 
 
-class Counter:
-    """Counts messages on the output topics, from a consumer group of its own, and which
+class Counter(Collector):
+    """Counts messages on the output topics, from the end of their logs when it starts, and which
     requests are answered: completed (a completion of any status) or rejected (an admission
     reject)."""
 
     def __init__(self, bootstrap: str) -> None:
-        self.bootstrap = bootstrap
+        super().__init__(
+            bootstrap, [DECISIONS, COMPLETIONS, DLQ, ADMISSION], from_start=False, what="demo monitor"
+        )
         self.counts = {DECISIONS.name: 0, COMPLETIONS.name: 0, DLQ.name: 0, ADMISSION.name: 0}
         self.answered: set[str] = set()
 
-    async def run(self, stop: asyncio.Event) -> None:
-        consumer = AIOKafkaConsumer(
-            *self.counts,
-            bootstrap_servers=self.bootstrap,
-            group_id=f"demo-monitor-{os.getpid()}-{time.time_ns()}",
-            auto_offset_reset="latest",
-            session_timeout_ms=6000,
-            rebalance_timeout_ms=6000,
-            heartbeat_interval_ms=1000,
-        )
-        await consumer.start()
-        try:
-            while not stop.is_set():
-                batch = await consumer.getmany(timeout_ms=200)
-                for partition, messages in batch.items():
-                    self.counts[partition.topic] += len(messages)
-                    if partition.topic in (COMPLETIONS.name, ADMISSION.name):
-                        for message in messages:
-                            self._answer(partition.topic, message.value)
-        finally:
-            await consumer.stop()
+    def take(self, topic: str, records: Sequence[Any], now: float) -> None:
+        self.counts[topic] += len(records)
+        if topic in (COMPLETIONS.name, ADMISSION.name):
+            for record in records:
+                self._answer(topic, record.value)
 
     def _answer(self, topic: str, value: bytes | None) -> None:
         try:
@@ -106,58 +88,59 @@ class Counter:
             return  # the worker publishes only valid events; nothing to count otherwise
 
 
-async def _orchestrate(
-    bootstrap: str, settings: Settings, options: DemoOptions, worker: WorkerProcess
-) -> dict[str, Any]:
+async def _orchestrate(settings: Settings, options: DemoOptions, policy: str, run_id: str) -> dict[str, Any]:
     workload = open_workload(options.workload, seed=0)
-    counter = Counter(bootstrap)
-    stop_counter, stop_fleet = asyncio.Event(), asyncio.Event()
-    counter_task = asyncio.create_task(counter.run(stop_counter))
-    fleet_ready = asyncio.Event()
-    fleet_task = asyncio.create_task(
-        run_fleet(
-            bootstrap,
+    async with Stack(settings.data_dir, partitions=settings.topic_partitions) as stack:
+        bootstrap = await stack.start_broker()
+        print(f"demo: embedded Kafka (Tansu) on {bootstrap}", file=sys.stderr)
+        worker = stack.start_worker(
+            log_path=settings.data_dir / "worker.log",
+            policy=policy,
+            run_id=run_id,
+            clickhouse=settings.clickhouse_url,
+            # The configured metrics port if it is free, else any free one (see worker.log).
+            web_port=settings.worker_web_port if _port_free(settings.worker_web_port) else 0,
+        )
+        # Traffic starts when everyone listens: the monitor (from the end of the logs), the
+        # fleet and the worker (partitions assigned, tables recovered), so TTFT measures
+        # scheduling, not start-up.
+        counter = Counter(bootstrap)
+        await stack.add_collector(counter)
+        fleet = await stack.start_dispatcher(
             options.fleet,
-            speed=1.0,
             heartbeat_s=settings.heartbeat_interval_s,
-            stop=stop_fleet,
-            ready=fleet_ready,
             output_tokens=workload_output_tokens(workload),
         )
-    )
-    # Traffic starts when everyone listens: the monitor ("latest" offsets), the fleet and the
-    # worker (partitions assigned, tables recovered), so TTFT measures scheduling, not start-up.
-    await asyncio.wait_for(fleet_ready.wait(), timeout=60)
-    await worker.wait_ready_async(timeout_s=90)
-    await asyncio.sleep(2 * settings.heartbeat_interval_s + 3)  # heartbeats reached the worker
-    await _send_malformed(bootstrap)
-    load_task = asyncio.create_task(
-        publish_workload(bootstrap, workload, rate_scale=options.rate_scale, duration_s=options.duration)
-    )
-    started = time.monotonic()
-    with LoadProgress(options.duration) as progress:
-        while not load_task.done():
-            await asyncio.wait({load_task}, timeout=0.5)
-            progress.update(time.monotonic() - started, counter.counts)
-        published = load_task.result()
-        # Drain until every published request is answered (completed or rejected); the cap only
-        # guards against a stuck run, and says so.
-        drain_until = time.monotonic() + _DRAIN_CAP_S
-        while len(counter.answered) < published and time.monotonic() < drain_until:
-            await asyncio.sleep(0.2)
-            progress.update(time.monotonic() - started, counter.counts, phase="drain")
-        if len(counter.answered) < published:
-            print(
-                f"demo: {published - len(counter.answered)} of {published} requests still unanswered "
-                f"after {_DRAIN_CAP_S:.0f} s of drain",
-                file=sys.stderr,
-            )
-        await asyncio.sleep(settings.feedback_flush_s + 1)  # last completions reach the worker's sink
-        progress.update(time.monotonic() - started, counter.counts, phase="done")
-    stop_fleet.set()
-    await fleet_task
-    stop_counter.set()
-    await counter_task
+        await worker.wait_ready_async(timeout_s=90)
+        await asyncio.sleep(2 * settings.heartbeat_interval_s + 3)  # heartbeats reached the worker
+        await _send_malformed(bootstrap)
+        load_task = asyncio.create_task(
+            publish_workload(bootstrap, workload, rate_scale=options.rate_scale, duration_s=options.duration)
+        )
+        started = time.monotonic()
+        with LoadProgress(options.duration) as progress:
+            while not load_task.done():
+                await asyncio.wait({load_task}, timeout=0.5)
+                progress.update(time.monotonic() - started, counter.counts)
+            published = load_task.result()
+            # Drain until every published request is answered (completed or rejected); the cap
+            # only guards against a stuck run, and says so.
+            drain_until = time.monotonic() + _DRAIN_CAP_S
+            while len(counter.answered) < published and time.monotonic() < drain_until:
+                await asyncio.sleep(0.2)
+                progress.update(time.monotonic() - started, counter.counts, phase="drain")
+            if len(counter.answered) < published:
+                print(
+                    f"demo: {published - len(counter.answered)} of {published} requests still "
+                    f"unanswered after {_DRAIN_CAP_S:.0f} s of drain",
+                    file=sys.stderr,
+                )
+            await asyncio.sleep(settings.feedback_flush_s + 1)  # last completions reach the worker's sink
+            progress.update(time.monotonic() - started, counter.counts, phase="done")
+        await stack.stop_dispatcher()
+        fleet.check()
+        counter.check()
+    # The stack is closed: the worker stopped (its store is free for the summary), the broker too.
     return {
         "requests_published": published,
         "answered": len(counter.answered),
@@ -169,13 +152,7 @@ async def _orchestrate(
 
 async def _send_malformed(bootstrap: str) -> None:
     """Two bad events, to show they land in the dead-letter topic and nothing else stops."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    await producer.start()
-    try:
-        for value in _MALFORMED:
-            await producer.send_and_wait(REQUESTS.name, value, key=b"llama3-8b")
-    finally:
-        await producer.stop()
+    await publish(bootstrap, REQUESTS, [(b"llama3-8b", value) for value in _MALFORMED])
 
 
 class LoadProgress:
@@ -245,23 +222,6 @@ class LoadProgress:
         )
 
 
-def _start_worker(bootstrap: str, settings: Settings, policy: str, run_id: str) -> WorkerProcess:
-    return WorkerProcess(
-        bootstrap,
-        settings.data_dir,
-        {
-            "TOKENFLEET_POLICY": policy,
-            "TOKENFLEET_RUN_ID": run_id,
-            "TOKENFLEET_CLICKHOUSE_DSN": settings.clickhouse_url,
-            # The configured metrics port if it is free, else any free one (see worker.log).
-            "TOKENFLEET_WORKER_WEB_PORT": str(
-                settings.worker_web_port if _port_free(settings.worker_web_port) else 0
-            ),
-        },
-        log_path=settings.data_dir / "worker.log",
-    )
-
-
 def _port_free(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) != 0
@@ -289,14 +249,7 @@ def _run_once(settings: Settings, options: DemoOptions, policy: str) -> dict[str
     since = time.time()
     run_id = f"demo-{policy}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(since))}"
     print(f"demo: policy {policy}, fleet {options.fleet}, {options.duration:.0f} s of load", file=sys.stderr)
-    with embedded_broker(log_path=settings.data_dir / "tansu.log") as bootstrap:
-        ensure_topics(bootstrap, settings.topic_partitions)
-        print(f"demo: embedded Kafka (Tansu) on {bootstrap}", file=sys.stderr)
-        worker = _start_worker(bootstrap, settings, policy, run_id)
-        try:
-            counts = asyncio.run(_orchestrate(bootstrap, settings, options, worker))
-        finally:
-            worker.stop()
+    counts = asyncio.run(_orchestrate(settings, options, policy, run_id))
     client = connect(settings.clickhouse_url)
     try:
         result = {"run_id": run_id, **counts, **summary(client, run_id=run_id)}

@@ -29,11 +29,11 @@ from rich.console import Console
 from dispatcher.engines.vllm.metrics import parse_metrics
 from infra.clickhouse.client import connect
 from infra.clickhouse.summary import summary
-from infra.kafka.broker import embedded_broker, ensure_topics
 from infra.settings import Settings
 from infra.vllm.inventory import dump_inventory
 from lab.demo import comparison, summary_table
 from lab.engine_stack import EngineStack, StackOptions
+from lab.stack import broker
 from lab.tiny_model import ensure_tiny_model
 from lab.vllm_launcher import VllmServers, engine_python_or_none, server_specs
 from sim.evaluation.report import TABLE_WIDTH
@@ -70,8 +70,7 @@ def run_vllm_demo(settings: Settings, options: VllmDemoOptions) -> int:
         python=python,
         extra_env={"VLLM_SERVER_DEV_MODE": "1"},  # /reset_prefix_cache between policies
     )
-    with servers, embedded_broker(log_path=data / "tansu.log") as bootstrap:
-        ensure_topics(bootstrap, settings.topic_partitions)
+    with servers, broker(partitions=settings.topic_partitions, log_path=data / "tansu.log") as bootstrap:
         inventory = data / "inventory.yaml"
         inventory.write_text(dump_inventory(servers.inventory()))
         print(

@@ -19,11 +19,12 @@ from pathlib import Path
 from types import TracebackType
 
 from dispatcher.engines.vllm.adapter import VllmEngines
-from dispatcher.service import FleetCounts, run_fleet
+from dispatcher.service import FleetCounts
 from gateway.server import Gateway, serve
 from infra.kafka.broker import free_port
 from infra.prompts import Prompts
 from infra.vllm.inventory import load_inventory
+from lab.stack import Dispatcher, WorkerOptions, start_worker
 from lab.worker_process import WorkerProcess
 
 
@@ -38,20 +39,23 @@ class StackOptions:
     app_id: str = "tokenfleet-engines"
 
 
-def worker_settings(inventory_path: Path, options: StackOptions) -> dict[str, str]:
-    """The ``TOKENFLEET_*`` settings of a worker scheduling the engines of ``inventory_path``:
-    its pools are the inventory's models, its tokenizers the inventory's."""
+def worker_options(inventory_path: Path, options: StackOptions) -> WorkerOptions:
+    """The worker scheduling the engines of ``inventory_path``: its pools are the inventory's
+    models, its tokenizers the inventory's."""
     models = sorted({i.model for i in load_inventory(inventory_path).instances})
-    return {
-        "TOKENFLEET_APP_ID": options.app_id,
-        "TOKENFLEET_POLICY": options.policy,
-        "TOKENFLEET_INVENTORY": str(inventory_path.resolve()),
-        "TOKENFLEET_POOLS": "[" + ",".join(f'"{m}"' for m in models) + "]",
-        "TOKENFLEET_CLICKHOUSE_DSN": options.clickhouse,
-        "TOKENFLEET_WORKER_WEB_PORT": "0",
-        "TOKENFLEET_HEARTBEAT_INTERVAL_S": str(options.heartbeat_s),
-        **options.worker_settings,
-    }
+    return WorkerOptions(
+        app_id=options.app_id,
+        policy=options.policy,
+        clickhouse=options.clickhouse,
+        web_port=0,
+        loglevel="info",
+        env={
+            "TOKENFLEET_INVENTORY": str(inventory_path.resolve()),
+            "TOKENFLEET_POOLS": "[" + ",".join(f'"{m}"' for m in models) + "]",
+            "TOKENFLEET_HEARTBEAT_INTERVAL_S": str(options.heartbeat_s),
+            **options.worker_settings,
+        },
+    )
 
 
 class EngineStack:
@@ -66,6 +70,7 @@ class EngineStack:
         self.engines = VllmEngines(self.inventory, scrape_s=self.options.scrape_s)
         self.port = self.options.gateway_port or free_port()
         self.worker: WorkerProcess | None = None
+        self.dispatcher: Dispatcher | None = None
         self.fleet_counts: FleetCounts | None = None
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[object]] = []
@@ -88,31 +93,23 @@ class EngineStack:
         await self.close()
 
     async def _start(self) -> None:
-        self.worker = WorkerProcess(
+        self.worker = start_worker(
             self.bootstrap,
             self.data_dir / "worker",
-            worker_settings(self.inventory_path, self.options),
-            loglevel="info",
+            worker_options(self.inventory_path, self.options),
         )
-        fleet_ready = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        self._tasks.append(
-            loop.create_task(
-                run_fleet(
-                    self.bootstrap,
-                    self.engines,
-                    heartbeat_s=self.options.heartbeat_s,
-                    stop=self._stop,
-                    ready=fleet_ready,
-                    group_id=f"{self.options.app_id}-dispatcher",
-                )
-            )
+        self.dispatcher = Dispatcher(
+            self.bootstrap,
+            self.engines,
+            heartbeat_s=self.options.heartbeat_s,
+            group_id=f"{self.options.app_id}-dispatcher",
         )
+        await self.dispatcher.start(timeout_s=60)
         self.gateway = Gateway(
             self.bootstrap, self.inventory, Prompts.from_dirs(self.inventory.tokenizer_dirs())
         )
+        loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(serve(self.gateway, "127.0.0.1", self.port, self._stop)))
-        await asyncio.wait_for(fleet_ready.wait(), 60)
         await self.worker.wait_ready_async(timeout_s=120)
         await self._until_heard_from_every_engine(60)
         await self._until_gateway_answers(30)
@@ -132,9 +129,11 @@ class EngineStack:
     async def _until_gateway_answers(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            if self.dispatcher is not None:
+                self.dispatcher.check()  # a crashed dispatcher raises here
             for task in self._tasks:
                 if task.done():
-                    task.result()  # a crashed dispatcher or gateway raises here
+                    task.result()  # a crashed gateway raises here
             with contextlib.suppress(OSError):
                 _reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
                 writer.close()
@@ -146,10 +145,11 @@ class EngineStack:
         self._stop.set()
         for task in self._tasks:
             with contextlib.suppress(Exception):
-                result = await asyncio.wait_for(task, 15)
-                if isinstance(result, FleetCounts):
-                    self.fleet_counts = result
+                await asyncio.wait_for(task, 15)
         self._tasks = []
+        if self.dispatcher is not None:
+            self.fleet_counts = await self.dispatcher.stop()
+            self.dispatcher = None
         if self.worker is not None:
             self.worker.stop()
             self.worker = None

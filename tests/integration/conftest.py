@@ -11,15 +11,14 @@ from clickhouse_connect.driver.client import Client
 
 from infra.clickhouse.client import connect
 from infra.clickhouse.migrate import migrate
-from infra.kafka.broker import embedded_broker, ensure_topics
+from lab.stack import broker as lab_broker
 
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Bootstrap ``host:port`` of a Tansu broker with the project's topics (4 partitions)."""
     log = Path(tmp_path_factory.mktemp("broker")) / "tansu.log"
-    with embedded_broker(log_path=log) as bootstrap:
-        ensure_topics(bootstrap, partitions=4)
+    with lab_broker(partitions=4, log_path=log) as bootstrap:
         yield bootstrap
 
 

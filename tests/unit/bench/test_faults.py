@@ -11,20 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from bench.faults import (
-    INJECT_DIR,
-    BrokerLog,
-    Collector,
-    Decided,
-    Publisher,
-    Run,
+from bench.faults import INJECT_DIR, format_table
+from lab.faults.clients import BrokerLog, Collector, Decided, Publisher
+from lab.faults.harness import Run
+from lab.faults.messages import fuzzed_messages, poison_pills
+from lab.faults.tally import (
     count_lost,
-    format_table,
-    fuzzed_messages,
     missing_digests,
     once_and_twice,
     p99,
-    poison_pills,
     recovered_after,
     tally,
     window_latencies,

@@ -1,0 +1,36 @@
+"""The fault scenarios, one module each, in the order the suite runs them.
+
+A scenario is an async function of a fresh ``lab.faults.harness.Run``: it starts the stack's
+parts in the order its fault needs, sends traffic, injects the fault, sets the run's fault
+window (``window``, ``fault_start``, ``fault_end``) and adds figures of its own to ``extra``;
+the suite closes the run and counts the figures. Its docstring says what it does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from lab.faults.harness import Run
+from lab.faults.scenarios.baseline import baseline
+from lab.faults.scenarios.broker_restart import broker_restart
+from lab.faults.scenarios.fuzz import fuzz
+from lab.faults.scenarios.held_restart import held_restart
+from lab.faults.scenarios.poison import poison
+from lab.faults.scenarios.store_down_at_start import store_down_at_start
+from lab.faults.scenarios.store_down_mid_run import store_down_mid_run
+from lab.faults.scenarios.worker_kill import worker_kill
+
+Scenario = Callable[[Run], Awaitable[None]]
+
+SCENARIOS: dict[str, Scenario | None] = {
+    "baseline": baseline,
+    "fuzz": fuzz,
+    "poison": poison,
+    "worker_kill": worker_kill,
+    "store_down_at_start": store_down_at_start,
+    "store_down_mid_run": store_down_mid_run,
+    "held_restart": held_restart,
+    "broker_restart": broker_restart,
+}
+"""Name -> scenario; ``None``: listed but not run (why: ``NOTES``)."""
+NOTES: dict[str, str] = {}  # scenario -> why it is not run

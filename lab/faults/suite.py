@@ -1,0 +1,61 @@
+"""Running the fault scenarios: each on a fresh run, its figures kept even when it fails."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lab.faults import SCENARIO_LIMIT_S, log
+from lab.faults.harness import Run
+from lab.faults.scenarios import NOTES, SCENARIOS
+from lab.faults.tally import FIGURES
+
+
+async def run_scenario(name: str, root: Path, inject_dir: Path | None = None) -> dict[str, Any]:
+    """One scenario on a fresh broker and data dir (``root/name``): its figures, with ``error``
+    if it failed (its figures are then those so far) and ``seconds``; cancelled after
+    ``SCENARIO_LIMIT_S``. ``inject_dir``: the store-outage injection (``Run.inject_dir``)."""
+    scenario = SCENARIOS[name]
+    if scenario is None:
+        return {**dict.fromkeys(FIGURES), "note": NOTES[name]}
+    run = Run(name, root / name, inject_dir=inject_dir)
+    run.data_dir.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    error = ""
+    log(f"{name}: starting (data {run.data_dir})")
+    try:
+        await asyncio.wait_for(scenario(run), timeout=SCENARIO_LIMIT_S)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+        log(f"{name}: failed: {error}")
+        for worker in run.workers[-1:]:
+            log(f"{name}: last worker's log tail:\n{worker.log()[-1500:]}")
+    finally:
+        await run.close()
+    figures = run.figures()
+    try:
+        stored = run.read_store()
+        figures["completions_stored"] = None if stored is None else len(stored)
+        if stored is not None:
+            figures.update(run.missing_completions(stored))
+    except Exception as exc:
+        figures["store_error"] = f"{type(exc).__name__}: {exc}"[:500]
+    if error:
+        figures["error"] = error
+    figures["seconds"] = round(time.monotonic() - began, 1)
+    log(f"{name}: done in {figures['seconds']:.0f} s: {json.dumps(figures)}")
+    return figures
+
+
+async def run_all(
+    names: Sequence[str], root: Path, inject_dir: Path | None = None
+) -> dict[str, dict[str, Any]]:
+    """The named scenarios one after another (never two at once: they share the machine)."""
+    results: dict[str, dict[str, Any]] = {}
+    for name in names:
+        results[name] = await run_scenario(name, root, inject_dir)
+    return results

@@ -1,0 +1,81 @@
+"""The fault suite's pure counting: how keys, decisions, latencies and dead letters become the
+figures (their definitions: ``lab.faults``). No broker, no process: unit-tested."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+
+from sim.evaluation.metrics import percentile
+
+Key = tuple[str, int]  # (request_id, attempt)
+
+FIGURES = (
+    "published",
+    "decided_once",
+    "decided_twice",
+    "executed_twice",
+    "lost",
+    "dead_lettered",
+    "completions_stored",
+    "completions_expected",
+    "routing_p99_s",
+    "recovered_s",
+)
+"""The figures every scenario reports (``None`` where one does not apply), in table order."""
+
+
+def tally(keys: Iterable[Key]) -> Counter[Key]:
+    """How many times each (request_id, attempt) occurs."""
+    return Counter(keys)
+
+
+def once_and_twice(valid: Iterable[Key], seen: Mapping[Key, int]) -> tuple[int, int]:
+    """Of the ``valid`` keys: how many were seen exactly once, how many twice or more."""
+    once = twice = 0
+    for key in set(valid):
+        n = seen.get(key, 0)
+        once += n == 1
+        twice += n >= 2
+    return once, twice
+
+
+def count_lost(valid: Iterable[Key], decided: Iterable[Key], rejected: Iterable[Key]) -> int:
+    """Valid keys with neither a decision nor a reject."""
+    answered = set(decided) | set(rejected)
+    return sum(1 for key in set(valid) if key not in answered)
+
+
+def p99(values: Sequence[float]) -> float | None:
+    """Nearest-rank 99th percentile (NaN skipped); None when there is nothing to rank."""
+    return percentile(values, 99.0)
+
+
+def window_latencies(
+    published: Mapping[Key, float], first_decided: Mapping[Key, float], start: float, end: float
+) -> list[float]:
+    """Decision time - publish time of the keys published in [start, end] that were decided."""
+    return [
+        first_decided[key] - ts
+        for key, ts in published.items()
+        if start <= ts <= end and key in first_decided
+    ]
+
+
+def recovered_after(fault_end: float, decision_times: Iterable[float]) -> float | None:
+    """Seconds from ``fault_end`` to the first decision strictly after it; None if none came."""
+    after = [t for t in decision_times if t > fault_end]
+    return min(after) - fault_end if after else None
+
+
+def missing_digests(bad: Iterable[bytes], dead_letter_digests: Iterable[str]) -> int:
+    """Bad messages (by SHA-256 of their bytes) that no dead letter describes."""
+    have = set(dead_letter_digests)
+    return sum(1 for raw in bad if hashlib.sha256(raw).hexdigest() not in have)
+
+
+def rounded(value: float | None, digits: int = 3) -> float | None:
+    """A figure in seconds as printed and stored: ``None`` for nothing or a non-finite value."""
+    return None if value is None or not math.isfinite(value) else round(value, digits)
