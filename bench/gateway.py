@@ -177,6 +177,9 @@ async def _deployed(bootstrap: str, inventory: Path, data: Path, policy: str) ->
         "TOKENFLEET_INVENTORY": str(inventory),
         "TOKENFLEET_SCRAPE_INTERVAL_S": "0.25",
         "TOKENFLEET_DATA_DIR": str(data / "services"),
+        "TOKENFLEET_DISPATCHER_WEB_PORT": "0",
+        # The benchmark stands where an authenticating proxy would: it names each call's tenant.
+        "TOKENFLEET_TRUST_TENANT_HEADER": "true",
     }
     options = worker_options(inventory, StackOptions(policy=policy, app_id="bench-gateway"))
     async with Stack(

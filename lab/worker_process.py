@@ -121,9 +121,9 @@ class WorkerProcess:
             raise RuntimeError(f"the worker logged no metrics address:\n{self.log()}")
         return str(found[-1])  # the latest child's (a restarted child may take another port)
 
-    def health_url(self) -> str:
-        """The worker's ``/health`` address."""
-        return self.metrics_url().removesuffix("/metrics") + "/health"
+    def probe_url(self, path: str) -> str:
+        """The address of the worker's ``path`` (``/health``, ``/ready``) beside ``/metrics``."""
+        return self.metrics_url().removesuffix("/metrics") + path
 
     def log(self) -> str:
         """The last 4 000 characters of its output."""

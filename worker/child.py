@@ -86,12 +86,13 @@ def run_child(settings: Settings, identity: dict[str, Any], limits: WatchdogLimi
     app, store = build_worker_app(settings, bootstrap, feedback=feedback)
     log.warning(
         "worker %s (start %s): kafka %s, clickhouse %s, policy %s, "
-        "metrics http://127.0.0.1:%s/metrics (pid %s)",
+        "metrics http://%s:%s/metrics, /health, /ready (pid %s)",
         settings.app_id,
         identity["start"],
         bootstrap,
         settings.clickhouse_url if feedback else "off",
         settings.policy,
+        settings.http_host,
         app.conf.web_port,
         os.getpid(),
     )

@@ -93,7 +93,7 @@ def test_worker_and_fleet_recover_after_the_broker_restarts(tmp_path: Path) -> N
         worker.wait_ready(timeout_s=90)
         first_child = worker.pid
         deadline = time.monotonic() + 15
-        while (answer := health(worker.health_url()))[0] != 200 and time.monotonic() < deadline:
+        while (answer := health(worker.probe_url("/ready")))[0] != 200 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert answer[0] == 200 and answer[1]["consuming"] is True, answer
         timings = asyncio.run(_scenario(bootstrap, broker, worker))

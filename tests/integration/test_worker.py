@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import time
 import urllib.request
 from pathlib import Path
@@ -300,3 +301,26 @@ def test_a_pools_decisions_keep_the_order_of_its_requests(broker: str, tmp_path:
     finally:
         worker.stop()
     assert [d.request_id for d in routed] == ids
+
+
+def test_a_worker_answers_its_probes(broker: str, tmp_path: Path) -> None:
+    """/health says live, /ready says it consumes."""
+    worker = worker_process(broker, unique("app"), tmp_path)
+    try:
+        worker.wait_ready()
+        answers = {}
+        for path in ("/health", "/ready"):
+            deadline = time.monotonic() + 15
+            while True:
+                try:
+                    with urllib.request.urlopen(worker.probe_url(path), timeout=5) as response:
+                        answers[path] = (response.status, response.read())
+                        break
+                except urllib.error.HTTPError:  # /ready: 503 until the lane's first fetch
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+    finally:
+        worker.stop()
+    assert answers["/health"][0] == 200 and json.loads(answers["/health"][1]) == {"live": True}
+    assert answers["/ready"][0] == 200 and json.loads(answers["/ready"][1])["consuming"] is True
