@@ -17,6 +17,10 @@ Events, in time order (ties: step ends, then arrivals, then client timeouts, the
   retries it at once), they stop heartbeating (the scheduler keeps their last row, ageing) and
   whatever reaches them fails — and comes back later with cold caches.
 
+What happens to an attempt on its instance (step ends, first tokens, give-ups, ends and what
+an ended attempt reports) is ``sim/loop/lifecycle.py``'s, shared with the real-time driver
+(``sim/loop/live.py``).
+
 Violations are counted from the truth, for every policy alike: an admit into a DC the fleet's
 rules forbid to the request (``rules``), onto another version than the request's (``version``),
 or onto a row the scheduler's own snapshot showed not ready or stale beyond two heartbeat
