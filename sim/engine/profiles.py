@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 KvAllocation = Literal["on-demand", "reserve"]
-Admission = Literal["first-chunk", "kv-fits"]
+EngineAdmission = Literal["first-chunk", "kv-fits"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +78,7 @@ class EngineOptions:
 
     kv_allocation: KvAllocation = "on-demand"
     decode_tokens_in_budget: bool = True
-    admission: Admission = "first-chunk"
+    admission: EngineAdmission = "first-chunk"
     noise_seed: int = 0
 
     def __post_init__(self) -> None:

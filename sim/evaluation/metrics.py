@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from agents.policy.common import timing
 from agents.policy.common.slo import SloClass, meets_slo
 from sim.engine.instance import Attempt
 
@@ -92,11 +93,10 @@ def outcomes(
         if not window[0] <= first.arrival_s <= window[1]:
             continue
         request = last.request
-        ttft = math.inf if last.first_token_s is None else last.first_token_s - first.arrival_s
+        measured = timing.ttft(last.first_token_s, first.arrival_s)  # from the request's first arrival
+        ttft = math.inf if measured is None else measured
         completed = last.status == "ok"
-        tpot = None
-        if completed and last.generated > 1 and last.first_token_s is not None and last.end_s is not None:
-            tpot = (last.end_s - last.first_token_s) / (last.generated - 1)
+        tpot = timing.tpot(last.first_token_s, last.end_s, last.generated) if completed else None
         e2e = last.end_s - first.arrival_s if completed and last.end_s is not None else math.inf
         good = completed and meets_slo(slo_classes[request.slo_class], ttft, tpot, e2e, request.deadline_s)
         in_window = last.end_s is not None and last.end_s <= window[1]

@@ -51,7 +51,7 @@ def run_scenario(
     results: dict[str, object] = {}
     for name in policies:
         run = simulate(workload, scenario.fleet, name, config, None, params_for(name, params))
-        results[name] = judged(run, scenario, config, rate_scale)
+        results[name] = policy_result(run, scenario, config, rate_scale)
     return {
         "scenario": scenario.name,
         "description": scenario.description,
@@ -68,7 +68,11 @@ def run_scenario(
     }
 
 
-def judged(run: RunResult, scenario: Scenario, config: SimConfig, rate_scale: float) -> dict[str, object]:
+def policy_result(
+    run: RunResult, scenario: Scenario, config: SimConfig, rate_scale: float
+) -> dict[str, object]:
+    """One policy's entry of the scenario document: the simulate JSON's metrics and what
+    FleetMind is judged by (violations, the hotspot's cohort, diversions, outages)."""
     result = report(run.attempts, run.window, config.slo_classes, run.busy_s)
     start = run.window[0]
     result["violations"] = {**run.violations, "total": sum(run.violations.values())}

@@ -32,9 +32,9 @@ from typing import Any
 from sim.engine.fleet import parse_fleet
 from sim.evaluation.capacity import capacities, format_capacity
 from sim.loop.runner import SimConfig
+from sim.workloads import AZURE_CODE, MOONCAKE
 from sim.workloads.sources import open_workload
 
-ROOT = Path(__file__).resolve().parents[1]
 ENGINES = {"default": "8xllama3-8b-h100", "perturbed": "8xllama3-8b-h100-perturbed"}
 JUDGED = "tokenpilot"
 PEERS = (
@@ -56,15 +56,11 @@ class Workload:
     capacity_target: float | None = 1.25  # TokenPilot / best peer; None: judged against least-tokens
 
 
-MOONCAKE = str(ROOT / "traces" / "mooncake" / "conversation_trace.jsonl")
-AZURE_CODE = str(ROOT / "traces" / "azure" / "AzureLLMInferenceTrace_code.csv")
 WORKLOADS = (
-    Workload("mooncake", MOONCAKE, 1.0),
-    Workload("mooncake-spread", MOONCAKE, 1.0, jitter_s=3.0),
+    Workload("mooncake", str(MOONCAKE), 1.0),
+    Workload("mooncake-spread", str(MOONCAKE), 1.0, jitter_s=3.0),
     Workload("synthetic", "synthetic:duration_s=1800", 3.0),
-    Workload(
-        "azure-code", str(ROOT / "traces" / "azure" / "AzureLLMInferenceTrace_code.csv"), 18.0, 0.0, None
-    ),
+    Workload("azure-code", str(AZURE_CODE), 18.0, 0.0, None),
 )
 
 

@@ -40,7 +40,8 @@ LOST_TOKENS = 8192
 """Cached prompt tokens ``ideal`` found beyond the policy's for a request to count as lost."""
 SAMPLE_EVERY = 200
 """Decision batches between two duplication samples (by default)."""
-QUANTILES = (50.0, 95.0, 99.0)
+TAIL_PERCENTILES = (50.0, 95.0, 99.0)
+"""The TTFT percentiles the analysis reports (``metrics.QUANTILES``: those the simulate JSON keeps)."""
 
 Key = tuple[str, int]
 
@@ -159,7 +160,9 @@ def to_json(tail: Tail) -> dict[str, Any]:
 
 
 def _quantiles(values: list[float]) -> dict[str, float | None]:
-    return {f"p{q:.0f}": None if (v := percentile(values, q)) is None else round(v, 4) for q in QUANTILES}
+    return {
+        f"p{q:.0f}": None if (v := percentile(values, q)) is None else round(v, 4) for q in TAIL_PERCENTILES
+    }
 
 
 def format_tail(tail: Tail) -> str:

@@ -12,11 +12,12 @@ the scheduler (its ``ts``). Event timestamps (``ts``) are the wall time the even
 Each attempt that runs reports its first token (a ``ResponseStarted``, as a proxy sees the
 response start streaming) before its ``Completion``.
 
-Clients follow the rules of ``sim/loop/clients.py``, as in ``sim/loop/runner.py``: without a
-first token within the class's ``client_timeout_s`` (or, for deadline classes, by the deadline)
-the attempt is aborted where it is and its completion says ``timeout``. Retries are not
-emulated here: they are the client's. An explicit ``abort`` (the client hung up) ends the
-attempt the same way, as ``aborted``.
+An attempt's life on its instance (step ends, first tokens, give-ups, ends, what it reports) is
+``sim/loop/lifecycle.py``'s, as in the discrete-event loop (``sim/loop/runner.py``), and so are
+the clients' rules (``sim/loop/clients.py``): without a first token within the class's
+``client_timeout_s`` (or, for deadline classes, by the deadline) the attempt is aborted where it
+is and its completion says ``timeout``. Retries are not emulated here: they are the client's.
+An explicit ``abort`` (the client hung up) ends the attempt the same way, as ``aborted``.
 """
 
 from __future__ import annotations
@@ -25,20 +26,21 @@ import heapq
 from collections import deque
 from collections.abc import Mapping
 from itertools import count
-from typing import Literal
 
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES, SloClass, classify
+from agents.policy.common.timing import clamp_duration
 from agents.policy.types import BLOCK_TOKENS
 from schemas.events import MAX_DURATION_S, Completion, Heartbeat, KvEvent, ResponseStarted, RoutingDecision
 from sim.engine.fleet import FleetSpec
 from sim.engine.instance import Attempt, Instance
 from sim.loop.clients import ClientRules
+from sim.loop.lifecycle import AttemptLifecycle, Measures
 from sim.workloads.trace import TraceRequest
 
-FleetEvent = ResponseStarted | Completion | KvEvent
+InstanceEvent = ResponseStarted | Completion | KvEvent
+"""What the emulated instances report: first tokens, completions, KV events (not the wire's
+``schemas.events.FleetEvent``, FleetMind's notices)."""
 
-CompletionStatus = Literal["ok", "timeout", "aborted", "error"]
-_STATUS: dict[str, CompletionStatus] = {"ok": "ok", "aborted": "timeout"}
 _STEP_END, _TIMEOUT = 0, 1
 _Entry = tuple[float, int, int, Instance | Attempt, int]  # time, kind, tie-break, payload, version
 # Converting an emulated time to wall time and back may land a hair before it; a caller that
@@ -48,7 +50,7 @@ _EPSILON_S = 1e-6
 _REMEMBERED_DECISIONS = 100_000
 
 
-class LiveFleet:
+class LiveFleet(AttemptLifecycle):
     """The fleet's engines in real time. Call ``submit`` for decisions, ``abort`` for clients
     that hang up, ``advance`` when woken.
 
@@ -81,7 +83,7 @@ class LiveFleet:
         }
         self._heap: list[_Entry] = []
         self._seq = count()
-        self._pending: list[FleetEvent] = []
+        self._pending: list[InstanceEvent] = []
         self._open: dict[Attempt, RoutingDecision] = {}  # attempts submitted and not yet ended
         # Open attempts by (request id, attempt number), for ``abort`` (one each: ``submit`` runs
         # an attempt once).
@@ -163,7 +165,7 @@ class LiveFleet:
         self._give_up(open_attempt, now)
         return True
 
-    def advance(self, now_wall: float) -> list[FleetEvent]:
+    def advance(self, now_wall: float) -> list[InstanceEvent]:
         """Process every step end and client give-up up to ``now_wall``; return the first
         tokens, completions and KV events produced since the last call, in time order (an
         attempt's first token before its completion)."""
@@ -227,11 +229,7 @@ class LiveFleet:
                 continue
             if kind == _STEP_END:
                 assert isinstance(payload, Instance)
-                ended = payload.finish_step(time_s)
-                self._first_tokens(payload, time_s)  # a one-token response starts and ends at once
-                for attempt in ended:
-                    self._end(attempt, time_s)
-                self._after(payload, time_s)
+                self._step_ended(payload, time_s)
             else:
                 assert isinstance(payload, Attempt)
                 self._give_up(payload, time_s)
@@ -240,18 +238,17 @@ class LiveFleet:
         """A step end superseded by a later plan, or a give-up that no longer applies."""
         if isinstance(payload, Instance):
             return not payload.scheduled or payload.version != version
-        if payload.status != "pending" or payload.abort_requested:
-            return True
-        return not self.clients.still_gives_up(payload)
+        return not self._gives_up(payload)
 
     def _give_up(self, attempt: Attempt, now: float) -> None:
         """The client stops waiting for ``attempt`` (its timeout, or ``abort``)."""
-        instance = attempt.instance
-        assert instance is not None
-        if instance.abort(attempt, now):  # was waiting: gone now; running: ends at the step end
-            attempt.status = "aborted"
-            self._end(attempt, now)
-        self._after(instance, now)
+        assert attempt.instance is not None
+        self._abort_on(attempt, attempt.instance, now)
+
+    def _push(self, time_s: float, kind: int, payload: Instance | Attempt, version: int) -> None:
+        heapq.heappush(self._heap, (time_s, kind, next(self._seq), payload, version))
+
+    # --- an attempt's life: ``AttemptLifecycle``'s hooks ----------------------------------------
 
     def _after(self, instance: Instance, now: float) -> None:
         """Schedule the instance's next step end and collect its KV events."""
@@ -268,32 +265,24 @@ class LiveFleet:
                 )
             instance.cache.events.clear()
 
-    def _first_tokens(self, instance: Instance, now: float) -> None:
-        """Report the attempts that got their first token in the step just ended."""
-        ts = self.wall_time(now)
-        for attempt in instance.first_tokens:
-            decision = self._open[attempt]
-            self._pending.append(
-                ResponseStarted(
-                    ts=ts,
-                    request_id=decision.request.request_id,
-                    attempt=decision.attempt,
-                    instance_id=decision.instance_id,
-                    model=decision.request.model,
-                    ttft_s=_duration(now - attempt.arrival_s),
-                )
+    def _started(self, instance: Instance, attempt: Attempt, ttft_s: float, now: float) -> None:
+        decision = self._open[attempt]
+        self._pending.append(
+            ResponseStarted(
+                ts=self.wall_time(now),
+                request_id=decision.request.request_id,
+                attempt=decision.attempt,
+                instance_id=decision.instance_id,
+                model=decision.request.model,
+                ttft_s=_duration(ttft_s),
             )
-        instance.first_tokens.clear()
+        )
 
-    def _end(self, attempt: Attempt, now: float) -> None:
-        attempt.end_s = now
+    def _ended(self, attempt: Attempt, now: float) -> None:
         decision = self._open.pop(attempt)
         del self._by_key[(decision.request_id, decision.attempt)]
         self._pending.append(self._completion(attempt, decision, now))
         self._cancelled.discard(attempt)
-
-    def _push(self, time_s: float, kind: int, payload: Instance | Attempt, version: int) -> None:
-        heapq.heappush(self._heap, (time_s, kind, next(self._seq), payload, version))
 
     # --- conversions ----------------------------------------------------------------------------
 
@@ -324,14 +313,13 @@ class LiveFleet:
         return self.clients.give_up_at(attempt, deadline)
 
     def _completion(self, attempt: Attempt, decision: RoutingDecision, now: float) -> Completion:
+        """The completion of ``attempt``: ended on its instance at ``now``, or never run there
+        (refused, or given up on before it was sent: no E2E)."""
         request = decision.request
-        ran = attempt.instance is not None and attempt.status != "rejected"
-        first = attempt.first_token_s
-        ttft = tpot = None
-        if first is not None:
-            ttft = _duration(first - attempt.arrival_s)
-            if attempt.generated > 1:
-                tpot = _duration((now - first) / (attempt.generated - 1))
+        measures = Measures.of(attempt)
+        ttft, tpot, e2e = (
+            None if d is None else _duration(d) for d in (measures.ttft_s, measures.tpot_s, measures.e2e_s)
+        )
         return Completion(
             ts=self.wall_time(now),
             request_id=request.request_id,
@@ -340,11 +328,11 @@ class LiveFleet:
             model=request.model,
             tenant=request.tenant,
             slo_class=attempt.request.slo_class,
-            status="aborted" if attempt in self._cancelled else _STATUS.get(attempt.status, "error"),
+            status="aborted" if attempt in self._cancelled else measures.status,
             arrival_ts=request.ts,
             ttft_s=ttft,
             tpot_s=tpot,
-            e2e_s=_duration(now - attempt.arrival_s) if ran else None,
+            e2e_s=e2e,
             input_tokens=request.input_tokens,
             cached_tokens=attempt.cached_tokens,
             output_tokens=attempt.generated,
@@ -355,4 +343,4 @@ class LiveFleet:
 def _duration(seconds: float) -> float:
     """A reported duration within what the events accept: a request that arrived long before the
     fleet started (a replayed log) reports the longest duration, not an invalid event."""
-    return min(max(0.0, seconds), MAX_DURATION_S)
+    return clamp_duration(seconds, MAX_DURATION_S)

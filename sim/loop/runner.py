@@ -17,6 +17,10 @@ Events, in time order (ties: step ends, then arrivals, then client timeouts, the
   retries it at once), they stop heartbeating (the scheduler keeps their last row, ageing) and
   whatever reaches them fails — and comes back later with cold caches.
 
+What happens to an attempt on its instance (step ends, first tokens, give-ups, ends and what
+an ended attempt reports) is ``sim/loop/lifecycle.py``'s, shared with the real-time driver
+(``sim/loop/live.py``).
+
 Violations are counted from the truth, for every policy alike: an admit into a DC the fleet's
 rules forbid to the request (``rules``), onto another version than the request's (``version``),
 or onto a row the scheduler's own snapshot showed not ready or stale beyond two heartbeat
@@ -50,7 +54,6 @@ from agents.policy.types import (
     Finished,
     FirstToken,
     Outcome,
-    OutcomeStatus,
     RequestView,
 )
 from sim.engine.fleet import FleetSpec
@@ -58,9 +61,9 @@ from sim.engine.instance import Attempt, Instance
 from sim.engine.profiles import EngineOptions
 from sim.loop.clients import ClientRules
 from sim.loop.feedback import EndedAttempt, MemoryOutcomes, OutcomeSink, bind_feedback
+from sim.loop.lifecycle import AttemptLifecycle, Measures
 from sim.workloads.trace import DEFAULT_OUTPUT_BUDGET, TraceRequest, Workload
 
-_COMPLETION_STATUS: dict[str, OutcomeStatus] = {"ok": "ok", "aborted": "timeout"}
 _STEP_END, _WINDOW_END, _ARRIVAL, _TIMEOUT, _HEARTBEAT, _SIGNAL, _DISPATCH, _OUTAGE = range(8)
 MAX_FAILURE_RETRIES = 2
 """Attempts a client adds after its request failed with its DC (a gateway retries at once)."""
@@ -103,7 +106,10 @@ class RunResult:
 ProgressFn = Callable[[int], None]
 
 
-class Simulation:
+class Simulation(AttemptLifecycle):
+    """The discrete-event loop (module docstring); an attempt's life on its instance is
+    ``AttemptLifecycle``'s."""
+
     def __init__(
         self,
         workload: Workload,
@@ -126,6 +132,7 @@ class Simulation:
             Instance(spec, self.window, kv_events, self._engine_options(spec.profile.options))
             for spec in fleet.instances
         ]
+        self._index_of = {instance: index for index, instance in enumerate(self.instances)}
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = count()
         self._attempts: list[Attempt] = []
@@ -167,10 +174,7 @@ class Simulation:
                 index, engine, version = cast(tuple[int, Instance, int], payload)
                 instance = self.instances[index]
                 if instance is engine and instance.version == version and instance.scheduled:
-                    ended = instance.finish_step(now)
-                    self._first_tokens(instance, now)
-                    self._ended(ended, now)
-                    self._after(instance, index, now)
+                    self._step_ended(instance, now)
             elif kind == _ARRIVAL:
                 # Arrivals at one instant reach the router together (a real router reads its
                 # input in batches too), so a policy may decide a burst as a whole.
@@ -256,7 +260,7 @@ class Simulation:
             return
         if instance.fits_ever(attempt):
             instance.enqueue(attempt, now)
-            self._after(instance, index, now)
+            self._after(instance, now)
             return
         attempt.instance = instance  # the engine refuses it; the router sees an error
         attempt.status = "rejected"
@@ -300,12 +304,14 @@ class Simulation:
             fresh = Instance(spec, self.window, self.scheduler.wants_kv_events, old.options)
             fresh.busy_s = old.busy_s
             self.instances[index] = fresh
+            del self._index_of[old]
+            self._index_of[fresh] = index
             for attempt in held:
                 if attempt.status == "pending":
                     self._fail(attempt, now)
 
     def _give_up(self, attempt: Attempt, now: float) -> None:
-        if attempt.status != "pending" or not self.clients.still_gives_up(attempt):
+        if not self._gives_up(attempt):
             return
         if self.scheduler.withdraw(attempt.request.request_id, attempt.attempt):
             del self._offered[(attempt.request.request_id, attempt.attempt)]
@@ -315,11 +321,7 @@ class Simulation:
             attempt.status = "aborted"
             self._end(attempt, now)
         elif attempt.instance is not None:
-            index = self.instances.index(attempt.instance)
-            if attempt.instance.abort(attempt, now):
-                attempt.status = "aborted"
-                self._end(attempt, now)
-            self._after(attempt.instance, index, now)
+            self._abort_on(attempt, attempt.instance, now)
         if self.clients.retries(attempt):
             retry = Attempt(attempt.request, attempt.attempt + 1, now, attempt.output_budget)
             self._push(now, _ARRIVAL, retry)
@@ -351,11 +353,12 @@ class Simulation:
             for event in signal:
                 self.scheduler.observe(event)
 
-    # --- helpers ------------------------------------------------------------------------------
+    # --- an attempt's life: ``AttemptLifecycle``'s hooks --------------------------------------
 
-    def _after(self, instance: Instance, index: int, now: float) -> None:
+    def _after(self, instance: Instance, now: float) -> None:
         """Schedule the instance's next step end and forward its KV events."""
         if instance.scheduled:
+            index = self._index_of[instance]
             self._push(instance.step_end_s, _STEP_END, (index, instance, instance.version))
         if instance.cache.events:
             iid = instance.spec.instance_id
@@ -363,54 +366,40 @@ class Simulation:
             instance.cache.events.clear()
             self._signal(changes, now)
 
-    def _first_tokens(self, instance: Instance, now: float) -> None:
-        """The first byte of each response that started streaming in the step just ended."""
+    def _started(self, instance: Instance, attempt: Attempt, ttft_s: float, now: float) -> None:
+        """The first byte of a response that started streaming in the step just ended."""
         iid = instance.spec.instance_id
-        for attempt in instance.first_tokens:
-            attempt.first_token_s = now + attempt.return_s  # when the client (and router) see it
-            ttft = attempt.first_token_s - attempt.arrival_s
-            self.scheduler.observe(FirstToken(attempt.request.request_id, attempt.attempt, iid, ttft, now))
-        instance.first_tokens.clear()
+        self.scheduler.observe(FirstToken(attempt.request.request_id, attempt.attempt, iid, ttft_s, now))
 
-    def _ended(self, attempts: list[Attempt], now: float) -> None:
-        for attempt in attempts:
-            self._end(attempt, now)
-
-    def _end(self, attempt: Attempt, now: float) -> None:
-        attempt.end_s = now + attempt.return_s
+    def _ended(self, attempt: Attempt, now: float) -> None:
         self._open -= 1
         if attempt.instance is None:
             return
-        ttft = None if attempt.first_token_s is None else attempt.first_token_s - attempt.arrival_s
-        tpot = None
-        if attempt.first_token_s is not None and attempt.generated > 1:
-            tpot = (attempt.end_s - attempt.first_token_s) / (attempt.generated - 1)
-        status = _COMPLETION_STATUS.get(attempt.status, "error")
+        measures = Measures.of(attempt)
         if self.feedback is not None:
-            self._record(attempt, status, ttft, tpot, now)
+            self._record(attempt, measures, now)
         self.scheduler.observe(
             Finished(
                 request_id=attempt.request.request_id,
                 attempt=attempt.attempt,
                 instance_id=attempt.instance.spec.instance_id,
-                status=status,
+                status=measures.status,
                 input_tokens=attempt.request.input_tokens,
                 cached_tokens=attempt.cached_tokens,
                 output_tokens=attempt.generated,
-                ttft_s=ttft,
-                tpot_s=tpot,
+                ttft_s=measures.ttft_s,
+                tpot_s=measures.tpot_s,
                 time_s=now,
             )
         )
 
-    def _record(
-        self, attempt: Attempt, status: str, ttft: float | None, tpot: float | None, now: float
-    ) -> None:
+    def _record(self, attempt: Attempt, measures: Measures, now: float) -> None:
         """The attempt's end, judged as the feedback sink judges a completion (``met_slo``)."""
         assert self.feedback is not None and attempt.instance is not None
         request = attempt.request
         slo = self.config.slo_classes.get(request.slo_class)
-        e2e = now + attempt.return_s - attempt.arrival_s
+        status, ttft, tpot, e2e = measures.status, measures.ttft_s, measures.tpot_s, measures.e2e_s
+        assert e2e is not None
         deadline = _deadline_at(request)
         relative = None if deadline is None else deadline - attempt.arrival_s
         met = (
@@ -440,6 +429,8 @@ class Simulation:
                 met,
             )
         )
+
+    # --- helpers ------------------------------------------------------------------------------
 
     def _timeout_at(self, attempt: Attempt) -> float | None:
         return self.clients.give_up_at(attempt, _deadline_at(attempt.request))

@@ -30,7 +30,7 @@ from agents.policy.types import BLOCK_TOKENS
 
 Record = dict[str, Any]
 
-MAX_DURATION_S = 1e7
+MAX_TRAFFIC_S = 1e7
 MAX_RATE_PER_S = 1e5
 MAX_REQUESTS = 1e7
 """Bounds of the mix: at most 10^7 s of traffic, 10^5 requests/s, 10^7 requests expected."""
@@ -69,7 +69,7 @@ class SyntheticMix:
 
     def __post_init__(self) -> None:
         """``ValueError`` naming the first option out of range (NaN and infinities included)."""
-        _check("duration_s", self.duration_s, 0.0, MAX_DURATION_S)
+        _check("duration_s", self.duration_s, 0.0, MAX_TRAFFIC_S)
         _check("rate_per_s", self.rate_per_s, 0.0, MAX_RATE_PER_S)
         if self.rate_per_s * self.duration_s > MAX_REQUESTS:
             raise ValueError(
@@ -86,7 +86,7 @@ class SyntheticMix:
             raise ValueError("synthetic shares must not all be 0")
         _check("batch_jobs_per_hour", self.batch_jobs_per_hour, 0.0, 3600.0, low_open=False)
         _check("burst_factor", self.burst_factor, 0.0, 1000.0)
-        _check("mean_phase_s", self.mean_phase_s, 0.0, MAX_DURATION_S)
+        _check("mean_phase_s", self.mean_phase_s, 0.0, MAX_TRAFFIC_S)
         low, high = self.batch_job_size
         if not 1 <= low < high <= 100_000:
             raise ValueError(

@@ -36,12 +36,11 @@ import numpy as np
 
 from agents.policy.common.slo import classify
 from agents.policy.types import BLOCK_TOKENS
+from schemas.events import MAX_TOKENS  # largest input or output length (and ``max_tokens``)
 
 DEFAULT_OUTPUT_BUDGET = 2048
 MAX_TIMESTAMP_MS = 10**10
 """Largest ``timestamp`` (ms) of a trace line, and largest arrival span: about 115 days."""
-MAX_TOKENS = 10_000_000
-"""Largest input or output length (and ``max_tokens``) of one request."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ from collections import deque
 import numpy as np
 
 from agents.policy.common.numeric import IntArray, blocks_for
-from agents.policy.common.slots import SlotRows
+from agents.policy.common.slots import SlotRegistry
 from agents.policy.types import ClusterView, Finished, RequestView
 
 
@@ -33,17 +33,17 @@ class InFlight:
         self.blocks: dict[str, int] = {}
         self.max_age_s = max_age_s
         self._open: dict[tuple[str, int], tuple[str, int]] = {}
-        self._slot_of: dict[str, int] = {}
-        self._slot_ids: list[str] = []
         self._recent: list[deque[tuple[float, int]]] = []  # slot -> (sent at, input tokens)
-        size = 16
-        self._requests = np.zeros(size, dtype=np.int64)  # mirror of ``requests``
-        self._blocks = np.zeros(size, dtype=np.int64)  # mirror of ``blocks``
-        self._recent_requests = np.zeros(size, dtype=np.int64)  # totals of ``_recent``
-        self._recent_tokens = np.zeros(size, dtype=np.int64)
-        self._last_sent = np.full(size, -np.inf)  # newest send per slot
-        self._applied = np.full(size, -np.inf)  # cut-off ``_recent`` was last trimmed to
-        self._slot_rows = SlotRows()
+        self._slots = SlotRegistry(
+            {
+                "requests": (0, np.int64),  # mirror of ``requests``
+                "blocks": (0, np.int64),  # mirror of ``blocks``
+                "recent_requests": (0, np.int64),  # totals of ``_recent``
+                "recent_tokens": (0, np.int64),
+                "last_sent": (-np.inf, np.float64),  # newest send per slot
+                "applied": (-np.inf, np.float64),  # cut-off ``_recent`` was last trimmed to
+            }
+        )
         # ``since_heartbeat``'s answer for the snapshot ``_memo_version`` (read-only arrays), and
         # the slots sent to since it was computed.
         self._memo_version = -1
@@ -56,15 +56,16 @@ class InFlight:
         self.requests[instance_id] = self.requests.get(instance_id, 0) + 1
         self.blocks[instance_id] = self.blocks.get(instance_id, 0) + blocks
         slot = self._slot(instance_id)
-        self._requests[slot] += 1
-        self._blocks[slot] += blocks
-        self._last_sent[slot] = max(self._last_sent[slot], now_s)
+        c = self._slots.columns
+        c["requests"][slot] += 1
+        c["blocks"][slot] += blocks
+        c["last_sent"][slot] = max(c["last_sent"][slot], now_s)
         self._dirty.add(slot)
-        if now_s <= self._applied[slot]:
+        if now_s <= c["applied"][slot]:
             return  # already older than the instance's last heartbeat: nothing to add
         self._recent[slot].append((now_s, request.input_tokens))
-        self._recent_requests[slot] += 1
-        self._recent_tokens[slot] += request.input_tokens
+        c["recent_requests"][slot] += 1
+        c["recent_tokens"][slot] += request.input_tokens
 
     def complete(self, completion: Finished) -> None:
         sent = self._open.pop((completion.request_id, completion.attempt), None)
@@ -73,19 +74,18 @@ class InFlight:
         instance_id, blocks = sent
         self.requests[instance_id] -= 1
         self.blocks[instance_id] -= blocks
-        slot = self._slot_of[instance_id]
-        self._requests[slot] -= 1
-        self._blocks[slot] -= blocks
+        slot = self._slots.slot_of[instance_id]
+        c = self._slots.columns
+        c["requests"][slot] -= 1
+        c["blocks"][slot] -= blocks
 
     def per_instance(self, counts: dict[str, int], view: ClusterView) -> IntArray:
         """``counts`` aligned with the rows of ``view``."""
         out = np.zeros(len(view), dtype=np.int64)
-        mirror = (
-            self._requests if counts is self.requests else self._blocks if counts is self.blocks else None
-        )
+        mirror = "requests" if counts is self.requests else "blocks" if counts is self.blocks else None
         if mirror is not None:
-            slots, rows = self._rows(view)
-            out[rows] = mirror[slots]
+            slots, rows = self._slots.rows(view)
+            out[rows] = self._slots.columns[mirror][slots]
             return out
         for instance_id, count in counts.items():
             row = view.index_of.get(instance_id)
@@ -102,16 +102,17 @@ class InFlight:
             return self._memo
         requests = np.zeros(len(view), dtype=np.int64)
         tokens = np.zeros(len(view), dtype=np.int64)
-        slots, rows = self._rows(view)
+        slots, rows = self._slots.rows(view)
         if len(slots):
-            cutoff = np.maximum(view.last_heartbeat_s[rows], self._last_sent[slots] - self.max_age_s)
-            moved = (cutoff > self._applied[slots]) & (self._recent_requests[slots] > 0)
+            c = self._slots.columns
+            cutoff = np.maximum(view.last_heartbeat_s[rows], c["last_sent"][slots] - self.max_age_s)
+            moved = (cutoff > c["applied"][slots]) & (c["recent_requests"][slots] > 0)
             if moved.any():
                 for slot, cut in zip(slots[moved].tolist(), cutoff[moved].tolist(), strict=True):
                     self._forget_until(slot, cut)
-            self._applied[slots] = np.maximum(self._applied[slots], cutoff)
-            requests[rows] = self._recent_requests[slots]
-            tokens[rows] = self._recent_tokens[slots]
+            c["applied"][slots] = np.maximum(c["applied"][slots], cutoff)
+            requests[rows] = c["recent_requests"][slots]
+            tokens[rows] = c["recent_tokens"][slots]
         requests.flags.writeable = tokens.flags.writeable = False
         self._memo_version, self._memo, self._dirty = view.version, (requests, tokens), set()
         return self._memo
@@ -121,17 +122,18 @@ class InFlight:
         trim as a full pass (every other row's inputs are unchanged)."""
         requests, tokens = self._memo
         requests.flags.writeable = tokens.flags.writeable = True
+        c = self._slots.columns
         for slot in self._dirty:
-            row = view.index_of.get(self._slot_ids[slot])
+            row = view.index_of.get(self._slots.ids[slot])
             if row is None:
                 continue
-            cut = max(float(view.last_heartbeat_s[row]), float(self._last_sent[slot]) - self.max_age_s)
-            if cut > self._applied[slot]:
-                if self._recent_requests[slot] > 0:
+            cut = max(float(view.last_heartbeat_s[row]), float(c["last_sent"][slot]) - self.max_age_s)
+            if cut > c["applied"][slot]:
+                if c["recent_requests"][slot] > 0:
                     self._forget_until(slot, cut)
-                self._applied[slot] = cut
-            requests[row] = self._recent_requests[slot]
-            tokens[row] = self._recent_tokens[slot]
+                c["applied"][slot] = cut
+            requests[row] = c["recent_requests"][slot]
+            tokens[row] = c["recent_tokens"][slot]
         requests.flags.writeable = tokens.flags.writeable = False
         self._dirty = set()
 
@@ -142,27 +144,13 @@ class InFlight:
         while recent and recent[0][0] <= cut:
             gone_tokens += recent.popleft()[1]
             gone_requests += 1
-        self._recent_requests[slot] -= gone_requests
-        self._recent_tokens[slot] -= gone_tokens
+        c = self._slots.columns
+        c["recent_requests"][slot] -= gone_requests
+        c["recent_tokens"][slot] -= gone_tokens
 
     def _slot(self, instance_id: str) -> int:
-        slot = self._slot_of.get(instance_id)
+        slot = self._slots.get(instance_id)
         if slot is None:
-            slot = self._slot_of[instance_id] = len(self._slot_ids)
-            self._slot_ids.append(instance_id)
+            slot = self._slots.slot(instance_id)
             self._recent.append(deque())
-            if slot >= len(self._requests):
-                grow = len(self._requests)
-                self._requests = np.concatenate([self._requests, np.zeros(grow, dtype=np.int64)])
-                self._blocks = np.concatenate([self._blocks, np.zeros(grow, dtype=np.int64)])
-                self._recent_requests = np.concatenate(
-                    [self._recent_requests, np.zeros(grow, dtype=np.int64)]
-                )
-                self._recent_tokens = np.concatenate([self._recent_tokens, np.zeros(grow, dtype=np.int64)])
-                self._last_sent = np.concatenate([self._last_sent, np.full(grow, -np.inf)])
-                self._applied = np.concatenate([self._applied, np.full(grow, -np.inf)])
         return slot
-
-    def _rows(self, view: ClusterView) -> tuple[IntArray, IntArray]:
-        """(slots, rows) of the instances both sent to and present in ``view``."""
-        return self._slot_rows.of(view, self._slot_ids)

@@ -48,7 +48,7 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from agents.policy.common.slots import SlotRows
+from agents.policy.common.slots import SlotRegistry
 from agents.policy.types import ClusterView
 
 IntT = TypeVar("IntT", bound=np.integer)
@@ -136,8 +136,7 @@ class PrefixIndex:
         # Bulk loads whose holder bits are not set yet: (slot, view of its ring), blocks dropped.
         self._pending: list[tuple[int, npt.NDArray[np.int32]]] = []
         self._pending_dropped: list[npt.NDArray[np.int32]] = []
-        self._slot_ids: list[str] = []  # instance id by slot, for aligning slots with view rows
-        self._slot_rows = SlotRows()
+        self._slots = SlotRegistry()  # instance id by slot, for aligning slots with view rows
         self._marks = np.zeros(1, dtype=bool)  # scratch of ``_end_epoch``, by block id; all False
 
     # --- sizing -------------------------------------------------------------------------------
@@ -294,8 +293,8 @@ class PrefixIndex:
         depth = self._depth_by_slot(blocks)
         if depth is None:
             return np.zeros(len(view), dtype=np.int64)
-        slots, rows = self._slot_rows.of(view, self._slot_ids)
-        if len(depth) == len(view) and self._slot_rows.identity:
+        slots, rows = self._slots.rows(view)
+        if len(depth) == len(view) and self._slots.identity:
             # Slot s is row s (the usual case: the router sized the index from the view, so
             # slots were handed out in row order): the decoded array is the answer, no scatter.
             return depth
@@ -340,10 +339,9 @@ class PrefixIndex:
     def _instance(self, instance_id: str) -> _Instance:
         inst = self._instances.get(instance_id)
         if inst is None:
-            inst = _Instance(instance_id, len(self._by_slot), self._default_capacity)
+            inst = _Instance(instance_id, self._slots.slot(instance_id), self._default_capacity)
             self._instances[instance_id] = inst
             self._by_slot.append(inst)
-            self._slot_ids.append(instance_id)
         return inst
 
     def _append(self, inst: _Instance, bids: list[int]) -> None:

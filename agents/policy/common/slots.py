@@ -1,11 +1,14 @@
-"""Alignment of per-instance state kept by *slot* (a small integer per instance id, in order of
-first appearance) with the rows of a ``ClusterView``."""
+"""Per-instance state kept by *slot* (a small integer per instance id, in order of first
+appearance): the registry of slots and their per-slot columns (``SlotRegistry``), and the slots'
+alignment with the rows of a ``ClusterView`` (``SlotRows``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from agents.policy.common.numeric import IntArray
 from agents.policy.types import ClusterView
@@ -48,3 +51,69 @@ class SlotRows:
                 and (n == 0 or (int(self._slots[0]) == 0 and int(self._slots[-1]) == n - 1))
             )
         return self._slots, self._rows
+
+
+Fill = float | tuple[float, ...]
+
+
+class SlotRegistry:
+    """A slot per instance id (a small integer, handed out in order of first appearance, never
+    taken back), per-slot numpy columns that grow with the slots, and the slots' alignment with
+    the rows of a view.
+
+    ``columns``: name -> (fill, dtype). Each column is an array whose last axis is the slot; a
+    fill of several values makes one row per value (shape ``(len(fill), capacity)``). A new slot
+    beyond the capacity doubles it, the new entries filled. ``columns[name]`` is replaced when it
+    grows: read it after ``slot``, not before.
+    """
+
+    def __init__(
+        self, columns: dict[str, tuple[Fill, npt.DTypeLike]] | None = None, capacity: int = 16
+    ) -> None:
+        self.slot_of: dict[str, int] = {}
+        self.ids: list[str] = []  # instance id by slot
+        self.capacity = capacity
+        self._specs = dict(columns or {})
+        self.columns: dict[str, npt.NDArray[Any]] = {
+            name: _filled(fill, dtype, capacity) for name, (fill, dtype) in self._specs.items()
+        }
+        self._rows = SlotRows()
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __contains__(self, instance_id: str) -> bool:
+        return instance_id in self.slot_of
+
+    def get(self, instance_id: str) -> int | None:
+        """The slot of ``instance_id``; None if it has none."""
+        return self.slot_of.get(instance_id)
+
+    def slot(self, instance_id: str) -> int:
+        """The slot of ``instance_id``, handed out now if it has none."""
+        slot = self.slot_of.get(instance_id)
+        if slot is None:
+            slot = self.slot_of[instance_id] = len(self.ids)
+            self.ids.append(instance_id)
+            if slot >= self.capacity:
+                grow = self.capacity
+                for name, (fill, dtype) in self._specs.items():
+                    more = _filled(fill, dtype, grow)
+                    self.columns[name] = np.concatenate([self.columns[name], more], axis=-1)
+                self.capacity += grow
+        return slot
+
+    def rows(self, view: ClusterView) -> tuple[IntArray, IntArray]:
+        """(slots, rows) of the instances that have a slot and are present in ``view``."""
+        return self._rows.of(view, self.ids)
+
+    @property
+    def identity(self) -> bool:
+        """After ``rows``: slots == rows == 0 .. len(view) - 1 (a caller may skip a gather)."""
+        return self._rows.identity
+
+
+def _filled(fill: Fill, dtype: npt.DTypeLike, size: int) -> npt.NDArray[Any]:
+    if isinstance(fill, tuple):
+        return np.array([np.full(size, value, dtype=dtype) for value in fill])
+    return np.full(size, fill, dtype=dtype)

@@ -9,7 +9,7 @@ import numpy.typing as npt
 
 from agents.policy.common.numeric import IntArray
 from agents.policy.common.prefix_index import PrefixIndex
-from agents.policy.common.slots import SlotRows
+from agents.policy.common.slots import SlotRegistry
 from agents.policy.types import ClusterView
 
 
@@ -32,7 +32,7 @@ class ActiveSequences:
     - ``prefill_done`` (first token): only the prefill tokens leave (``mark_prefill_completed``).
     - ``free`` (end of response): everything leaves.
 
-    Per-worker totals live in numpy arrays by slot, aligned with a view's rows by ``SlotRows``.
+    Per-worker totals live in numpy columns by slot (``SlotRegistry``), aligned with a view's rows.
     Which of a new request's blocks are already active on each worker comes from a
     ``PrefixIndex`` of the active sets: block hashes are chained, so the shared blocks are a
     prefix of the prompt and one ``match_array`` gives them for every worker.
@@ -41,13 +41,10 @@ class ActiveSequences:
     def __init__(self) -> None:
         self.index = PrefixIndex()
         self._refs: list[dict[int, int]] = []  # slot -> block hash -> active requests holding it
-        self._slot_of: dict[str, int] = {}
-        self._slot_ids: list[str] = []
         self._open: dict[tuple[str, int], _Active] = {}
-        self._prefill: IntArray = np.zeros(16, dtype=np.int64)
-        self._blocks: IntArray = np.zeros(16, dtype=np.int64)
-        self._tails: IntArray = np.zeros(16, dtype=np.int64)
-        self._slot_rows = SlotRows()
+        self._slots = SlotRegistry(
+            {"prefill": (0, np.int64), "blocks": (0, np.int64), "tails": (0, np.int64)}
+        )
 
     def add(
         self,
@@ -70,15 +67,16 @@ class ActiveSequences:
             refs[block] = count + 1
         if new:
             self.index.add(instance_id, new)
-        self._blocks[slot] += len(new)
-        self._tails[slot] += tail_tokens
-        self._prefill[slot] += prefill_tokens
+        c = self._slots.columns
+        c["blocks"][slot] += len(new)
+        c["tails"][slot] += tail_tokens
+        c["prefill"][slot] += prefill_tokens
         self._open[key] = _Active(slot, distinct, tail_tokens, prefill_tokens)
 
     def prefill_done(self, key: tuple[str, int]) -> None:
         active = self._open.get(key)
         if active is not None and active.prefill_tokens:
-            self._prefill[active.slot] -= active.prefill_tokens
+            self._slots.columns["prefill"][active.slot] -= active.prefill_tokens
             active.prefill_tokens = 0
 
     def free(self, key: tuple[str, int]) -> None:
@@ -96,16 +94,17 @@ class ActiveSequences:
                 del refs[block]
                 gone.append(block)
         if gone:
-            self.index.remove(self._slot_ids[active.slot], gone)
-        self._blocks[active.slot] -= len(gone)
-        self._tails[active.slot] -= active.tail_tokens
+            self.index.remove(self._slots.ids[active.slot], gone)
+        c = self._slots.columns
+        c["blocks"][active.slot] -= len(gone)
+        c["tails"][active.slot] -= active.tail_tokens
 
     def loads(self, view: ClusterView) -> tuple[IntArray, IntArray, IntArray]:
         """(in-flight prefill tokens, distinct active blocks, active tail tokens) per row."""
         out = [np.zeros(len(view), dtype=np.int64) for _ in range(3)]
-        slots, rows = self._slot_rows.of(view, self._slot_ids)
-        for arr, mirror in zip(out, (self._prefill, self._blocks, self._tails), strict=True):
-            arr[rows] = mirror[slots]
+        slots, rows = self._slots.rows(view)
+        for arr, name in zip(out, ("prefill", "blocks", "tails"), strict=True):
+            arr[rows] = self._slots.columns[name][slots]
         return out[0], out[1], out[2]
 
     def shared(self, blocks: tuple[int, ...], view: ClusterView) -> npt.NDArray[np.int64]:
@@ -113,14 +112,8 @@ class ActiveSequences:
         return self.index.match_array(blocks, view)
 
     def _slot(self, instance_id: str) -> int:
-        slot = self._slot_of.get(instance_id)
+        slot = self._slots.get(instance_id)
         if slot is None:
-            slot = self._slot_of[instance_id] = len(self._slot_ids)
-            self._slot_ids.append(instance_id)
+            slot = self._slots.slot(instance_id)
             self._refs.append({})
-            if slot >= len(self._prefill):
-                grow = np.zeros(len(self._prefill), dtype=np.int64)
-                self._prefill = np.concatenate([self._prefill, grow])
-                self._blocks = np.concatenate([self._blocks, grow])
-                self._tails = np.concatenate([self._tails, grow])
         return slot

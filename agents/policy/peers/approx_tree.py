@@ -11,7 +11,7 @@ import numpy.typing as npt
 
 from agents.policy.common.numeric import IntArray
 from agents.policy.common.prefix_index import PrefixIndex
-from agents.policy.common.slots import SlotRows
+from agents.policy.common.slots import SlotRegistry
 from agents.policy.types import BLOCK_TOKENS, ClusterView
 
 
@@ -40,14 +40,11 @@ class ApproxTrees:
         self.block_tokens = block_tokens
         self.index = PrefixIndex()
         self._parent: dict[int, int | None] = {}  # block hash -> the block before it
-        self._slot_of: dict[str, int] = {}
-        self._slot_ids: list[str] = []
         self._access: list[dict[int, float]] = []  # slot -> held block -> last access
         self._children: list[dict[int, int]] = []  # slot -> held block -> held children
         self._tails: list[dict[int, tuple[int | None, int, float]]] = []  # id -> parent, tokens, time
-        self._size: IntArray = np.zeros(16, dtype=np.int64)  # tokens per slot
+        self._slots = SlotRegistry({"size": (0, np.int64)})  # tokens per slot
         self._tail_ids = count()
-        self._slot_rows = SlotRows()
 
     def insert(self, instance_id: str, blocks: Sequence[int], tail_tokens: int, now_s: float) -> None:
         slot = self._slot(instance_id)
@@ -66,12 +63,12 @@ class ApproxTrees:
             self._tails[slot][next(self._tail_ids)] = (parent, tail_tokens, now_s)
             if parent is not None:
                 children[parent] = children.get(parent, 0) + 1
-        self._size[slot] += self.block_tokens * len(new) + max(tail_tokens, 0)
+        self._slots.columns["size"][slot] += self.block_tokens * len(new) + max(tail_tokens, 0)
         if new:
             self.index.add(instance_id, new)
 
     def touch(self, instance_id: str, blocks: Sequence[int], now_s: float) -> None:
-        slot = self._slot_of.get(instance_id)
+        slot = self._slots.get(instance_id)
         if slot is None:
             return
         access = self._access[slot]
@@ -81,7 +78,7 @@ class ApproxTrees:
             access[block] = now_s
 
     def evict(self, max_tokens: int) -> None:
-        for slot in np.flatnonzero(self._size[: len(self._slot_ids)] > max_tokens).tolist():
+        for slot in np.flatnonzero(self._slots.columns["size"][: len(self._slots)] > max_tokens).tolist():
             self._evict_slot(slot, max_tokens)
 
     def _evict_slot(self, slot: int, max_tokens: int) -> None:
@@ -90,7 +87,7 @@ class ApproxTrees:
         heap = [(t, 0, block) for block, t in access.items() if not children.get(block)]
         heap += [(t, 1, tail) for tail, (_, _, t) in tails.items()]
         heapq.heapify(heap)
-        size = int(self._size[slot])
+        size = int(self._slots.columns["size"][slot])
         removed: list[int] = []
         while size > max_tokens and heap:
             _, is_tail, node = heapq.heappop(heap)
@@ -110,9 +107,9 @@ class ApproxTrees:
                     del children[parent]
                     if parent in access:
                         heapq.heappush(heap, (access[parent], 0, parent))
-        self._size[slot] = size
+        self._slots.columns["size"][slot] = size
         if removed:
-            self.index.remove(self._slot_ids[slot], removed)
+            self.index.remove(self._slots.ids[slot], removed)
 
     def match_array(self, blocks: Sequence[int], view: ClusterView) -> npt.NDArray[np.int64]:
         """Leading blocks of ``blocks`` in each row's tree."""
@@ -121,22 +118,19 @@ class ApproxTrees:
     def sizes(self, view: ClusterView) -> IntArray:
         """Tree size in tokens of each row (0 for a worker never routed to)."""
         out = np.zeros(len(view), dtype=np.int64)
-        slots, rows = self._slot_rows.of(view, self._slot_ids)
-        out[rows] = self._size[slots]
+        slots, rows = self._slots.rows(view)
+        out[rows] = self._slots.columns["size"][slots]
         return out
 
     def size_of(self, instance_id: str) -> int:
-        slot = self._slot_of.get(instance_id)
-        return 0 if slot is None else int(self._size[slot])
+        slot = self._slots.get(instance_id)
+        return 0 if slot is None else int(self._slots.columns["size"][slot])
 
     def _slot(self, instance_id: str) -> int:
-        slot = self._slot_of.get(instance_id)
+        slot = self._slots.get(instance_id)
         if slot is None:
-            slot = self._slot_of[instance_id] = len(self._slot_ids)
-            self._slot_ids.append(instance_id)
+            slot = self._slots.slot(instance_id)
             self._access.append({})
             self._children.append({})
             self._tails.append({})
-            if slot >= len(self._size):
-                self._size = np.concatenate([self._size, np.zeros(len(self._size), dtype=np.int64)])
         return slot

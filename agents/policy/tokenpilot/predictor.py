@@ -39,7 +39,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
+from agents.policy.common.numeric import FloatArray
 
 _SIGMA_RATE = 0.02  # adaptation rate of the residual scale sigma
 _SIGMA_FLOOR = 1e-9  # in units of e; keeps the Huber test well defined

@@ -8,6 +8,7 @@ from collections import deque
 import numpy as np
 
 from agents.policy.common.numeric import BoolArray, FloatArray
+from agents.policy.common.slots import SlotRegistry
 from agents.policy.types import ClusterView
 
 
@@ -31,24 +32,29 @@ class PrefillQueues:
 
     def __init__(self, horizon_s: float = 4.0) -> None:
         self.horizon_s = horizon_s
-        self._slot_of: dict[str, int] = {}
-        self._state = np.zeros((3, 16))  # tokens, pairs, as-of time, by slot
-        self._sent = np.zeros((2, 16))  # tokens and pairs ever added, by slot (never drained)
-        self._recent = np.zeros(16)  # prefill seconds added, decayed over ``horizon_s``, by slot
+        # By slot: "state": tokens, pairs, as-of time; "sent": tokens and pairs ever added (never
+        # drained); "recent": prefill seconds added, decayed over ``horizon_s``; "head": the
+        # oldest of ``_waiting``'s due time, tokens and prompt length (inf / 0 / 0: none).
+        self._slots = SlotRegistry(
+            {
+                "state": ((0.0, 0.0, 0.0), np.float64),
+                "sent": ((0.0, 0.0), np.float64),
+                "recent": (0.0, np.float64),
+                "head": ((np.inf, 0.0, 0.0), np.float64),
+            }
+        )
         self._view: ClusterView | None = None  # the snapshot the row arrays are aligned with
-        self._slots = np.zeros(0, dtype=np.int64)  # slot of each row of _view
+        self._slot_of_row = np.zeros(0, dtype=np.int64)  # slot of each row of _view
         self.tokens = np.zeros(0)
         self.pairs = np.zeros(0)
         self.as_of = np.zeros(0)
         self.recent = np.zeros(0)
         self._drained_to = -np.inf  # every row's ``as_of`` is at least this
         # By slot: the sends without a first token yet, oldest first (key, predicted first token,
-        # uncached tokens, prompt length), and the oldest one's due time, tokens and prompt
-        # length (inf / 0 / 0: none).
+        # uncached tokens, prompt length).
         self._waiting: dict[int, deque[tuple[tuple[str, int], float, float, float]]] = {}
-        self._head = np.array([[np.inf] * 16, [0.0] * 16, [0.0] * 16])
         self._row_of_slot = np.zeros(0, dtype=np.int64)  # row of each slot in _view (-1: none)
-        self.head_due = np.zeros(0)  # _head, by row of _view
+        self.head_due = np.zeros(0)  # "head", by row of _view
         self.head_tokens = np.zeros(0)
         self.head_depth = np.zeros(0)
 
@@ -60,17 +66,21 @@ class PrefillQueues:
         if self.aligned_to(view):
             return
         self._save()
-        self._slots = np.fromiter((self._slot(i) for i in view.instance_ids), dtype=np.int64, count=len(view))
-        self.tokens, self.pairs, self.as_of = self._state[:, self._slots]
-        self.recent = self._recent[self._slots]
+        slots = self._slot_of_row = np.fromiter(
+            (self._slots.slot(i) for i in view.instance_ids), dtype=np.int64, count=len(view)
+        )
+        c = self._slots.columns
+        self.tokens, self.pairs, self.as_of = c["state"][:, slots]
+        self.recent = c["recent"][slots]
         self.tokens[idle] = 0.0
         self.pairs[idle] = 0.0
-        self._row_of_slot = np.full(self._head.shape[1], -1, dtype=np.int64)
-        self._row_of_slot[self._slots] = np.arange(len(view))
-        for slot in self._slots[idle & (self._head[0, self._slots] < np.inf)]:
+        self._row_of_slot = np.full(self._slots.capacity, -1, dtype=np.int64)
+        self._row_of_slot[slots] = np.arange(len(view))
+        head = c["head"]
+        for slot in slots[idle & (head[0, slots] < np.inf)]:
             self._waiting.pop(int(slot), None)  # idle at its heartbeat: nothing is prefilling
-            self._head[:, slot] = (np.inf, 0.0, 0.0)
-        self.head_due, self.head_tokens, self.head_depth = self._head[:, self._slots]
+            head[:, slot] = (np.inf, 0.0, 0.0)
+        self.head_due, self.head_tokens, self.head_depth = head[:, slots]
         self._drained_to = float(self.as_of.min()) if len(self.as_of) else np.inf
         self._view = view
 
@@ -112,13 +122,13 @@ class PrefillQueues:
         self.tokens[row] += tokens
         self.pairs[row] += pairs
         self.recent[row] += seconds
-        slot = int(self._slots[row])
+        slot = int(self._slot_of_row[row])
         waiting = self._waiting.setdefault(slot, deque())
         depth = pairs / tokens + tokens * 0.5 if tokens > 0 else 0.0  # its prompt's length
         waiting.append((key, due_s, tokens, depth))
         if len(waiting) == 1:
             self._set_head(slot, due_s, tokens, depth)
-        sent = self._sent
+        sent = self._slots.columns["sent"]
         sent[0, slot] += tokens
         sent[1, slot] += pairs
         return float(sent[0, slot]), float(sent[1, slot])
@@ -128,7 +138,7 @@ class PrefillQueues:
     ) -> None:
         """Request ``key``, sent at ``mark``, has its first token: prefill is FCFS, so everything
         sent there up to it is prefilled, and at most what was sent after it is still queued."""
-        slot = self._slot_of.get(instance_id)
+        slot = self._slots.get(instance_id)
         if slot is None:
             return
         waiting = self._waiting.get(slot)
@@ -136,18 +146,18 @@ class PrefillQueues:
             while waiting and waiting.popleft()[0] != key:
                 pass
             self._new_head(slot)
-        after = np.maximum(self._sent[:, slot] - mark, 0.0)
+        after = np.maximum(self._slots.columns["sent"][:, slot] - mark, 0.0)
         row = None if self._view is None else self._view.index_of.get(instance_id)
         if row is not None:
             self.tokens[row] = min(self.tokens[row], after[0])
             self.pairs[row] = min(self.pairs[row], after[1])
         else:
-            state = self._state[:2, slot]
+            state = self._slots.columns["state"][:2, slot]
             np.minimum(state, after, out=state)
 
     def forget(self, instance_id: str, key: tuple[str, int]) -> None:
         """Send ``key`` ended without a first token: it no longer waits for one."""
-        slot = self._slot_of.get(instance_id)
+        slot = self._slots.get(instance_id)
         waiting = None if slot is None else self._waiting.get(slot)
         if slot is not None and waiting:
             kept = deque(entry for entry in waiting if entry[0] != key)
@@ -159,7 +169,7 @@ class PrefillQueues:
         self._set_head(slot, *(waiting[0][1:] if waiting else (np.inf, 0.0, 0.0)))
 
     def _set_head(self, slot: int, due_s: float, tokens: float, depth: float) -> None:
-        self._head[:, slot] = (due_s, tokens, depth)
+        self._slots.columns["head"][:, slot] = (due_s, tokens, depth)
         row = self._row_of_slot[slot] if slot < len(self._row_of_slot) else -1
         if row >= 0:
             self.head_due[row], self.head_tokens[row], self.head_depth[row] = due_s, tokens, depth
@@ -170,24 +180,12 @@ class PrefillQueues:
         if row is not None:
             self.tokens[row] = max(self.tokens[row] - tokens, 0.0)
             self.pairs[row] = max(self.pairs[row] - pairs, 0.0)
-        elif instance_id in self._slot_of:
-            state = self._state[:2, self._slot_of[instance_id]]
+        elif instance_id in self._slots:
+            state = self._slots.columns["state"][:2, self._slots.slot_of[instance_id]]
             np.maximum(state - (tokens, pairs), 0.0, out=state)
-
-    def _slot(self, instance_id: str) -> int:
-        slot = self._slot_of.get(instance_id)
-        if slot is None:
-            slot = self._slot_of[instance_id] = len(self._slot_of)
-            if slot >= self._state.shape[1]:
-                self._state = np.concatenate([self._state, np.zeros_like(self._state)], axis=1)
-                self._sent = np.concatenate([self._sent, np.zeros_like(self._sent)], axis=1)
-                self._recent = np.concatenate([self._recent, np.zeros_like(self._recent)])
-                more = self._head.shape[1]
-                fresh = [np.full(more, np.inf), np.zeros(more), np.zeros(more)]
-                self._head = np.concatenate([self._head, fresh], axis=1)
-        return slot
 
     def _save(self) -> None:
         if self._view is not None:
-            self._state[:, self._slots] = (self.tokens, self.pairs, self.as_of)
-            self._recent[self._slots] = self.recent
+            c = self._slots.columns
+            c["state"][:, self._slot_of_row] = (self.tokens, self.pairs, self.as_of)
+            c["recent"][self._slot_of_row] = self.recent

@@ -83,6 +83,7 @@ from agents.policy.common.numeric import BoolArray, FloatArray, IntArray, blocks
 from agents.policy.common.prefix_index import PrefixIndex
 from agents.policy.common.selector import InstanceSelector
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES
+from agents.policy.common.timing import decode_s
 from agents.policy.tokenpilot.horizon import DecodeHorizon
 from agents.policy.tokenpilot.lateness import PrefillLateness
 from agents.policy.tokenpilot.predictor import OnlineLinearModel
@@ -490,7 +491,7 @@ class TokenPilot(InstanceSelector):
             if sent.tokens >= 0.5 * sent.features[_PREFILL_TOKENS]:  # mostly its own prefill
                 self.lateness.add(sent.tokens, sent.predicted_s, event.ttft_s)
             if event.tpot_s is not None and event.output_tokens > 1:
-                self.horizon.add(event.tpot_s * (event.output_tokens - 1))
+                self.horizon.add(decode_s(event.tpot_s, event.output_tokens))
                 self.queues.horizon_s = self.horizon.value_s
         elif event.ttft_s is None and event.time_s < sent.due_s:
             # Gone before its first token: what it had left to prefill leaves the queue.

@@ -42,7 +42,7 @@ from collections import deque
 import numpy as np
 
 from agents.policy.common.numeric import FloatArray, IntArray
-from agents.policy.common.slots import SlotRows
+from agents.policy.common.slots import SlotRegistry
 from agents.policy.types import ClusterView
 
 _SAME_STEP_S = 1e-9  # boundaries closer than this are the same step end
@@ -62,17 +62,18 @@ class StepClock:
         self.quantile = quantile
         self.min_gaps = min_gaps
         self._window = window
-        self._slot_of: dict[str, int] = {}
-        self._ids: list[str] = []
-        self._profile: list[str] = []
-        self._rows = SlotRows()
+        self._profile: list[str] = []  # by slot
         self._version = -1  # the snapshot every row of which has a slot
         # By slot (every instance of a view gets one, in row order: slots are then its rows).
-        self._boundary_s = np.full(16, -np.inf)  # last step boundary seen
-        self._sent_s = np.full(16, -np.inf)  # last send
-        self._awaiting = np.zeros(16, dtype=np.int64)  # sends without a first token yet
-        self._touched = np.zeros(16, dtype=bool)  # ever sent to
-        self._step_s = np.zeros(16)  # the last predicted (unscaled) decode step
+        self._slots = SlotRegistry(
+            {
+                "boundary_s": (-np.inf, np.float64),  # last step boundary seen
+                "sent_s": (-np.inf, np.float64),  # last send
+                "awaiting": (0, np.int64),  # sends without a first token yet
+                "touched": (False, np.bool_),  # ever sent to
+                "step_s": (0.0, np.float64),  # the last predicted (unscaled) decode step
+            }
+        )
         self._pending: dict[tuple[str, int], int] = {}  # request key -> slot, until first token
         self._gaps: dict[str, deque[float]] = {}
         self._scale: dict[str, float] = {}
@@ -86,38 +87,41 @@ class StepClock:
 
     def sent(self, instance_id: str, profile: str, key: tuple[str, int], now_s: float) -> None:
         slot = self._slot(instance_id, profile)
-        self._sent_s[slot] = max(self._sent_s[slot], now_s)
-        self._awaiting[slot] += 1
-        self._touched[slot] = True
+        c = self._slots.columns
+        c["sent_s"][slot] = max(c["sent_s"][slot], now_s)
+        c["awaiting"][slot] += 1
+        c["touched"][slot] = True
         self._pending[key] = slot
 
     def first_token(self, key: tuple[str, int], instance_id: str, time_s: float) -> None:
         self._settle(key)
-        slot = self._slot_of.get(instance_id)
+        slot = self._slots.get(instance_id)
         if slot is not None:
-            self._boundary_s[slot] = max(self._boundary_s[slot], time_s)
+            boundary = self._slots.columns["boundary_s"]
+            boundary[slot] = max(boundary[slot], time_s)
 
     def finished(self, key: tuple[str, int], instance_id: str, time_s: float, ok: bool) -> None:
         self._settle(key)
-        slot = self._slot_of.get(instance_id)
+        slot = self._slots.get(instance_id)
         if slot is None or not ok:  # an abort or a timeout is no step end
             return
-        last = self._boundary_s[slot]
+        c = self._slots.columns
+        last = c["boundary_s"][slot]
         gap = time_s - last
         if (
             gap > _SAME_STEP_S
             and np.isfinite(last)
-            and self._sent_s[slot] <= last
-            and self._awaiting[slot] == 0
-            and self._step_s[slot] > 0
+            and c["sent_s"][slot] <= last
+            and c["awaiting"][slot] == 0
+            and c["step_s"][slot] > 0
         ):
-            self._add_gap(self._profile[slot], gap / self._step_s[slot])
-        self._boundary_s[slot] = max(last, time_s)
+            self._add_gap(self._profile[slot], gap / c["step_s"][slot])
+        c["boundary_s"][slot] = max(last, time_s)
 
     def _settle(self, key: tuple[str, int]) -> None:
         slot = self._pending.pop(key, None)
         if slot is not None:
-            self._awaiting[slot] -= 1
+            self._slots.columns["awaiting"][slot] -= 1
 
     def _add_gap(self, profile: str, ratio: float) -> None:
         gaps = self._gaps.get(profile)
@@ -151,17 +155,18 @@ class StepClock:
             for instance_id, profile in zip(view.instance_ids, view.profile.tolist(), strict=True):
                 self._slot(instance_id, profile)
             self._version = view.version
-        slots, rows = self._rows.of(view, self._ids)
-        if self._rows.identity:  # slot s is row s (the usual case): no gather
-            boundary, sent = self._boundary_s[:n], self._sent_s[:n]
-            awaiting, touched = self._awaiting[:n], self._touched[:n]
-            self._step_s[:n] = step_s
+        slots, rows = self._slots.rows(view)
+        c = self._slots.columns
+        if self._slots.identity:  # slot s is row s (the usual case): no gather
+            boundary, sent = c["boundary_s"][:n], c["sent_s"][:n]
+            awaiting, touched = c["awaiting"][:n], c["touched"][:n]
+            c["step_s"][:n] = step_s
         else:
             slot_of_row = np.empty(n, dtype=np.int64)
             slot_of_row[rows] = slots
-            boundary, sent = self._boundary_s[slot_of_row], self._sent_s[slot_of_row]
-            awaiting, touched = self._awaiting[slot_of_row], self._touched[slot_of_row]
-            self._step_s[slot_of_row] = step_s
+            boundary, sent = c["boundary_s"][slot_of_row], c["sent_s"][slot_of_row]
+            awaiting, touched = c["awaiting"][slot_of_row], c["touched"][slot_of_row]
+            c["step_s"][slot_of_row] = step_s
         busy = open_requests > 0
         busy |= (batch > 0) & ~touched
         if not np.count_nonzero(busy):  # (ndarray.any goes through a Python wrapper: ~3 us)
@@ -178,16 +183,8 @@ class StepClock:
         return wait
 
     def _slot(self, instance_id: str, profile: str) -> int:
-        slot = self._slot_of.get(instance_id)
+        slot = self._slots.get(instance_id)
         if slot is None:
-            slot = self._slot_of[instance_id] = len(self._ids)
-            self._ids.append(instance_id)
+            slot = self._slots.slot(instance_id)
             self._profile.append(profile)
-            if slot >= len(self._boundary_s):
-                grow = len(self._boundary_s)
-                self._boundary_s = np.concatenate([self._boundary_s, np.full(grow, -np.inf)])
-                self._sent_s = np.concatenate([self._sent_s, np.full(grow, -np.inf)])
-                self._awaiting = np.concatenate([self._awaiting, np.zeros(grow, dtype=np.int64)])
-                self._touched = np.concatenate([self._touched, np.zeros(grow, dtype=bool)])
-                self._step_s = np.concatenate([self._step_s, np.zeros(grow)])
         return slot

@@ -5,24 +5,24 @@ from __future__ import annotations
 import pytest
 
 from schemas.events import Completion, KvEvent, ResponseStarted
-from sim.loop.live import FleetEvent, LiveFleet
+from sim.loop.live import InstanceEvent, LiveFleet
 from tests.unit.sim.helpers import fleet_of
 from tests.unit.sim.helpers import routing_decision as decision
 
 START = 1_000.0
 
 
-def completions(events: list[FleetEvent]) -> list[Completion]:
+def completions(events: list[InstanceEvent]) -> list[Completion]:
     return [e for e in events if isinstance(e, Completion)]
 
 
-def first_tokens(events: list[FleetEvent]) -> list[ResponseStarted]:
+def first_tokens(events: list[InstanceEvent]) -> list[ResponseStarted]:
     return [e for e in events if isinstance(e, ResponseStarted)]
 
 
-def until_first_token(fleet: LiveFleet, now: float) -> tuple[float, list[FleetEvent]]:
+def until_first_token(fleet: LiveFleet, now: float) -> tuple[float, list[InstanceEvent]]:
     """Step through wakeups until some first token is reported; (wall time, events so far)."""
-    seen: list[FleetEvent] = []
+    seen: list[InstanceEvent] = []
     while not first_tokens(seen):
         wake = fleet.next_wakeup(now)
         assert wake is not None, "the fleet went idle without a first token"
