@@ -63,12 +63,12 @@ import numpy as np
 import numpy.typing as npt
 
 from agents.policy import build_scheduler
+from agents.policy.common.numeric import IntArray
 from agents.policy.common.prefix_index import sorted_distinct
 from agents.policy.types import BLOCK_TOKENS, BlocksChanged, ClusterView, Finished, RequestView
 from schemas.events import Heartbeat
 from streams.snapshot import SnapshotCache
 
-IntArray = npt.NDArray[np.int64]
 PROFILE = "llama3-8b-h100"
 MODEL = "llama3-8b"
 HEARTBEAT_S = 0.25

@@ -36,7 +36,7 @@ from sim.engine.fleet import FleetSpec, parse_fleet
 from sim.engine.instance import Instance
 from sim.evaluation.capacity import interactive_share
 from sim.evaluation.metrics import report
-from sim.evaluation.scoreboard import ENGINES, WORKLOADS, Workload
+from sim.evaluation.scoreboard import ENGINES, WORKLOADS, ScoredWorkload
 from sim.loop.runner import SimConfig, Simulation, scheduler_for
 from sim.workloads.sources import open_workload
 
@@ -60,7 +60,7 @@ CAPACITY = {
 
 @dataclass(frozen=True, slots=True)
 class Cell:
-    workload: Workload  # the scoreboard's (trace spec, arrival jitter)
+    workload: ScoredWorkload  # the scoreboard's (trace spec, arrival jitter)
     engine: str
     rate_scale: float
 

@@ -24,6 +24,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 
+from agents.policy.types import BLOCK_TOKENS
 from infra.kafka.clients import start_client
 from lab.measure import (
     CpuMeter,
@@ -41,7 +42,6 @@ from schemas.topics import DECISIONS, REQUESTS
 
 MODEL = "llama3-8b"
 INSTANCES = 8
-BLOCK_TOKENS = 512
 SHARED_PREFIXES = 64  # system prompts / documents several requests start with
 _TS_PLACEHOLDER = b'"ts":0.0,'
 _IN_FLIGHT = 5000  # deliveries awaited at once while publishing as fast as possible

@@ -34,7 +34,7 @@ EMBEDDED_HELP = (
     "is lost when the command exits)"
 )
 MAX_SECONDS = 1e7  # the longest duration an option takes: about 115 days
-MAX_TOKENS = 10_000_000
+MAX_TOKENS = 10_000_000  # schemas.events.MAX_TOKENS, not imported: -h starts without pydantic
 
 
 def real(

@@ -31,12 +31,12 @@ _MAX_JOB_BYTES = 16 * 1024 * 1024
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*$", re.IGNORECASE)
 _UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-MAX_DURATION_S = 1e7  # about 115 days
+LONGEST_OPTION_S = 1e7  # about 115 days
 
 
 def parse_duration(text: str) -> float:
     """Seconds in ``"90s"``, ``"30m"``, ``"2h"``, ``"1d"`` or ``"45"`` (seconds); must be > 0
-    and at most ``MAX_DURATION_S``."""
+    and at most ``LONGEST_OPTION_S``."""
     match = _DURATION.match(text)
     if not match:
         raise ValueError(
@@ -46,8 +46,8 @@ def parse_duration(text: str) -> float:
     seconds = float(match.group(1)) * _UNIT_S[match.group(2).lower()]
     if seconds <= 0:
         raise ValueError(f"invalid duration {text!r}: must be > 0")
-    if not math.isfinite(seconds) or seconds > MAX_DURATION_S:
-        raise ValueError(f"invalid duration {text[:40]!r}: must be at most {MAX_DURATION_S:.0e} s")
+    if not math.isfinite(seconds) or seconds > LONGEST_OPTION_S:
+        raise ValueError(f"invalid duration {text[:40]!r}: must be at most {LONGEST_OPTION_S:.0e} s")
     return seconds
 
 
@@ -144,8 +144,8 @@ async def submit_batch(
     Request ids become ``JOB/ID`` so two jobs from the same file never share one.
     ``ValueError``: unreadable file, bad deadline, or a job too large for one message.
     """
-    if not 0 < deadline_s <= MAX_DURATION_S:  # NaN too
-        raise ValueError(f"the deadline must be > 0 and at most {MAX_DURATION_S:.0e} s")
+    if not 0 < deadline_s <= LONGEST_OPTION_S:  # NaN too
+        raise ValueError(f"the deadline must be > 0 and at most {LONGEST_OPTION_S:.0e} s")
     job_id = job_id or f"job-{uuid.uuid4().hex[:12]}"
     now = time.time()
     if _is_openai_batch(path):

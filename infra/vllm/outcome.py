@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from agents.policy.common import timing
 from infra.vllm.openai_http import Generation
 from schemas.events import (
     MAX_DURATION_S,
@@ -42,9 +43,8 @@ def output_tokens(g: Generation) -> int:
 def completion(decision: RoutingDecision, g: Generation, status: Status, now: float) -> Completion:
     request = decision.request
     output = output_tokens(g)
-    tpot = None
-    if g.first_token_ts is not None and g.last_token_ts is not None and output > 1:
-        tpot = duration((g.last_token_ts - g.first_token_ts) / (output - 1))
+    measured_tpot = timing.tpot(g.first_token_ts, g.last_token_ts, output)
+    measured_ttft = timing.ttft(g.first_token_ts, request.ts)
     return Completion(
         ts=now,
         request_id=decision.request_id,
@@ -55,8 +55,8 @@ def completion(decision: RoutingDecision, g: Generation, status: Status, now: fl
         slo_class=decision.slo_class,
         status=status,
         arrival_ts=request.ts,
-        ttft_s=None if g.first_token_ts is None else duration(g.first_token_ts - request.ts),
-        tpot_s=tpot,
+        ttft_s=None if measured_ttft is None else duration(measured_ttft),
+        tpot_s=None if measured_tpot is None else duration(measured_tpot),
         e2e_s=duration(now - request.ts),
         input_tokens=g.prompt_tokens or request.input_tokens,
         cached_tokens=g.cached_tokens,
@@ -85,4 +85,5 @@ def response(
 
 
 def duration(seconds: float) -> float:
-    return min(max(seconds, 0.0), MAX_DURATION_S)
+    """A measured duration as the wire carries it (``timing.clamp_duration``)."""
+    return timing.clamp_duration(seconds, MAX_DURATION_S)

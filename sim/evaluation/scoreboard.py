@@ -48,7 +48,7 @@ POLICIES = (JUDGED, "round-robin", "least-tokens", *PEERS)
 
 
 @dataclass(frozen=True, slots=True)
-class Workload:
+class ScoredWorkload:
     name: str
     spec: str
     start: float  # first scale probed: near where least-tokens keeps P95 TTFT about 2 s
@@ -57,10 +57,10 @@ class Workload:
 
 
 WORKLOADS = (
-    Workload("mooncake", str(MOONCAKE), 1.0),
-    Workload("mooncake-spread", str(MOONCAKE), 1.0, jitter_s=3.0),
-    Workload("synthetic", "synthetic:duration_s=1800", 3.0),
-    Workload("azure-code", str(AZURE_CODE), 18.0, 0.0, None),
+    ScoredWorkload("mooncake", str(MOONCAKE), 1.0),
+    ScoredWorkload("mooncake-spread", str(MOONCAKE), 1.0, jitter_s=3.0),
+    ScoredWorkload("synthetic", "synthetic:duration_s=1800", 3.0),
+    ScoredWorkload("azure-code", str(AZURE_CODE), 18.0, 0.0, None),
 )
 
 

@@ -404,3 +404,10 @@ def test_a_misspelt_query_is_named_not_sent_to_write_mode(capsys: pytest.Capture
     assert "did you mean SELECT" in err and "--write" not in err
     err = _error_line(capsys, main(["sql", "DROP TABLE completions"]), "sql")
     assert "pass --write" in err
+
+
+def test_the_command_lines_token_bound_is_the_wires() -> None:
+    from cli.options import MAX_TOKENS
+    from schemas.events import MAX_TOKENS as WIRE_MAX_TOKENS
+
+    assert MAX_TOKENS == WIRE_MAX_TOKENS
