@@ -324,7 +324,7 @@ def summary_table(result: Mapping[str, Any]) -> Group:
 def comparison(results: Mapping[str, Mapping[str, Any]]) -> Group:
     """A heading, then per class each policy's goodput, compliant share, TTFT p50 / p95 and
     rejects side by side (and the totals); then each policy's goodput as a ratio to the first's
-    (the baseline)."""
+    (the baseline), and what each policy's compliant tokens cost (``summary.costs``)."""
     table = _table("class", *results)
     classes = sorted({c for r in results.values() for c in r["per_class"]})
     for name in [*classes, "all"]:
@@ -347,7 +347,23 @@ def comparison(results: Mapping[str, Mapping[str, Any]]) -> Group:
         mine = results[policy].get("total", {}).get("goodput_tokens_per_s") or 0.0
         ratio = f"{mine / base:.2f}x" if base else "-"
         lines.append(Text(f"goodput {policy} / {baseline}: {ratio} ({mine:.1f} vs {base:.1f} tok/s)"))
+    for policy, r in results.items():
+        cost = r.get("cost") or {}
+        busy, wasted, idle = (
+            cost.get(k, 0.0) for k in ("gpu_seconds_busy", "wasted_gpu_seconds", "gpu_seconds_idle")
+        )
+        lines.append(
+            Text(
+                f"cost {policy}: {_dollars(cost.get('cost_per_million_goodput_tokens'))} per million "
+                f"compliant tokens (${cost.get('cost', 0.0):.4f}; GPU-seconds busy {busy:.0f}, "
+                f"wasted {wasted:.0f}, idle {idle:.0f})"
+            )
+        )
     return Group(*lines)
+
+
+def _dollars(value: float | None) -> str:
+    return "-" if value is None else f"${value:.3f}"
 
 
 def _seconds(value: float | None) -> str:

@@ -101,6 +101,37 @@ def admissions(
 
 _COUNTS = ("requests", "completions", "completed", "aborted", "timeout", "error")
 
+_COSTS_SQL = """
+SELECT
+    sumIf(gpu_seconds, slo_class NOT IN ('(idle)', '(unattributed)')) AS attributed,
+    sumIf(gpu_seconds, slo_class = '(unattributed)') AS unattributed,
+    sumIf(gpu_seconds, slo_class = '(idle)') AS idle,
+    sum(wasted_gpu_seconds) AS wasted,
+    sum(cost) AS cost,
+    sum(goodput_tokens) AS good
+FROM cost_per_minute
+WHERE minute >= toStartOfMinute(fromUnixTimestamp64Milli({since_ms:Int64}, 'UTC'))
+  AND ({run:String} = '' OR run_id = {run:String})
+"""
+
+
+def costs(client: Client, since_ts: float | None = None, run_id: str = "") -> dict[str, float | None]:
+    """What the run's compliant tokens cost (``cost_per_minute``, whole minutes from the one
+    ``since_ts`` falls in): GPU-seconds attributed to requests, busy but unattributed, and idle;
+    wasted GPU-seconds; the fleet's whole cost (idle included) and
+    ``cost_per_million_goodput_tokens`` = cost / compliant tokens x 1e6 (None without any)."""
+    since = {"since_ms": 0 if since_ts is None else int(since_ts * 1000), "run": run_id}
+    attributed, unattributed, idle, wasted, cost, good = client.query(
+        _COSTS_SQL, parameters=since
+    ).result_rows[0]
+    return {
+        "gpu_seconds_busy": round(_number(attributed) + _number(unattributed), 3),
+        "gpu_seconds_idle": round(_number(idle), 3),
+        "wasted_gpu_seconds": round(_number(wasted), 3),
+        "cost": round(_number(cost), 6),
+        "cost_per_million_goodput_tokens": round(_number(cost) / _number(good) * 1e6, 4) if good else None,
+    }
+
 
 def clickhouse_rows(client: Client, run_id: str = "") -> int:
     """Distinct events stored across the four event tables (of run ``run_id``; "" = all)."""
@@ -117,7 +148,7 @@ def summary(client: Client, since_ts: float | None = None, run_id: str = "") -> 
     compliant_share. Where admission held or rejected requests, each class also has ``rejected``,
     ``held`` and their top reasons (``admissions``), and ``total`` the two counts. Only events
     with ``ts >= since_ts`` (default: all) of run ``run_id`` (the ``run_id`` column the sink
-    stamps; "" = every run) count.
+    stamps; "" = every run) count. ``cost``: what its compliant tokens cost (``costs``).
     """
     since = {"since_ms": 0 if since_ts is None else int(since_ts * 1000), "run": run_id}
     count, first_arrival, last_end = client.query(_WINDOW_SQL, parameters=since).result_rows[0]
@@ -143,6 +174,7 @@ def summary(client: Client, since_ts: float | None = None, run_id: str = "") -> 
         "clickhouse_rows": clickhouse_rows(client, run_id),
         "total": total,
         "per_class": per_class,
+        "cost": costs(client, since_ts, run_id),
     }
 
 

@@ -13,7 +13,7 @@ from agents.policy.common.slo import DEFAULT_SLO_CLASSES
 from infra.clickhouse import FeedbackSink, connect, migrate, summary
 from infra.clickhouse.client import split_database
 from infra.clickhouse.migrate import load_migrations
-from infra.clickhouse.summary import clickhouse_rows
+from infra.clickhouse.summary import clickhouse_rows, costs
 from schemas.events import AdmissionDecision, Completion, Heartbeat, InferenceRequest, RoutingDecision
 
 T0 = 1_700_000_000.0
@@ -192,7 +192,16 @@ def test_summary_on_a_hand_made_run(client: Client, sink: FeedbackSink) -> None:
 
 
 def test_summary_of_an_empty_store(client: Client) -> None:
-    assert summary(client) == {"window_s": 0.0, "clickhouse_rows": 0, "total": {}, "per_class": {}}
+    nothing = {
+        "gpu_seconds_busy": 0.0,
+        "gpu_seconds_idle": 0.0,
+        "wasted_gpu_seconds": 0.0,
+        "cost": 0.0,
+        "cost_per_million_goodput_tokens": None,
+    }
+    assert summary(client) == {
+        "window_s": 0.0, "clickhouse_rows": 0, "total": {}, "per_class": {}, "cost": nothing
+    }  # fmt: skip
 
 
 class FlakyInserts:
@@ -461,6 +470,10 @@ def test_cost_per_minute_splits_busy_time_by_tokens_and_reports_idle_apart(clien
     idle, _, idle_cost, _ = rows[("", "(idle)")]
     assert idle == pytest.approx(10 * 0.25 * 2) and idle_cost == pytest.approx(10 * 0.25 * 6.0 / 3600)
     assert ("", "(unattributed)") not in rows
+    whole = costs(client)  # the fleet's whole cost, idle included, per compliant token
+    assert whole["cost"] == pytest.approx(40 * 0.25 * 6.0 / 3600, abs=1e-6)
+    assert whole["cost_per_million_goodput_tokens"] == pytest.approx(whole["cost"] / 100 * 1e6, rel=1e-3)
+    assert whole["gpu_seconds_busy"] == 15.0 and whole["gpu_seconds_idle"] == 5.0
 
 
 def test_cost_per_minute_keeps_busy_time_with_no_ended_attempt_and_unpriced_instances(client: Client) -> None:

@@ -34,7 +34,17 @@ def test_comparison_lists_every_class_of_every_policy_side_by_side() -> None:
         "compliant_share": 0.7,
     }
     results: dict[str, dict[str, Any]] = {
-        "round-robin": {"per_class": {"interactive": interactive}, "total": interactive},
+        "round-robin": {
+            "per_class": {"interactive": interactive},
+            "total": interactive,
+            "cost": {
+                "gpu_seconds_busy": 900.4,
+                "wasted_gpu_seconds": 610.2,
+                "gpu_seconds_idle": 19.6,
+                "cost": 0.76,
+                "cost_per_million_goodput_tokens": 15.59,
+            },
+        },
         "slomax+tokenpilot": {
             "per_class": {
                 "interactive": {**interactive, "ttft_p50_s": 0.357, "compliant_share": 0.99, "rejected": 3},
@@ -53,6 +63,10 @@ def test_comparison_lists_every_class_of_every_policy_side_by_side() -> None:
         "all 812.3 tok/s, 70.0%, 0.397 / 1.366 s, 0 rejected 1624.6 tok/s, 70.0%, 0.397 / 1.366 s, "
         "3 rejected",
         "goodput slomax+tokenpilot / round-robin: 2.00x (1624.6 vs 812.3 tok/s)",
+        "cost round-robin: $15.590 per million compliant tokens ($0.7600; GPU-seconds busy 900, wasted 610, "
+        "idle 20)",
+        "cost slomax+tokenpilot: - per million compliant tokens ($0.0000; GPU-seconds busy 0, wasted 0, "
+        "idle 0)",
     ]
 
 
