@@ -27,7 +27,8 @@ from agents.policy.registry import StageParams, params_for
 from sim.engine.fleet import FleetSpec
 from sim.engine.instance import Attempt
 from sim.evaluation.compare import check_policies
-from sim.evaluation.metrics import measurement_window, outcomes, report
+from sim.evaluation.cost import costs
+from sim.evaluation.metrics import judged, measurement_window, outcomes, report
 from sim.loop.runner import SimConfig, simulate
 from sim.workloads.trace import Workload
 
@@ -47,6 +48,7 @@ class Probe:
     ttft_p95_s: float | None
     goodput_tokens_per_s: float
     ttft_prediction_mape: float | None = None  # the policy's own TTFT predictions, after warm-up
+    cost_per_million_goodput_tokens: float | None = None  # sim/evaluation/cost.py (None: no price)
 
 
 Measure = Callable[[float], Probe]
@@ -71,7 +73,11 @@ def probe(
 ) -> Probe:
     """Simulate ``policy`` at ``rate_scale`` and judge the run."""
     run = simulate(workload.scaled(rate_scale), fleet, policy, config, None, params_for(policy, params))
-    totals = report(run.attempts, run.window, config.slo_classes, run.busy_s)
+    requests = judged(run.attempts, run.window, config.slo_classes)
+    totals = report(run.attempts, run.window, config.slo_classes, run.busy_s, requests)
+    window_s = run.window[1] - run.window[0]
+    spend = costs(run.attempts, requests, fleet.instances, run.busy_s, window_s)["total"]
+    assert isinstance(spend, dict)
     return Probe(
         rate_scale=rate_scale,
         interactive_slo_share=round(interactive_share(run.attempts, run.window, config), 6),
@@ -79,6 +85,7 @@ def probe(
         ttft_p95_s=totals["ttft_p95_s"],  # type: ignore[arg-type]
         goodput_tokens_per_s=totals["goodput_tokens_per_s"],  # type: ignore[arg-type]
         ttft_prediction_mape=totals["ttft_prediction_mape"],  # type: ignore[arg-type]
+        cost_per_million_goodput_tokens=spend["cost_per_million_goodput_tokens"],
     )
 
 
@@ -139,6 +146,9 @@ class Capacity:
             "goodput_tokens_per_s": None if found is None else found.goodput_tokens_per_s,
             "interactive_slo_share": None if found is None else found.interactive_slo_share,
             "ttft_prediction_mape": None if found is None else found.ttft_prediction_mape,
+            "cost_per_million_goodput_tokens": None
+            if found is None
+            else found.cost_per_million_goodput_tokens,
             "probes": [asdict(p) for p in self.probes],
         }
 
@@ -218,14 +228,16 @@ def format_capacity(document: Mapping[str, Any]) -> str:
         f"highest rate scale with >= {document['target_interactive_slo_share']:.0%} of interactive "
         f"requests within TTFT and TPOT, to {document['precision']:.0%}",
         "",
-        "| policy | capacity (x rate) | TTFT p50 | TTFT p95 | goodput tok/s | interactive in SLO | probes |",
-        "|---|---|---|---|---|---|---|",
+        "| policy | capacity (x rate) | TTFT p50 | TTFT p95 | goodput tok/s | $ per M good tokens "
+        "| interactive in SLO | probes |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, c in document["capacity"].items():
         scale = "< " + _num(c["below"]) if c["rate_scale"] is None else _num(c["rate_scale"])
         rows.append(
             f"| {name} | {scale} | {_sec(c['ttft_p50_s'])} | {_sec(c['ttft_p95_s'])} "
-            f"| {_num(c['goodput_tokens_per_s'], 0)} | {_share(c['interactive_slo_share'])} "
+            f"| {_num(c['goodput_tokens_per_s'], 0)} | {_num(c.get('cost_per_million_goodput_tokens'), 3)} "
+            f"| {_share(c['interactive_slo_share'])} "
             f"| {len(c['probes'])} |"
         )
     compared = document.get("compared_at")

@@ -118,7 +118,8 @@ def verdict(document: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def capacity_table(documents: Sequence[Mapping[str, Any]]) -> str:
-    """Every policy's capacity (x the trace's rate), one row per policy, a column per run."""
+    """Every policy's capacity (x the trace's rate) and its cost per million compliant tokens
+    there, one row per policy, a column per run."""
     runs = [f"{d['workload']} / {d['engine']}" for d in documents]
     rows = [
         "| policy | " + " | ".join(runs) + " |",
@@ -192,9 +193,11 @@ def _scale(value: float | None) -> str:
 
 
 def _capacity_cell(found: Mapping[str, Any]) -> str:
+    """The capacity, and what a million compliant tokens cost there."""
     if found["rate_scale"] is None:
         return "-" if found.get("below") is None else f"< {found['below']:.3g}"
-    return _scale(found["rate_scale"])
+    cost = found.get("cost_per_million_goodput_tokens")
+    return _scale(found["rate_scale"]) + ("" if cost is None else f" (${cost:.2f}/M)")
 
 
 def _times(value: float | None) -> str:

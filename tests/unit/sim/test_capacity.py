@@ -70,6 +70,7 @@ def test_capacity_document_orders_policies_by_what_they_carry() -> None:
     for name in ("least-tokens", "round-robin"):
         assert set(found[name]) >= {"rate_scale", "ttft_p50_s", "ttft_p95_s", "goodput_tokens_per_s"}
         assert found[name]["interactive_slo_share"] >= 0.99
+        assert found[name]["cost_per_million_goodput_tokens"] > 0  # the profile's price, per good token
         # the last failing probe is within 10 % above the answer
         failing = [p["rate_scale"] for p in found[name]["probes"] if p["interactive_slo_share"] < 0.99]
         assert (

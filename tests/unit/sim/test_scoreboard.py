@@ -61,3 +61,6 @@ def test_capacity_table_has_a_row_per_policy_and_a_column_per_run() -> None:
     assert len(table) == 2 + len(POLICIES)
     assert "| llm-d-default | - | - |" in table
     assert "| tokenpilot | 2.5 | 2.5 |" in table
+    priced = {**document(), "capacity": {name: {"rate_scale": 1.0} for name in POLICIES}}
+    priced["capacity"]["tokenpilot"]["cost_per_million_goodput_tokens"] = 0.7149
+    assert "| tokenpilot | 1 ($0.71/M) |" in capacity_table([priced]).splitlines()
