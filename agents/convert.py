@@ -80,4 +80,5 @@ def fleet_event(notice: FleetNotice, worker: str = "") -> FleetEvent:
         delta=notice.delta,
         tenant=notice.tenant,
         worker=worker,
+        replicas=notice.replicas,
     )

@@ -96,6 +96,14 @@ fleet_events_total = Counter(
     namespace=NAMESPACE,
     registry=REGISTRY,
 )
+desired_replicas = Gauge(
+    "desired_replicas",
+    "FleetMind's latest replica advice: the instances of the pool it asks for in the data centre "
+    "(absent until it advises; an autoscaler such as KEDA or an HPA external metric reads it).",
+    ["pool", "dc"],
+    namespace=NAMESPACE,
+    registry=REGISTRY,
+)
 dlq_total = Counter(
     "dlq",
     "Inputs dead-lettered, by the topic they came from.",
@@ -269,6 +277,9 @@ class PrometheusTelemetry:
     def fleet_events(self, events: Sequence[FleetEvent]) -> None:
         for (kind, dc), count in collections.Counter((e.kind, self.dc_label(e.dc)) for e in events).items():
             fleet_events_total.labels(kind=kind, dc=dc).inc(count)
+        for e in events:
+            if e.kind == "replica_advice" and e.replicas is not None:
+                desired_replicas.labels(pool=self.pool_label(e.model), dc=self.dc_label(e.dc)).set(e.replicas)
 
     def queue_depth(self, pool: str, depth: int) -> None:
         queue_depth.labels(pool=self.pool_label(pool)).set(depth)

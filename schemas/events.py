@@ -402,7 +402,8 @@ class FleetEvent(Event):
       changed (down: no ready instance with a fresh heartbeat; recovering: traffic returns
       gradually);
     - ``reservation_moved``: ``tenant``'s reservation is now booked in ``dc`` ("" = nowhere);
-    - ``replica_advice``: add (``delta`` +1) or remove (-1) an instance of the version in ``dc``.
+    - ``replica_advice``: add (``delta`` +1) or remove (-1) an instance of the version in ``dc``,
+      which makes ``replicas`` instances of it there (the target an autoscaler converges to).
 
     ``detail`` says why, in words, with the figures it was based on; ``worker``: the scheduler
     worker that saw it (host:pid).
@@ -416,6 +417,7 @@ class FleetEvent(Event):
     delta: int = Field(default=0, ge=-MAX_COUNT, le=MAX_COUNT)
     tenant: Label = ""
     worker: Label = ""
+    replicas: int | None = Field(default=None, ge=0, le=MAX_COUNT)
 
 
 EVENT_TYPES: tuple[type[Event], ...] = (

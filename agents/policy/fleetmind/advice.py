@@ -86,7 +86,7 @@ class PlacementAdvisor:
             "replica_advice", dc, model, version, now_s,
             f"fleet load {mean:.2f} >= {self.high} over {self.window_s:g} s; {deployed} of a "
             f"{self.rules.gpu_budget}-instance budget deployed",
-            delta=1,
+            delta=1, replicas=(caps[dc].deployed if dc in caps else 0) + 1,
         )  # fmt: skip
 
     def _shrink(
@@ -104,6 +104,7 @@ class PlacementAdvisor:
         return FleetNotice(
             "replica_advice", dc, model, version, now_s,
             f"fleet load {mean:.2f} <= {self.low} over {self.window_s:g} s", delta=-1,
+            replicas=caps[dc].deployed - 1,
         )  # fmt: skip
 
     def _domain(self, dc: str) -> str:

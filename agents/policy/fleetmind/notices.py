@@ -16,7 +16,8 @@ NoticeKind = Literal["dc_down", "dc_recovering", "dc_up", "reservation_moved", "
 class FleetNotice:
     """``kind`` happened to ``dc`` for ``model`` at ``model_version`` at ``time_s``.
 
-    ``replica_advice``: ``delta`` instances (+1 add, -1 remove) of the model version in ``dc``;
+    ``replica_advice``: ``delta`` instances (+1 add, -1 remove) of the model version in ``dc``,
+    which makes ``replicas`` instances of it there (what an autoscaler should converge to);
     ``reservation_moved``: ``tenant``'s reservation now booked in ``dc`` ("" = nowhere).
     ``detail`` says why, in words, with the figures it was based on.
     """
@@ -29,3 +30,4 @@ class FleetNotice:
     detail: str
     delta: int = 0
     tenant: str = ""
+    replicas: int | None = None

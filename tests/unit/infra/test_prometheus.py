@@ -108,3 +108,19 @@ def test_fleet_events_are_counted_by_kind_and_a_bounded_dc_label() -> None:
     labels = {telemetry.dc_label(f"dc-{i}-" + "z" * 500) for i in range(200)}
     assert len(labels) == metrics.MAX_POOL_LABELS and "other" in labels  # dc-prom took one
     assert max(len(label) for label in labels) <= 64
+
+
+def test_replica_advice_sets_the_desired_replicas_an_autoscaler_reads() -> None:
+    telemetry = metrics.PrometheusTelemetry()
+    telemetry.fleet_events(
+        [
+            FleetEvent(kind="replica_advice", dc="dc-r", model="m-r", delta=1, replicas=3),
+            FleetEvent(kind="dc_up", dc="dc-r", model="m-r"),  # not advice: no change
+        ]
+    )
+    desired = metrics.REGISTRY.get_sample_value("tokenfleet_desired_replicas", {"pool": "m-r", "dc": "dc-r"})
+    assert desired == 3.0
+    telemetry.fleet_events([FleetEvent(kind="replica_advice", dc="dc-r", model="m-r", delta=-1, replicas=2)])
+    assert (
+        metrics.REGISTRY.get_sample_value("tokenfleet_desired_replicas", {"pool": "m-r", "dc": "dc-r"}) == 2.0
+    )

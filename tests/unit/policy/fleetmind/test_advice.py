@@ -63,12 +63,13 @@ def test_sustained_high_load_adds_one_in_the_failure_domain_with_fewest_instance
         ("replica_advice", "C", 1, "m", "v1")
     ]
     assert "6 of a 10-instance budget" in notices[0].detail
+    assert notices[0].replicas == 3  # C runs 2: the advice asks for 3 there
 
 
 def test_a_dc_without_the_model_counts_as_an_empty_failure_domain() -> None:
     extra = [{"name": "D", "failure_domain": "fd3", "gpu_slots": 1}]
     (notice,) = feed(advisor(extra=extra), fleet(0.9), range(0, 59))
-    assert (notice.dc, notice.delta) == ("D", 1)
+    assert (notice.dc, notice.delta, notice.replicas) == ("D", 1, 1)
 
 
 def test_growth_needs_a_free_slot_and_breaks_domain_ties_by_rtt() -> None:
@@ -85,7 +86,7 @@ def test_growth_stays_within_the_budget() -> None:
 
 def test_sustained_low_load_removes_one_where_most_instances_are() -> None:
     (notice,) = feed(advisor(), fleet(0.1), range(0, 59))
-    assert (notice.kind, notice.dc, notice.delta) == ("replica_advice", "A", -1)
+    assert (notice.kind, notice.dc, notice.delta, notice.replicas) == ("replica_advice", "A", -1, 2)
 
 
 def test_shrinking_never_removes_the_last_instance_of_a_failure_domain() -> None:
