@@ -119,7 +119,14 @@ class Simulation(AttemptLifecycle):
         feedback: OutcomeSink | None = None,
     ) -> None:
         """``feedback``: where ended attempts and rejects are recorded for an admission stage
-        that closes its loop on them (default: in memory, if the stage wants feedback)."""
+        that closes its loop on them (default: in memory, if the stage wants feedback).
+        ``ValueError`` if a request names an SLO class ``config`` does not have."""
+        unknown = sorted({r.slo_class for r in workload.requests} - set(config.slo_classes))
+        if unknown:
+            raise ValueError(
+                f"{workload.name}: SLO class {unknown[0]!r} is not configured "
+                f"(classes: {', '.join(sorted(config.slo_classes))})"
+            )
         self.workload = workload
         self.fleet = fleet
         self.scheduler = scheduler

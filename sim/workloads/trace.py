@@ -176,10 +176,21 @@ def load_records(records: Iterable[dict[str, Any]], name: str) -> Workload:
     return _rebased(name, requests)
 
 
+RECORD_FIELDS = (
+    "timestamp", "input_length", "output_length", "hash_ids", "request_id", "tenant", "slo_class",
+    "deadline_s", "max_tokens", "task_type", "model", "home_dc", "model_version", "allowed_regions",
+)  # fmt: skip
+"""The fields a Mooncake-format record may carry; any other is an error (a typo would otherwise
+be silently ignored)."""
+
+
 def _from_record(row: object, default_id: str) -> TraceRequest:
     """One request from a Mooncake record; ``ValueError`` naming the first bad field."""
     if not isinstance(row, dict):
         raise ValueError(f"expected a JSON object, got {type(row).__name__}")
+    unknown = sorted(str(key) for key in row if key not in RECORD_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown fields {unknown} (known: {', '.join(RECORD_FIELDS)})")
     for required in ("timestamp", "input_length", "output_length"):
         if required not in row:
             raise ValueError(f"field {required!r} is missing")

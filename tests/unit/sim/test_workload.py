@@ -209,3 +209,17 @@ def test_arrivals_at_one_instant_are_measured_until_the_last_completion(tmp_path
     assert metrics["completed"] == 3
     assert metrics["goodput_tokens_per_s"] == metrics["output_tokens_per_s"] == round(120 / end, 6)
     assert metrics["compliant_share"] == 1.0 and metrics["busy_fraction"] is None
+
+
+def test_a_record_with_an_unknown_field_or_slo_class_is_one_clear_error(tmp_path: Path) -> None:
+    from sim.engine.fleet import parse_fleet
+    from sim.loop.runner import SimConfig, simulate
+
+    typo = tmp_path / "typo.jsonl"
+    typo.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5, "slo_clas": "batch"}\n')
+    with pytest.raises(ValueError, match=r"unknown fields \['slo_clas'\]"):
+        load_workload(typo)
+    platinum = tmp_path / "platinum.jsonl"
+    platinum.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5, "slo_class": "platinum"}\n')
+    with pytest.raises(ValueError, match="SLO class 'platinum' is not configured"):
+        simulate(load_workload(platinum), parse_fleet("1xllama3-8b-h100"), "round-robin", SimConfig())
