@@ -183,8 +183,12 @@ def load_settings(policy: str | None = None) -> Any:
 def require_broker(settings: Any, embedded: bool | None) -> None:
     """A command that only publishes needs a broker that outlives it: refuse to publish into a
     throwaway embedded one unless ``--embedded`` asks for exactly that (and say so). ``None``:
-    the command has no ``--embedded`` (it needs the worker's broker, whatever it does)."""
+    the command has no ``--embedded`` (it needs the worker's broker, whatever it does). A
+    configured broker must answer within seconds (``require_reachable``)."""
     if settings.kafka_bootstrap:
+        from infra.kafka.broker import require_reachable
+
+        require_reachable(settings.kafka_bootstrap)
         return
     if not embedded:
         offer = "" if embedded is None else ", or pass --embedded to publish into a throwaway embedded broker"

@@ -93,7 +93,7 @@ def fleet_command(
 
     \b
     Example:
-      tokenfleet fleet --fleet 2xllama3-8b-h100 --speed 10
+      TOKENFLEET_KAFKA_BOOTSTRAP=localhost:9092 tokenfleet fleet --fleet 2xllama3-8b-h100 --speed 10
     """
     from dispatcher.main import serve
     from infra.bootstrap import kafka_bootstrap
@@ -116,6 +116,7 @@ def fleet_command(
         parse_fleet(fleet)  # fail fast on a bad spec
     else:
         raise ValueError(f"--engine must be emulated or vllm, not {engine!r}")
+    require_broker(settings, embedded=None)  # never a private broker no worker can reach
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     with kafka_bootstrap(settings) as bootstrap:
         counts = _run_until_interrupted(
@@ -155,8 +156,8 @@ def gateway(
     settings = load_settings()
     classes = frozenset(settings.slo_classes)  # callers' keys: TOKENFLEET_API_KEYS (gateway/auth.py)
     auth = Authenticator.from_settings(settings.api_keys, settings.trust_tenant_header, classes)
+    found = _inventory(inventory, settings)  # a bad inventory is named before the broker is looked for
     require_broker(settings, embedded=None)
-    found = _inventory(inventory, settings)
     prompts = Prompts.from_dirs({**found.tokenizer_dirs(), **settings.tokenizers})
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     options = GatewayOptions(decision_timeout_s=decision_timeout, slo_classes=classes)

@@ -188,3 +188,37 @@ class BrokerProbe:
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.close(reason=CloseReason.SHUTDOWN)
+
+
+class BrokerUnreachable(ConnectionError):
+    """A configured broker did not answer (the message says where)."""
+
+
+def require_reachable(bootstrap: str, timeout_s: float = 8.0) -> None:
+    """``BrokerUnreachable`` (one line) unless a broker of ``bootstrap`` answers a metadata request
+    within ``timeout_s`` (each address tried in turn, within the one budget): a command that
+    needs the broker says so at once instead of retrying for minutes."""
+
+    async def any_answers() -> bool:
+        addresses = [a.strip() for a in bootstrap.split(",") if a.strip()]
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        for address in addresses:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                break
+            probe = BrokerProbe(address, timeout_s=min(left, max(timeout_s / len(addresses), 1.0)))
+            try:
+                if await probe.topics() is not None:
+                    return True
+            finally:
+                await probe.close()
+        return False
+
+    try:
+        answered = asyncio.run(any_answers())
+    except ValueError:  # an address without a port
+        raise BrokerUnreachable(
+            f"TOKENFLEET_KAFKA_BOOTSTRAP={bootstrap!r} is not host:port[,host:port]"
+        ) from None
+    if not answered:
+        raise BrokerUnreachable(f"no Kafka broker answers at {bootstrap} (within {timeout_s:.0f} s)")

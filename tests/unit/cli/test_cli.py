@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import os
 import subprocess
 import sys
@@ -411,3 +412,25 @@ def test_the_command_lines_token_bound_is_the_wires() -> None:
     from schemas.events import MAX_TOKENS as WIRE_MAX_TOKENS
 
     assert MAX_TOKENS == WIRE_MAX_TOKENS
+
+
+@pytest.mark.usefixtures("no_broker")
+def test_services_never_start_a_private_broker_and_name_a_bad_inventory_first(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    err = _error_line(capsys, main(["fleet"]), "fleet")
+    assert "no Kafka broker configured" in err
+    err = _error_line(capsys, main(["gateway", "--inventory", str(tmp_path / "absent.yaml")]), "gateway")
+    assert "cannot read the inventory" in err  # not hidden behind the missing broker
+    assert not (tmp_path / "data").exists()  # no embedded broker was started
+
+
+def test_an_unreachable_broker_is_one_line_within_ten_seconds(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from infra.kafka.broker import free_port
+
+    monkeypatch.setenv("TOKENFLEET_KAFKA_BOOTSTRAP", f"127.0.0.1:{free_port()}")  # nobody listens
+    started = time.monotonic()
+    err = _error_line(capsys, main(["loadgen", "--workload", "synthetic:duration_s=5"]), "loadgen")
+    assert "no Kafka broker answers at 127.0.0.1:" in err and time.monotonic() - started < 10
