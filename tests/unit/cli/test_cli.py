@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import time
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
