@@ -6,7 +6,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agents.policy import policy_names
 from agents.policy.registry import PolicyError, StageParams, params_for, parse_policy
 from agents.policy.types import BLOCK_TOKENS
 from sim.engine.fleet import FleetSpec
@@ -21,11 +20,6 @@ IDEAL = "ideal"
 IDEAL_FLEET_CACHE = "ideal-fleet-cache"
 BOUNDS = (IDEAL, IDEAL_FLEET_CACHE)
 """Latency floors reported beside the policies; not policies (``sim/evaluation/ideal.py``)."""
-
-
-def known_policies() -> list[str]:
-    """Every router by its own name, then the bounds (composed names are accepted too)."""
-    return [*policy_names(), *BOUNDS]
 
 
 def check_policies(policies: Sequence[str], params: StageParams | None = None) -> None:
