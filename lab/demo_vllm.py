@@ -104,6 +104,7 @@ async def _run_once(
         clickhouse=clickhouse,
         app_id=f"vllm-demo-{policy.replace('+', '-')}-{time.time_ns() % 10**6}",
         worker_settings={"TOKENFLEET_RUN_ID": run_id},
+        trust_tenant_header=True,  # each user is a tenant, named by its header
     )
     print(
         f"demo: policy {policy}: {options.duration:.0f} s of load, {options.concurrency} users",

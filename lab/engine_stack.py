@@ -38,6 +38,9 @@ class StackOptions:
     gateway_port: int = 0  # 0: any free port
     worker_settings: dict[str, str] = field(default_factory=dict)
     app_id: str = "tokenfleet-engines"
+    # The gateway takes each call's tenant from X-TokenFleet-Tenant, as behind an authenticating
+    # proxy (the demo's users are tenants); otherwise it runs open (every call tenant "default").
+    trust_tenant_header: bool = False
 
 
 def worker_options(inventory_path: Path, options: StackOptions) -> WorkerOptions:
@@ -106,12 +109,11 @@ class EngineStack:
             group_id=f"{self.options.app_id}-dispatcher",
         )
         await self.dispatcher.start(timeout_s=60)
-        # The lab's load generators name each call's tenant, as an authenticating proxy would.
         self.gateway = Gateway(
             self.bootstrap,
             self.inventory,
             Prompts.from_dirs(self.inventory.tokenizer_dirs()),
-            auth=Authenticator("proxy"),
+            auth=Authenticator("proxy") if self.options.trust_tenant_header else Authenticator.open(),
         )
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(serve(self.gateway, "127.0.0.1", self.port, self._stop)))

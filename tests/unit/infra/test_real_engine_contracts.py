@@ -157,10 +157,14 @@ def test_assembled_answers_and_rejections_map_to_http() -> None:
     assert (shed.status, shed.headers) == (503, {})
 
 
+EXAMPLE_INVENTORY = str(Path(__file__).resolve().parents[3] / "examples" / "inventory.yaml")
+
+
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [
-        (["gateway"], {}, "no Kafka broker configured"),
+        (["gateway"], {}, "no engine inventory"),  # named before the broker is looked for
+        (["gateway", "--inventory", EXAMPLE_INVENTORY], {}, "no Kafka broker configured"),
         (["gateway"], {"TOKENFLEET_KAFKA_BOOTSTRAP": "127.0.0.1:1"}, "no engine inventory"),
         (
             ["gateway", "--inventory", "/no/such.yaml"],
