@@ -24,7 +24,7 @@ try:  # recent typer carries its own copy of click
 except ImportError:  # older typer runs on click itself
     from click.exceptions import ClickException, UsageError  # type: ignore[assignment]
 
-from cli import demo, service, simulator, store
+from cli import demo, service, simulator, store, up
 from cli.options import error
 
 app = typer.Typer(
@@ -49,6 +49,9 @@ for name, command in (
     ("loadgen", service.loadgen),
     ("sql", store.sql),
     ("demo", demo.demo),
+    ("up", up.up),
+    ("status", up.status),
+    ("down", up.down),
 ):
     app.command(name)(command)
 app.add_typer(service.batch_app, name="batch")

@@ -1,0 +1,193 @@
+"""``tokenfleet up``, ``status`` and ``down``: a whole TokenFleet on this machine, supervised
+(``lab.local`` does the work)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from cli.options import MAX_SECONDS, POLICY_HELP, error, load_settings, real, whole
+
+DirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--dir",
+        metavar="DIR",
+        help="the stack's directory: its state, logs, inventory and API key (default: "
+        "TOKENFLEET_DATA_DIR/up, i.e. .tokenfleet/up)",
+    ),
+]
+
+
+class Engines(StrEnum):
+    inventory = "inventory"
+    local = "local"
+    emulated = "emulated"
+
+
+def _directory(directory: Path | None, settings: Any) -> Path:
+    return (directory or settings.data_dir / "up").resolve()
+
+
+def up(
+    engines: Annotated[
+        Engines,
+        typer.Option(
+            "--engines",
+            help="inventory: the vLLM servers of --inventory (or TOKENFLEET_INVENTORY); local: start "
+            "vLLM CPU servers here (`make engine` first); emulated: an emulated fleet, no gateway",
+        ),
+    ] = Engines.inventory,
+    inventory: Annotated[
+        Path | None,
+        typer.Option("--inventory", metavar="FILE", help="--engines inventory: the engines' inventory YAML"),
+    ] = None,
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            "--model",
+            metavar="DIR",
+            help="--engines local: a model directory (its weights if it has any, else random ones); "
+            "default: the tiny test model",
+        ),
+    ] = None,
+    servers: Annotated[
+        int | None,
+        typer.Option(
+            "--servers",
+            metavar="N",
+            help="--engines local: how many vLLM servers (default 2)",
+            callback=whole(1, 16),
+        ),
+    ] = None,
+    fleet: Annotated[
+        str | None,
+        typer.Option(
+            "--fleet", metavar="SPEC", help="--engines emulated: COUNTxPROFILE (default 2xllama3-8b-h100)"
+        ),
+    ] = None,
+    policy: Annotated[
+        str | None, typer.Option("--policy", metavar="NAME", help=f"routing policy: {POLICY_HELP}")
+    ] = None,
+    host: Annotated[str, typer.Option("--host", metavar="ADDR", help="the gateway's address")] = "127.0.0.1",
+    port: Annotated[
+        int,
+        typer.Option(
+            "--port", metavar="N", help="the gateway's port (0: any free one)", callback=whole(0, 65535)
+        ),
+    ] = 8000,
+    directory: DirOpt = None,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            metavar="S",
+            help="every part ready within S seconds, or everything is stopped",
+            callback=real(0.0, MAX_SECONDS),
+        ),
+    ] = 300.0,
+    foreground: Annotated[
+        bool, typer.Option("--foreground", help="stay attached; Ctrl-C stops the stack")
+    ] = False,
+) -> None:
+    """Start the broker, worker, dispatcher and gateway (and local vLLM servers) here, supervised.
+
+    Returns once every part is ready and prints every address, an API key and the openai
+    snippet; the stack keeps running until `tokenfleet down`.
+
+    \b
+    Example:
+      tokenfleet up --engines local --servers 2 --port 8000
+    """
+    from lab.local import UpFailed, UpOptions
+    from lab.local import up as start
+    from lab.local.report import show
+
+    _only(engines, Engines.local, model=model, servers=servers)
+    _only(engines, Engines.inventory, inventory=inventory)
+    _only(engines, Engines.emulated, fleet=fleet)
+    settings = load_settings(policy)
+    options = UpOptions(
+        dir=_directory(directory, settings),
+        engines=engines.value,
+        inventory=inventory,
+        model=model,
+        servers=servers or 2,
+        fleet=fleet or UpOptions.fleet,
+        policy=policy,
+        host=host,
+        port=port,
+        timeout_s=timeout,
+    )
+    if inventory is not None and not inventory.is_file():
+        raise ValueError(f"--inventory {inventory}: no such file")
+    try:
+        state = start(options, settings, foreground=foreground, on_ready=show)
+    except UpFailed as exc:
+        error("tokenfleet up", str(exc))
+        raise typer.Exit(1) from None
+    if not foreground:
+        show(state)
+
+
+def _only(engines: Engines, mode: Engines, **given: object) -> None:
+    for name, value in given.items():
+        if value is not None and engines is not mode:
+            raise typer.BadParameter(f"only with --engines {mode.value}", param_hint=f"--{name}")
+
+
+def status(directory: DirOpt = None) -> None:
+    """Show the stack `tokenfleet up` started: each part's state, pid, address and log.
+
+    Exit status 0 when the supervisor and every part run and each part is ready, 1 otherwise.
+
+    \b
+    Example:
+      tokenfleet status --dir .tokenfleet/up
+    """
+    from lab.local import refresh
+    from lab.local.report import show
+
+    where = _directory(directory, load_settings())
+    found = refresh(where)
+    if found is None:
+        raise ValueError(f"no stack in {where} (start one with `tokenfleet up`)")
+    state, now = found
+    show(state, now)
+    ours = [part.name for part in state.parts if part.kind != "engine"]
+    if state.phase != "ready" or not all(now[name] == "ready" for name in ours):
+        raise typer.Exit(1)
+
+
+def down(
+    directory: DirOpt = None,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            metavar="S",
+            help="wait S seconds for the supervisor's orderly stop, then stop what is left",
+            callback=real(0.0, MAX_SECONDS),
+        ),
+    ] = 120.0,
+) -> None:
+    """Stop everything `tokenfleet up` started in the directory; no process of it is left.
+
+    \b
+    Example:
+      tokenfleet down --dir .tokenfleet/up
+    """
+    from lab.local import down as stop
+
+    where = _directory(directory, load_settings())
+    running, left = stop(where, timeout)
+    if not running:
+        print(f"nothing runs in {where}")
+    elif left:
+        error("tokenfleet down", f"processes of the stack still run after the stop: {left}")
+        raise typer.Exit(1)
+    else:
+        print(f"stopped the stack in {where} ({len(running)} processes); none of it left")

