@@ -10,7 +10,7 @@ MOONCAKE := sim/traces/mooncake/conversation_trace.jsonl
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,deploy]'
 	touch $@
 
 install: $(VENV)/.installed

@@ -385,6 +385,9 @@ def test_the_build_context_keeps_what_the_image_copies() -> None:
     for source in copied_sources():
         assert not [p for p in patterns if fnmatch.fnmatch(source, p)], f"{source} is left out of the context"
     assert {".git", ".venv", ".venv-engine", ".tokenfleet", "out"} <= set(patterns)
+    # The classic builder reads only the context root's .dockerignore: the same lines.
+    root = (DEPLOY.parent / ".dockerignore").read_text().splitlines()
+    assert [line.strip() for line in root if line.strip() and not line.startswith("#")] == patterns
 
 
 # -- the command line ------------------------------------------------------------------------------
