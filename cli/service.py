@@ -130,7 +130,9 @@ def gateway(
         str | None,
         typer.Option("--inventory", metavar="FILE", help=INVENTORY_HELP),
     ] = None,
-    host: Annotated[str, typer.Option("--host", metavar="ADDR")] = "127.0.0.1",
+    host: Annotated[
+        str | None, typer.Option("--host", metavar="ADDR", help="default: TOKENFLEET_HTTP_HOST")
+    ] = None,
     port: Annotated[int, typer.Option("--port", metavar="N", callback=whole(1, 65535))] = 8000,
     decision_timeout: Annotated[
         float,
@@ -163,7 +165,7 @@ def gateway(
     options = GatewayOptions(decision_timeout_s=decision_timeout, slo_classes=classes)
     with kafka_bootstrap(settings) as bootstrap:
         gw = Gateway(bootstrap, found, prompts, options, auth)
-        _run_until_interrupted(serve(gw, host, port, asyncio.Event()))
+        _run_until_interrupted(serve(gw, host or settings.http_host, port, asyncio.Event()))
 
 
 def _inventory(path: str | None, settings: Any) -> Any:

@@ -30,7 +30,8 @@ error's code (``invalid_api_key``, ``over_quota``, ...) or HTTP status. A hang-u
 error of the gateway: it leaves no traceback.
 
 ``/v1/models`` lists the inventory's models (to callers with a key, when keys are on),
-``/health`` says whether the broker link works, ``/metrics`` is Prometheus.
+``/health`` says the process answers (live), ``/ready`` whether the broker link works (its
+producer and its decisions reader run), ``/metrics`` is Prometheus.
 """
 
 from __future__ import annotations
@@ -135,6 +136,7 @@ class Gateway:
         app.router.add_post("/v1/completions", self._completion)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/ready", self._ready)
         app.router.add_get("/metrics", self._metrics)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
@@ -183,6 +185,9 @@ class Gateway:
         return web.json_response({"object": "list", "data": data})
 
     async def _health(self, _request: web.Request) -> web.Response:
+        return web.json_response({"live": True})
+
+    async def _ready(self, _request: web.Request) -> web.Response:
         ok = self._producer is not None and self.waiter.running
         return web.json_response({"ok": ok}, status=200 if ok else 503)
 

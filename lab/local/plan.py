@@ -187,7 +187,7 @@ def make_plan(options: UpOptions, settings: Settings) -> Plan:
                 [*cli, "gateway", "--inventory", str(inventory_path), *where],
                 str(directory / "gateway.log"),
                 gateway_url,
-                f"http://{_local(options.host)}:{gateway_port}/health",
+                f"http://{_local(options.host)}:{gateway_port}/ready",
                 env={
                     "TOKENFLEET_API_KEYS": str(directory / KEYS_FILE),
                     "TOKENFLEET_TRUST_TENANT_HEADER": "false",

@@ -5,7 +5,7 @@ part's log), each once the parts it needs are ready (the broker and the vLLM ser
 the worker on the broker, the dispatcher on the worker and the servers, the gateway on the
 dispatcher), and waits until each answers its probe: the broker accepts connections (then it
 has the project's topics), a vLLM server's ``/health``, the worker's and the dispatcher's
-``/ready``, the gateway's ``/health``. A part that exits or is not ready in time fails the start:
+``/ready``, the gateway's ``/ready``. A part that exits or is not ready in time fails the start:
 everything is stopped and the state says which part and where its log is.
 
 Once all are ready it watches them: a part that exits is started again after a back-off (1 s,
