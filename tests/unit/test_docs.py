@@ -27,21 +27,11 @@ from typing import Any
 import pytest
 import typer
 
+from tests.unit.test_layers import PROJECT as LAYERED
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-PROJECT = (
-    "agents",
-    "schemas",
-    "streams",
-    "infra",
-    "sim",
-    "worker",
-    "dispatcher",
-    "gateway",
-    "cli",
-    "lab",
-    "bench",
-)
+PROJECT = tuple(p for p in LAYERED if p != "tests")  # the packages a command can name
 SHELL_BLOCKS = ("", "bash", "sh", "shell", "console")
 FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```", re.M | re.S)
 INLINE = re.compile(r"(?<!`)`([^`\n]+(?:\n[^`\n]+)*)`(?!`)")
