@@ -108,7 +108,10 @@ SELECT
     sumIf(gpu_seconds, slo_class = '(idle)') AS idle,
     sum(wasted_gpu_seconds) AS wasted,
     sum(cost) AS cost,
-    sum(goodput_tokens) AS good
+    sum(goodput_tokens) AS good,
+    (SELECT sum(priced_seconds) FROM instance_minutes
+     WHERE minute >= toStartOfMinute(fromUnixTimestamp64Milli({since_ms:Int64}, 'UTC'))
+       AND ({run:String} = '' OR run_id = {run:String})) AS priced
 FROM cost_per_minute
 WHERE minute >= toStartOfMinute(fromUnixTimestamp64Milli({since_ms:Int64}, 'UTC'))
   AND ({run:String} = '' OR run_id = {run:String})
@@ -119,17 +122,19 @@ def costs(client: Client, since_ts: float | None = None, run_id: str = "") -> di
     """What the run's compliant tokens cost (``cost_per_minute``, whole minutes from the one
     ``since_ts`` falls in): GPU-seconds attributed to requests, busy but unattributed, and idle;
     wasted GPU-seconds; the fleet's whole cost (idle included) and
-    ``cost_per_million_goodput_tokens`` = cost / compliant tokens x 1e6 (None without any)."""
+    ``cost_per_million_goodput_tokens`` = cost / compliant tokens x 1e6 (None without any, or
+    when no instance has a price: then the GPU-seconds are the figures)."""
     since = {"since_ms": 0 if since_ts is None else int(since_ts * 1000), "run": run_id}
-    attributed, unattributed, idle, wasted, cost, good = client.query(
-        _COSTS_SQL, parameters=since
-    ).result_rows[0]
+    row = client.query(_COSTS_SQL, parameters=since).result_rows[0]
+    attributed, unattributed, idle, wasted, cost, good, priced = row
     return {
         "gpu_seconds_busy": round(_number(attributed) + _number(unattributed), 3),
         "gpu_seconds_idle": round(_number(idle), 3),
         "wasted_gpu_seconds": round(_number(wasted), 3),
         "cost": round(_number(cost), 6),
-        "cost_per_million_goodput_tokens": round(_number(cost) / _number(good) * 1e6, 4) if good else None,
+        "cost_per_million_goodput_tokens": (
+            round(_number(cost) / _number(good) * 1e6, 4) if good and priced else None
+        ),
     }
 
 

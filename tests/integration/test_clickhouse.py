@@ -491,3 +491,13 @@ def test_cost_per_minute_keeps_busy_time_with_no_ended_attempt_and_unpriced_inst
     total = sum(r[0] for r in rows.values())
     fleet = scalar(client, "SELECT sum(gpu_seconds) FROM instance_minutes")
     assert total == pytest.approx(fleet, rel=1e-3) and fleet == pytest.approx(4.0)
+
+
+def test_a_fleet_without_prices_reports_gpu_seconds_and_no_cost_per_token(client: Client) -> None:
+    sink = FeedbackSink(client, DEFAULT_SLO_CLASSES, retry_for_s=5.0, heartbeat_interval_s=0.25)
+    minute = 1_700_000_040.0
+    sink.write_heartbeats([beat("i0", minute + k * 0.25, running=1, price=None) for k in range(8)])
+    sink.write_completions([completion("c", ts=minute + 1.0)])
+    whole = costs(client)
+    assert whole["gpu_seconds_busy"] == 2.0 and whole["cost"] == 0.0
+    assert whole["cost_per_million_goodput_tokens"] is None
