@@ -231,7 +231,7 @@ class Gateway:
         request, client = parse_body(kind, body, call.rid.id, caller.tenant, declared, self.models)
         call.user = client.user[:256]
         try:
-            request = self.prompts.complete(request)
+            request = await self.prompts.complete_off_loop(request)
         except PromptError as exc:
             raise self._prompt_error(request, client, exc) from None
         if caller.slo_classes is not None and declared is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,22 @@ def test_prompts_are_counted_and_hashed_by_the_models_tokenizer(prompts: Prompts
         request_id="e", model="other", prompt="x", input_tokens=9, prompt_block_hashes=(1,), output_budget=1
     )
     assert prompts.complete(given) is given  # counted by its producer: left alone
+
+
+def test_a_long_prompt_off_the_loop_is_counted_and_hashed_as_inline(prompts: Prompts) -> None:
+    """A prompt past THREAD_PROMPT_CHARS goes to a worker thread (bench.prompt_stall measures
+    what that saves the event loop); the answer is the same as inline, chats included."""
+    from infra.prompts import THREAD_PROMPT_CHARS
+
+    text = "a long shared document, " * (THREAD_PROMPT_CHARS // 20)
+    for request in (
+        InferenceRequest(request_id="p", model="tiny", prompt=text, output_budget=4),
+        InferenceRequest(
+            request_id="m", model="tiny", messages=(ChatMessage(role="user", content=text),), output_budget=4
+        ),
+    ):
+        off_loop = asyncio.run(prompts.complete_off_loop(request))
+        assert off_loop == prompts.complete(request) and off_loop.input_tokens > 1024
 
 
 def test_openai_bodies_become_requests_and_errors_are_openai_shaped() -> None:
