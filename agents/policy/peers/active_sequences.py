@@ -1,4 +1,12 @@
-"""Dynamo's router-side active-sequence accounting: in-flight prefill tokens and active blocks."""
+"""Dynamo's router-side active-sequence accounting: in-flight prefill tokens and active blocks.
+
+Follows ``ai-dynamo/dynamo`` ``lib/kv-router/src/sequences/single.rs`` at
+04df1c42f2fedff2286f46f13efcc96ec32a55bd (``ActiveSequences``), with the shipped defaults of
+``lib/kv-router/src/scheduling/config.rs`` at 0243c51bb6e8958be89df4978b5761677c9adc23 that
+concern it: active-block and prefill-token tracking on, output blocks not tracked, no
+prefill-load model (a prefill's tokens count in full until its first token). Used by
+``DynamoKv`` (``dynamo.py``), whose docstring cites the selector it feeds.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,13 @@
-"""SGLang router's approximate per-worker prefix trees, at the granularity of our prompt blocks."""
+"""SGLang router's approximate per-worker prefix trees, at the granularity of our prompt blocks.
+
+Follows ``sgl-project/sglang`` ``sgl-router/src/policies/tree.rs`` at
+4d40eec0266be06d0e65b919457691cab9e51547 (``insert``, ``prefix_match``,
+``evict_tenant_by_size``, ``get_smallest_tenant``), with the shipped defaults of
+``sgl-router/py_src/sglang_router/router_args.py`` at 083d601378d0baaef6191e7f2d40fb70d06518af
+that concern it: ``max_tree_size`` 2^26 characters, evicted every ``eviction_interval_secs``
+120 (the caller, ``SglangCacheAware`` in ``sglang.py``, converts characters to tokens and
+schedules the eviction).
+"""
 
 from __future__ import annotations
 
