@@ -407,10 +407,16 @@ class VllmServers:
                 self.kill(instance_id)
             raise
 
-    def _launch(self, python: str, spec: VllmServerSpec) -> float:
+    def prepare(self, spec: VllmServerSpec) -> Path:
+        """The server's own directory (its working directory) with the caches and temporary
+        directory ``environment`` points it at, created."""
         private = self.data_dir / spec.instance_id
         for sub in ("vllm-cache", "inductor-cache", "tmp"):
             (private / sub).mkdir(parents=True, exist_ok=True)
+        return private
+
+    def _launch(self, python: str, spec: VllmServerSpec) -> float:
+        private = self.prepare(spec)
         log = self.log_path(spec.instance_id).open("ab")
         self._logs[spec.instance_id] = log
         self._processes[spec.instance_id] = subprocess.Popen(

