@@ -234,7 +234,7 @@ def checked_policies(policies: Sequence[str], seed: int, policy_config: Path | N
 def load_policy_config(path: Path) -> dict[str, dict[str, Any]]:
     """Stage parameters from a YAML file (stage name -> keyword parameters); ValueError with
     one line saying what is wrong if the file is missing, not YAML or not that shape."""
-    from infra.yaml_files import read_yaml
+    from infra.files import read_yaml
 
     data = read_yaml(path, "policy config")
     shape = "must map stage names to parameter mappings, e.g. 'tokenpilot: {tie_tolerance: 0.05}'"

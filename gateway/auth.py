@@ -36,7 +36,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
 import secrets
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -47,6 +46,7 @@ from typing import Any, Literal
 import yaml
 
 from gateway.openai_api import ApiError
+from infra.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -122,11 +122,7 @@ def add_key(
     text = "# TokenFleet gateway API keys: SHA-256 of each key (tokenfleet gateway reads this)\n"
     text += yaml.safe_dump({"keys": entries}, sort_keys=False)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as out:
-        out.write(text)
-    os.replace(temporary, path)
+    write_atomic(path, text, mode=0o600)
     return key
 
 

@@ -34,10 +34,10 @@ from agents.routing import RoutingService
 from infra import metrics
 from infra.clickhouse.feedback import ClickHouseFeedback
 from infra.clickhouse.goodput import StoreGoodput
+from infra.files import read_yaml
 from infra.kafka.broker import embedded_broker, free_port
 from infra.prompts import Prompts
 from infra.settings import Settings
-from infra.yaml_files import read_yaml
 from schemas import topics
 from streams.app import create_app
 from streams.binding import LanePublisher, bind

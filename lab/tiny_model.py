@@ -26,11 +26,12 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from infra.files import write_atomic
 
 # Bump whenever anything written below changes: a directory with another version is rebuilt.
 FORMAT_VERSION = 1
@@ -201,6 +202,4 @@ def _read_json(path: Path) -> Any:
 def _write(path: Path, text: str) -> None:
     # Atomic per file: a server reading the directory meanwhile never sees half a file, and two
     # builders racing write the same bytes.
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    partial.write_text(text)
-    os.replace(partial, path)
+    write_atomic(path, text)

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from infra.files import write_atomic
 from infra.settings import Settings
 
 
@@ -29,9 +30,7 @@ def ready_file(data_dir: Path, app_id: str) -> Path:
 
 def write_marker(path: Path, content: dict[str, Any]) -> None:
     """Write the marker whole (a reader never sees half of it)."""
-    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    partial.write_text(json.dumps(content) + "\n")
-    os.replace(partial, path)
+    write_atomic(path, json.dumps(content) + "\n")
 
 
 def read_marker(path: Path) -> dict[str, Any] | None:

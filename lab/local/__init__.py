@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from infra.files import write_atomic
 from infra.settings import Settings
 from lab.local.plan import ENGINES, Plan, UpOptions, make_plan
 from lab.local.state import (
@@ -45,7 +46,6 @@ from lab.local.state import (
     our_group,
     read_state,
     stop_groups,
-    write_atomic,
     write_state,
 )
 from lab.local.supervisor import STOP_ORDER, Supervisor, probe

@@ -24,10 +24,11 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from gateway.auth import add_key, key_hash, load_keys
+from infra.files import write_atomic
 from infra.kafka.broker import free_port, tansu_command, tansu_env
 from infra.settings import Settings
 from infra.vllm.inventory import Inventory, dump_inventory, load_inventory
-from lab.local.state import INVENTORY_FILE, KEY_FILE, KEYS_FILE, MARKER_ENV, write_atomic
+from lab.local.state import INVENTORY_FILE, KEY_FILE, KEYS_FILE, MARKER_ENV
 
 ENGINES = ("inventory", "local", "emulated")
 TINY_MODEL = "tiny-llama"

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infra.files import write_atomic
+
 MARKER_ENV = "TOKENFLEET_UP_DIR"
 PLAN_FILE = "plan.json"
 STATE_FILE = "state.json"
@@ -96,14 +98,6 @@ def write_state(directory: Path, state: StackState) -> None:
     """Write it whole (a reader never sees half of it)."""
     state.updated = time.time()
     write_atomic(directory / STATE_FILE, state.to_json())
-
-
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(descriptor, "w") as out:
-        out.write(text)
-    os.replace(partial, path)
 
 
 # -- processes ---------------------------------------------------------------------------------

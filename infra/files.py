@@ -1,7 +1,9 @@
-"""Reading a configuration file a user names: one line saying what is wrong, never a traceback."""
+"""Files a user or an operator names: reading one (one line saying what is wrong, never a
+traceback), and writing one whole (a reader never sees half of it)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,3 +23,13 @@ def read_yaml(path: Path, what: str) -> Any:
         where = getattr(exc, "problem_mark", None)
         line = f" (line {where.line + 1})" if where is not None else ""
         raise ValueError(f"{what} {str(path)!r} is not valid YAML{line}") from None
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write ``path`` whole: into a temporary file beside it (created with ``mode``, less the
+    umask), then renamed over it, so a reader sees the old file or the new one, never half."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(text)
+    os.replace(partial, path)
