@@ -7,7 +7,9 @@ What a stage may see is exactly what a real router sees: the request as the clie
 (never its true output length), heartbeat snapshots of the instances (stale by up to one
 heartbeat interval, each with an explicit ``version``), its own past decisions, and the
 observations a proxying router gets: the first token of each response, the end of each
-response, and, for stages that set ``wants_kv_events``, the instances' KV-cache events.
+response, and, for stages that set ``wants_kv_events``, the instances' KV-cache events. Where
+several deciders serve one pool, each also observes the others' placements (``Placed``), read
+from the decision log a little late.
 
 Names: these are the *policy-side* views. The wire events they are made from live in
 ``schemas.events`` (``Heartbeat``, ``Completion``, ``KvEvent``, ...) and have other names, so a
@@ -271,4 +273,20 @@ class BlocksChanged:
     time_s: float
 
 
-Observation = FirstToken | Finished | BlocksChanged
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """Another decider of the same pool placed ``request`` on ``instance_id`` at ``time_s``.
+
+    Several deciders serve one pool, each reading the others' placements from the decision log
+    (``tf.decisions``) a few milliseconds late. A stage applies one to its in-flight accounting
+    exactly as it applies its own placements, until heartbeats reconcile; never one of its own
+    (the caller filters those out). The request's first token, end and KV events arrive later
+    as for its own sends.
+    """
+
+    request: RequestView
+    instance_id: str
+    time_s: float
+
+
+Observation = FirstToken | Finished | BlocksChanged | Placed

@@ -14,6 +14,7 @@ from agents.policy.types import (
     Finished,
     FirstToken,
     Observation,
+    Placed,
     Placement,
     RequestView,
 )
@@ -68,8 +69,14 @@ class InstanceSelector:
             self.in_flight.complete(event)
         elif isinstance(event, BlocksChanged):
             self.on_kv_event(event)
+        elif isinstance(event, Placed):
+            self.in_flight.add(event.request, event.instance_id, event.time_s)
+            self.on_placed_elsewhere(event)
         else:
             self.on_first_token(event)
+
+    def on_placed_elsewhere(self, event: Placed) -> None:
+        """Hook after another decider's placement was added to ``in_flight``."""
 
     def on_kv_event(self, event: BlocksChanged) -> None:
         """Hook for KV events (only delivered when ``wants_kv_events``)."""
