@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from agents.policy.common.slo import classify
 from agents.policy.fleetmind.notices import FleetNotice
-from agents.policy.types import BlocksChanged, Finished, FirstToken, OutcomeStatus, RequestView
+from agents.policy.types import BlocksChanged, Finished, FirstToken, OutcomeStatus, Placed, RequestView
 from schemas.events import (
     MAX_REASON_LENGTH,
     Completion,
@@ -17,6 +17,7 @@ from schemas.events import (
     InferenceRequest,
     KvEvent,
     ResponseStarted,
+    RoutingDecision,
 )
 
 
@@ -62,6 +63,11 @@ def first_token(event: ResponseStarted) -> FirstToken:
 
 def blocks_changed(event: KvEvent) -> BlocksChanged:
     return BlocksChanged(event.instance_id, event.kind, event.block_hashes, event.ts)
+
+
+def placed(decision: RoutingDecision) -> Placed:
+    """Another decider's placement, as the core observes it (when it was decided, not read)."""
+    return Placed(request_view(decision.request), decision.instance_id, decision.ts)
 
 
 def fleet_event(notice: FleetNotice, worker: str = "") -> FleetEvent:

@@ -15,6 +15,11 @@ decided before, and read again, is not decided twice.
 After every offer (a request batch, a heartbeat that re-offered held requests, the timer) what
 the stages noticed (FleetMind's DC state changes, reservation moves, replica advice) is
 published on ``tf.fleet-events``, counted and stored.
+
+Several deciders per pool: every decider reads the state topics whole (heartbeats, KV events,
+first tokens, completions, and the others' placements on ``tf.decisions``), so those handlers
+skip what does not decode without a word: dead-lettering and storing them once is the job of
+``agents.keeping.LogKeeper``, run on the partitions the consumer group gave this worker.
 """
 
 from __future__ import annotations
@@ -27,10 +32,11 @@ from collections.abc import Awaitable, Sequence
 from typing import TypeVar
 
 from agents.batch import expand_batch_job
+from agents.keeping import decode_all, send_dead_letters
 from agents.ports import FeedbackStore, InstanceState, PromptCompleter, Publisher, Telemetry
 from agents.routing import Routed, RoutingService
 from schemas import topics
-from schemas.codec import DecodeError, RawMessage, dead_letter, decode
+from schemas.codec import DecodeError, RawMessage, decode
 from schemas.events import (
     AdmissionDecision,
     BatchJob,
@@ -40,6 +46,7 @@ from schemas.events import (
     InferenceRequest,
     KvEvent,
     ResponseStarted,
+    RoutingDecision,
 )
 
 E = TypeVar("E", bound=Event)
@@ -106,12 +113,10 @@ class SchedulerAgents:
         (a held request is routed at the first heartbeat that makes room, with no further
         request arriving)."""
         arrived = time.perf_counter()
-        beats = await self._decoded(Heartbeat, topics.HEARTBEATS, messages)
+        beats = _quietly(Heartbeat, messages)
         for beat in beats:
             self.state.record(beat)
         pools = [beat.model for beat in beats]
-        if self.store is not None and beats:
-            await self.store.heartbeats(beats)
         routed: list[Routed] = []
         ticked = False
         now = time.time()
@@ -171,19 +176,26 @@ class SchedulerAgents:
         return floor
 
     async def on_kv_events(self, messages: Sequence[RawMessage]) -> None:
-        for event in await self._decoded(KvEvent, topics.KV_EVENTS, messages):
+        for event in _quietly(KvEvent, messages):
             self.service.observe_kv(event)
 
     async def on_first_tokens(self, messages: Sequence[RawMessage]) -> None:
-        for event in await self._decoded(ResponseStarted, topics.FIRST_TOKENS, messages):
+        for event in _quietly(ResponseStarted, messages):
             self.service.observe_first_token(event)
 
     async def on_completions(self, messages: Sequence[RawMessage]) -> None:
-        completions = await self._decoded(Completion, topics.COMPLETIONS, messages)
-        for completion in completions:
+        for completion in _quietly(Completion, messages):
             self.service.observe_completion(completion)
-        if self.store is not None:
-            await self.store.completions(completions)
+
+    async def on_decisions(self, messages: Sequence[RawMessage]) -> None:
+        """Placements on ``tf.decisions``: the other deciders' are accounted as this worker's
+        own (``RoutingService.observe_placement``); its own are skipped there."""
+        applied: dict[str, int] = defaultdict(int)
+        for decision in _quietly(RoutingDecision, messages):
+            if self.service.observe_placement(decision):
+                applied[decision.model] += 1
+        for pool, count in applied.items():
+            self.telemetry.placements_observed(pool, count)
 
     async def on_batch_jobs(self, messages: Sequence[RawMessage]) -> None:
         for job in await self._decoded(BatchJob, topics.BATCH_JOBS, messages):
@@ -245,23 +257,13 @@ class SchedulerAgents:
         self, kind: type[E], spec: topics.TopicSpec, messages: Sequence[RawMessage]
     ) -> list[tuple[E, RawMessage]]:
         """``_decoded``, each event with the raw message it came from."""
-        good, dead = [], []
-        for message in messages:
-            try:
-                good.append((decode(kind, message[1]), message))
-            except DecodeError as exc:
-                dead.append((message, exc.reason))
+        good, dead = decode_all(kind, messages)
         await self._dead_letter(spec, dead)
         return good
 
     async def _dead_letter(self, spec: topics.TopicSpec, dead: Sequence[tuple[RawMessage, str]]) -> None:
         """Send each (message, reason) to ``tf.dlq`` and wait until the broker has them."""
-        if not dead:
-            return
-        letters = [dead_letter(spec.name, value, key, reason) for (key, value), reason in dead]
-        for _ in letters:
-            self.telemetry.dead_lettered(spec.name)
-        await (await self.publisher.send(topics.DLQ, letters))
+        await send_dead_letters(self.publisher, self.telemetry, spec, dead)
 
     def _route(
         self,
@@ -312,6 +314,11 @@ class SchedulerAgents:
         assert self.store is not None
         await self.store.admissions([r.admission for r in routed])
         await self.store.routings([r.routing for r in routed if r.routing is not None])
+
+
+def _quietly(kind: type[E], messages: Sequence[RawMessage]) -> list[E]:
+    """The messages of a state topic that decode (the rest is ``LogKeeper``'s to dead-letter)."""
+    return [event for event, _ in decode_all(kind, messages)[0]]
 
 
 def _by_pool(

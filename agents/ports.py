@@ -77,5 +77,8 @@ class Telemetry(Protocol):
 
     def queue_depth(self, pool: str, depth: int) -> None: ...
 
+    def placements_observed(self, pool: str, count: int) -> None:
+        """``count`` placements of other deciders of ``pool`` applied to this one's accounting."""
+
     def fleet_events(self, events: Sequence[FleetEvent]) -> None:
         """FleetMind's notices, as published on ``tf.fleet-events`` (counted by kind and DC)."""

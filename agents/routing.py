@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.convert import blocks_changed, finished, first_token, fleet_event, request_view
+from agents.convert import blocks_changed, finished, first_token, fleet_event, placed, request_view
 from agents.policy import Scheduler, build_scheduler
 from agents.policy.pipeline import HoldLimits
 from agents.policy.registry import StageParams
@@ -174,6 +174,23 @@ class RoutingService:
         if self._serves(event.model, served=True):
             self._pool(event.model).scheduler.observe(first_token(event))
 
+    def observe_placement(self, decision: RoutingDecision) -> bool:
+        """Another decider of the pool placed a request (read from ``tf.decisions``; this
+        worker's own are skipped): its scheduler accounts for it as for its own placements
+        (``Placed``), and the request attempt counts as decided here too, so a redelivery of it
+        is never decided a second time. Whether it was applied."""
+        if decision.worker == self.worker or not self._serves(decision.model, served=True):
+            return False
+        state = self._pool(decision.model)
+        key = (decision.request_id, decision.attempt)
+        if key in state.decided:
+            return False  # seen before (the log is read at least once)
+        if key in state.requests:  # held here too (a partition changed hands): let it go
+            self.withdraw(decision.model, *key)
+        self._decided(state, key)
+        state.scheduler.observe(placed(decision))
+        return True
+
     def observe_kv(self, event: KvEvent) -> None:
         if self._serves(event.model, served=True):
             scheduler = self._pool(event.model).scheduler
@@ -216,6 +233,7 @@ class RoutingService:
             **self._common(request, request_view(request).slo_class),
             action="reject",
             reason=f"unknown_model: {request.model[:64]!r} is not served here (pools: {known})"[:1024],
+            affinity_key=request.affinity_key,
         )
         return Routed(request, admission, None)
 
@@ -236,7 +254,11 @@ class RoutingService:
             common = self._common(request, outcome.request.slo_class)
             if outcome.action == "queue":
                 admission = AdmissionDecision(
-                    **common, action="queue", reason=outcome.reason, queue_pool=outcome.pool
+                    **common,
+                    action="queue",
+                    reason=outcome.reason,
+                    queue_pool=outcome.pool,
+                    affinity_key=request.affinity_key,
                 )
                 routed.append(Routed(request, admission, None))
                 continue
@@ -246,6 +268,7 @@ class RoutingService:
                 reason=outcome.admission_reason,
                 predicted_ttft_s=outcome.predicted_ttft_s if outcome.action == "reject" else None,
                 retry_after_s=outcome.retry_after_s,
+                affinity_key=request.affinity_key,
             )
             if outcome.action == "reject":
                 routed.append(Routed(request, admission, None))

@@ -211,9 +211,17 @@ async def run_fleet(
 
 
 async def _stop_client(client: Any, timeout_s: float) -> None:
-    """Stop a client without hanging on a broker that is gone."""
-    with contextlib.suppress(Exception):
+    """Stop a client without hanging on a broker that is gone. aiokafka's consumer can raise
+    the ``CancelledError`` of its own fetch task from ``stop`` (a fetch was retrying against
+    the lost broker): that one is swallowed; a cancellation of this task is not."""
+    try:
         await asyncio.wait_for(client.stop(), timeout_s)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+    except Exception:
+        pass
 
 
 class _FleetLoop:

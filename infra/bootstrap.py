@@ -6,9 +6,11 @@ Every entry point that runs the scheduler builds it here, so the wiring exists o
              -> Faust app + channels (streams.app)
              -> RoutingService (agents.routing, the policy by name + parameters, FleetMind's
                 rules from the fleet YAML)
-             -> SchedulerAgents (agents.handlers) with the instance-state table + snapshot cache,
-                the lane publisher, the ClickHouse feedback store and Prometheus telemetry
-             -> bound to the app (streams.binding)
+             -> SchedulerAgents (agents.handlers) with the instance state (snapshot cache),
+                the lane publisher, the ClickHouse feedback store and Prometheus telemetry;
+                LogKeeper (agents.keeping) with the same publisher, store and telemetry
+             -> bound to the app and the worker's readers (streams.binding): the request lane
+                following the deciders' group (Membership), the shared log of state topics
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import faust
 
 from agents.handlers import SchedulerAgents
+from agents.keeping import LogKeeper
 from agents.policy import Scheduler, build_scheduler
 from agents.policy.fleetmind.rules import parse_rules
 from agents.policy.pipeline import HoldLimits
@@ -35,14 +38,16 @@ from infra import metrics
 from infra.clickhouse.feedback import ClickHouseFeedback
 from infra.clickhouse.goodput import StoreGoodput
 from infra.files import read_yaml
-from infra.kafka.broker import embedded_broker, free_port
+from infra.kafka.broker import deciders_group, embedded_broker, free_port
 from infra.prompts import Prompts
 from infra.settings import Settings
 from schemas import topics
 from streams.app import create_app
 from streams.binding import LanePublisher, bind
+from streams.membership import Membership
 from streams.request_lane import RequestLane
-from streams.snapshot import SnapshotCache, TableState
+from streams.shared_log import SharedLog
+from streams.snapshot import SnapshotCache
 
 HEALTH_MAX_AGE_S = 5.0  # /health: the lane's last answered fetch at most this old
 
@@ -137,46 +142,73 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
         known_pools=settings.pools,
         make_scheduler=make_scheduler,
     )
-    cache = SnapshotCache(dc_view(settings))
     lane = RequestLane(
         bootstrap,
         topics.REQUESTS.name,
-        follows_topic=topics.HEARTBEATS.name,
         group_id=f"{settings.app_id}-requests",
         replay_topic=topics.ADMISSION.name,
         fetch_max_wait_ms=settings.request_fetch_max_wait_ms,
         max_batch=settings.request_batch_max,
     )
+    membership = Membership(
+        bootstrap,
+        topics.REQUESTS.name,
+        deciders_group(settings.app_id),
+        session_timeout_s=settings.broker_session_timeout_s,
+        rebalance_timeout_s=settings.broker_rebalance_timeout_s,
+        heartbeat_interval_s=settings.broker_heartbeat_interval_s,
+    )
+    publisher = LanePublisher(app, lane)
+    telemetry = metrics.PrometheusTelemetry(settings.pools)
     agents = SchedulerAgents(
         service,
-        TableState(channels.instance_state, cache),
-        LanePublisher(app, lane),
+        SnapshotCache(dc_view(settings)),
+        publisher,
         store,
-        metrics.PrometheusTelemetry(settings.pools),
+        telemetry,
         Prompts.from_dirs(settings.tokenizer_dirs()),
     )
-    bind(app, channels, agents, lane, cache, settings.event_batch_size, settings.event_batch_window_s)
+    shared = SharedLog(
+        bootstrap,
+        {
+            topics.HEARTBEATS.name: agents.on_heartbeats,
+            topics.KV_EVENTS.name: agents.on_kv_events,
+            topics.FIRST_TOKENS.name: agents.on_first_tokens,
+            topics.COMPLETIONS.name: agents.on_completions,
+            topics.DECISIONS.name: agents.on_decisions,
+        },
+        heartbeat_topic=topics.HEARTBEATS.name,
+        fetch_max_wait_ms=settings.request_fetch_max_wait_ms,
+    )
+    keeper = LogKeeper(publisher, store, telemetry)
+    bind(
+        app,
+        channels,
+        agents,
+        keeper,
+        lane,
+        membership,
+        shared,
+        settings.event_batch_size,
+        settings.event_batch_window_s,
+    )
 
     @app.page("/metrics")
     async def prometheus(web: Any, request: Any) -> Any:
         return web.bytes(metrics.render(), content_type="text/plain; version=0.0.4")
 
     def health(max_age_s: float = HEALTH_MAX_AGE_S) -> tuple[bool, dict[str, Any]]:
-        """Consuming = the request lane reads partitions and the broker answered one of its
-        fetches within ``max_age_s``. Also read by the worker's watchdog (``app.conf``)."""
+        """Consuming = a settled member of the deciders' group, the shared log read and answered
+        within ``max_age_s``, and, if the group gave this worker partitions, the request lane
+        reading them with its fetches answered as recently (a worker with no partitions is a
+        ready standby: there are more workers than partitions). Also read by the watchdog."""
         lane_status = lane.status()
-        assigned: list[str] = []
-        highwater: dict[str, int] = dict(lane_status["highwater"])
-        with contextlib.suppress(Exception):  # the consumer may not be started yet
-            for tp in sorted(app.consumer.assignment()):
-                assigned.append(f"{tp.topic}:{tp.partition}")
-                mark = app.consumer.highwater(tp)
-                if mark is not None and mark >= 0:
-                    highwater.setdefault(f"{tp.topic}:{tp.partition}", int(mark))
-        consuming = lane.healthy(max_age_s)
+        highwater = {**shared.highwater(), **lane_status["highwater"]}
+        lane_ok = lane.healthy(max_age_s) or not membership.partitions
+        consuming = membership.settled_for() == 0.0 and shared.fresh(max_age_s) and lane_ok
         return consuming, {
             "consuming": consuming,
-            "assigned": assigned,
+            "group_settled_for_s": round(membership.settled_for(), 3),
             "lane_partitions": lane_status["partitions"],
             "last_fetch_age_s": lane_status["last_fetch_age_s"],
             "highwater": highwater,

@@ -57,6 +57,13 @@ policy_latency_seconds = Histogram(
     buckets=POLICY_LATENCY_BUCKETS,
     registry=REGISTRY,
 )
+placements_observed_total = Counter(
+    "placements_observed",
+    "Placements of the pool's other deciders (read from tf.decisions) this worker accounted for.",
+    ["pool"],
+    namespace=NAMESPACE,
+    registry=REGISTRY,
+)
 queue_depth = Gauge(
     "queue_depth",
     "Requests waiting, per queue pool.",
@@ -283,3 +290,6 @@ class PrometheusTelemetry:
 
     def queue_depth(self, pool: str, depth: int) -> None:
         queue_depth.labels(pool=self.pool_label(pool)).set(depth)
+
+    def placements_observed(self, pool: str, count: int) -> None:
+        placements_observed_total.labels(pool=self.pool_label(pool)).inc(count)

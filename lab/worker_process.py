@@ -39,6 +39,7 @@ class WorkerProcess:
         loglevel: str = "warn",
     ) -> None:
         self.run_token = uuid.uuid4().hex
+        self.data_dir = data_dir
         env = {**os.environ, **(settings or {}), "TOKENFLEET_KAFKA_BOOTSTRAP": bootstrap}
         env["TOKENFLEET_WORKER_RUN_TOKEN"] = self.run_token
         env["TOKENFLEET_DATA_DIR"] = str(data_dir)

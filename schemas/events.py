@@ -47,6 +47,7 @@ MAX_HOME_DC_LENGTH = 128
 MAX_REASON_LENGTH = 1_024
 """A reason is one readable line, not a payload."""
 MAX_BLOCK_HASHES = 20_000
+AFFINITY_BLOCKS = 4  # prompt blocks (of 512 tokens) that choose a request's decider
 """Most block hashes in one event: every full 512-token block of a ``MAX_TOKENS`` prompt (19 531),
 and small enough that a routing decision embedding the request (~0.4 MB of JSON) stays under
 the 1 MB a Kafka producer sends by default (at 100 000 it was 2.1 MB: unsendable)."""
@@ -204,6 +205,19 @@ class InferenceRequest(Event):
     def has_prompt(self) -> bool:
         return self.prompt is not None or self.messages is not None or self.prompt_token_ids is not None
 
+    @property
+    def affinity_key(self) -> str:
+        """What spreads a pool's requests over the partitions of ``tf.requests``, so over its
+        deciders: the pool and the hash of the prompt's first ``AFFINITY_BLOCKS`` blocks (block
+        hashes are chained: the hash names that whole prefix), else the tenant. Requests that
+        share a 2 048-token prefix (a conversation's turns, one long system prompt) meet the
+        same decider; shorter shared prefixes are spread, and every decider still sees where
+        the others placed them (``tf.decisions``) and what the engines cached (``tf.kv-events``)."""
+        hashes = self.prompt_block_hashes
+        if hashes:
+            return f"{self.model}/{hashes[min(AFFINITY_BLOCKS, len(hashes)) - 1]:x}"
+        return f"{self.model}/tenant:{self.tenant}"
+
 
 class BatchJob(Event):
     """An offline job: many requests sharing one deadline (seconds from submission).
@@ -335,7 +349,8 @@ class AdmissionDecision(Event):
     """The admission stage's answer: admit now, hold in ``queue_pool``, or reject, with the
     reason (its code first, e.g. ``cannot_meet_slo: ...``), the predicted TTFT it was based on
     (if the stage predicts one) and, for a reject, ``retry_after_s``: when trying again could
-    succeed (None: no hint)."""
+    succeed (None: no hint). ``affinity_key``: the request's (``InferenceRequest.affinity_key``),
+    so a decision lands on the same partition number as the request it settles."""
 
     request_id: Label
     attempt: Attempt = 1
@@ -348,6 +363,7 @@ class AdmissionDecision(Event):
     queue_pool: Label = ""
     predicted_ttft_s: Prediction | None = None
     retry_after_s: Prediction | None = None
+    affinity_key: str = Field(default="", max_length=2 * MAX_NAME_LENGTH + 32)
 
 
 class RoutingDecision(Event):
@@ -366,6 +382,10 @@ class RoutingDecision(Event):
     decision_latency_s: Duration = Field(description="time the policy spent on it, seconds")
     worker: Label = Field(default="", description="the scheduler worker that decided (host:pid)")
     request: InferenceRequest
+
+    @property
+    def affinity_key(self) -> str:
+        return self.request.affinity_key
 
 
 class DeadLetter(Event):

@@ -27,15 +27,17 @@ class TopicSpec:
     key: str  # the field the message key is taken from
 
 
-# Everything a pool's routing state needs is keyed by the model pool, so one worker owns a pool:
-# requests, heartbeats, KV events and completions of a pool land on the same partition number.
-REQUESTS = TopicSpec("tf.requests", InferenceRequest, "model")
+# A pool's requests spread over the partitions by their affinity key (the pool and the prompt's
+# first blocks, else the tenant): each partition is one decider's share, and the decisions that
+# settle a request land on the same partition number as the request (a decider taking over a
+# partition replays its decisions). Every decider reads the pool's state topics whole.
+REQUESTS = TopicSpec("tf.requests", InferenceRequest, "affinity_key")
+ADMISSION = TopicSpec("tf.admission", AdmissionDecision, "affinity_key")
+DECISIONS = TopicSpec("tf.decisions", RoutingDecision, "affinity_key")
 HEARTBEATS = TopicSpec("tf.heartbeats", Heartbeat, "model")
 KV_EVENTS = TopicSpec("tf.kv-events", KvEvent, "model")
 FIRST_TOKENS = TopicSpec("tf.first-tokens", ResponseStarted, "model")
 COMPLETIONS = TopicSpec("tf.completions", Completion, "model")
-ADMISSION = TopicSpec("tf.admission", AdmissionDecision, "model")
-DECISIONS = TopicSpec("tf.decisions", RoutingDecision, "model")
 BATCH_JOBS = TopicSpec("tf.batch.jobs", BatchJob, "job_id")
 DLQ = TopicSpec("tf.dlq", DeadLetter, "source_topic")
 # What FleetMind tells operators (DC state changes, reservation moves, replica advice), per pool.

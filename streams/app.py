@@ -22,7 +22,7 @@ from streams.transport import TokenFleetApp
 
 @dataclass(frozen=True, slots=True)
 class Channels:
-    """The app's topics and tables. ``instance_state``: model pool -> {instance id: Heartbeat dict}."""
+    """The app's topics."""
 
     requests: Any
     heartbeats: Any
@@ -33,7 +33,6 @@ class Channels:
     decisions: Any
     batch_jobs: Any
     dlq: Any
-    instance_state: Any
 
 
 def create_app(
@@ -80,6 +79,5 @@ def create_app(
         decisions=raw_topic(topics.DECISIONS),
         batch_jobs=raw_topic(topics.BATCH_JOBS),
         dlq=raw_topic(topics.DLQ),
-        instance_state=app.Table("instance-state", default=dict, partitions=partitions),
     )
     return app, channels

@@ -1,10 +1,11 @@
-"""The short binding of ``agents.handlers.SchedulerAgents`` to a Faust app, and the publisher.
+"""The short binding of the handlers to a Faust app and the worker's consumers, and the publisher.
 
-Heartbeats are handled one event at a time (a table write needs its event's partition); KV
-events, first tokens and completions in batches of up to ``batch_size`` or ``batch_window_s``;
-requests by the request lane (``streams/request_lane.py``), which follows Faust's assignment of
-``tf.heartbeats`` so the worker that owns a pool's state routes its requests; a timer expires
-held requests every second.
+Three readers per worker: the request lane (``streams/request_lane.py``) reads the partitions of
+``tf.requests`` the deciders' group gives this worker (``streams/membership.py``); the shared log
+(``streams/shared_log.py``) reads every partition of the state topics, for every decider's view;
+Faust's own group consumer gives each partition of the state topics to one worker, whose
+``LogKeeper`` stores and dead-letters its messages once (in batches of up to ``batch_size`` or
+``batch_window_s``), and expands batch jobs. A timer expires held requests every second.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from typing import Any
 import faust
 
 from agents.handlers import SchedulerAgents
+from agents.keeping import LogKeeper
 from schemas import topics
 from schemas.codec import RawMessage, encode
 from schemas.events import Event
 from streams.app import Channels
+from streams.membership import Membership
 from streams.request_lane import RequestLane
-from streams.snapshot import SnapshotCache
+from streams.shared_log import SharedLog
 
 
 class LanePublisher:
@@ -47,13 +50,17 @@ def bind(
     app: faust.App,
     channels: Channels,
     agents: SchedulerAgents,
+    keeper: LogKeeper,
     lane: RequestLane,
-    cache: SnapshotCache,
+    membership: Membership,
+    shared: SharedLog,
     batch_size: int,
     batch_window_s: float,
 ) -> None:
-    """Attach every handler of ``agents`` to ``app`` and to the request lane (and the lane to the
-    app's partition assignment)."""
+    """Attach the handlers: ``agents`` to the request lane (which reads what ``membership``
+    gives this worker) and to the shared log (``shared``, its handlers set by the caller);
+    ``keeper`` and the batch-job expansion to Faust's group consumer; a timer that expires held
+    requests every second."""
     lane.attach(agents.on_requests, agents.commit_floor, agents.on_replayed_admissions)
 
     def batched(channel: Any, name: str, handler: Callable[[Sequence[RawMessage]], Awaitable[None]]) -> None:
@@ -63,39 +70,32 @@ def bind(
 
         app.agent(channel, name=name)(agent)
 
-    async def instance_state(stream: Any) -> None:
-        async for event in stream.events():
-            await agents.on_heartbeats([(event.key, event.value)])
-
     async def batch_jobs(stream: Any) -> None:
         async for event in stream.events():
             await agents.on_batch_jobs([(event.key, event.value)])
 
-    app.agent(channels.heartbeats, name="instance-state")(instance_state)
     app.agent(channels.batch_jobs, name="batch-jobs")(batch_jobs)
-    batched(channels.kv_events, "prefix-index", agents.on_kv_events)
-    batched(channels.first_tokens, "first-tokens", agents.on_first_tokens)
-    batched(channels.completions, "feedback", agents.on_completions)
+    batched(channels.heartbeats, "keep-heartbeats", keeper.keep_heartbeats)
+    batched(channels.kv_events, "keep-kv-events", keeper.keep_kv_events)
+    batched(channels.first_tokens, "keep-first-tokens", keeper.keep_first_tokens)
+    batched(channels.completions, "keep-completions", keeper.keep_completions)
 
     @app.timer(interval=1.0)  # type: ignore[untyped-decorator]
     async def expire_held() -> None:
         await agents.on_timer()
 
-    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
-    async def follow_assignment(sender: Any, *args: Any, **kwargs: Any) -> None:
-        cache.clear()  # the recovered table is the truth for the pools now owned
-        await lane.on_assigned(args[0])  # the assigned TopicPartitions
-
-    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
-    async def follow_revocation(sender: Any, *args: Any, **kwargs: Any) -> None:
-        revoked = args[0]  # the revoked TopicPartitions
-        await lane.on_revoked(revoked)
-        agents.on_partitions_revoked({tp.partition for tp in revoked if tp.topic == topics.HEARTBEATS.name})
+    async def follow(partitions: set[int]) -> None:
+        lost = await lane.follow(partitions)
+        agents.on_partitions_revoked(lost)
 
     @app.task  # type: ignore[untyped-decorator]
-    async def request_lane() -> None:
+    async def deciding() -> None:
+        await shared.start()
         await lane.start()
+        await membership.start(follow)
         try:
             await asyncio.Event().wait()  # until the worker stops and cancels this task
         finally:
+            await membership.stop()  # leave the group first: the others take our partitions
             await lane.stop()
+            await shared.stop()

@@ -5,20 +5,22 @@ before our code runs, which caps one worker near 2 000 routed requests/s. This l
 batches (thousands of messages per fetch), hands them to the routing handler, and commits the
 batch's offsets once its decisions are delivered (at least once).
 
-Co-location: requests, heartbeats and the instance-state table are keyed by model pool, so
-partition p of ``tf.requests`` belongs with partition p of ``tf.heartbeats``. The lane follows
-Faust's assignment of ``tf.heartbeats``: on every rebalance it reads exactly the same partition
-numbers of ``tf.requests``, so the worker that owns a pool's state routes the pool's requests.
+Which partitions: those the deciders' consumer group gives this worker
+(``streams.membership.Membership`` calls ``follow`` after each rebalance). The lane reads on a
+consumer of its own, by assignment, so it goes on routing what it owns while the group
+rebalances, and changes what it reads only when the new assignment says so.
 
 Exactly one decision per request, over restarts and rebalances (with the handler's help):
 - a batch's offsets are committed once its decisions are delivered, but never past
   ``commit_floor()`` (the oldest request still held, per partition), so a request held when
   the worker stops is read again by whoever takes the partition;
 - before the first batch of a newly assigned partition is handled, the decisions sent on
-  ``replay_topic`` (``tf.admission``, same partition number: both keyed by pool) since that
-  batch's first record was written are handed to ``on_replay``, so requests decided before and
-  read again are recognised (found with ``offsets_for_times``; from the partition's start if
-  the broker cannot answer it).
+  ``replay_topic`` (``tf.admission``, same partition number: both keyed by the request's
+  affinity key) since that batch's first record was written are handed to ``on_replay``, so
+  requests decided before and read again are recognised (found with ``offsets_for_times``; from
+  the partition's start if the broker cannot answer it). The replay waits ``handoff_grace_s``
+  first: a partition taken from a live worker may still have that worker's last decisions on
+  their way to the broker.
 """
 
 from __future__ import annotations
@@ -52,15 +54,16 @@ class RequestLane:
         self,
         bootstrap: str,
         topic: str,
-        follows_topic: str,
         group_id: str,
         max_batch: int = 256,
         max_in_flight: int = 8,
         fetch_max_wait_ms: int = 10,
         commit_interval_s: float = 0.1,
         replay_topic: str | None = None,
+        handoff_grace_s: float = 0.5,
     ) -> None:
-        self.topic, self.follows_topic = topic, follows_topic
+        self.topic = topic
+        self.handoff_grace_s = handoff_grace_s
         self.handler: Handler | None = None
         self.commit_floor: Callable[[], Mapping[int, int]] = dict
         self.replay_topic = replay_topic
@@ -71,7 +74,9 @@ class RequestLane:
         self.commit_interval_s = commit_interval_s
         self._consumer_options = {
             "bootstrap_servers": bootstrap,
-            "group_id": group_id,  # for committed offsets only: partitions are assigned by hand
+            # Committed offsets only: partitions are assigned by hand, and the group has no
+            # members (Kafka takes commits from outside a group only for an empty group).
+            "group_id": group_id,
             "enable_auto_commit": False,
             "auto_offset_reset": "earliest",
             "fetch_max_wait_ms": fetch_max_wait_ms,
@@ -84,7 +89,7 @@ class RequestLane:
         self._lock: asyncio.Lock | None = None  # held while a batch is in flight; rebalances wait
         self._send_order: asyncio.Lock | None = None  # hands batches to the producer in order
         self._task: asyncio.Task[None] | None = None
-        self._wanted: set[int] = set()  # what Faust assigned us (set from its rebalance signals)
+        self._wanted: set[int] = set()  # what the deciders' group gave us
         self._assigned: set[int] = set()  # what the consumer reads now
         self._delivered: dict[Any, int] = {}  # offsets delivered, not yet committed
         self._committed_at = 0.0
@@ -206,19 +211,20 @@ class RequestLane:
         if self._producer is not None:
             await self._producer.stop()
 
-    async def on_revoked(self, revoked: set[Any]) -> None:
-        """Faust revokes partitions: finish and commit the batch in flight, then let them go."""
-        gone = {tp.partition for tp in revoked if tp.topic == self.follows_topic}
-        self._wanted -= gone
-        if self._lock is not None:
+    async def follow(self, partitions: set[int]) -> set[int]:
+        """The deciders' group gave this worker ``partitions``: read them from now on. For the
+        partitions it lost, finish the batch in flight and commit what was delivered before
+        letting them go. Returns the lost partitions (their held requests must be let go too:
+        the new owner reads them again)."""
+        lost = self._wanted - partitions
+        self._wanted = set(partitions)
+        if self._lock is not None and self._consumer is not None:
             async with self._lock:
-                await self._commit()
+                if lost:
+                    await self._commit()
                 if self._wanted != self._assigned:
                     self._assign(self._wanted)
-
-    async def on_assigned(self, assigned: set[Any]) -> None:
-        """Faust assigned partitions: read the same partition numbers of the request topic."""
-        self._wanted = {tp.partition for tp in assigned if tp.topic == self.follows_topic}
+        return lost
 
     def _assign(self, partitions: set[int]) -> None:
         self._fresh = (self._fresh & partitions) | (partitions - self._assigned)
@@ -294,6 +300,7 @@ class RequestLane:
         self._fresh -= set(fresh)
         if self.replay_topic is None or self.on_replay is None:
             return
+        await asyncio.sleep(self.handoff_grace_s)
         since_ms = max(0, min(fresh.values()) - _REPLAY_MARGIN_MS)
         started = time.monotonic()
         count = await self._replay(set(fresh), since_ms)

@@ -1,31 +1,28 @@
-"""The snapshot cache: a pool's ``ClusterView``, rebuilt only when a heartbeat changed it.
+"""The instance state: every pool's latest heartbeats, and its ``ClusterView`` rebuilt only
+when a heartbeat changed it.
 
-The instance-state table (model pool -> {instance id: Heartbeat dict}, changelog-backed) is the
-durable truth; validating every entry of a 4 096-instance pool into a view took 17.9 ms, far too
-much per request batch. ``SnapshotCache`` keeps, per pool, the columns of the view as numpy
-arrays and updates one row in place per heartbeat (O(1)); ``view(pool)`` returns the same view
-object, with the same ``version``, until a heartbeat changes the pool, and otherwise copies the
-columns into a new view with a new version (a view handed out is never mutated). A heartbeat
-that adds an instance or changes its identity (DC, model, version, profile) rebuilds the pool's
-columns, rows sorted by instance id so the same table contents always give the same row order.
-A pool not in the cache (after a restart or a rebalance) is built once from the table.
+Every decider reads ``tf.heartbeats`` whole (``streams.shared_log``), from a few seconds back
+when it starts, so the latest heartbeat of each instance is the truth and nothing needs to be
+recovered from a changelog. Validating every entry of a 4 096-instance pool into a view took
+17.9 ms, far too much per request batch: ``SnapshotCache`` keeps, per pool, the columns of the
+view as numpy arrays and updates one row in place per heartbeat (O(1)); ``view(pool)`` returns
+the same view object, with the same ``version``, until a heartbeat changes the pool, and
+otherwise copies the columns into a new view with a new version (a view handed out is never
+mutated). A heartbeat that adds an instance or changes its identity (DC, model, version,
+profile) rebuilds the pool's columns, rows sorted by instance id so the same heartbeats always
+give the same row order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from itertools import count
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from agents.policy.types import ClusterView, DcView
 from schemas.events import Heartbeat
-
-TableReader = Callable[[str], Mapping[str, Mapping[str, Any]]]
-"""pool -> {instance id: Heartbeat dict} as stored in the instance-state table."""
 
 _NUMBERS = ("waiting", "running", "tokens_in_flight", "kv_blocks_used", "kv_blocks_total")
 _VERSIONS = count(1)  # process-wide: a rebuilt pool never reuses an older snapshot's version
@@ -50,18 +47,19 @@ class _Columns:
 
 
 class SnapshotCache:
-    """Per-pool views over heartbeats; see the module docstring. ``dcs``: the static DC view
-    (round trips from the ingress), attached to every view."""
+    """``agents.ports.InstanceState``: per-pool views over heartbeats; see the module docstring.
+    ``dcs``: the static DC view (round trips from the ingress), attached to every view."""
 
     def __init__(self, dcs: DcView | None = None) -> None:
         self.dcs = dcs or DcView()
         self._pools: dict[str, _Columns] = {}
 
-    def update(self, beat: Heartbeat) -> None:
+    def record(self, beat: Heartbeat) -> None:
         """Take ``beat`` as its instance's latest state (one row written in place)."""
         pool = self._pools.get(beat.model)
         if pool is None:
-            return  # built from the table when first asked for
+            self._pools[beat.model] = _columns({beat.instance_id: beat})
+            return
         row = pool.row_of.get(beat.instance_id)
         identity = (beat.dc, beat.model, beat.model_version, beat.profile)
         pool.beats[beat.instance_id] = beat
@@ -73,23 +71,14 @@ class SnapshotCache:
         pool.last_heartbeat_s[row] = beat.ts
         pool.view = None
 
-    def view(self, pool: str, table: TableReader) -> ClusterView | None:
-        """The pool's current view (None if no instance reported); ``table`` is read only for a
-        pool this cache has not seen since it was created or ``clear``-ed."""
+    def view(self, pool: str) -> ClusterView | None:
+        """The pool's current view (None if no instance of it reported)."""
         columns = self._pools.get(pool)
         if columns is None:
-            states = table(pool)
-            if not states:
-                return None
-            beats = {iid: Heartbeat.model_validate(state) for iid, state in states.items()}
-            columns = self._pools[pool] = _columns(beats)
+            return None
         if columns.view is None:
             columns.view = self._build(columns)
         return columns.view
-
-    def clear(self) -> None:
-        """Forget every pool (partitions were reassigned: the table is the truth again)."""
-        self._pools.clear()
 
     def _build(self, c: _Columns) -> ClusterView:
         numbers = c.numbers.T.copy()
@@ -131,20 +120,3 @@ def _columns(beats: dict[str, Heartbeat]) -> _Columns:
         last_heartbeat_s=np.array([b.ts for b in ordered], dtype=np.float64),
         beats=dict(beats),
     )
-
-
-class TableState:
-    """``agents.ports.InstanceState`` over the Faust instance-state table and a snapshot cache."""
-
-    def __init__(self, table: Any, cache: SnapshotCache) -> None:
-        self.table = table
-        self.cache = cache
-
-    def record(self, beat: Heartbeat) -> None:
-        states = dict(self.table[beat.model])
-        states[beat.instance_id] = beat.model_dump(mode="json")
-        self.table[beat.model] = states  # a new value: Faust writes changed keys to the changelog
-        self.cache.update(beat)
-
-    def view(self, pool: str) -> ClusterView | None:
-        return self.cache.view(pool, lambda p: self.table.get(p, {}))

@@ -10,6 +10,7 @@ through it or after it stops.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import gc
@@ -115,8 +116,8 @@ def run_child(settings: Settings, identity: dict[str, Any], limits: WatchdogLimi
 
 
 class ReadyMarkingWorker(faust.Worker):
-    """A Faust worker that writes ``ready_file`` once partitions are assigned and tables recovered,
-    then starts its watchdog.
+    """A Faust worker that writes ``ready_file`` once it consumes (its partitions assigned, its
+    readers answered), then starts its watchdog.
 
     It also moves everything alive at that point (~100 000 objects: modules, Faust, aiokafka,
     pydantic schemas) out of the garbage collector's reach with ``gc.freeze()``. Routing
@@ -142,6 +143,19 @@ class ReadyMarkingWorker(faust.Worker):
         await super().on_startup_finished()
         gc.collect()
         gc.freeze()
+        self.add_future(self._ready_when_consuming())
+
+    async def _ready_when_consuming(self) -> None:
+        """Ready = consuming (the deciders' group gave this worker its partitions and the
+        readers' fetches are answered: ``app.conf.tokenfleet_health``), not merely started: a
+        request sent to a worker that says it is ready must not wait for a group join. The
+        watchdog starts then too; if that takes over ``unassigned_s``, it starts anyway (and
+        gives up on the worker if nothing changes)."""
+        health = self.app.conf.tokenfleet_health
+        limit = self.watchdog.limits.unassigned_s if self.watchdog is not None else 20.0
+        deadline = time.monotonic() + limit
+        while not health()[0] and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         log.info("worker ready; %d objects frozen out of garbage collection", gc.get_freeze_count())
         write_marker(
             self.ready_file, {**getattr(self, "identity", {}), "pid": os.getpid(), "ts": time.time()}

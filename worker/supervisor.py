@@ -29,7 +29,7 @@ from types import FrameType
 
 from infra.bootstrap import kafka_bootstrap
 from infra.errors import first_line
-from infra.kafka.broker import ensure_topics
+from infra.kafka.broker import AnotherScheduler, deciders_group, ensure_topics, other_schedulers
 from infra.settings import Settings
 from worker.child import ChildSpec
 from worker.ready import ready_marker
@@ -107,6 +107,8 @@ class _Supervisor:
                     continue
                 if self.stopping:
                     break
+                if start == 0:
+                    self._refuse_a_second_scheduler()
                 start += 1
                 began = time.monotonic()
                 code = self._run_child(start)
@@ -131,6 +133,21 @@ class _Supervisor:
             self.marker.unlink(missing_ok=True)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def _refuse_a_second_scheduler(self) -> None:
+        """``AnotherScheduler`` (one line) if another scheduler (another app id) already decides
+        the requests of these topics: two would decide every request twice."""
+        own = deciders_group(self.settings.app_id)
+        try:
+            others = other_schedulers(self.bootstrap, own)
+        except Exception as exc:  # cannot tell (an old broker): go on, but say so
+            log.warning("worker supervisor: could not list the consumer groups (%s)", first_line(exc))
+            return
+        if others:
+            raise AnotherScheduler(
+                f"another scheduler already decides the requests on {self.bootstrap} (consumer group "
+                f"{', '.join(others)}); stop it, or run this worker with its TOKENFLEET_APP_ID"
+            )
 
     def _run_child(self, start: int) -> int:
         identity = {"run": self.run_token, "start": start, "supervisor": os.getpid()}

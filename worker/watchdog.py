@@ -6,7 +6,7 @@ embedded Tansu has lost its log: topics, committed offsets, consumer groups; the
 up in a "Heartbeat session expired" loop). The watchdog gives up (``WATCHDOG_EXIT``) when the
 broker lost its log (a high watermark went down, or topics the worker reads are gone), the
 broker did not answer for ``broker_down_s``, the request lane's fetches were not answered for
-``fetch_stale_s``, or Faust's consumer or the lane had no partitions for ``unassigned_s``.
+``fetch_stale_s``, or the deciders' consumer group gave it no assignment for ``unassigned_s``.
 Reasons that end in ``)`` mean "exit at once": nothing to commit, nobody to answer.
 """
 
@@ -40,7 +40,7 @@ class WatchdogLimits:
     probe_s: float = 0.5  # how often it looks
     broker_down_s: float = 10.0  # the broker answers no metadata request
     fetch_stale_s: float = 5.0  # the lane reads partitions but no fetch of its was answered
-    unassigned_s: float = 20.0  # Faust's consumer or the lane has no partitions
+    unassigned_s: float = 20.0  # the deciders' group gave no assignment (rebalancing) this long
     missing_topics_probes: int = 2  # topics it reads absent on this many probes in a row
     stop_grace_s: float = 8.0  # graceful stop, then the process exits anyway
     # The watchdog's own connection to the broker broke: the broker process went away. With an
@@ -121,11 +121,11 @@ class Watchdog:
             if mark < self._highest.get(name, 0):
                 return f"{name}'s high watermark went from {self._highest[name]} to {mark}{_LOG_LOST}"
             self._highest[name] = mark
-        unassigned = not status["assigned"] or not status["lane_partitions"]
-        if self._lasted("unassigned", unassigned, now) > limits.unassigned_s:
-            return f"no partitions assigned for {limits.unassigned_s:.0f} s"
-        if self._lasted("stale", not unassigned and not consuming, now) > limits.fetch_stale_s:
-            return f"the request lane's fetches were not answered for {limits.fetch_stale_s:.0f} s"
+        if status["group_settled_for_s"] > limits.unassigned_s:
+            return f"no assignment from the deciders' group for {limits.unassigned_s:.0f} s"
+        unsettled = status["group_settled_for_s"] > 0
+        if self._lasted("stale", not unsettled and not consuming, now) > limits.fetch_stale_s:
+            return f"the worker's fetches were not answered for {limits.fetch_stale_s:.0f} s"
         return None
 
     def _lasted(self, what: str, bad: bool, now: float) -> float:

@@ -25,7 +25,7 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from aiokafka.protocol.metadata import MetadataRequest
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
-from schemas.topics import ALL_TOPICS
+from schemas.topics import ALL_TOPICS, REQUESTS
 
 log = logging.getLogger(__name__)
 
@@ -225,3 +225,47 @@ def require_reachable(bootstrap: str, timeout_s: float = 8.0) -> None:
         ) from None
     if not answered:
         raise BrokerUnreachable(f"no Kafka broker answers at {bootstrap} (within {timeout_s:.0f} s)")
+
+
+DECIDERS_SUFFIX = "-deciders"
+
+
+class AnotherScheduler(ValueError):
+    """Another scheduler's consumer group already decides the requests of these topics."""
+
+
+def deciders_group(app_id: str) -> str:
+    """The consumer group whose members share the partitions of ``tf.requests`` (one per
+    scheduler: every worker of a scheduler joins it)."""
+    return f"{app_id}{DECIDERS_SUFFIX}"
+
+
+def other_schedulers(bootstrap: str, own_group: str, timeout_s: float = 10.0) -> list[str]:
+    """The deciders' groups other than ``own_group`` that have members now: other schedulers
+    deciding the same requests. A group's member metadata names its subscription where the
+    broker reports it (Kafka does; the embedded Tansu does not): then only groups subscribed to
+    ``tf.requests`` count."""
+    from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
+
+    def subscribed(metadata: bytes) -> bool:
+        try:
+            return REQUESTS.name in ConsumerProtocolMemberMetadata.decode(metadata).subscription
+        except Exception:
+            return True  # not reported (or not a consumer's): the group's name says it
+
+    async def find() -> list[str]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+        await admin.start()
+        try:
+            names = [g[0] for g in await admin.list_consumer_groups()]
+            names = [n for n in names if n.endswith(DECIDERS_SUFFIX) and n != own_group]
+            found = []
+            for response in await admin.describe_consumer_groups(names) if names else []:
+                for _error, group, _state, _protocol_type, _protocol, members, *_ in response.groups:
+                    if any(subscribed(member[3]) for member in members):
+                        found.append(group)
+            return sorted(found)
+        finally:
+            await admin.close()
+
+    return asyncio.run(asyncio.wait_for(find(), timeout_s))

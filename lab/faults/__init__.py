@@ -35,7 +35,10 @@ How each figure is counted (``null`` where it does not apply; ``lab.faults.tally
 - ``recovered_s``: first decision record timestamp after the end of the fault - that end.
   ``outage_s`` (worker_kill, broker_restart): the same from the *start* of the fault.
 
-Extra figures where they apply: ``rejected`` (valid requests rejected), ``held_at_end`` (valid
+Extra figures where they apply: ``survivor_gap_s`` / ``takeover_gap_s`` (decider_failover,
+decider_join: the longest routing pause on partitions a worker kept through the change, and on
+the partitions that changed hands; see the scenarios), ``workers_deciding``, ``rejected``
+(valid requests rejected), ``held_at_end`` (valid
 requests never decided whose last admission answer is ``queue``: held, counted in ``lost``),
 ``send_failed`` (sends the broker never acknowledged), ``fleet_error`` / ``fleet_died_at_s``
 (the in-process fleet stopped with an error, seconds into the scenario), ``outage_s``,

@@ -35,6 +35,7 @@ class Decided:
     at: float  # the decision record's timestamp, seconds
     worker: str
     event_id: str
+    partition: int = -1  # of tf.decisions: the same number as its request's on tf.requests
 
 
 class Collector(stack.Collector):
@@ -62,15 +63,19 @@ class Collector(stack.Collector):
 
     def take(self, topic: str, records: Sequence[Any], now: float) -> None:
         for record in records:
-            self._keep(topic, record.value, record.timestamp / 1e3)
+            self._keep(topic, record.value, record.timestamp / 1e3, record.partition)
 
-    def _keep(self, topic: str, value: bytes | None, at: float) -> None:
+    def _keep(self, topic: str, value: bytes | None, at: float, partition: int = -1) -> None:
         try:
             data = json.loads(value or b"")
             if topic == DECISIONS.name:
                 self.decisions.append(
                     Decided(
-                        (data["request_id"], data["attempt"]), at, data.get("worker", ""), data["event_id"]
+                        (data["request_id"], data["attempt"]),
+                        at,
+                        data.get("worker", ""),
+                        data["event_id"],
+                        partition,
                     )
                 )
             elif topic == ADMISSION.name:
@@ -147,9 +152,9 @@ class Publisher:
         raw = encode(request)
         if counted:
             self.valid_digests.add(hashlib.sha256(raw).hexdigest())
-            self.send(raw, request.model.encode(), (request.request_id, request.attempt))
+            self.send(raw, request.affinity_key.encode(), (request.request_id, request.attempt))
         else:
-            self.send(raw, request.model.encode(), None, bad=False)
+            self.send(raw, request.affinity_key.encode(), None, bad=False)
 
     async def flush(self, timeout_s: float = 40.0) -> None:
         await self.out.flush(timeout_s)

@@ -305,18 +305,21 @@ class Run:
         return out
 
     def read_store(self) -> set[str] | None:
-        """The completion event ids in the embedded store (no worker may run)."""
+        """The completion event ids in the embedded stores (the run's data dir and any other
+        data dir a worker had: each worker keeps the partitions it was given; no worker may
+        run, the embedded engine locks its directory)."""
         if any(w.process.poll() is None for w in self.workers):
             raise RuntimeError("a worker still runs: the embedded store is locked")
-        path = (self.data_dir / "clickhouse").resolve()
-        if not path.exists():
-            return None
-        client = connect(f"chdb:///{path}")
-        try:
-            rows = client.query("SELECT DISTINCT event_id FROM completions").result_rows
-        finally:
-            client.close()
-        return {str(row[0]) for row in rows}
+        paths = {(d / "clickhouse").resolve() for d in [self.data_dir, *(w.data_dir for w in self.workers)]}
+        found: set[str] | None = None
+        for path in sorted(p for p in paths if p.exists()):
+            client = connect(f"chdb:///{path}")
+            try:
+                rows = client.query("SELECT DISTINCT event_id FROM completions").result_rows
+            finally:
+                client.close()
+            found = (found or set()) | {str(row[0]) for row in rows}
+        return found
 
 
 async def started(run: Run, warm_up: bool = True) -> WorkerProcess:

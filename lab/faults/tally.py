@@ -7,6 +7,8 @@ import hashlib
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import pairwise
+from typing import Any
 
 from sim.evaluation.metrics import percentile
 
@@ -79,3 +81,41 @@ def missing_digests(bad: Iterable[bytes], dead_letter_digests: Iterable[str]) ->
 def rounded(value: float | None, digits: int = 3) -> float | None:
     """A figure in seconds as printed and stored: ``None`` for nothing or a non-finite value."""
     return None if value is None or not math.isfinite(value) else round(value, digits)
+
+
+def longest_pause(times: Iterable[float], start: float, end: float) -> float:
+    """The longest stretch of [start, end] with none of ``times`` in it (seconds)."""
+    inside = sorted(t for t in times if start <= t <= end)
+    edges = [start, *inside, end]
+    return max(b - a for a, b in pairwise(edges))
+
+
+def handover_gaps(
+    decisions: Sequence[Any], since: float, until: float, kept_by: str, lost_by: str
+) -> tuple[float | None, float | None]:
+    """(survivor_gap_s, takeover_gap_s) of a change of deciders at ``since``.
+
+    ``decisions``: ``Decided`` records (``at``, ``worker``, ``partition``). The partitions
+    ``kept_by`` decided before ``since`` and still decides after it are the survivor's: its gap
+    is the longest pause of decisions on any of them in [since - 2 s, until]. The partitions
+    ``lost_by`` decided before ``since``: the takeover gap is, over those, the longest time from
+    ``since`` to the first decision on the partition by another worker (``until - since`` if
+    none came)."""
+    before = [d for d in decisions if d.at < since]
+    after = [d for d in decisions if d.at >= since]
+    kept = {d.partition for d in before if d.worker == kept_by} & {
+        d.partition for d in after if d.worker == kept_by
+    }
+    lost = {d.partition for d in before if d.worker == lost_by}
+    survivor = None
+    if kept:
+        survivor = max(
+            longest_pause((d.at for d in decisions if d.partition == p), since - 2.0, until) for p in kept
+        )
+    takeover = None
+    if lost:
+        takeover = max(
+            min((d.at for d in after if d.partition == p and d.worker != lost_by), default=until) - since
+            for p in lost
+        )
+    return survivor, takeover

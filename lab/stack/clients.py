@@ -210,15 +210,21 @@ class Collector:
 
 
 class ValueCollector(Collector):
-    """The values of ``spec``'s topic whose key is one of ``keys``, from the start, in order."""
+    """The values of ``spec``'s topic whose key is one of ``keys``, from the start, in order. On
+    the topics keyed by affinity (``<pool>/<prefix or tenant>``), a pool's name as a key matches
+    all of its pool's keys."""
 
     def __init__(self, bootstrap: str, spec: TopicSpec, *keys: bytes) -> None:
         super().__init__(bootstrap, [spec], poll_ms=100)
         self.keys = set(keys)
+        self._pool_prefixes = tuple(key + b"/" for key in keys)
         self.values: list[bytes] = []
 
     def take(self, topic: str, records: Sequence[Any], now: float) -> None:
-        self.values += [record.value for record in records if record.key in self.keys]
+        self.values += [record.value for record in records if self._wanted(record.key)]
+
+    def _wanted(self, key: bytes | None) -> bool:
+        return key is not None and (key in self.keys or key.startswith(self._pool_prefixes))
 
     async def wait_for(self, count: int, timeout_s: float = 30.0) -> list[bytes]:
         """The values once there are ``count`` (or what there is after ``timeout_s``)."""

@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from collections.abc import Awaitable, Sequence
-from typing import Any
 
-from agents.policy.types import ClusterView
 from agents.routing import Routed
 from schemas.events import (
     AdmissionDecision,
@@ -21,20 +19,7 @@ from schemas.events import (
 from schemas.topics import TopicSpec
 from streams.snapshot import SnapshotCache
 
-
-class MemoryState:
-    """``InstanceState`` over a dict table and the real snapshot cache."""
-
-    def __init__(self) -> None:
-        self.table: dict[str, dict[str, Any]] = defaultdict(dict)
-        self.cache = SnapshotCache()
-
-    def record(self, beat: Heartbeat) -> None:
-        self.table[beat.model][beat.instance_id] = beat.model_dump(mode="json")
-        self.cache.update(beat)
-
-    def view(self, pool: str) -> ClusterView | None:
-        return self.cache.view(pool, lambda p: self.table.get(p, {}))
+MemoryState = SnapshotCache  # the real instance state is in memory already
 
 
 class MemoryPublisher:
@@ -75,6 +60,7 @@ class RecordingTelemetry:
         self.dead: list[str] = []
         self.depth: dict[str, int] = {}
         self.fleet: list[FleetEvent] = []
+        self.observed: dict[str, int] = {}
 
     def decided_batch(self, policy: str, outcomes: Sequence[Routed], latency_s: float) -> None:
         self.decided.extend(outcomes)
@@ -87,3 +73,6 @@ class RecordingTelemetry:
 
     def fleet_events(self, events: Sequence[FleetEvent]) -> None:
         self.fleet.extend(events)
+
+    def placements_observed(self, pool: str, count: int) -> None:
+        self.observed[pool] = self.observed.get(pool, 0) + count

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from agents.handlers import SchedulerAgents
+from agents.keeping import LogKeeper
 from agents.routing import RoutingService
 from schemas import topics
 from schemas.codec import encode
@@ -77,15 +78,49 @@ def test_a_request_sent_twice_is_decided_once(world: Any) -> None:
     assert [d.request_id for d in publisher.sent[topics.DECISIONS.name]] == ["dup"]  # type: ignore[attr-defined]
 
 
-def test_bad_messages_are_dead_lettered_and_the_batch_goes_on(world: Any) -> None:
-    agents, publisher, _, telemetry = world
+def test_bad_messages_are_dead_lettered_once_and_the_batch_goes_on(world: Any) -> None:
+    """A bad request is dead-lettered by the decider that reads it; a bad heartbeat, which every
+    decider reads, only by the log's keeper of its partition (else once per decider)."""
+    agents, publisher, store, telemetry = world
+    keeper = LogKeeper(publisher, store, telemetry)
     run(agents.on_heartbeats(raw(beat("m", "i-1"), b"{not json")))
+    assert not publisher.sent[topics.DLQ.name]
+    run(keeper.keep_heartbeats(raw(beat("m", "i-1"), b"{not json")))
     run(agents.on_requests(raw(request("m", "a"), b'{"request_id": "x"}', request("m", "b"))))
     dead = publisher.sent[topics.DLQ.name]
     assert [d.source_topic for d in dead] == [topics.HEARTBEATS.name, topics.REQUESTS.name]  # type: ignore[attr-defined]
     assert all(isinstance(d, DeadLetter) and d.reason for d in dead)
     assert [d.request_id for d in publisher.sent[topics.DECISIONS.name]] == ["a", "b"]  # type: ignore[attr-defined]
     assert telemetry.dead == [topics.HEARTBEATS.name, topics.REQUESTS.name]
+    assert [b.instance_id for b in store.rows["heartbeats"]] == ["i-1"]  # type: ignore[attr-defined]
+
+
+def test_a_decider_counts_the_other_deciders_placements_as_its_own(world: Any) -> None:
+    """Two deciders of one pool: what one places reaches the other through ``tf.decisions``;
+    the other counts it in flight until its completion, never decides that request again, and
+    skips its own placements read back from the log."""
+    agents, publisher, _, telemetry = world
+    other = SchedulerAgents(
+        RoutingService("tokenpilot", worker="other:1"), MemoryState(), MemoryPublisher(), None, telemetry
+    )
+    for decider in (agents, other):
+        run(decider.on_heartbeats(raw(beat("m", "i-1"))))
+    run(other.on_requests(raw(request("m", "a"))))
+    placed = other.publisher.sent[topics.DECISIONS.name]
+    run(agents.on_decisions(raw(*placed)))
+    run(other.on_decisions(raw(*placed)))  # its own: skipped
+    assert telemetry.observed == {"m": 1}
+    for decider in (agents, other):
+        pilot = decider.service.scheduler_for("m").instance_selection
+        assert pilot.in_flight.requests == {"i-1": 1}
+    run(agents.on_requests(raw(request("m", "a"))))  # redelivered to the first decider
+    assert not publisher.sent[topics.DECISIONS.name]
+    done = Completion(
+        request_id="a", instance_id="i-1", model="m", status="ok", arrival_ts=1.0, ttft_s=0.05,
+        input_tokens=600, output_tokens=16,
+    )  # fmt: skip
+    run(agents.on_completions(raw(done)))
+    assert agents.service.scheduler_for("m").instance_selection.in_flight.requests == {"i-1": 0}  # type: ignore[attr-defined]
 
 
 def test_residency_narrows_the_data_centres(world: Any) -> None:
@@ -111,6 +146,8 @@ def test_first_tokens_and_completions_reach_the_scheduler_and_the_store(world: A
     run(agents.on_first_tokens(raw(started)))
     run(agents.on_completions(raw(done)))
     assert pilot.in_flight.requests == {"i-1": 0}  # type: ignore[attr-defined]
+    assert not store.rows["completions"]  # stored once, by the log's keeper, not by every decider
+    run(LogKeeper(MemoryPublisher(), store, RecordingTelemetry()).keep_completions(raw(done)))
     assert [c.request_id for c in store.rows["completions"]] == ["a"]  # type: ignore[attr-defined]
 
 

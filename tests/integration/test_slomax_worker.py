@@ -85,7 +85,7 @@ def test_slomax_admits_holds_rejects_and_its_loop_reads_clickhouse(broker: str, 
     by_id: dict[str, list[AdmissionDecision]] = {}
     for a in answers:
         by_id.setdefault(a.request_id, []).append(a)
-    assert [a.action for a in by_id["small"]] == ["admit"]
+    assert [a.action for a in by_id["small"]] == ["admit"], [a.reason for a in by_id["small"]]
     assert next((a.action, a.queue_pool) for a in by_id["middle"]) == ("queue", "interactive")
     assert by_id["middle"][-1].action == "reject" and by_id["middle"][-1].reason.startswith("expired")
     (huge,) = by_id["huge"]

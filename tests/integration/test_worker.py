@@ -7,14 +7,16 @@ import base64
 import json
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 
 from infra.clickhouse.client import connect
 from schemas.codec import encode
-from schemas.events import AdmissionDecision, Completion, DeadLetter, RoutingDecision
+from schemas.events import AdmissionDecision, Completion, DeadLetter, InferenceRequest, RoutingDecision
 from schemas.topics import ADMISSION, COMPLETIONS, DECISIONS, DLQ, HEARTBEATS, REQUESTS
 from tests.integration.streaming import Collector, heartbeat, publish, request, unique
 from tests.integration.streaming import worker as worker_process
@@ -324,3 +326,58 @@ def test_a_worker_answers_its_probes(broker: str, tmp_path: Path) -> None:
         worker.stop()
     assert answers["/health"][0] == 200 and json.loads(answers["/health"][1]) == {"live": True}
     assert answers["/ready"][0] == 200 and json.loads(answers["/ready"][1])["consuming"] is True
+
+
+def observed_placements(worker: Any, pool: str) -> float:
+    """The worker's ``tokenfleet_placements_observed_total`` for ``pool``."""
+    with urllib.request.urlopen(worker.metrics_url(), timeout=10) as response:
+        text = response.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "tokenfleet_placements_observed_total" and sample.labels.get("pool") == pool
+    )
+
+
+def test_two_workers_decide_for_one_pool_each_counting_the_others_placements(
+    broker: str, tmp_path: Path
+) -> None:
+    """One pool's requests spread over the partitions by their prompt prefix: both workers of
+    the group decide for it at once, each request once, and each worker accounts for the
+    placements the other made (read from ``tf.decisions``)."""
+    app_id, pool = unique("app"), unique("pool")
+    one, two = worker_process(broker, app_id, tmp_path / "a"), worker_process(broker, app_id, tmp_path / "b")
+    ids = [f"r{i:03d}" for i in range(40)]
+
+    async def scenario() -> list[RoutingDecision]:
+        await asyncio.to_thread(one.wait_ready)
+        await asyncio.to_thread(two.wait_ready)
+        await publish(broker, HEARTBEATS, [heartbeat(pool, "i-1"), heartbeat(pool, "i-2")])
+        await asyncio.sleep(8.0)  # both members settled in the deciders' group
+        async with Collector(broker, DECISIONS, pool.encode()) as routed:
+            prefixes = [(1000 + i, 2000 + i) for i in range(len(ids))]  # one prefix each
+            requests = [
+                InferenceRequest(
+                    request_id=rid, model=pool, input_tokens=1000, output_budget=9, prompt_block_hashes=prefix
+                )
+                for rid, prefix in zip(ids, prefixes, strict=True)
+            ]
+            await publish(broker, REQUESTS, requests)
+            await routed.wait_for(len(ids))
+            await asyncio.sleep(2.0)  # anything decided twice would show up now
+            return decisions(routed.values)
+
+    try:
+        routed = asyncio.run(scenario())
+        by_worker = Counter(d.worker for d in routed)
+        seen_by = {w.pid: observed_placements(w, pool) for w in (one, two)}
+    finally:
+        one.stop()
+        two.stop()
+    assert sorted(d.request_id for d in routed) == ids  # every request decided, once
+    assert len(by_worker) == 2, by_worker  # both workers decided for the one pool
+    # Each worker counted the other's placements: together, every placement was seen by the
+    # worker that did not make it.
+    assert all(count > 0 for count in seen_by.values()), seen_by
+    assert sum(seen_by.values()) == len(ids), (seen_by, by_worker)

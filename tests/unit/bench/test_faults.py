@@ -187,3 +187,23 @@ def test_store_outage_injection_fails_every_store_call_while_its_file_exists(tmp
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "ok"
+
+
+def test_the_handover_gaps_of_a_killed_decider() -> None:
+    """Partition 0 is the survivor's (a 1.5 s pause at the kill); 1 the victim's, taken over
+    4 s after the kill; the longest pause counts from 2 s before the kill."""
+    from lab.faults.tally import handover_gaps, longest_pause
+
+    kill = 100.0
+    decisions = [
+        Decided(("a", 1), 99.0, "s:1", "e1", 0),
+        Decided(("b", 1), 100.5, "s:1", "e2", 0),
+        Decided(("c", 1), 110.0, "s:1", "e3", 0),
+        Decided(("d", 1), 99.5, "v:2", "e4", 1),
+        Decided(("e", 1), 104.0, "s:1", "e5", 1),
+    ]
+    survivor, takeover = handover_gaps(decisions, kill, kill + 20.0, "s:1", "v:2")
+    assert survivor == pytest.approx(10.0)  # 100.5 -> 110 on partition 0
+    assert takeover == pytest.approx(4.0)
+    assert longest_pause([1.0, 2.0], 0.0, 10.0) == pytest.approx(8.0)
+    assert longest_pause([], 0.0, 3.0) == pytest.approx(3.0)
