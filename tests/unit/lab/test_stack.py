@@ -36,7 +36,7 @@ def test_worker_options_set_only_what_is_given_and_the_extra_environment_wins() 
 
 
 def _record(value: bytes, key: bytes | None = None, timestamp_ms: int = 1_000) -> SimpleNamespace:
-    return SimpleNamespace(value=value, key=key, timestamp=timestamp_ms)
+    return SimpleNamespace(value=value, key=key, timestamp=timestamp_ms, partition=0)
 
 
 def test_a_value_collector_keeps_only_its_keys_in_order() -> None:
