@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import deque
 
 import numpy as np
@@ -19,6 +20,9 @@ class InFlight:
     ``since_heartbeat`` can add to a stale snapshot exactly the work the snapshot cannot contain
     yet. Each send is forgotten once a heartbeat from its instance postdates it (or after
     ``max_age_s``, for an instance that stopped reporting): cost is amortised O(1) per send.
+    Another decider's placement (``Placed``) is added with the time it was made, which may be
+    older than the router's last own send: it is inserted in time order, so a heartbeat that
+    postdates it forgets it.
 
     ``requests`` / ``blocks`` are plain dicts (instance id -> count); per-slot numpy mirrors of
     them and of the since-heartbeat totals make ``per_instance`` and ``since_heartbeat`` a few
@@ -63,7 +67,11 @@ class InFlight:
         self._dirty.add(slot)
         if now_s <= c["applied"][slot]:
             return  # already older than the instance's last heartbeat: nothing to add
-        self._recent[slot].append((now_s, request.input_tokens))
+        recent = self._recent[slot]
+        if recent and recent[-1][0] > now_s:  # another decider's send, read late: keep time order
+            insort(recent, (now_s, request.input_tokens))
+        else:
+            recent.append((now_s, request.input_tokens))
         c["recent_requests"][slot] += 1
         c["recent_tokens"][slot] += request.input_tokens
 

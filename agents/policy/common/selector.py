@@ -26,10 +26,16 @@ class InstanceSelector:
     Subclasses implement ``pick`` (one request, its candidate mask, never empty); this class
     runs the batch in order and keeps the router's own in-flight accounting (``in_flight``), so
     each placement is counted before the next request of the batch is decided.
+
+    Several deciders per pool: another decider's placement (``Placed``) joins ``in_flight`` as
+    an own send would, then ``on_placed_elsewhere`` lets the router add it to its own
+    bookkeeping. A router whose replicas share no state sets ``shares_placements`` False: it
+    ignores ``Placed`` altogether, as its real replicas would.
     """
 
     name = "routing"
     wants_kv_events = False
+    shares_placements = True
 
     def __init__(self, seed: int = 0) -> None:
         self.rng = np.random.default_rng(seed)
@@ -70,6 +76,8 @@ class InstanceSelector:
         elif isinstance(event, BlocksChanged):
             self.on_kv_event(event)
         elif isinstance(event, Placed):
+            if not self.shares_placements:
+                return
             self.in_flight.add(event.request, event.instance_id, event.time_s)
             self.on_placed_elsewhere(event)
         else:

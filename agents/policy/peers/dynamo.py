@@ -15,6 +15,7 @@ from agents.policy.types import (
     Finished,
     FirstToken,
     Observation,
+    Placed,
     Placement,
     RequestView,
 )
@@ -51,19 +52,39 @@ class DynamoKv(InstanceSelector):
     term, as 16-token blocks would to within 15 tokens, each request contributes its tail
     tokens / 512 as a fractional block (tails are never shared).
 
+    Several router replicas (several deciders per pool): with ``router_replica_sync`` each
+    replica publishes its active-sequence changes and the others apply them
+    (``lib/kv-router/src/sequences/replica_sync.rs`` at
+    057096c31e3cb60ed3bc7c62ceb6846fbdb29ad0, ``apply_replica_event``: a peer's ``AddRequest``
+    joins its worker's active set with the peer's prefill-load hint, ``MarkPrefillCompleted``
+    and ``Free`` take it out), while KV events reach every replica anyway (the router-operations
+    guide: prefix cache state is shared through the event plane, active block state only by
+    replica sync). So another decider's placement (``Placed``) joins ``ActiveSequences`` as an
+    own ``add`` would: its prompt blocks, and its uncached tokens by this replica's overlap on
+    that worker when it is read (the peer's hint was computed on the same KV events). Its first
+    token and end clear it as for an own request. ``router_replica_sync`` ships off
+    (``KvRouterConfig::default``, ``DYN_ROUTER_REPLICA_SYNC`` false); it is on here by default,
+    the configuration the guide gives for several replicas (off: a replica ignores ``Placed``
+    and knows only its own sends). With one decider it changes nothing.
+
     Departures: no router-side queue (``router_queue_threshold`` 16 holds requests only when
-    every worker has 16x its batched-token budget in flight); one router replica.
+    every worker has 16x its batched-token budget in flight).
     """
 
     name = "dynamo-kv"
     wants_kv_events = True
 
     def __init__(
-        self, seed: int = 0, overlap_score_credit: float = 1.0, prefill_load_scale: float = 1.0
+        self,
+        seed: int = 0,
+        overlap_score_credit: float = 1.0,
+        prefill_load_scale: float = 1.0,
+        router_replica_sync: bool = True,
     ) -> None:
         super().__init__(seed)
         self.overlap_score_credit = overlap_score_credit
         self.prefill_load_scale = prefill_load_scale
+        self.shares_placements = router_replica_sync
         self.index = PrefixIndex()  # what each worker's KV events say it caches
         self.active = ActiveSequences()
         self._overlap = np.zeros(0, dtype=np.int64)  # of the request being placed, per row
@@ -92,6 +113,19 @@ class DynamoKv(InstanceSelector):
             request.block_hashes,
             _tail_tokens(request),
             max(request.input_tokens - cached, 0),
+        )
+
+    def on_placed_elsewhere(self, event: Placed) -> None:
+        """A peer replica's ``AddRequest`` (class docstring): the request joins the worker's
+        active set, with its uncached tokens by this replica's overlap there."""
+        request = event.request
+        overlap = self.index.match(request.block_hashes).get(event.instance_id, 0)
+        self.active.add(
+            request.key,
+            event.instance_id,
+            request.block_hashes,
+            _tail_tokens(request),
+            max(request.input_tokens - BLOCK_TOKENS * overlap, 0),
         )
 
     def observe(self, event: Observation) -> None:

@@ -36,9 +36,17 @@ class LlmdDefault(InstanceSelector):
     Block size: our prompt hashes cover 512-token blocks, so a match of k of them is k * 32
     of llm-d's blocks, and the 4096-token cap is our first 8 blocks; a match shorter than one
     of our blocks is not seen. It reads only scraped metrics: no in-flight accounting.
+
+    Several endpoint-picker replicas (several deciders per pool): by default a multi-replica
+    EPP elects a leader and only it routes (active-passive); in the active-active mode every
+    replica routes, each scraping the metrics itself and keeping the approximate prefix index
+    of its own routing history: nothing is shared between replicas (llm-d router operations
+    guide, https://llm-d.ai/docs/0.10/operations/router, "High Availability & Scaling Modes").
+    So another decider's placement (``Placed``) is ignored.
     """
 
     name = "llm-d-default"
+    shares_placements = False
 
     def __init__(
         self,

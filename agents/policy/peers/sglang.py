@@ -46,10 +46,18 @@ class SglangCacheAware(InstanceSelector):
     ``sgl-router`` release above sends a low match to the smallest tree (the default here); the
     later ``sgl-model-gateway/src/policies/cache_aware.rs`` (b93974f140de1e545d9134d87e77f0bd1fbf3014)
     sends it to the least-loaded worker instead, available as ``low_match="least_loaded"``.
+
+    Several router replicas (several deciders per pool): the router keeps its load counters and
+    trees in its own process and shares them with no other replica (nothing in the files above
+    publishes or reads another router's routing), so another decider's placement (``Placed``)
+    is ignored, not even counted in flight: each replica knows only its own sends. (The mesh
+    of ``lightseekorg/smg``, the gateway's later home, replicates cache-aware trees between
+    gateway nodes; that is a later product, not followed here.)
     """
 
     name = "sglang-cache-aware"
     default_low_match: LowMatch = "smallest_tree"
+    shares_placements = False
 
     def __init__(
         self,

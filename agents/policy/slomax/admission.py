@@ -81,6 +81,15 @@ the rows that serve the request's model. Within one offer, what was admitted bef
 added to its prediction the same way (the router places the admitted requests only after
 admission). Running work is never pre-empted: SLOMax only decides what starts.
 
+Several deciders per pool: another decider's admitted and placed request, read from the
+decision log (``Placed``), is counted exactly as an own admit once placed: its class's and
+tenant's tokens in flight (quota, batch share), its fair-queuing charge, its prefill seconds on
+its instance (prefill room; the router's own-prefill prediction on that row from the last
+snapshot, before the router credits its prefix there, else its prompt at
+``prefill_tokens_per_s``) and, for a long prompt, its place in the long-prompt share; its first
+token and its end release them as for an own request. So every decider's quotas, shares and
+fairness are the pool's, not its partition's.
+
 Tenants inside a tier are served by token-weighted fair queuing (``fairness.py``). ``headroom``
 and ``batch_share`` are moved by the control loop (``controller.py``) from measured goodput
 read through a ``GoodputSource`` (``bind_feedback``); without one they keep their defaults.
@@ -108,6 +117,7 @@ from agents.policy.types import (
     Finished,
     FirstToken,
     Observation,
+    Placed,
     RequestView,
     RowPrediction,
     RowPredictor,
@@ -236,6 +246,7 @@ class SloMax:
         self._interactive_held_s = -np.inf  # when an interactive request was last held
         self._backlogged: set[str] = set()  # tenants with requests in the previous offer
         self._mask_key: tuple[int, str] = (-1, "")
+        self._view: ClusterView | None = None  # the last snapshot offered (for others' placements)
         self._mask: BoolArray = np.zeros(0, dtype=bool)
         self.counts: dict[str, int] = {}  # answers by action and reason code (for metrics)
 
@@ -272,6 +283,7 @@ class SloMax:
 
     def admit(self, requests: Sequence[RequestView], view: ClusterView, now_s: float) -> list[Admission]:
         self._now = now_s  # the placements of this offer follow it at the same instant
+        self._view = view
         self.control(now_s)
         self._reoffer.seen(view.version, now_s)
         answers: list[Admission | None] = [None] * len(requests)
@@ -481,25 +493,29 @@ class SloMax:
 
     def _admitted(
         self, request: RequestView, cls: Classified, prefill_s: float, predicted: float | None, now_s: float
-    ) -> None:
+    ) -> _InFlight | None:
+        """Count an admitted request in flight (None: it already was)."""
         self._held.discard(request.key)
         if request.key in self._in_flight:
-            return  # offered again (held for capacity by the pipeline): counted once
+            return None  # offered again (held for capacity by the pipeline): counted once
         tokens = request.input_tokens + request.output_budget
         waited = now_s - request.arrival_s
-        self._in_flight[request.key] = _InFlight(
+        entry = self._in_flight[request.key] = _InFlight(
             cls.slo_class, request.tenant, tokens, True, prefill_s, request.input_tokens, predicted, waited
         )
         self._class_tokens[cls.slo_class] = self._class_tokens.get(cls.slo_class, 0) + tokens
         self._tenant_tokens[request.tenant] = self._tenant_tokens.get(request.tenant, 0) + tokens
         self.fair.charge(request.key, request.tenant, cls.weight, request.input_tokens, request.output_budget)
+        return entry
 
     def _count(self, answer: Admission) -> None:
         code = answer.reason.split(":", 1)[0] if answer.action == "reject" else answer.action
         self.counts[code] = self.counts.get(code, 0) + 1
 
     def observe(self, event: Observation) -> None:
-        if isinstance(event, FirstToken):
+        if isinstance(event, Placed):
+            self._placed_elsewhere(event)
+        elif isinstance(event, FirstToken):
             entry = self._in_flight.get((event.request_id, event.attempt))
             if entry is not None:
                 self._observed.add(entry.slo_class, event.ttft_s, event.time_s)
@@ -520,11 +536,33 @@ class SloMax:
 
     def placed(self, request: RequestView, instance_id: str) -> None:
         entry = self._in_flight.get(request.key)
-        if entry is not None and entry.prefilling and not entry.instance_id:
+        if entry is not None:
+            self._place(entry, instance_id, self._now)
+
+    def _place(self, entry: _InFlight, instance_id: str, now_s: float) -> None:
+        if entry.prefilling and not entry.instance_id:
             entry.instance_id = instance_id
-            self.prefill.add(instance_id, entry.prefill_s, self._now)
+            self.prefill.add(instance_id, entry.prefill_s, now_s)
             if entry.slo_class == LONG_CONTEXT:
                 self._long_on[instance_id] = self._long_on.get(instance_id, 0) + 1
+
+    def _placed_elsewhere(self, event: Placed) -> None:
+        """Another decider admitted and placed ``event.request`` (module docstring)."""
+        request = event.request
+        cls = self.rules.classify(request)
+        prefill_s = self._prefill_on(request, event.instance_id, event.time_s)
+        entry = self._admitted(request, cls, prefill_s, None, event.time_s)
+        if entry is not None:
+            self._place(entry, event.instance_id, event.time_s)
+
+    def _prefill_on(self, request: RequestView, instance_id: str, now_s: float) -> float:
+        """The request's own prefill seconds on ``instance_id``: the router's prediction on the
+        last snapshot offered, else its prompt at ``prefill_tokens_per_s``."""
+        view = self._view
+        row = None if view is None else view.index_of.get(instance_id)
+        if self._router is not None and view is not None and row is not None:
+            return float(self._router.predict_rows(request, view, now_s).own_s[row])
+        return request.input_tokens / self.prefill_tokens_per_s
 
     def withdrawn(self, key: tuple[str, int]) -> None:
         """A held request left its pool without an answer (its client gave up)."""

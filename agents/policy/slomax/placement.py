@@ -43,7 +43,13 @@ class PrefillLoad:
         self._load: dict[str, tuple[float, float]] = {}  # instance id -> (load s, as of)
 
     def add(self, instance_id: str, seconds: float, now_s: float) -> None:
-        self._load[instance_id] = (self._decayed(instance_id, now_s) + seconds, now_s)
+        """``seconds`` of prefill placed on ``instance_id`` at ``now_s``; a placement older than
+        the last one there (another decider's, read late) is decayed to that one's time."""
+        load, at = self._load.get(instance_id, (0.0, now_s))
+        if now_s < at:
+            self._load[instance_id] = (load + seconds * math.exp((now_s - at) / self.tau_s), at)
+        else:
+            self._load[instance_id] = (self._decayed(instance_id, now_s) + seconds, now_s)
 
     def room(self, view: ClusterView, now_s: float, *targets_s: float) -> list[tuple[FloatArray, FloatArray]]:
         """For each TPOT target, (room, budget) per row of ``view``: the prefill seconds it can

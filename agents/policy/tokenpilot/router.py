@@ -69,10 +69,25 @@ features calibration records for it) includes that chunk.
 A cache-warm but busy instance wins only when the prefill it saves outweighs the queue ahead;
 a burst cannot pile onto one instance because each decision immediately adds its work to that
 instance's queue and in-flight counts, and near-ties are broken at random.
+
+Several deciders per pool (``on_placed_elsewhere``): another decider's placement, read from the
+decision log a few milliseconds late (``Placed``), counts as an own send as far as it can without
+the features of a decision this router did not make. Its prompt's blocks are credited to its
+instance in the prefix index (as ``on_routed`` does), after the depth that instance held is
+noted: its uncached tokens P and pairs are what the router would have counted itself. At this
+router's next decision (the queues need a snapshot's rows) P and the pairs join the instance's
+prefill queue with a first token predicted from the queue and batch there then (the features
+above without the boundary wait and KV shortfall), and the step clock counts it as a send made
+when it was placed. The approximation: it joins the queue as it is at that next decision, not as
+it was when placed, so a placement made while the queue was draining is counted a little longer
+than it lasts; its first token (or its end) clips the queue as an own send's does, so the error
+does not outlive it. Nothing of it calibrates θ or the lateness (this router predicted nothing
+for it); its completion still teaches the decode horizon H, a property of the pool.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -96,6 +111,7 @@ from agents.policy.types import (
     Finished,
     FirstToken,
     Observation,
+    Placed,
     Placement,
     RequestView,
     RowPrediction,
@@ -118,6 +134,7 @@ _PREFILL_TOKENS = FEATURES.index("prefill_tokens")
 _PREFILL_PAIRS = FEATURES.index("prefill_pairs")
 _BOUNDARY_WAIT = FEATURES.index("boundary_wait_s")
 _BLOCK_TOKENS = np.float64(BLOCK_TOKENS)
+_NO_FEATURES = np.zeros(0)  # of a send another decider made: this router predicted nothing
 INTERACTIVE_TPOT_S = DEFAULT_SLO_CLASSES["interactive"].tpot_s or 0.1
 """The TPOT the decode-harm term protects by default: the interactive class's objective."""
 
@@ -133,6 +150,17 @@ class _Sent:
     due_s: float  # predicted first token (the prediction stretched by the lateness of its size)
     waits_for_step: bool  # sent to a busy instance: it starts at the next step boundary
     mark: tuple[float, float]  # its instance's tokens and pairs ever sent, it included
+    own: bool = True  # False: another decider's placement (no features to calibrate on)
+
+
+@dataclass(frozen=True, slots=True)
+class _Elsewhere:
+    """Another decider's placement, read from the decision log, not yet in the prefill queues."""
+
+    request: RequestView
+    instance_id: str
+    time_s: float
+    cached: float  # prompt tokens its instance held when it was placed (before crediting it)
 
 
 @dataclass(slots=True)
@@ -198,6 +226,7 @@ class TokenPilot(InstanceSelector):
         self._free: IntArray = np.zeros(0, dtype=np.int64)
         self._budget = np.float64(prefill_budget)
         self.clock = StepClock(phase_steps, phase_lost_share)
+        self._elsewhere: dict[tuple[str, int], _Elsewhere] = {}  # others' placements to queue
 
     # --- deciding -----------------------------------------------------------------------------
 
@@ -315,6 +344,8 @@ class TokenPilot(InstanceSelector):
         batch = view.running + sent
         context = view.tokens_in_flight + sent_tokens
         queued, queued_pairs = self._queued(view, now_s, sent, batch, context)
+        if self._elsewhere:  # (adds to the queue arrays in place)
+            self._queue_elsewhere(view, now_s, batch, context)
         features = np.empty((len(view), len(FEATURES)))
         total = np.add(queued, new, out=features[:, 3])
         steps = np.divide(total, self._budget, out=features[:, 0])
@@ -379,6 +410,34 @@ class TokenPilot(InstanceSelector):
             step_s *= self.lateness.of_rows(queues.head_tokens)
         queues.drain(now_s, step_s, budget)
         return queues.tokens, queues.pairs
+
+    def _queue_elsewhere(self, view: ClusterView, now_s: float, batch: IntArray, context: IntArray) -> None:
+        """Queue the placements other deciders made since the last decision (module docstring):
+        their uncached tokens and pairs join their instance's prefill queue, drained to
+        ``now_s``, with a first token predicted from that queue and the batch there."""
+        pending, self._elsewhere = self._elsewhere, {}
+        queues = self.queues
+        for key, item in pending.items():
+            row = view.index_of.get(item.instance_id)
+            if row is None:
+                continue
+            profile = str(view.profile[row])
+            theta = self.model_for(profile).theta
+            tokens = item.request.input_tokens - item.cached
+            pairs = tokens * (item.cached + tokens / 2)
+            total = float(queues.tokens[row]) + tokens
+            steps = math.ceil(total / self.prefill_budget)
+            ahead = (steps, steps * batch[row], steps * context[row], total, queues.pairs[row] + pairs, 0, 0)
+            predicted = float(np.dot(ahead, theta))
+            lateness = self.lateness.of(tokens)
+            due_s = now_s + predicted * lateness
+            prefill_s = (tokens * theta[_PREFILL_TOKENS] + pairs * theta[_PREFILL_PAIRS]) * lateness
+            self.clock.sent(item.instance_id, profile, key, item.time_s)
+            mark = queues.add(row, tokens, pairs, prefill_s, key, due_s)
+            self._sent[key] = _Sent(
+                item.instance_id, profile, _NO_FEATURES, tokens, pairs, predicted, due_s, False, mark, False
+            )
+            self._last_queued[item.instance_id] = key
 
     def _first_chunk_joining(self, features: FloatArray, own_tokens: FloatArray) -> FloatArray:
         """Tokens of the request's first chunk that would run in the step ending the prefill
@@ -461,6 +520,16 @@ class TokenPilot(InstanceSelector):
         sent.due_s += extra
         self._revised[key] = self._revised.get(key, 0.0) + extra
 
+    def on_placed_elsewhere(self, event: Placed) -> None:
+        """Another decider placed ``event.request`` (module docstring): note how much of its
+        prompt its instance held, credit its blocks there, and queue its prefill at the next
+        decision (``_queue_elsewhere``)."""
+        request = event.request
+        depth = self.index.match(request.block_hashes).get(event.instance_id, 0)
+        cached = min(depth * BLOCK_TOKENS, request.input_tokens - 1)
+        self.index.add(event.instance_id, request.block_hashes)
+        self._elsewhere[request.key] = _Elsewhere(request, event.instance_id, event.time_s, float(cached))
+
     # --- learning -----------------------------------------------------------------------------
 
     def on_kv_event(self, event: BlocksChanged) -> None:
@@ -474,6 +543,7 @@ class TokenPilot(InstanceSelector):
         if not isinstance(event, FirstToken | Finished):
             return
         key = (event.request_id, event.attempt)
+        self._elsewhere.pop(key, None)  # another decider's, not queued yet: its prefill is done
         if isinstance(event, FirstToken):  # (a first token and an end both end an engine step)
             self.clock.first_token(key, event.instance_id, event.time_s)
             sent_first = self._sent.get(key)
@@ -487,9 +557,10 @@ class TokenPilot(InstanceSelector):
         if event.ttft_s is not None:  # it had its first token (the event may have been missed)
             self.queues.first_token(sent.instance_id, sent.mark, key)
         if event.status == "ok" and event.ttft_s is not None:
-            self.model_for(sent.profile).update(sent.features, event.ttft_s)
-            if sent.tokens >= 0.5 * sent.features[_PREFILL_TOKENS]:  # mostly its own prefill
-                self.lateness.add(sent.tokens, sent.predicted_s, event.ttft_s)
+            if sent.own:
+                self.model_for(sent.profile).update(sent.features, event.ttft_s)
+                if sent.tokens >= 0.5 * sent.features[_PREFILL_TOKENS]:  # mostly its own prefill
+                    self.lateness.add(sent.tokens, sent.predicted_s, event.ttft_s)
             if event.tpot_s is not None and event.output_tokens > 1:
                 self.horizon.add(decode_s(event.tpot_s, event.output_tokens))
                 self.queues.horizon_s = self.horizon.value_s

@@ -108,3 +108,14 @@ def test_since_heartbeat_answers_are_read_only_and_follow_each_send() -> None:
     assert flight.since_heartbeat(view)[0].tolist() == [1, 2, 1]
     later = _view(["a", "b", "c"], [9.5, 3.0, 1.0])
     assert flight.since_heartbeat(later)[1].tolist() == [0, 0, 7]
+
+
+def test_a_placement_read_late_is_forgotten_by_the_heartbeat_that_postdates_it() -> None:
+    # Another decider's send (made at 0.5, read after an own send at 1.0) joins in time order,
+    # so a heartbeat at 0.7 forgets it and keeps the own send.
+    flight = InFlight()
+    flight.add(_request(1, 100), "a", 1.0)
+    flight.add(_request(2, 300), "a", 0.5)
+    requests, tokens = flight.since_heartbeat(_view(["a"], [0.7]))
+    assert (requests.tolist(), tokens.tolist()) == ([1], [100])
+    assert flight.requests == {"a": 2}  # both are in flight until they finish

@@ -7,7 +7,7 @@ import pytest
 
 from agents.policy.common.selector import InstanceSelector
 from agents.policy.peers import DynamoKv, LlmdDefault, LlmdLoadAware, SglangCacheAware
-from agents.policy.types import BlocksChanged, ClusterView, Finished, FirstToken, RequestView
+from agents.policy.types import BlocksChanged, ClusterView, Finished, FirstToken, Placed, RequestView
 from tests.unit.policy.helpers import cluster_view, decide
 
 
@@ -234,3 +234,43 @@ def test_llmd_load_aware_variant_scores_prefix_plus_load() -> None:
     v = cluster_view(3, waiting=[0, 64, 200])
     scores = policy.scores(req("a", 1024, (1, 2)), v, np.ones(3, dtype=bool))
     assert scores.tolist() == pytest.approx([0.5, 0.25, 0.0])
+
+
+# --- several deciders per pool: another replica's placement ---------------------------------
+
+
+def test_dynamo_with_replica_sync_counts_another_replicas_request_as_its_own() -> None:
+    mine, synced = DynamoKv(), DynamoKv()
+    v = cluster_view(2)
+    for policy in (mine, synced):
+        policy.observe(BlocksChanged("i1", "stored", (10, 11), 0.0))
+    a = req("a", 2048, (10, 11, 12, 13))
+    assert place(mine, a, v) == 1
+    synced.observe(Placed(a, "i1", 1.0))  # a peer replica's AddRequest
+    probe = req("p", 1024, (20, 21))
+    assert synced.costs(probe, v).tolist() == mine.costs(probe, v).tolist() == [4.0, 10.0]
+    for policy in (mine, synced):
+        policy.observe(first_token("a", "i1"))  # MarkPrefillCompleted
+    assert synced.costs(probe, v).tolist() == mine.costs(probe, v).tolist() == [4.0, 8.0]
+    for policy in (mine, synced):
+        policy.observe(finished("a", "i1"))  # Free
+    assert synced.costs(probe, v).tolist() == mine.costs(probe, v).tolist() == [4.0, 4.0]
+
+
+def test_dynamo_without_replica_sync_ignores_another_replicas_request() -> None:
+    policy = DynamoKv(router_replica_sync=False)
+    v = cluster_view(2)
+    policy.observe(Placed(req("a", 2048, (10, 11, 12, 13)), "i1", 1.0))
+    assert policy.costs(req("p", 1024, (20, 21)), v).tolist() == [4.0, 4.0]
+    assert policy.in_flight.requests == {}
+
+
+def test_sglang_and_llmd_replicas_share_nothing() -> None:
+    v = cluster_view(2)
+    a = req("a", 2048, (1, 2, 3, 4))
+    sglang, llmd = SglangCacheAware(), LlmdDefault()
+    for policy in (sglang, llmd):
+        policy.observe(Placed(a, "i1", 1.0))
+        assert policy.in_flight.requests == {}
+    assert sglang.trees.sizes(v).tolist() == [0, 0]
+    assert llmd.prefix_scores(a, v).tolist() == [0.0, 0.0]

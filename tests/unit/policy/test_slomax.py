@@ -16,7 +16,7 @@ from agents.policy.slomax.controller import Controller, Knobs
 from agents.policy.slomax.fairness import VirtualTokenCounter
 from agents.policy.slomax.feedback import ClassWindow, InMemoryGoodput
 from agents.policy.slomax.placement import PrefillLoad
-from agents.policy.types import ClusterView, Finished, FirstToken, RequestView, RowPrediction
+from agents.policy.types import ClusterView, Finished, FirstToken, Placed, RequestView, RowPrediction
 from tests.unit.policy.helpers import cluster_view
 
 
@@ -414,3 +414,40 @@ def test_the_batch_gate_admits_batch_work_onto_idle_capacity() -> None:
     s, _, _ = slomax(predicted=0.1)
     (ok,) = s.submit([req("b", task_type="batch", deadline=3600.0)], cluster_view(2), 0.0)
     assert ok.action == "admit" and "idle capacity" in ok.admission_reason
+
+
+# --- several deciders per pool: another decider's placement ----------------------------------
+
+
+def test_another_deciders_placement_counts_in_quota_shares_and_fairness_until_it_ends() -> None:
+    s, admission, _ = slomax(predicted=0.1, tenant_quota_tokens=1500)
+    s.observe(Placed(req("a"), "i0", 0.0))  # another decider admitted and placed a (1 100 tokens)
+    assert admission.fair.counter("t") == pytest.approx(1000 + 2 * 100)
+    (b,) = s.submit([req("b")], cluster_view(2), 0.1)
+    assert b.action == "reject" and b.reason.startswith("over_quota")  # as if a were its own
+    s.observe(Finished("a", 1, "i0", "ok", 1000, 0, 40, 0.3, 0.02, 1.0))
+    (c,) = s.submit([req("c")], cluster_view(2), 1.0)
+    assert c.action == "admit"
+    assert admission.fair.counter("t") == pytest.approx(2 * (1000 + 2 * 100) - 2 * (100 - 40))
+
+
+def test_another_deciders_placement_takes_prefill_room_and_the_long_prompt_share() -> None:
+    s, admission, router = slomax(predicted=0.3)
+    router.own_s = 10.0  # a's prefill, as the router predicts it on its instance
+    s.submit([req("warm-up")], cluster_view(2), 0.0)  # the last snapshot offered
+    long_prompt = req("a", slo_class="long_context", input_tokens=40_000)
+    s.observe(Placed(long_prompt, "i1", 0.4))
+    ((room, _),) = admission.prefill.room(cluster_view(2), 0.5, 0.07)
+    assert room[1] < 0 < room[0]  # i1 just took 10 s of prefill: no room there
+    (placed,) = s.submit([req("b")], cluster_view(2), 0.5)
+    assert (placed.action, placed.instance_id) == ("admit", "i0")
+    s.observe(FirstToken("a", 1, "i1", 2.0, 2.4))  # its prefill is done: it leaves the share
+    assert not admission._long_on
+
+
+def test_a_placement_read_late_adds_its_prefill_without_rewinding_the_load() -> None:
+    load = PrefillLoad(tau_s=4.0, law=(0.01, 0.0, 0.0))
+    load.add("i0", 1.0, 4.0)
+    load.add("i0", 1.0, 0.0)  # placed at 0, read after the one placed at 4: decayed to 4
+    ((room, budget),) = load.room(cluster_view(1), 4.0, 0.08)
+    assert budget[0] - room[0] == pytest.approx(1.0 + math.exp(-1.0))

@@ -11,7 +11,15 @@ from agents.policy.tokenpilot.horizon import DecodeHorizon
 from agents.policy.tokenpilot.lateness import PrefillLateness
 from agents.policy.tokenpilot.predictor import OnlineLinearModel
 from agents.policy.tokenpilot.router import FEATURES, PRIOR, TokenPilot
-from agents.policy.types import BLOCK_TOKENS, BlocksChanged, ClusterView, Finished, FirstToken, RequestView
+from agents.policy.types import (
+    BLOCK_TOKENS,
+    BlocksChanged,
+    ClusterView,
+    Finished,
+    FirstToken,
+    Placed,
+    RequestView,
+)
 from tests.unit.policy.helpers import cluster_view, decide
 
 
@@ -245,3 +253,49 @@ def test_lateness_is_learnt_per_size_never_below_one_nor_below_a_smaller_size() 
     assert lateness.of(5000) == 1.0
     rows = lateness.of_rows(np.array([0.0, 5000.0, 40_000.0, 1e6]))
     assert rows.tolist() == pytest.approx([1.0, 1.0, 1.5, 1.5])
+
+
+# --- several deciders per pool: another decider's placement ----------------------------------
+
+
+def test_another_deciders_placement_counts_as_an_own_send() -> None:
+    # Decider a places a 32k prompt on a busy pool; decider b reads it from the log. b's
+    # features on every row are a's (queue ahead, batch, KV, boundary wait), b credits its
+    # prefix there, and its first token clips both queues alike.
+    a, b = TokenPilot(seed=0), TokenPilot(seed=0)
+    busy = view([1, 1], [0, 0])
+    sent = RequestView("x", 1, "t", "m", "interactive", 32_768, 64, tuple(range(64)), 0.0)
+    (d,) = decide(a, [sent], busy, 0.0)
+    iid = busy.instance_ids[d.instance]
+    b.observe(Placed(sent, iid, 0.0))
+    assert b.index.match(sent.block_hashes) == {iid: 64}
+    assert np.array_equal(b.features(cold("p", 1000), busy, 0.0), a.features(cold("p", 1000), busy, 0.0))
+    assert b.features(cold("p", 1000), busy, 0.0)[d.instance, 3] == 32_768 + 1000
+    for pilot in (a, b):
+        pilot.observe(FirstToken("x", 1, iid, 0.5, 0.5))
+    assert np.array_equal(b.features(cold("q", 1000), busy, 0.5), a.features(cold("q", 1000), busy, 0.5))
+
+
+def test_a_placement_elsewhere_counts_only_what_its_instance_did_not_hold() -> None:
+    pilot = warm_pilot()  # i1 holds the 32-block prefix
+    busy = view([1, 1], [0, 0])
+    pilot.observe(Placed(request("x", blocks=40), "i1", 0.0))
+    assert pilot.features(cold("p", 1000), busy, 0.0)[1, 3] == 8 * BLOCK_TOKENS + 1000
+
+
+def test_a_placement_elsewhere_whose_first_token_came_first_is_not_queued() -> None:
+    pilot = TokenPilot(seed=0)
+    busy = view([1, 1], [0, 0])
+    pilot.observe(Placed(cold("x", 32_768), "i0", 0.0))
+    pilot.observe(FirstToken("x", 1, "i0", 0.3, 0.3))
+    assert pilot.features(cold("p", 1000), busy, 0.3)[0, 3] == 1000
+
+
+def test_a_placement_elsewhere_does_not_calibrate_the_model() -> None:
+    pilot = TokenPilot(seed=0)
+    busy = view([1, 1], [0, 0])
+    pilot.observe(Placed(cold("x", 4096), "i0", 0.0))
+    pilot.features(cold("p", 1000), busy, 0.0)  # queued at this decision
+    pilot.observe(Finished("x", 1, "i0", "ok", 4096, 0, 100, 0.4, 0.02, 2.5))
+    assert pilot.model_for("p").count == 0
+    assert pilot.features(cold("q", 1000), busy, 2.5)[0, 3] == 1000  # its prefill left the queue
