@@ -17,6 +17,7 @@ async def decider_join(run: Run) -> None:
     partition the first worker kept; ``takeover_gap_s``: the same on the partitions that moved
     to the new worker."""
     first = await started(run)
+    first_pid = first.child_pid()
     publishing = asyncio.create_task(run.steady("s", 40))
     try:
         await asyncio.sleep(10)
@@ -30,7 +31,6 @@ async def decider_join(run: Run) -> None:
     await run.settle()
     assert run.collector is not None
     decisions = run.collector.decisions
-    first_pid = first.child_pid()
     after = [d for d in decisions if d.at >= joined_at + 2.0]
     kept = {d.partition for d in after if d.worker.endswith(f":{first_pid}")}
     moved = {d.partition for d in after} - kept
