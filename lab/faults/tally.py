@@ -96,12 +96,13 @@ def handover_gaps(
     """(survivor_gap_s, takeover_gap_s) of a change of deciders at ``since``.
 
     ``decisions``: ``Decided`` records (``at``, ``worker``, ``partition``). The partitions
-    ``kept_by`` decided before ``since`` and still decides after it are the survivor's: its gap
-    is the longest pause of decisions on any of them in [since - 2 s, until]. The partitions
-    ``lost_by`` decided before ``since``: the takeover gap is, over those, the longest time from
-    ``since`` to the first decision on the partition by another worker (``until - since`` if
-    none came)."""
-    before = [d for d in decisions if d.at < since]
+    ``kept_by`` decided in the 5 s before ``since`` and still decides after it are the
+    survivor's: its gap is the longest pause of decisions on any of them in [since - 2 s,
+    until]. The partitions ``lost_by`` decided in those 5 s: the takeover gap is, over those,
+    the longest time from ``since`` to the first decision on the partition by another worker
+    (``until - since`` if none came). (Only the last 5 s: before that, the partitions may have
+    had other owners.)"""
+    before = [d for d in decisions if since - 5.0 <= d.at < since]
     after = [d for d in decisions if d.at >= since]
     kept = {d.partition for d in before if d.worker == kept_by} & {
         d.partition for d in after if d.worker == kept_by

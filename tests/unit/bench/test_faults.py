@@ -201,6 +201,7 @@ def test_the_handover_gaps_of_a_killed_decider() -> None:
         Decided(("c", 1), 110.0, "s:1", "e3", 0),
         Decided(("d", 1), 99.5, "v:2", "e4", 1),
         Decided(("e", 1), 104.0, "s:1", "e5", 1),
+        Decided(("z", 1), 80.0, "s:1", "e0", 1),  # partition 1 was the survivor's long before
     ]
     survivor, takeover = handover_gaps(decisions, kill, kill + 20.0, "s:1", "v:2")
     assert survivor == pytest.approx(10.0)  # 100.5 -> 110 on partition 0
