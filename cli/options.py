@@ -26,6 +26,7 @@ POLICY_HELP = (
     "a router (round-robin, least-tokens, dynamo-kv, tokenpilot, ...) or stages joined with '+' "
     "(an unknown name lists them all)"
 )
+OWN_WORKLOAD = "a scenario brings its own workload: drop --workload"
 WORKLOAD_HELP = "trace file (Mooncake JSONL, Azure CSV) or 'synthetic[:k=v,...]'"
 INVENTORY_HELP = "the engines' inventory YAML (default: TOKENFLEET_INVENTORY)"
 FLEET_HELP = "COUNTxPROFILE[+...] or a fleet YAML file"
@@ -133,6 +134,22 @@ OutputBudgetOpt = Annotated[
         callback=whole(1, MAX_TOKENS),
     ),
 ]
+DecidersOpt = Annotated[
+    int, typer.Option("--deciders", metavar="N", help="deciders per pool, in [1, 64]", callback=whole(1, 64))
+]
+DecisionLogDelayOpt = Annotated[
+    float,
+    typer.Option(
+        "--decision-log-delay",
+        metavar="S",
+        help="how late a decider reads the others' placements, seconds in [0, 60]",
+        callback=real(0.0, 60.0, low_open=False, unit=" s"),
+    ),
+]
+SPLIT_HELP = (
+    "who decides a request: affinity (a hash of its first 2 048 prompt tokens, else its tenant) or random"
+)
+DeciderSplitOpt = Annotated[str, typer.Option("--decider-split", metavar="affinity|random", help=SPLIT_HELP)]
 PolicyConfigOpt = Annotated[
     Path | None,
     typer.Option(
@@ -154,9 +171,17 @@ ScenarioOpt = Annotated[
 
 
 def sim_config(
-    seed: int, heartbeat: float, signal_delay: float, retry_share: float, output_budget: int | None
+    seed: int,
+    heartbeat: float,
+    signal_delay: float,
+    retry_share: float,
+    output_budget: int | None,
+    deciders: int = 1,
+    log_delay: float = 0.005,
+    split: str = "affinity",
 ) -> SimConfig:
-    """The simulator's configuration from the options its commands share."""
+    """The simulator's configuration from the options its commands share: ``deciders`` per pool
+    read each other's placements ``log_delay`` s late, requests split by ``split``."""
     from sim.loop.runner import SimConfig
 
     return SimConfig(
@@ -165,6 +190,9 @@ def sim_config(
         signal_delay_s=signal_delay,
         retry_share=retry_share,
         output_budget=output_budget,
+        deciders=deciders,
+        decision_log_delay_s=log_delay,
+        decider_split=split,  # type: ignore[arg-type]  # (SimConfig checks it)
     )
 
 

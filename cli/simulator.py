@@ -12,8 +12,12 @@ import typer
 from cli.options import (
     DEFAULT_FLEET,
     MAX_SECONDS,
+    OWN_WORKLOAD,
     POLICY_HELP,
     WORKLOAD_HELP,
+    DecidersOpt,
+    DeciderSplitOpt,
+    DecisionLogDelayOpt,
     FleetOpt,
     HeartbeatOpt,
     JitterOpt,
@@ -57,6 +61,9 @@ def simulate(
     jitter_arrivals: JitterOpt = 0.0,
     retry_share: RetryShareOpt = 0.5,
     output_budget: OutputBudgetOpt = None,
+    deciders: DecidersOpt = 1,
+    log_delay: DecisionLogDelayOpt = 0.005,
+    split: DeciderSplitOpt = "affinity",
     json_out: JsonOpt = None,
     policy_config: PolicyConfigOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress bar")] = False,
@@ -74,9 +81,11 @@ def simulate(
     from sim.evaluation.report import TABLE_WIDTH, comparison, progress_bar
     from sim.workloads.sources import open_workload
 
-    config = sim_config(seed, heartbeat, signal_delay, retry_share, output_budget)
+    config = sim_config(seed, heartbeat, signal_delay, retry_share, output_budget, deciders, log_delay, split)
     if scenario is not None:
-        _simulate_scenario(scenario, workload, policy, config, rate_scale, policy_config, json_out)
+        if workload is not None:
+            raise typer.BadParameter(OWN_WORKLOAD, param_hint="--scenario")
+        _simulate_scenario(scenario, policy, config, rate_scale, policy_config, json_out)
         return
     if workload is None:
         raise typer.BadParameter("give --workload (or --scenario)", param_hint="'--workload'")
@@ -93,35 +102,25 @@ def simulate(
     Console(width=TABLE_WIDTH, highlight=False).print(comparison(document))
     for timing in timings:
         rate = timing.requests / timing.wall_s if timing.wall_s > 0 else float("inf")
-        print(
-            f"  {timing.policy}: {timing.wall_s:.2f} s wall, {rate:,.0f} simulated requests/s",
-            file=sys.stderr,
-        )
+        wall = f"{timing.wall_s:.2f} s wall, {rate:,.0f} simulated requests/s"
+        print(f"  {timing.policy}: {wall}", file=sys.stderr)
     write_json(json_out, document)
 
 
 def _simulate_scenario(
-    name: str,
-    workload: str | None,
-    policies: list[str] | None,
-    config: Any,
-    rate_scale: float,
-    policy_config: Path | None,
-    json_out: str | None,
+    name: str, policies: list[str] | None, config: Any, scale: float, stages: Path | None, out: str | None
 ) -> None:
+    """``simulate --scenario``: the scenario's fleet and workload, its default policies unless
+    given; ``stages``: the policy config file."""
     from sim.evaluation.scenario import DEFAULT_POLICIES, format_scenario, run_scenario
     from sim.scenarios import load_scenario
 
-    if workload is not None:
-        raise typer.BadParameter(
-            "a scenario brings its own workload: drop --workload", param_hint="--scenario"
-        )
     chosen = list(policies or DEFAULT_POLICIES)
-    params = checked_policies(chosen, config.seed, policy_config)
+    params = checked_policies(chosen, config.seed, stages)
     loaded = load_scenario(name, seed=config.seed)
-    document = run_scenario(loaded, chosen, config, rate_scale, params)
+    document = run_scenario(loaded, chosen, config, scale, params)
     print(format_scenario(document))
-    write_json(json_out, document)
+    write_json(out, document)
 
 
 def capacity(
@@ -158,6 +157,9 @@ def capacity(
         int,
         typer.Option("--jobs", metavar="N", help="policies searched in parallel", callback=whole(1, 64)),
     ] = 1,
+    deciders: DecidersOpt = 1,
+    log_delay: DecisionLogDelayOpt = 0.005,
+    split: DeciderSplitOpt = "affinity",
     json_out: JsonOpt = None,
     policy_config: PolicyConfigOpt = None,
 ) -> None:
@@ -177,9 +179,7 @@ def capacity(
     if scenario is None and not policy:
         raise typer.BadParameter("give at least one --policy", param_hint="'--policy'")
     if scenario is not None and workload is not None:
-        raise typer.BadParameter(
-            "a scenario brings its own workload: drop --workload", param_hint="--scenario"
-        )
+        raise typer.BadParameter(OWN_WORKLOAD, param_hint="--scenario")
     if not policy:
         from sim.evaluation.scenario import DEFAULT_POLICIES
 
@@ -195,7 +195,7 @@ def capacity(
         assert workload is not None
         spec, base = parse_fleet(fleet), open_workload(workload, seed=seed)
     trace = base.jittered(jitter_arrivals, seed)
-    config = sim_config(seed, heartbeat, signal_delay, retry_share, output_budget)
+    config = sim_config(seed, heartbeat, signal_delay, retry_share, output_budget, deciders, log_delay, split)
     document = capacities(trace, spec, policy, config, start, precision, params, jobs)
     print(format_capacity(document))
     write_json(json_out, document)

@@ -29,6 +29,7 @@ from sim.engine.instance import Attempt
 from sim.evaluation.compare import check_policies
 from sim.evaluation.cost import costs
 from sim.evaluation.metrics import judged, measurement_window, outcomes, report
+from sim.loop.deciders import caption
 from sim.loop.runner import SimConfig, simulate
 from sim.workloads.trace import Workload
 
@@ -195,6 +196,7 @@ def capacities(
         "seed": config.seed,
         "heartbeat_s": config.heartbeat_s,
         "signal_delay_s": config.signal_delay_s,
+        **config.deciders_fields(),
         "target_interactive_slo_share": DEFAULT_TARGET,
         "precision": precision,
         "capacity": {c.policy: c.document() for c in found},
@@ -224,7 +226,8 @@ def format_capacity(document: Mapping[str, Any]) -> str:
     """The capacity table (markdown): per policy its capacity and the run there."""
     rows = [
         f"SLO capacity on {document['workload']} ({document['fleet']}, seed {document['seed']}, "
-        f"heartbeat {document['heartbeat_s']} s, signal delay {document['signal_delay_s']} s): the "
+        f"heartbeat {document['heartbeat_s']} s, signal delay {document['signal_delay_s']} s"
+        f"{caption(document)}): the "
         f"highest rate scale with >= {document['target_interactive_slo_share']:.0%} of interactive "
         f"requests within TTFT and TPOT, to {document['precision']:.0%}",
         "",

@@ -89,6 +89,7 @@ def compare(
         "rate_scale": rate_scale,
         "seed": config.seed,
         "heartbeat_s": config.heartbeat_s,
+        **config.deciders_fields(),
         "requests": len(scaled.requests),
         "window_s": round(scaled.requests[-1].arrival_s - scaled.requests[0].arrival_s, 6),
         "results": results,

@@ -12,6 +12,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from sim.loop.deciders import caption
+
 if TYPE_CHECKING:
     from sim.evaluation.compare import ProgressFactory
 
@@ -85,6 +87,7 @@ def comparison(document: Mapping[str, Any]) -> Group:
     header = (
         f"workload {document['workload']} | fleet {document['fleet']} | rate x{document['rate_scale']}"
         f" | seed {document['seed']} | {document['requests']} requests over {document['window_s']:.0f} s"
+        f"{caption(document)}"
     )
     parts: list[RenderableType] = [Text(header)]
     for title, rows in sections:

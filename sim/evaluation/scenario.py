@@ -29,6 +29,7 @@ from agents.policy.registry import StageParams, params_for
 from sim.engine.instance import Attempt
 from sim.evaluation.compare import check_policies
 from sim.evaluation.metrics import outcomes, percentile, report, summarize
+from sim.loop.deciders import caption
 from sim.loop.runner import RunResult, SimConfig, simulate
 from sim.scenarios import Scenario
 
@@ -60,6 +61,7 @@ def run_scenario(
         "rate_scale": rate_scale,
         "seed": config.seed,
         "heartbeat_s": config.heartbeat_s,
+        **config.deciders_fields(),
         "requests": len(workload.requests),
         "hotspot_window_s": None
         if scenario.hotspot is None
@@ -199,7 +201,7 @@ def format_scenario(document: dict[str, object]) -> str:
     lines = [
         f"scenario {document['scenario']}: {document['description']}",
         f"{document['requests']} requests, {document['instances']} instances, "
-        f"rate scale {document['rate_scale']}, seed {document['seed']}",
+        f"rate scale {document['rate_scale']}, seed {document['seed']}{caption(document)}",
         f"{'policy':34} {'goodput':>9} {'hot-spot':>9} {'TTFT p95':>9} {'diverted':>8} "
         f"{'div p95':>8} {'div in-SLO':>10} {'violations':>10}",
     ]

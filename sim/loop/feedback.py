@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from agents.policy.pipeline import Scheduler
 from agents.policy.slomax.feedback import ClassWindow, GoodputSource, InMemoryGoodput
+from sim.loop.deciders import PoolDecider
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +62,8 @@ class MemoryOutcomes:
         return self.goodput.window(now_s, span_s)
 
 
-def bind_feedback(scheduler: Scheduler, sink: OutcomeSink) -> OutcomeSink | None:
-    """Bind ``sink`` to the scheduler's admission stage if it reads feedback
-    (``Scheduler.bind_feedback``); the sink to record into, or None (nothing reads it: record
-    nothing)."""
+def bind_feedback(scheduler: PoolDecider, sink: OutcomeSink) -> OutcomeSink | None:
+    """Bind ``sink`` to the scheduler's admission stage (every decider's, with several) if it
+    reads feedback (``Scheduler.bind_feedback``); the sink to record into, or None (nothing
+    reads it: record nothing)."""
     return sink if scheduler.bind_feedback(sink) else None

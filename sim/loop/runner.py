@@ -26,6 +26,10 @@ rules forbid to the request (``rules``), onto another version than the request's
 or onto a row the scheduler's own snapshot showed not ready or stale beyond two heartbeat
 intervals (``not_ready``).
 
+Several deciders per pool (``SimConfig.deciders`` > 1): the runner drives ``Deciders``
+(``sim/loop/deciders.py``) instead of one scheduler: N schedulers, each deciding its partition's
+requests and reading the others' placements from the decision log ``decision_log_delay_s`` late.
+
 The scheduler sees request views, snapshots, its own decisions, first tokens, completions and
 (if a stage asks) KV events; never the true output length. Snapshots and KV events are late by
 the same ``signal_delay_s`` for every policy (a scrape's and an event bus's delay); first tokens
@@ -60,6 +64,7 @@ from sim.engine.fleet import FleetSpec
 from sim.engine.instance import Attempt, Instance
 from sim.engine.profiles import EngineOptions
 from sim.loop.clients import ClientRules
+from sim.loop.deciders import DECISION_LOG_DELAY_S, SPLITS, Deciders, DeciderSplit, PoolDecider
 from sim.loop.feedback import EndedAttempt, MemoryOutcomes, OutcomeSink, bind_feedback
 from sim.loop.lifecycle import AttemptLifecycle, Measures
 from sim.workloads.trace import DEFAULT_OUTPUT_BUDGET, TraceRequest, Workload
@@ -80,6 +85,27 @@ class SimConfig:
     retry_share: float = 0.5
     output_budget: int | None = None
     slo_classes: dict[str, SloClass] = field(default_factory=lambda: dict(DEFAULT_SLO_CLASSES))
+    deciders: int = 1  # per pool (``sim/loop/deciders.py``); 1: the scheduler alone
+    decision_log_delay_s: float = DECISION_LOG_DELAY_S  # how late a decider reads the others'
+    decider_split: DeciderSplit = "affinity"  # which decider decides a request
+
+    def __post_init__(self) -> None:
+        if self.deciders < 1:
+            raise ValueError(f"deciders must be at least 1, not {self.deciders}")
+        if not (self.decision_log_delay_s >= 0 and np.isfinite(self.decision_log_delay_s)):
+            raise ValueError("decision_log_delay_s must be a finite number of seconds >= 0")
+        if self.decider_split not in SPLITS:
+            raise ValueError(f"unknown decider split {self.decider_split!r}; known: {', '.join(SPLITS)}")
+
+    def deciders_fields(self) -> dict[str, object]:
+        """What a result document says of several deciders per pool (nothing for one)."""
+        if self.deciders == 1:
+            return {}
+        return {
+            "deciders": self.deciders,
+            "decider_split": self.decider_split,
+            "decision_log_delay_s": self.decision_log_delay_s,
+        }
 
     def budget_for(self, request: TraceRequest) -> int:
         """What the client allows (``max_tokens``): fixed if configured, else the request's own
@@ -114,7 +140,7 @@ class Simulation(AttemptLifecycle):
         self,
         workload: Workload,
         fleet: FleetSpec,
-        scheduler: Scheduler,
+        scheduler: PoolDecider,
         config: SimConfig,
         feedback: OutcomeSink | None = None,
     ) -> None:
@@ -500,10 +526,25 @@ def simulate(
     params: StageParams | None = None,
     feedback: OutcomeSink | None = None,
 ) -> RunResult:
-    """Run one policy (a fresh scheduler seeded with ``config.seed``) over the workload;
-    ``feedback``: where a closed-loop admission stage's outcomes go (default: in memory)."""
-    scheduler = scheduler_for(policy_name, fleet, config, params)
+    """Run one policy (a fresh scheduler seeded with ``config.seed``, or ``config.deciders`` of
+    them) over the workload; ``feedback``: where a closed-loop admission stage's outcomes go
+    (default: in memory)."""
+    scheduler = pool_decider_for(policy_name, fleet, config, params)
     return Simulation(workload, fleet, scheduler, config, feedback).run(progress)
+
+
+def pool_decider_for(
+    policy_name: str, fleet: FleetSpec, config: SimConfig, params: StageParams | None = None
+) -> PoolDecider:
+    """``scheduler_for``'s scheduler, or with ``config.deciders`` > 1 that many, decider k
+    seeded with ``config.seed + k``, sharing a decision log (``Deciders``)."""
+    if config.deciders == 1:
+        return scheduler_for(policy_name, fleet, config, params)
+    schedulers = [
+        scheduler_for(policy_name, fleet, replace(config, seed=config.seed + k), params)
+        for k in range(config.deciders)
+    ]
+    return Deciders(schedulers, config.decision_log_delay_s, config.decider_split, config.seed)
 
 
 def scheduler_for(

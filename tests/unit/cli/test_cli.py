@@ -242,6 +242,10 @@ def test_a_bad_trace_line_is_one_line_naming_file_line_and_field(
         ("--seed", "-1"),
         ("--output-budget", "0"),
         ("--output-budget", "-5"),
+        ("--deciders", "0"),
+        ("--deciders", "65"),
+        ("--decision-log-delay", "-0.001"),
+        ("--decision-log-delay", "nan"),
     ],
 )
 def test_a_simulate_number_out_of_range_is_one_line(
@@ -434,3 +438,25 @@ def test_an_unreachable_broker_is_one_line_within_ten_seconds(
     started = time.monotonic()
     err = _error_line(capsys, main(["loadgen", "--workload", "synthetic:duration_s=5"]), "loadgen")
     assert "no Kafka broker answers at 127.0.0.1:" in err and time.monotonic() - started < 10
+
+
+def test_several_deciders_per_pool_are_simulated_and_named(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "r.json"
+    args = [
+        *SMALL,
+        "--policy",
+        "tokenpilot",
+        "--deciders",
+        "2",
+        "--decider-split",
+        "random",
+        "--json",
+        str(out),
+    ]
+    assert main(args) == 0
+    assert "2 deciders per pool (random split, log 5 ms late)" in capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert (doc["deciders"], doc["decider_split"], doc["decision_log_delay_s"]) == (2, "random", 0.005)
+    assert main([*SMALL, "--policy", "tokenpilot", "--decider-split", "sideways"]) == 2

@@ -259,11 +259,12 @@ def test_lateness_is_learnt_per_size_never_below_one_nor_below_a_smaller_size() 
 
 
 def test_another_deciders_placement_counts_as_an_own_send() -> None:
-    # Decider a places a 32k prompt on a busy pool; decider b reads it from the log. b's
-    # features on every row are a's (queue ahead, batch, KV, boundary wait), b credits its
-    # prefix there, and its first token clips both queues alike.
+    # Decider a places a 32k prompt on a busy pool; decider b (which has decided on the same
+    # snapshot) reads it from the log. b's features on every row are a's (queue ahead, batch,
+    # KV, boundary wait), b credits its prefix there, and its first token clips both alike.
     a, b = TokenPilot(seed=0), TokenPilot(seed=0)
     busy = view([1, 1], [0, 0])
+    b.features(cold("w", 10), busy, 0.0)
     sent = RequestView("x", 1, "t", "m", "interactive", 32_768, 64, tuple(range(64)), 0.0)
     (d,) = decide(a, [sent], busy, 0.0)
     iid = busy.instance_ids[d.instance]
@@ -279,23 +280,24 @@ def test_another_deciders_placement_counts_as_an_own_send() -> None:
 def test_a_placement_elsewhere_counts_only_what_its_instance_did_not_hold() -> None:
     pilot = warm_pilot()  # i1 holds the 32-block prefix
     busy = view([1, 1], [0, 0])
+    pilot.features(cold("w", 10), busy, 0.0)
     pilot.observe(Placed(request("x", blocks=40), "i1", 0.0))
     assert pilot.features(cold("p", 1000), busy, 0.0)[1, 3] == 8 * BLOCK_TOKENS + 1000
 
 
-def test_a_placement_elsewhere_whose_first_token_came_first_is_not_queued() -> None:
+def test_a_router_that_has_not_decided_yet_only_credits_the_prefix_of_a_placement_elsewhere() -> None:
     pilot = TokenPilot(seed=0)
-    busy = view([1, 1], [0, 0])
-    pilot.observe(Placed(cold("x", 32_768), "i0", 0.0))
-    pilot.observe(FirstToken("x", 1, "i0", 0.3, 0.3))
-    assert pilot.features(cold("p", 1000), busy, 0.3)[0, 3] == 1000
+    pilot.observe(Placed(request("x", blocks=4), "i0", 0.0))
+    assert pilot.index.match(tuple(range(4))) == {"i0": 4}
+    assert pilot.in_flight.requests == {"i0": 1}
+    assert pilot.features(cold("p", 1000), view([1, 1], [0, 0]), 0.0)[0, 3] == 1000
 
 
-def test_a_placement_elsewhere_does_not_calibrate_the_model() -> None:
+def test_a_placement_elsewhere_calibrates_nothing() -> None:
     pilot = TokenPilot(seed=0)
-    busy = view([1, 1], [0, 0])
-    pilot.observe(Placed(cold("x", 4096), "i0", 0.0))
-    pilot.features(cold("p", 1000), busy, 0.0)  # queued at this decision
-    pilot.observe(Finished("x", 1, "i0", "ok", 4096, 0, 100, 0.4, 0.02, 2.5))
+    busy = view([2, 2], [10_000, 10_000])
+    pilot.features(cold("w", 10), busy, 0.1)
+    pilot.observe(Placed(cold("x", 4096), "i0", 0.1))
+    pilot.observe(Finished("x", 1, "i0", "ok", 4096, 0, 100, 0.9, 0.02, 2.5))
     assert pilot.model_for("p").count == 0
     assert pilot.features(cold("q", 1000), busy, 2.5)[0, 3] == 1000  # its prefill left the queue

@@ -1,0 +1,137 @@
+"""Several deciders per pool in the simulator: the split, the decision log, and one decider."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+from agents.policy import Scheduler, build_scheduler
+from agents.policy.baselines import LeastTokens
+from agents.policy.defaults import HomeDc, PassThrough
+from agents.policy.types import Finished, FirstToken, Observation, Placed, RequestView
+from sim.evaluation.capacity import capacities, format_capacity
+from sim.loop.deciders import Deciders, affinity_key
+from sim.loop.runner import SimConfig, Simulation, pool_decider_for, simulate
+from sim.workloads.sources import open_workload
+from tests.unit.policy.helpers import cluster_view
+from tests.unit.sim.helpers import fleet_of
+
+
+def view_of(rid: str, blocks: tuple[int, ...] = (), tenant: str = "t", attempt: int = 1) -> RequestView:
+    return RequestView(rid, attempt, tenant, "m", "interactive", 600 * max(len(blocks), 1), 16, blocks, 0.0)
+
+
+class Recording(LeastTokens):
+    """A router that keeps every observation it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[Observation] = []
+
+    def observe(self, event: Observation) -> None:
+        super().observe(event)
+        self.seen.append(event)
+
+
+def deciders(n: int, delay_s: float = 0.005, split: str = "affinity") -> tuple[Deciders, list[Recording]]:
+    routers = [Recording() for _ in range(n)]
+    schedulers = [Scheduler("least-tokens", PassThrough(), HomeDc(), r) for r in routers]
+    return Deciders(schedulers, delay_s, split, seed=0), routers  # type: ignore[arg-type]
+
+
+def placed(router: Recording) -> list[tuple[str, float]]:
+    return [(e.request.request_id, e.time_s) for e in router.seen if isinstance(e, Placed)]
+
+
+def test_the_affinity_key_names_the_first_four_blocks_else_the_tenant() -> None:
+    assert affinity_key(view_of("a", (11, 12, 13, 14, 15, 16))) == 14  # chained: it names blocks 1-4
+    assert affinity_key(view_of("b", (11, 12))) == 12
+    assert affinity_key(view_of("c", tenant="acme")) == zlib.crc32(b"acme")
+
+
+def test_requests_sharing_a_prefix_meet_the_same_decider_and_random_is_seeded() -> None:
+    pool, _ = deciders(4)
+    shared = (1, 2, 3, 4)
+    assert len({pool.decider_of(view_of(f"r{k}", (*shared, 100 + k))) for k in range(20)}) == 1
+    assert len({pool.decider_of(view_of(f"r{k}", (k, k + 1))) for k in range(40)}) == 4
+    series = [deciders(4, split="random")[0] for _ in range(2)]
+    draws = [[pool.decider_of(view_of(f"r{k}")) for k in range(40)] for pool in series]
+    assert draws[0] == draws[1] and len(set(draws[0])) == 4
+
+
+def test_a_decider_reads_the_others_placements_after_the_log_delay() -> None:
+    pool, routers = deciders(2)
+    v = cluster_view(2)
+    a, b = view_of("a", (0, 1)), view_of("b", (1, 2))
+    first, second = pool.decider_of(a), pool.decider_of(b)
+    assert first != second
+    outcomes = pool.submit([a, b], v, 1.0)  # the same instant: neither sees the other's
+    assert {o.action for o in outcomes} == {"admit"}
+    assert placed(routers[0]) == placed(routers[1]) == []
+    pool.tick(v, 1.004)
+    assert placed(routers[0]) == placed(routers[1]) == []
+    pool.tick(v, 1.005)
+    assert placed(routers[second]) == [("a", 1.0)] and placed(routers[first]) == [("b", 1.0)]
+
+
+def test_a_placement_is_read_before_its_request_ends_and_never_by_its_decider() -> None:
+    pool, routers = deciders(2)
+    a = view_of("a", (0, 1))
+    (outcome,) = pool.submit([a], cluster_view(2), 1.0)
+    end = Finished("a", 1, outcome.instance_id, "error", 1200, 0, 0, None, None, 1.0)
+    pool.observe(end)  # an engine refused it at once
+    mine, other = routers[pool.decider_of(a)], routers[1 - pool.decider_of(a)]
+    assert [type(e) for e in other.seen] == [Placed, Finished]
+    assert [type(e) for e in mine.seen] == [Finished]
+    assert other.in_flight.requests == {outcome.instance_id: 0}
+    pool.tick(cluster_view(2), 2.0)  # read once only
+    assert [type(e) for e in other.seen] == [Placed, Finished]
+
+
+def test_every_decider_sees_first_tokens_and_ends_and_the_holder_withdraws() -> None:
+    pool, routers = deciders(3)
+    pool.observe(FirstToken("x", 1, "i0", 0.2, 0.2))
+    assert all(len(r.seen) == 1 for r in routers)
+    assert not pool.withdraw("x", 1)
+
+
+def test_one_decider_is_the_scheduler_itself_and_documents_do_not_change() -> None:
+    fleet = fleet_of(2)
+    assert isinstance(pool_decider_for("tokenpilot", fleet, SimConfig()), Scheduler)
+    assert SimConfig().deciders_fields() == {}
+    work = open_workload("synthetic:duration_s=20,rate_per_s=4")
+    alone = simulate(work, fleet, "slomax+tokenpilot", SimConfig())
+    scheduler = build_scheduler("slomax+tokenpilot", seed=0)
+    wrapped = Simulation(work, fleet, Deciders([scheduler]), SimConfig()).run()
+
+    def times(run: object) -> list[tuple[object, ...]]:
+        return [(a.request.request_id, a.status, a.first_token_s, a.end_s) for a in run.attempts]  # type: ignore[attr-defined]
+
+    assert times(wrapped) == times(alone)
+
+
+def test_several_deciders_are_named_in_the_capacity_document() -> None:
+    work = open_workload("synthetic:duration_s=20,rate_per_s=4")
+    config = SimConfig(deciders=2, decider_split="random", decision_log_delay_s=0.01)
+    document = capacities(work, fleet_of(2), ["tokenpilot"], config, start=1.0, precision=0.5)
+    assert (document["deciders"], document["decider_split"], document["decision_log_delay_s"]) == (
+        2,
+        "random",
+        0.01,
+    )
+    assert "2 deciders per pool (random split, log 10 ms late)" in format_capacity(document)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"deciders": 0},
+        {"decision_log_delay_s": -0.001},
+        {"decision_log_delay_s": float("inf")},
+        {"decider_split": "x"},
+    ],
+)
+def test_bad_decider_settings_are_refused(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        SimConfig(**kwargs)  # type: ignore[arg-type]
