@@ -38,14 +38,13 @@ import numpy as np
 from agents.policy.fleetmind.notices import FleetNotice
 from agents.policy.pipeline import Scheduler
 from agents.policy.types import ClusterView, Finished, FirstToken, Observation, Outcome, Placed, RequestView
+from schemas.events import AFFINITY_BLOCKS  # the service's: prompt blocks the affinity key covers
 
 if TYPE_CHECKING:
     from agents.policy.slomax.feedback import GoodputSource
 
 DeciderSplit = Literal["affinity", "random"]
 SPLITS: tuple[DeciderSplit, ...] = ("affinity", "random")
-AFFINITY_BLOCKS = 4
-"""Prompt blocks the affinity key covers (4 x 512 = 2 048 tokens)."""
 DECISION_LOG_DELAY_S = 0.005
 """How late a decider reads the others' placements: the embedded broker's round trip."""
 
