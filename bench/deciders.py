@@ -21,11 +21,11 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sim.engine.fleet import parse_fleet
 from sim.evaluation.capacity import capacities
-from sim.loop.deciders import DECISION_LOG_DELAY_S, SPLITS
+from sim.loop.deciders import DECISION_LOG_DELAY_S, SPLITS, DeciderSplit
 from sim.loop.runner import SimConfig
 from sim.workloads.sources import open_workload
 
@@ -68,7 +68,7 @@ def search(cell: Cell, precision: float, log_delay_s: float, seed: int) -> float
         SimConfig(seed=seed),
         deciders=cell.deciders,
         decision_log_delay_s=log_delay_s,
-        decider_split=cell.split,  # type: ignore[arg-type]  (checked by SimConfig)
+        decider_split=cast("DeciderSplit", cell.split),  # (checked by SimConfig)
     )
     document = capacities(workload, parse_fleet(FLEET), [cell.policy], config, cell.workload.start, precision)
     found = document["capacity"][cell.policy]["rate_scale"]  # type: ignore[index]
