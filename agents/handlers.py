@@ -10,7 +10,9 @@ message's (partition, offset) ``Position``; ``commit_floor`` says, per partition
 position of a request still held, which the lane must not commit past (so a restart reads a held
 request again and it is not lost); and after a restart or a rebalance the lane replays the
 pool's recent ``tf.admission`` decisions into ``on_replayed_admissions`` first, so a request
-decided before, and read again, is not decided twice.
+decided before, and read again, is not decided twice: its decision is published again, with
+the same event id (``RoutingService.answers_again``), which is how a client's resend of a request
+whose answer a broker lost gets one.
 
 After every offer (a request batch, a heartbeat that re-offered held requests, the timer) what
 the stages noticed (FleetMind's DC state changes, reservation moves, replica advice) is
@@ -34,7 +36,7 @@ from typing import TypeVar
 from agents.batch import expand_batch_job
 from agents.keeping import decode_all, send_dead_letters
 from agents.ports import FeedbackStore, InstanceState, PromptCompleter, Publisher, Telemetry
-from agents.routing import Routed, RoutingService
+from agents.routing import Answer, Routed, RoutingService
 from schemas import topics
 from schemas.codec import DecodeError, RawMessage, decode
 from schemas.events import (
@@ -94,14 +96,16 @@ class SchedulerAgents:
                 self._position_of[(request.model, request.request_id, request.attempt)] = position
         requests = [request for request, _ in decoded]
         routed: list[Routed] = []
+        again: list[Answer] = []
         failed: list[tuple[RawMessage, str]] = []
         now = time.time()
         for pool, group in _by_pool(decoded).items():
+            again += self.service.answers_again(pool, [request for request, _ in group])
             routed += self._route(pool, group, now, failed)
             self.telemetry.queue_depth(pool, self.service.held(pool))
         await self._dead_letter(topics.REQUESTS, failed)
         self._track(routed, [request for request, _ in decoded])
-        delivered = await self._send(routed)
+        delivered = await self._send(routed, again)
         self.telemetry.decided_batch(self.service.policy_name, routed, time.perf_counter() - arrived)
         if self.store is not None:
             await self.store.requests(requests)
@@ -158,7 +162,7 @@ class SchedulerAgents:
             except DecodeError:
                 continue  # not ours to judge: the topic's writers are schedulers
             if answer.action != "queue":
-                self.service.remember_decided(answer.model, answer.request_id, answer.attempt)
+                self.service.remember_decided(answer)
 
     def on_partitions_revoked(self, partitions: set[int]) -> None:
         """The worker gives up ``partitions`` of ``tf.requests``: drop the requests it holds from
@@ -290,9 +294,12 @@ class SchedulerAgents:
                 failed.append((raw, f"not schedulable: {exc!r}"[:1024]))
         return routed
 
-    async def _send(self, routed: Sequence[Routed]) -> Awaitable[object]:
-        admissions = [r.admission for r in routed]
+    async def _send(self, routed: Sequence[Routed], again: Sequence[Answer] = ()) -> Awaitable[object]:
+        """Publish the outcomes, and the decisions made before that are answered ``again`` (as
+        they were: same event ids; not counted or stored anew)."""
+        admissions = [r.admission for r in routed] + [a.admission for a in again if a.admission is not None]
         routings = [r.routing for r in routed if r.routing is not None]
+        routings += [a.routing for a in again if a.routing is not None]
         return asyncio.gather(
             await self.publisher.send(topics.ADMISSION, admissions),
             await self.publisher.send(topics.DECISIONS, routings),

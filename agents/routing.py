@@ -8,9 +8,13 @@ changes the pool's view), ``expire`` rejects what was held too long (called on a
 pool nobody serves still answers), ``observe_*`` forwards what a proxying router sees, and
 ``notices`` drains what the schedulers have to tell operators (``tf.fleet-events``).
 
-Once per request attempt: a request already held, or already decided in the last
-``remembered`` decisions of its pool, is a redelivery (the bus delivers at least once, and the
-request lane re-reads a batch it could not finish) and is skipped. With ``known_pools`` set, a
+Once per request attempt: a request already held is a redelivery (the bus delivers at least
+once, and the request lane re-reads a batch it could not finish) and is skipped; one already
+decided in the last ``remembered`` decisions of its pool (here, or by another decider whose
+placement this one read) is a redelivery or a client's resend for want of an answer (a broker
+may lose what it acknowledged): it gets the decision it had, published again with the same
+event id (``answers_again``), never a second one. A decision is kept without its request (the
+prompt can be large): the offer carries the request again. With ``known_pools`` set, a
 request for any other model is rejected at once (reason ``unknown_model``), never held;
 without it, any model name gets a scheduler (each holds real state: a prefix index, a
 predictor), but names no engine has served (no heartbeat, no engine event) take at most
@@ -51,11 +55,29 @@ class Routed:
     routing: RoutingDecision | None
 
 
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A decision made before, to publish again: its admission answer (None: another decider's
+    placement, whose admission this one did not read) and its placement (None: a reject).
+    Kept with ``request=None`` in the routing (``keep``); ``to`` puts the offered request back."""
+
+    admission: AdmissionDecision | None
+    routing: RoutingDecision | None
+
+    @classmethod
+    def keep(cls, admission: AdmissionDecision | None, routing: RoutingDecision | None) -> Answer:
+        return cls(admission, None if routing is None else routing.model_copy(update={"request": None}))
+
+    def to(self, request: InferenceRequest) -> Answer:
+        routing = None if self.routing is None else self.routing.model_copy(update={"request": request})
+        return Answer(self.admission, routing)
+
+
 @dataclass(slots=True)
 class _Pool:
     scheduler: Scheduler
     requests: dict[tuple[str, int], InferenceRequest] = field(default_factory=dict)  # offered, unsettled
-    decided: dict[tuple[str, int], None] = field(default_factory=dict)  # settled, oldest first
+    decided: dict[tuple[str, int], Answer | None] = field(default_factory=dict)  # settled, oldest first
     served: bool = False  # an engine of this pool has reported (a heartbeat, an engine event)
 
 
@@ -92,7 +114,8 @@ class RoutingService:
         """New requests of ``pool`` on its snapshot ``view`` (None: no instance reported yet).
 
         A request whose (id, attempt) is already held here, or comes twice in one batch, is a
-        redelivery: it is skipped, so a held request is decided once."""
+        redelivery: it is skipped, so a held request is decided once; so is one already decided
+        (``answers_again`` gives its decision)."""
         if not self._serves(pool, served=view is not None and len(view.instance_ids) > 0):
             return [self._unknown(request) for request in requests]
         state = self._pool(pool)
@@ -113,6 +136,16 @@ class RoutingService:
             raise
         return self._events(state, outcomes, (time.perf_counter() - started) / max(len(views), 1))
 
+    def answers_again(self, pool: str, requests: Sequence[InferenceRequest]) -> list[Answer]:
+        """The decisions made before for those of ``requests`` already decided (here, or by
+        another decider whose placement this one read), each with its request: to publish again
+        with their own event ids (a redelivery, or a client's resend). ``route`` skips them."""
+        state = self._pools.get(pool)
+        if state is None:
+            return []
+        answers = (state.decided.get((r.request_id, r.attempt)) for r in requests)
+        return [answer.to(r) for r, answer in zip(requests, answers, strict=True) if answer is not None]
+
     def tick(self, pool: str, view: ClusterView, now: float) -> list[Routed]:
         """Offer ``pool``'s held requests again on ``view`` (nothing if none is held or the view
         is one they were already offered on)."""
@@ -132,10 +165,15 @@ class RoutingService:
         state.requests.pop((request_id, attempt), None)
         return True
 
-    def remember_decided(self, pool: str, request_id: str, attempt: int) -> None:
-        """A decision for this request attempt went out before (e.g. from before a restart)."""
-        if self._serves(pool):
-            self._decided(self._pool(pool), (request_id, attempt))
+    def remember_decided(self, admission: AdmissionDecision) -> None:
+        """This admission answer went out before (e.g. from before a restart): its request attempt
+        is decided; a reject is its answer (an admit's is its placement, read from the log)."""
+        if self._serves(admission.model):
+            answer = Answer.keep(admission, None) if admission.action == "reject" else None
+            state = self._pool(admission.model)
+            key = (admission.request_id, admission.attempt)
+            if state.decided.get(key) is None:
+                self._decided(state, key, answer)
 
     def expire(self, now: float) -> list[Routed]:
         """Reject, in every pool, the requests held longer than the hold timeout."""
@@ -183,11 +221,14 @@ class RoutingService:
             return False
         state = self._pool(decision.model)
         key = (decision.request_id, decision.attempt)
-        if key in state.decided:
+        if state.decided.get(key) is not None:
             return False  # seen before (the log is read at least once)
         if key in state.requests:  # held here too (a partition changed hands): let it go
             self.withdraw(decision.model, *key)
-        self._decided(state, key)
+        known = key in state.decided  # (from its admission, read back after a restart)
+        self._decided(state, key, Answer.keep(None, decision))
+        if known:
+            return False
         state.scheduler.observe(placed(decision))
         return True
 
@@ -237,8 +278,8 @@ class RoutingService:
         )
         return Routed(request, admission, None)
 
-    def _decided(self, state: _Pool, key: tuple[str, int]) -> None:
-        state.decided[key] = None
+    def _decided(self, state: _Pool, key: tuple[str, int], answer: Answer | None) -> None:
+        state.decided[key] = answer
         if len(state.decided) > self.remembered:
             del state.decided[next(iter(state.decided))]  # the oldest decision
 
@@ -246,11 +287,7 @@ class RoutingService:
         routed = []
         for outcome in outcomes:
             key = outcome.request.key
-            if outcome.action == "queue":
-                request = state.requests[key]
-            else:
-                request = state.requests.pop(key)
-                self._decided(state, key)
+            request = state.requests[key] if outcome.action == "queue" else state.requests.pop(key)
             common = self._common(request, outcome.request.slo_class)
             if outcome.action == "queue":
                 admission = AdmissionDecision(
@@ -271,6 +308,7 @@ class RoutingService:
                 affinity_key=request.affinity_key,
             )
             if outcome.action == "reject":
+                self._decided(state, key, Answer.keep(admission, None))
                 routed.append(Routed(request, admission, None))
                 continue
             routing = RoutingDecision(
@@ -283,6 +321,7 @@ class RoutingService:
                 worker=self.worker,
                 request=request,
             )
+            self._decided(state, key, Answer.keep(admission, routing))
             routed.append(Routed(request, admission, routing))
         return routed
 

@@ -78,6 +78,22 @@ def test_a_request_sent_twice_is_decided_once(world: Any) -> None:
     assert [d.request_id for d in publisher.sent[topics.DECISIONS.name]] == ["dup"]  # type: ignore[attr-defined]
 
 
+def test_a_request_resent_after_its_decision_gets_the_same_decision_again(world: Any) -> None:
+    """A client resends a request whose answer it never got (a broker lost it): the decision
+    it had is published again with the same event ids, neither decided nor stored a second time."""
+    agents, publisher, store, _ = world
+    run(agents.on_heartbeats(raw(beat("m", "i-1"))))
+    resent = request("m", "r")
+    run(agents.on_requests(raw(resent)))
+    run(agents.on_requests(raw(resent)))
+    admissions, decisions = publisher.sent[topics.ADMISSION.name], publisher.sent[topics.DECISIONS.name]
+    assert [a.event_id for a in admissions] == [admissions[0].event_id] * 2  # type: ignore[attr-defined]
+    assert [d.event_id for d in decisions] == [decisions[0].event_id] * 2  # type: ignore[attr-defined]
+    assert decisions[1].request == decisions[0].request  # type: ignore[attr-defined]
+    assert len(store.rows["routings"]) == 1
+    assert agents.service.scheduler_for("m").instance_selection.in_flight.requests == {"i-1": 1}  # type: ignore[attr-defined]
+
+
 def test_bad_messages_are_dead_lettered_once_and_the_batch_goes_on(world: Any) -> None:
     """A bad request is dead-lettered by the decider that reads it; a bad heartbeat, which every
     decider reads, only by the log's keeper of its partition (else once per decider)."""
@@ -97,8 +113,9 @@ def test_bad_messages_are_dead_lettered_once_and_the_batch_goes_on(world: Any) -
 
 def test_a_decider_counts_the_other_deciders_placements_as_its_own(world: Any) -> None:
     """Two deciders of one pool: what one places reaches the other through ``tf.decisions``;
-    the other counts it in flight until its completion, never decides that request again, and
-    skips its own placements read back from the log."""
+    the other counts it in flight until its completion, never decides that request again (a
+    redelivery or a resend gets that same decision published again), and skips its own
+    placements read back from the log."""
     agents, publisher, _, telemetry = world
     other = SchedulerAgents(
         RoutingService("tokenpilot", worker="other:1"), MemoryState(), MemoryPublisher(), None, telemetry
@@ -113,8 +130,14 @@ def test_a_decider_counts_the_other_deciders_placements_as_its_own(world: Any) -
     for decider in (agents, other):
         pilot = decider.service.scheduler_for("m").instance_selection
         assert pilot.in_flight.requests == {"i-1": 1}
-    run(agents.on_requests(raw(request("m", "a"))))  # redelivered to the first decider
-    assert not publisher.sent[topics.DECISIONS.name]
+    run(agents.on_requests(raw(request("m", "a"))))  # redelivered (or resent) to the first decider
+    again = publisher.sent[topics.DECISIONS.name]
+    assert [(d.event_id, d.instance_id, d.worker) for d in again] == [
+        (d.event_id, d.instance_id, d.worker) for d in placed
+    ]  # type: ignore[attr-defined]
+    assert again[0].request.request_id == "a"  # type: ignore[attr-defined]
+    assert not publisher.sent[topics.ADMISSION.name]  # the other's admission was not read here
+    assert agents.service.scheduler_for("m").instance_selection.in_flight.requests == {"i-1": 1}  # type: ignore[attr-defined]
     done = Completion(
         request_id="a", instance_id="i-1", model="m", status="ok", arrival_ts=1.0, ttft_s=0.05,
         input_tokens=600, output_tokens=16,
