@@ -7,6 +7,12 @@ topic's key (the model pool; a response's, its request id). Invalid decisions ar
 skipped: the worker that wrote them owns the dead-letter topic. ``tokenfleet fleet`` runs it
 over the emulated engines, or over real vLLM servers (``--engine vllm``). Decisions about
 requests a gateway accepted (``reply="http"``) are that gateway's to execute: skipped here.
+
+Nothing it held is lost with it, and a request runs once (``dispatcher/ledger.py``): a decision's
+offset is committed only once its attempt's end reached the broker, so a dispatcher that
+replaces a killed one runs again only the attempts that were open at the kill; the answers
+given are kept (and read back from ``tf.responses`` at start), and a decision about an attempt
+already answered gets that answer again instead of a second run.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from aiokafka.errors import KafkaError
 
 from dispatcher.engines.emulated import EmulatedEngines
 from dispatcher.engines.port import EngineEvent, EnginePort
+from dispatcher.ledger import Ledger
 from infra.errors import first_line
 from infra.kafka.broker import ensure_topics_async
 from infra.kafka.clients import send_event, start_client
@@ -58,6 +65,7 @@ class FleetCounts:
     kv_events: int
     heartbeats: int
     reconnects: int = 0  # times the broker was lost and the clients started again
+    answered_again: int = 0  # decisions about attempts already answered: the answer sent again
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +189,10 @@ async def run_fleet(
                             bootstrap, time.monotonic() - lost_at, topics_s, time.monotonic() - connecting,
                         )  # fmt: skip
                         failures = 0
+                    if not loop.recalled:
+                        recalled = await loop.ledger.recall(bootstrap)
+                        loop.recalled = True
+                        log.info("fleet: %d answers of the last minutes read back from the log", recalled)
                     await loop.run(stop, producer, consumer)
                 return loop.counts()
             except _BROKER_ERRORS as exc:
@@ -241,7 +253,11 @@ class _FleetLoop:
         self.producer: Any = None
         self.consumer: Any = None
         self.decisions = self.duplicates = self.invalid = self.reconnects = self.gateway_requests = 0
+        self.answered_again = 0
         self.sent: Counter[TopicSpec] = Counter()
+        self.ledger = Ledger()  # what ran, and what it answered (dispatcher/ledger.py)
+        self.recalled = False  # the ledger read back the answers already on the log
+        self._again: list[EngineEvent] = []  # answers to send again (decisions already answered)
         self._backlog: list[EngineEvent | Heartbeat] = []  # not delivered before an outage
         self._failed_sends = 0  # in a row
 
@@ -277,15 +293,20 @@ class _FleetLoop:
                     len(partitions),
                 )
                 await self.consumer.seek_to_beginning(*partitions)
+                self.ledger.log_lost(partitions)
             # One instant for the whole batch: decisions polled together reach the engines together.
             now = time.time()
-            for records in batches.values():
+            for tp, records in batches.items():
                 for record in records:
-                    await self._dispatch(record.value, now)
-            ends = {tp: records[-1].offset + 1 for tp, records in batches.items() if records}
-            if ends:
-                await self.consumer.commit(ends)
-            events: list[EngineEvent | Heartbeat] = list(await self.engines.events(now))
+                    await self._dispatch(record.value, now, tp, record.offset)
+                if records:
+                    self.ledger.read(tp, records[-1].offset + 1)
+            # Only past decisions whose end the broker has (dispatcher/ledger.py).
+            due = self.ledger.to_commit(self.consumer.assignment())
+            if due:
+                await self.consumer.commit(due)
+            events: list[EngineEvent | Heartbeat] = [*self._again, *await self.engines.events(now)]
+            self._again = []
             if now >= next_heartbeat:
                 events.extend(await self.engines.load(now))
                 next_heartbeat += self.heartbeat_s
@@ -296,7 +317,7 @@ class _FleetLoop:
         if self.engines.open_requests:
             log.info("fleet stopping with %d attempts still running", self.engines.open_requests)
 
-    async def _dispatch(self, value: bytes | None, now: float) -> None:
+    async def _dispatch(self, value: bytes | None, now: float, partition: Any, offset: int) -> None:
         try:
             decision = decode(RoutingDecision, value)
         except DecodeError as exc:
@@ -306,8 +327,13 @@ class _FleetLoop:
         if decision.request.reply != "kafka":
             self.gateway_requests += 1  # the gateway that accepted it runs it and answers
             return
-        if await self.engines.dispatch(decision, now):
+        answer = self.ledger.answer(decision.request_id, decision.attempt)
+        if answer is not None:  # ran and answered before: the same answer again, never a second run
+            self._again.append(answer)
+            self.answered_again += 1
+        elif await self.engines.dispatch(decision, now):
             self.decisions += 1
+            self.ledger.started(decision.request_id, decision.attempt, partition, offset)
         else:
             self.duplicates += 1
 
@@ -337,6 +363,7 @@ class _FleetLoop:
                 return
             raise
         self._failed_sends = 0
+        self.ledger.delivered(events)
         for event in events:
             self.sent[_TOPIC_OF[type(event)]] += 1
 
@@ -352,6 +379,7 @@ class _FleetLoop:
             kv_events=self.sent[KV_EVENTS],
             heartbeats=self.sent[HEARTBEATS],
             reconnects=self.reconnects,
+            answered_again=self.answered_again,
         )
 
 

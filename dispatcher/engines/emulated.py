@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from dispatcher.engines.port import Endpoint, EngineError, EngineEvent
-from schemas.events import Heartbeat, RoutingDecision
+from schemas.events import Completion, Heartbeat, Response, RoutingDecision
 from sim.engine.fleet import parse_fleet
 from sim.loop.live import LiveFleet
 
@@ -57,7 +57,27 @@ class EmulatedEngines:
         return self._live().heartbeats(now_wall)
 
     async def events(self, now_wall: float) -> list[EngineEvent]:
-        return list(self._live().advance(now_wall))
+        """The emulated instances' events, each ``Completion`` preceded by its ``Response`` (no
+        text: the emulation generates token counts, not tokens)."""
+        out: list[EngineEvent] = []
+        for event in self._live().advance(now_wall):
+            if isinstance(event, Completion):
+                out.append(
+                    Response(
+                        ts=event.ts,
+                        request_id=event.request_id,
+                        attempt=event.attempt,
+                        instance_id=event.instance_id,
+                        model=event.model,
+                        status=event.status,
+                        prompt_tokens=event.input_tokens,
+                        completion_tokens=event.output_tokens,
+                        cached_tokens=event.cached_tokens,
+                        error="" if event.status == "ok" else event.status,
+                    )
+                )
+            out.append(event)
+        return out
 
     def next_wakeup(self, now_wall: float) -> float | None:
         return self._live().next_wakeup(now_wall)

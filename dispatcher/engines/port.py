@@ -53,8 +53,9 @@ class EnginePort(Protocol):
     What comes back for one dispatched attempt, through ``events``: at most one
     ``ResponseStarted`` (its first token reached the client), then exactly one ``Completion``
     (``ok``; ``timeout``: the client gave up waiting; ``aborted``: ``abort`` was called;
-    ``error``: the endpoint is unknown, refused it or failed), and, from engines that generate
-    real text, one ``Response`` with it just before the ``Completion``. ``KvEvent``s come as the
+    ``error``: the endpoint is unknown, refused it or failed), and one ``Response`` just before
+    the ``Completion``: the answer (the text, from engines that generate it; none from the
+    emulated ones), which the dispatcher publishes to ``tf.responses`` and keeps. ``KvEvent``s come as the
     endpoints' caches change, whichever request caused it.
 
     Raises: only ``EngineError`` (any method, once the engines as a whole are unusable, e.g.

@@ -10,7 +10,7 @@ import pytest
 
 from dispatcher.engines.emulated import EmulatedEngines
 from dispatcher.engines.port import Endpoint, EngineError, EngineEvent, EnginePort
-from schemas.events import Completion, KvEvent, ResponseStarted, RoutingDecision
+from schemas.events import Completion, KvEvent, Response, ResponseStarted, RoutingDecision
 from tests.unit.sim.helpers import routing_decision
 
 START = 1_000.0
@@ -61,10 +61,12 @@ def test_a_dispatched_request_streams_a_first_token_then_completes() -> None:
     events = run(scenario())
     assert [e.ts for e in events] == sorted(e.ts for e in events)
     replies = [e for e in events if not isinstance(e, KvEvent)]
-    assert [type(e) for e in replies] == [ResponseStarted, Completion]
-    started, done = replies
+    assert [type(e) for e in replies] == [ResponseStarted, Response, Completion]
+    started, answer, done = replies
     assert isinstance(started, ResponseStarted) and isinstance(done, Completion)
     assert (done.request_id, done.instance_id, done.status, done.output_tokens) == ("a", "i000", "ok", 30)
+    assert isinstance(answer, Response)  # the answer, without text: the emulation makes no tokens
+    assert (answer.request_id, answer.status, answer.completion_tokens, answer.text) == ("a", "ok", 30, "")
     assert started.ttft_s == pytest.approx(done.ttft_s) and started.ts < done.ts
     assert [e.block_hashes for e in events if isinstance(e, KvEvent)] == [(1, 2)]
 
@@ -88,8 +90,9 @@ def test_a_request_that_cannot_run_is_reported_as_an_error_completion() -> None:
         assert engines.open_requests == 0 and engines.next_wakeup(START) is None
         return await engines.events(START)
 
-    [lost] = run(scenario())
+    answer, lost = run(scenario())
     assert isinstance(lost, Completion) and (lost.request_id, lost.status) == ("lost", "error")
+    assert isinstance(answer, Response) and (answer.request_id, answer.status) == ("lost", "error")
 
 
 def test_abort_ends_a_waiting_and_a_running_attempt_and_nothing_else() -> None:
