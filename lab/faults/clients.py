@@ -21,6 +21,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 
 from infra.kafka.clients import start_client
+from infra.kafka.request_client import RequestClient
 from lab import stack
 from lab.faults import MAX_MESSAGE_BYTES, MODEL
 from lab.faults.tally import Key
@@ -104,10 +105,15 @@ class Collector(stack.Collector):
         await super().restart()
 
 
+RESEND_AFTER_S = 10.0  # the fault publisher's clients resend a request unanswered this long
+
+
 class Publisher:
     """One producer (``lab.stack.Publisher``); remembers each acknowledged valid request's record
-    timestamp (and when it was acknowledged: on which broker incarnation), the bad messages and
-    the sends that failed."""
+    timestamp (and when it was first acknowledged: on which broker incarnation), the bad
+    messages and the sends that failed. Its counted valid requests are awaited as a client does
+    (``infra.kafka.request_client.RequestClient``: resent, the same event, after
+    ``RESEND_AFTER_S`` without an answer); ``never_answered`` is what is still waiting."""
 
     def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap
@@ -123,6 +129,12 @@ class Publisher:
             request_timeout_ms=10_000,
             acks=1,
         )
+        self.answers = RequestClient(bootstrap, RESEND_AFTER_S, give_up_after_s=3600.0, send=self._resend)
+
+    @property
+    def never_answered(self) -> int:
+        """Counted valid requests whose client has had no answer (a Response, or a reject)."""
+        return self.answers.waiting + self.answers.given_up
 
     @property
     def failed(self) -> int:
@@ -131,6 +143,7 @@ class Publisher:
 
     async def start(self) -> None:
         await self.out.start()
+        await self.answers.start()
 
     def send(
         self, value: bytes, key: bytes | None = MODEL.encode(), valid: Key | None = None, bad: bool = True
@@ -144,8 +157,8 @@ class Publisher:
             if bad:
                 self.bad.append(value)
         else:
-            self.valid[valid] = metadata.timestamp / 1e3
-            self.acked_at[valid] = time.time()
+            self.valid.setdefault(valid, metadata.timestamp / 1e3)  # (a resend's ack is later)
+            self.acked_at.setdefault(valid, time.time())
 
     def request(self, request: InferenceRequest, counted: bool = True) -> None:
         """Send a valid request; ``counted=False`` (warm-up): not one of the figures' requests."""
@@ -153,13 +166,18 @@ class Publisher:
         if counted:
             self.valid_digests.add(hashlib.sha256(raw).hexdigest())
             self.send(raw, request.affinity_key.encode(), (request.request_id, request.attempt))
+            self.answers.track(request)
         else:
             self.send(raw, request.affinity_key.encode(), None, bad=False)
+
+    async def _resend(self, request: InferenceRequest) -> None:
+        self.send(encode(request), request.affinity_key.encode(), (request.request_id, request.attempt))
 
     async def flush(self, timeout_s: float = 40.0) -> None:
         await self.out.flush(timeout_s)
 
     async def stop(self) -> None:
+        await self.answers.stop()
         await self.out.stop()
 
 

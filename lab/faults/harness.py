@@ -189,6 +189,9 @@ class Run:
         await self.until(
             lambda: completed() >= collector.decided(set(publisher.valid)), timeout_s, 15.0, completed
         )
+        # The clients' view: every request answered (resends take RESEND_AFTER_S each).
+        waiting = publisher.answers
+        await self.until(lambda: waiting.waiting == 0, timeout_s, 25.0, lambda: waiting.waiting)
         await asyncio.sleep(3.0)
 
     # --- figures
@@ -217,7 +220,10 @@ class Run:
             lost=count_lost(valid, decided, rejected),
             dead_lettered=len(collector.dead_letters),
             completions_expected=len({event_id for _, event_id, _ in collector.completions}),
+            never_answered=publisher.never_answered,
         )
+        if publisher.answers.resent:
+            out["resent"] = publisher.answers.resent
         if rejected & valid:
             out["rejected"] = len(rejected & valid)
         if publisher.bad:

@@ -20,6 +20,7 @@ FIGURES = (
     "decided_twice",
     "executed_twice",
     "lost",
+    "never_answered",
     "dead_lettered",
     "completions_stored",
     "completions_expected",

@@ -15,6 +15,7 @@ from lab.faults.scenarios.baseline import baseline
 from lab.faults.scenarios.broker_restart import broker_restart
 from lab.faults.scenarios.decider_failover import decider_failover
 from lab.faults.scenarios.decider_join import decider_join
+from lab.faults.scenarios.dispatcher_kill import dispatcher_kill
 from lab.faults.scenarios.fuzz import fuzz
 from lab.faults.scenarios.held_restart import held_restart
 from lab.faults.scenarios.poison import poison
@@ -31,6 +32,7 @@ SCENARIOS: dict[str, Scenario | None] = {
     "worker_kill": worker_kill,
     "decider_failover": decider_failover,
     "decider_join": decider_join,
+    "dispatcher_kill": dispatcher_kill,
     "store_down_at_start": store_down_at_start,
     "store_down_mid_run": store_down_mid_run,
     "held_restart": held_restart,
