@@ -26,7 +26,7 @@ serves always gets its place, so junk names can never lock a real pool out.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,6 +145,22 @@ class RoutingService:
             return []
         answers = (state.decided.get((r.request_id, r.attempt)) for r in requests)
         return [answer.to(r) for r, answer in zip(requests, answers, strict=True) if answer is not None]
+
+    def answers(self) -> list[Answer]:
+        """Every decision kept, oldest first per pool: for this worker's next process, when this
+        one gives up after the broker lost its log (``restore``)."""
+        return [answer for state in self._pools.values() for answer in state.decided.values() if answer]
+
+    def restore(self, answers: Iterable[Answer]) -> int:
+        """Decisions a previous process of this worker made: decided here too (a resend of
+        one gets it again); how many were taken."""
+        taken = 0
+        for answer in answers:
+            decision = answer.routing or answer.admission
+            if decision is not None and self._serves(decision.model):
+                self._decided(self._pool(decision.model), (decision.request_id, decision.attempt), answer)
+                taken += 1
+        return taken
 
     def tick(self, pool: str, view: ClusterView, now: float) -> list[Routed]:
         """Offer ``pool``'s held requests again on ``view`` (nothing if none is held or the view

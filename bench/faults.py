@@ -32,7 +32,10 @@ from lab.faults.tally import FIGURES
 INJECT_DIR = Path(__file__).resolve().parent / "inject"
 """The store-outage injection the ``store_down_mid_run`` workers load (``sitecustomize.py``)."""
 
-HEADERS = ("published", "once", "twice", "exec x2", "lost", "unanswered", "DLQ", "stored", "expected", "p99 s", "recov s")
+HEADERS = (
+    "published", "once", "twice", "exec x2", "lost", "unanswered", "DLQ", "stored", "expected", "p99 s",
+    "recov s",
+)  # fmt: skip
 
 
 def _cell(value: Any) -> str:

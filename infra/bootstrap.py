@@ -16,6 +16,7 @@ Every entry point that runs the scheduler builds it here, so the wiring exists o
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import time
@@ -34,7 +35,7 @@ from agents.policy.registry import parse_policy, with_deployment
 from agents.policy.slomax.controller import Step
 from agents.policy.types import DcView
 from agents.routing import RoutingService
-from infra import metrics
+from infra import decision_memory, metrics
 from infra.clickhouse.feedback import ClickHouseFeedback
 from infra.clickhouse.goodput import StoreGoodput
 from infra.files import read_yaml
@@ -48,6 +49,8 @@ from streams.membership import Membership
 from streams.request_lane import RequestLane
 from streams.shared_log import SharedLog
 from streams.snapshot import SnapshotCache
+
+log = logging.getLogger(__name__)
 
 HEALTH_MAX_AGE_S = 5.0  # /health: the lane's last answered fetch at most this old
 
@@ -142,6 +145,12 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
         known_pools=settings.pools,
         make_scheduler=make_scheduler,
     )
+    # What this worker's previous process decided, if it gave up after the broker lost its log.
+    memory = settings.data_dir / decision_memory.FILE_NAME
+    restored = service.restore(decision_memory.load(memory))
+    if restored:
+        log.warning("worker: %d decisions of its previous process restored from %s", restored, memory)
+    app.conf.tokenfleet_keep_decisions = lambda: decision_memory.save(memory, service.answers())
     lane = RequestLane(
         bootstrap,
         topics.REQUESTS.name,

@@ -173,6 +173,12 @@ class ReadyMarkingWorker(faust.Worker):
         log.error("worker watchdog: %s; exiting (code %d) to be restarted", reason, WATCHDOG_EXIT)
         self.exit_code = WATCHDOG_EXIT
         unlink_own(self.ready_file)
+        keep = getattr(self.app.conf, "tokenfleet_keep_decisions", None)
+        if keep is not None:  # for the next process (infra/decision_memory.py)
+            try:
+                keep()
+            except Exception:
+                log.exception("worker watchdog: the decisions could not be kept for the next process")
         if not graceful:
             if self.store is not None:
                 with contextlib.suppress(Exception):

@@ -87,7 +87,7 @@ class RequestClient:
         self._pending: dict[Key, _Pending] = {}
         self.resent = 0  # resends, in all
         self.answered = 0
-        self.given_up = 0
+        self.given_up = 0  # requests with no answer when given up on (give_up_after_s, or stop)
 
     async def start(self) -> None:
         """Start reading answers (from now on), and the producer if this client sends."""
@@ -106,6 +106,7 @@ class RequestClient:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         for pending in self._pending.values():
+            self.given_up += 1
             if not pending.answer.done():
                 pending.answer.set_exception(NoAnswer("the client stopped before an answer came"))
         self._pending.clear()
@@ -194,3 +195,8 @@ class RequestClient:
                         await self._send(pending.request)
                     except Exception as exc:  # the broker is away: the next round tries again
                         log.warning("resending %.128r failed: %s", key[0], exc)
+
+
+def _retrieved(answer: asyncio.Future[Answer]) -> None:
+    if not answer.cancelled():
+        answer.exception()
