@@ -84,7 +84,9 @@ def test_a_redelivered_request_is_not_decided_again() -> None:
     once = request("m", "r")
     asyncio.run(agents.on_requests(raw(once)))
     asyncio.run(agents.on_requests(raw(once)))  # the lane re-read its batch
-    assert [d.request_id for d in publisher.sent[topics.DECISIONS.name]] == ["r"]  # type: ignore[attr-defined]
+    sent = publisher.sent[topics.DECISIONS.name]
+    assert [d.request_id for d in sent] == ["r", "r"]  # type: ignore[attr-defined]
+    assert len({d.event_id for d in sent}) == 1  # type: ignore[attr-defined]  (one decision, sent again)
 
 
 class Explodes(RoundRobin):
