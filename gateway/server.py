@@ -11,7 +11,8 @@ first token and a ``Completion`` with TTFT / TPOT / E2E as measured here, from t
 call arrived. An engine that fails before anything reached the client (it died, refused the
 call) costs an ``error`` attempt and the call is scheduled again as the next attempt, up to
 ``attempts`` (``retry_backoff_s`` times n apart); then 502. Admission rejects are HTTP 429
-(``over_quota``) or 503, with ``Retry-After``; no answer within ``decision_timeout_s`` is 503.
+(``over_quota``) or 503, with ``Retry-After``; no answer within ``decision_timeout_s`` is 503
+(the request is published again, the same event, every ``resend_after_s`` until then).
 
 Every error is OpenAI's error JSON (``{"error": {"message", "type", "param", "code"}}``), named
 by the client's fields; what only an operator should see (engine URLs, broker errors) goes to
@@ -84,6 +85,7 @@ class _ClientGone(Exception):
 @dataclass(frozen=True)
 class GatewayOptions:
     decision_timeout_s: float = 30.0
+    resend_after_s: float = 5.0  # a request with no decision this long is published again
     attempts: int = 4  # engine failures before anything was sent are tried again, up to this
     retry_backoff_s: float = 0.25
     engine_timeout_s: float = 600.0
@@ -318,7 +320,7 @@ class Gateway:
             log.warning("request %s: publishing it failed: %s", request.request_id, exc)
             raise ApiError(503, "the scheduler is unavailable", type="service_unavailable") from None
         try:
-            answer = await asyncio.wait_for(asyncio.shield(answer_future), self.options.decision_timeout_s)
+            answer = await self._answer(on_bus, answer_future)
         except TimeoutError:
             self._spawn(self._settle_late(key, answer_future, "timeout"))
             raise ApiError(
@@ -334,6 +336,25 @@ class Gateway:
         if not isinstance(answer, RoutingDecision):
             raise rejection(answer)
         return answer
+
+    async def _answer(self, on_bus: InferenceRequest, answer: asyncio.Future[Answer]) -> Answer:
+        """The scheduler's answer, within ``decision_timeout_s`` (else ``TimeoutError``); the
+        request is published again, the same event, every ``resend_after_s`` without one (a
+        broker may lose what it acknowledged; the scheduler decides it once and publishes the
+        same decision again for a resend)."""
+        deadline = time.monotonic() + self.options.decision_timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return await asyncio.wait_for(asyncio.shield(answer), min(left, self.options.resend_after_s))
+            except TimeoutError:
+                if time.monotonic() >= deadline - 1e-3:
+                    raise
+            metrics.gateway_resent.inc()
+            try:
+                await self._publish(REQUESTS, on_bus, wait=True)
+            except Exception as exc:  # the broker is away: the next round tries again
+                log.warning("request %s: publishing it again failed: %s", on_bus.request_id, exc)
 
     async def _settle_late(self, key: Key, answer: asyncio.Future[Answer], status: Status) -> None:
         """The decision for a call nobody waits for any more (the client left, or the wait timed

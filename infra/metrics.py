@@ -166,6 +166,12 @@ gateway_requests_total = Counter(
     namespace=NAMESPACE,
     registry=REGISTRY,
 )
+gateway_resent = Counter(
+    "gateway_requests_resent",
+    "Requests the gateway published again for want of a decision (the broker may have lost them).",
+    namespace=NAMESPACE,
+    registry=REGISTRY,
+)
 gateway_decision_seconds = Histogram(
     "gateway_decision_seconds",
     "From a gateway call's arrival to the scheduler's answer (publish, route, read back).",
