@@ -5,12 +5,15 @@ second run (a real broker, a worker process, the emulated fleet)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
 from dispatcher.service import run_fleet
+from infra.kafka.batches import collect_results
 from infra.kafka.request_client import RequestClient
+from lab.loadgen import submit_batch
 from lab.stack import ValueCollector
 from schemas.codec import encode
 from schemas.events import InferenceRequest, Response, RoutingDecision
@@ -60,6 +63,23 @@ def test_the_client_gets_one_answer_through_a_lost_request_and_a_lost_answer(
                 if lost.request_id.encode() in v
             }
             assert len(ids) == 1  # one decision, published again
+
+            # A batch job's answers, collected (from the log, then awaited with resends).
+            rows = [
+                {"timestamp": i, "input_length": 700, "output_length": 8, "hash_ids": [i, 7]}
+                for i in range(3)
+            ]
+            (tmp_path / "job.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+            job = await submit_batch(broker, tmp_path / "job.jsonl", 1800.0, job_id=unique("job"))
+            out = tmp_path / "answers.jsonl"
+            assert await collect_results(
+                broker, job.job_id, out, timeout_s=TIMEOUT_S, resend_after_s=5.0
+            ) == (3, 3)
+            lines = [json.loads(line) for line in out.read_text().splitlines()]
+            assert [line["custom_id"] for line in lines] == [
+                r.request_id.split("/", 1)[1] for r in job.requests
+            ]
+            assert {line["status"] for line in lines} == {"ok"}
         finally:
             stop.set()
             counts = await asyncio.wait_for(fleet, TIMEOUT_S)
