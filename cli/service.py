@@ -213,6 +213,24 @@ def loadgen(
     ] = False,
     seed: Annotated[int, typer.Option("--seed", metavar="N", callback=check_seed)] = 0,
     embedded: Annotated[bool, typer.Option("--embedded", help=EMBEDDED_HELP)] = False,
+    answers_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--answers-timeout",
+            metavar="S",
+            help="then wait up to S seconds for every answer (exit 1 if some never came)",
+            callback=real(0.0, MAX_SECONDS),
+        ),
+    ] = None,
+    resend_after: Annotated[
+        float,
+        typer.Option(
+            "--resend-after",
+            metavar="S",
+            help="with --answers-timeout: publish a request again after S seconds without an answer",
+            callback=real(0.0, MAX_SECONDS),
+        ),
+    ] = 30.0,
 ) -> None:
     """Publish a workload to tf.requests (of the broker TOKENFLEET_KAFKA_BOOTSTRAP names).
 
@@ -221,25 +239,27 @@ def loadgen(
       TOKENFLEET_KAFKA_BOOTSTRAP=localhost:9092 tokenfleet loadgen --workload synthetic --duration 60
     """
     from infra.bootstrap import kafka_bootstrap
-    from lab.loadgen import publish_workload
+    from lab.loadgen import publish_and_await, publish_workload
     from sim.workloads.sources import open_workload
 
     settings = load_settings()
     require_broker(settings, embedded)
     trace = open_workload(workload, seed=seed)
+    options: dict[str, Any] = {
+        "rate_scale": rate_scale, "model": model, "limit": limit, "duration_s": duration,
+        "realtime": not fast,
+    }  # fmt: skip
     with kafka_bootstrap(settings) as bootstrap:
-        sent = asyncio.run(
-            publish_workload(
-                bootstrap,
-                trace,
-                rate_scale=rate_scale,
-                model=model,
-                limit=limit,
-                duration_s=duration,
-                realtime=not fast,
-            )
+        if answers_timeout is None:
+            sent = asyncio.run(publish_workload(bootstrap, trace, **options))
+            print(f"published {sent} requests to tf.requests")
+            return
+        sent, answered, unanswered = asyncio.run(
+            publish_and_await(bootstrap, trace, answers_timeout, resend_after, **options)
         )
-    print(f"published {sent} requests to tf.requests")
+    print(f"published {sent} requests to tf.requests; {answered} answered, {unanswered} never answered")
+    if unanswered:
+        raise typer.Exit(1)
 
 
 @batch_app.command("submit")

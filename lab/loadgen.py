@@ -13,12 +13,15 @@ import math
 import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
 from infra.kafka.clients import ResilientProducer
+from infra.kafka.request_client import RequestClient
 from schemas.codec import encode
 from schemas.events import BatchJob, InferenceRequest
 from schemas.topics import BATCH_JOBS, REQUESTS
@@ -86,6 +89,7 @@ async def publish_workload(
     *,
     partitions: int | None = None,
     retry_budget_s: float = 60.0,
+    on_sent: Callable[[InferenceRequest], object] | None = None,
 ) -> int:
     """Publish the workload's requests (arrivals ``rate_scale`` times as fast) to ``tf.requests``,
     keyed by model; return how many were sent (all delivered).
@@ -96,6 +100,7 @@ async def publish_workload(
     A broker outage is retried (``infra.kafka.clients.ResilientProducer``: topics recreated,
     undelivered requests sent again, at least once) for ``retry_budget_s``; then
     ``BrokerUnavailable`` (a ``ConnectionError``: the CLI prints one line and exits 2).
+    ``on_sent``: called with each request once it is queued (``publish_and_await``).
     """
     requests = workload.scaled(rate_scale).requests
     producer = ResilientProducer(
@@ -119,6 +124,8 @@ async def publish_workload(
                 await asyncio.sleep(max(0.0, start + request.arrival_s - time.monotonic()))
             event = to_inference_request(request, model, time.time())
             await producer.send(REQUESTS, event)
+            if on_sent is not None:
+                on_sent(event)
             sent += 1
             if producer.pending >= _IN_FLIGHT:
                 await producer.flush()
@@ -126,6 +133,32 @@ async def publish_workload(
         return sent
     finally:
         await producer.stop()
+
+
+async def publish_and_await(
+    bootstrap: str,
+    workload: Workload,
+    answers_timeout_s: float,
+    resend_after_s: float = 30.0,
+    **publish: Any,
+) -> tuple[int, int, int]:
+    """``publish_workload``, then wait up to ``answers_timeout_s`` for every request's answer as a
+    client does (``infra.kafka.request_client.RequestClient``: a ``Response`` or a reject; a
+    request with no answer after ``resend_after_s`` is published again, the same event);
+    returns (sent, answered, never answered)."""
+    client = RequestClient(bootstrap, resend_after_s, give_up_after_s=LONGEST_OPTION_S)
+    await client.start()
+    try:
+        futures: list[asyncio.Future[Any]] = []
+        sent = await publish_workload(
+            bootstrap, workload, on_sent=lambda r: futures.append(client.track(r)), **publish
+        )
+        if futures:
+            await asyncio.wait(futures, timeout=answers_timeout_s)
+        answered = sum(1 for f in futures if f.done() and not f.cancelled() and f.exception() is None)
+        return sent, answered, sent - answered
+    finally:
+        await client.stop()
 
 
 async def submit_batch(

@@ -13,11 +13,12 @@ from aiokafka import AIOKafkaProducer
 from dispatcher.service import run_fleet
 from infra.kafka.batches import collect_results
 from infra.kafka.request_client import RequestClient
-from lab.loadgen import submit_batch
+from lab.loadgen import publish_and_await, submit_batch
 from lab.stack import ValueCollector
 from schemas.codec import encode
 from schemas.events import InferenceRequest, Response, RoutingDecision
 from schemas.topics import DECISIONS, REQUESTS, key_of
+from sim.workloads.sources import open_workload
 from tests.integration.streaming import request, unique, worker
 
 TIMEOUT_S = 60.0
@@ -80,6 +81,11 @@ def test_the_client_gets_one_answer_through_a_lost_request_and_a_lost_answer(
                 r.request_id.split("/", 1)[1] for r in job.requests
             ]
             assert {line["status"] for line in lines} == {"ok"}
+
+            # The load generator, awaiting its answers (tokenfleet loadgen --answers-timeout).
+            trace = open_workload("synthetic:duration_s=30", seed=3)
+            sent = await publish_and_await(broker, trace, TIMEOUT_S, 5.0, limit=5, realtime=False, model=POOL)
+            assert sent == (5, 5, 0)
         finally:
             stop.set()
             counts = await asyncio.wait_for(fleet, TIMEOUT_S)
