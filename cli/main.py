@@ -24,7 +24,7 @@ try:  # recent typer carries its own copy of click
 except ImportError:  # older typer runs on click itself
     from click.exceptions import ClickException, UsageError  # type: ignore[assignment]
 
-from cli import demo, service, simulator, store, up
+from cli import demo, service, simulator, store, traffic, up
 from cli.options import error
 
 app = typer.Typer(
@@ -46,7 +46,7 @@ for name, command in (
     ("worker", service.worker),
     ("fleet", service.fleet_command),
     ("gateway", service.gateway),
-    ("loadgen", service.loadgen),
+    ("loadgen", traffic.loadgen),
     ("sql", store.sql),
     ("demo", demo.demo),
     ("up", up.up),
@@ -54,7 +54,7 @@ for name, command in (
     ("down", up.down),
 ):
     app.command(name)(command)
-app.add_typer(service.batch_app, name="batch")
+app.add_typer(traffic.batch_app, name="batch")
 app.add_typer(store.schemas_app, name="schemas")
 app.add_typer(store.db_app, name="db")
 app.add_typer(store.slomax_app, name="slomax")
