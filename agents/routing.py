@@ -93,9 +93,12 @@ class RoutingService:
         remembered: int = 100_000,
         make_scheduler: Callable[[str], Scheduler] | None = None,
         max_pools: int = 1024,
+        scheduler: str = "",
     ) -> None:
         """``make_scheduler`` builds each pool's scheduler (default: ``policy`` from the registry,
-        with ``params`` and ``hold``); tests inject their own stages through it."""
+        with ``params`` and ``hold``); tests inject their own stages through it. ``scheduler``:
+        the name every decision carries (the deciders' consumer group), so another scheduler on
+        the same topics can tell it is not alone."""
         build_scheduler(policy, seed, params)  # fail fast on an unknown name or parameter
         self.make_scheduler = make_scheduler or (lambda _pool: build_scheduler(policy, seed, params, hold))
         self.policy_name = policy
@@ -103,6 +106,7 @@ class RoutingService:
         self.known_pools = frozenset(known_pools)
         self.remembered = remembered
         self.max_pools = max_pools
+        self.scheduler = scheduler
         self._pools: dict[str, _Pool] = {}
 
     def scheduler_for(self, pool: str) -> Scheduler:
@@ -349,4 +353,5 @@ class RoutingService:
             "model": request.model,
             "slo_class": slo_class,
             "policy": self.policy_name,
+            "scheduler": self.scheduler,
         }

@@ -144,6 +144,7 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
         hold=hold,
         known_pools=settings.pools,
         make_scheduler=make_scheduler,
+        scheduler=deciders_group(settings.app_id),
     )
     # What this worker's previous process decided, if it gave up after the broker lost its log.
     memory = settings.data_dir / decision_memory.FILE_NAME

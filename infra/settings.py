@@ -98,6 +98,11 @@ class Settings(BaseSettings):
         default="tokenfleet",
         description="the Faust app id: its consumer group, its changelog topics",
     )
+    refuse_other_schedulers: bool = Field(
+        default=True,
+        description="a worker refuses to start while another scheduler (another app id) decides the "
+        "same requests: both would decide every request",
+    )
     run_id: str = Field(
         default="",
         max_length=128,

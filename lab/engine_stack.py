@@ -57,6 +57,9 @@ def worker_options(inventory_path: Path, options: StackOptions) -> WorkerOptions
             "TOKENFLEET_INVENTORY": str(inventory_path.resolve()),
             "TOKENFLEET_POOLS": "[" + ",".join(f'"{m}"' for m in models) + "]",
             "TOKENFLEET_HEARTBEAT_INTERVAL_S": str(options.heartbeat_s),
+            # The lab runs one scheduler after another on one broker (a policy each), on purpose;
+            # the embedded broker lists a stopped one's group member for a while after it left.
+            "TOKENFLEET_REFUSE_OTHER_SCHEDULERS": "false",
             **options.worker_settings,
         },
     )

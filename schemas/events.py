@@ -364,6 +364,7 @@ class AdmissionDecision(Event):
     predicted_ttft_s: Prediction | None = None
     retry_after_s: Prediction | None = None
     affinity_key: str = Field(default="", max_length=2 * MAX_NAME_LENGTH + 32)
+    scheduler: Label = Field(default="", description="the scheduler that decided (its deciders' group)")
 
 
 class RoutingDecision(Event):
@@ -381,6 +382,7 @@ class RoutingDecision(Event):
     predicted_ttft_s: Prediction | None = None
     decision_latency_s: Duration = Field(description="time the policy spent on it, seconds")
     worker: Label = Field(default="", description="the scheduler worker that decided (host:pid)")
+    scheduler: Label = Field(default="", description="the scheduler that decided (its deciders' group)")
     request: InferenceRequest
 
     @property

@@ -107,7 +107,7 @@ class _Supervisor:
                     continue
                 if self.stopping:
                     break
-                if start == 0:
+                if start == 0 and self.settings.refuse_other_schedulers:
                     self._refuse_a_second_scheduler()
                 start += 1
                 began = time.monotonic()

@@ -240,11 +240,16 @@ def deciders_group(app_id: str) -> str:
     return f"{app_id}{DECIDERS_SUFFIX}"
 
 
-def other_schedulers(bootstrap: str, own_group: str, timeout_s: float = 10.0) -> list[str]:
-    """The deciders' groups other than ``own_group`` that have members now: other schedulers
-    deciding the same requests. A group's member metadata names its subscription where the
-    broker reports it (Kafka does; the embedded Tansu does not): then only groups subscribed to
-    ``tf.requests`` count."""
+def other_schedulers(
+    bootstrap: str, own_group: str, timeout_s: float = 10.0, lookback_s: float = 15.0
+) -> list[str]:
+    """The deciders' groups other than ``own_group`` that schedule the same requests now: other
+    schedulers, which would decide every request a second time. The candidates come from two
+    witnesses: the broker's groups (``ListGroups``; the embedded Tansu lists none) and the log
+    (the groups that signed a decision on ``tf.admission`` or ``tf.decisions`` in the last
+    ``lookback_s``: every decision names its deciders' group). A candidate counts if its group
+    has members now (``DescribeGroups``; where the broker reports a member's subscription, as
+    Kafka does, only members subscribed to ``tf.requests``): a scheduler that stopped does not."""
     from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 
     def subscribed(metadata: bytes) -> bool:
@@ -257,15 +262,61 @@ def other_schedulers(bootstrap: str, own_group: str, timeout_s: float = 10.0) ->
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
         await admin.start()
         try:
-            names = [g[0] for g in await admin.list_consumer_groups()]
-            names = [n for n in names if n.endswith(DECIDERS_SUFFIX) and n != own_group]
+            names = {g[0] for g in await admin.list_consumer_groups()} | await signed_lately(
+                bootstrap, own_group, lookback_s
+            )
+            names = {n for n in names if n.endswith(DECIDERS_SUFFIX) and n != own_group}
             found = []
-            for response in await admin.describe_consumer_groups(names) if names else []:
+            for response in await admin.describe_consumer_groups(sorted(names)) if names else []:
                 for _error, group, _state, _protocol_type, _protocol, members, *_ in response.groups:
-                    if any(subscribed(member[3]) for member in members):
+                    if any(subscribed(member[3]) for member in members):  # alive: it has members now
                         found.append(group)
             return sorted(found)
         finally:
             await admin.close()
 
     return asyncio.run(asyncio.wait_for(find(), timeout_s))
+
+
+async def signed_lately(
+    bootstrap: str, own_group: str, lookback_s: float, per_partition: int = 2000
+) -> set[str]:
+    """The schedulers other than ``own_group`` that signed a decision on ``tf.admission`` or
+    ``tf.decisions`` in the last ``lookback_s`` (at most the last ``per_partition`` records of
+    each partition are read)."""
+    import json
+
+    from infra.kafka.clients import TopicsMissing, partition_reader
+    from schemas.topics import ADMISSION, DECISIONS
+
+    try:
+        consumer = await partition_reader(bootstrap, [ADMISSION, DECISIONS], "end", "scheduler check")
+    except TopicsMissing:
+        return set()
+    found: set[str] = set()
+    try:
+        partitions = list(consumer.assignment())
+        ends = {tp: await consumer.position(tp) for tp in partitions}
+        since_ms = int((time.time() - lookback_s) * 1000)
+        since = await consumer.offsets_for_times(dict.fromkeys(partitions, since_ms))
+        for tp in partitions:
+            at = since.get(tp)
+            consumer.seek(tp, ends[tp] if at is None else max(at.offset, ends[tp] - per_partition))
+        pending = {tp for tp in partitions if await consumer.position(tp) < ends[tp]}
+        while pending:
+            batches = await consumer.getmany(timeout_ms=1000, max_records=5000)
+            if not batches:
+                break
+            for tp, records in batches.items():
+                for record in records:
+                    if record.timestamp < since_ms:  # (a broker may answer the time lookup loosely)
+                        continue
+                    with contextlib.suppress(ValueError, TypeError, AttributeError):
+                        name = json.loads(record.value or b"").get("scheduler") or ""
+                        if name and name != own_group:
+                            found.add(str(name))
+                if records and records[-1].offset + 1 >= ends[tp]:
+                    pending.discard(tp)
+    finally:
+        await consumer.stop()
+    return found

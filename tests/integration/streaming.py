@@ -32,13 +32,15 @@ def worker(
     clickhouse: str = "off",
     settings: dict[str, str] | None = None,
 ) -> WorkerProcess:
-    """A worker subprocess with its own app id (consumer group) and data dir, any free port."""
+    """A worker subprocess with its own app id (consumer group) and data dir, any free port. The
+    session's broker is shared by tests that each run their own scheduler on purpose: unless
+    ``settings`` say otherwise, it starts beside the others' (no refusal of a second scheduler)."""
     options = WorkerOptions(
         app_id=app_id,
         clickhouse=clickhouse,
         web_port=0,
         policy="least-request",
-        env=settings or {},
+        env={"TOKENFLEET_REFUSE_OTHER_SCHEDULERS": "false", **(settings or {})},
         loglevel="info",
     )
     return start_worker(bootstrap, data_dir, options)
