@@ -240,6 +240,9 @@ class TopicSink(ConsumerRebalanceListener):  # type: ignore[misc]
             handed = self._handed.popleft()
             if handed.epoch == self._epoch:
                 self._acknowledged.update(handed.ends)
+        assigned = self._consumer.assignment()
+        for tp in [tp for tp in self._acknowledged if tp not in assigned]:
+            del self._acknowledged[tp]  # no longer ours: its next owner starts from the last commit
         if self._acknowledged:
             offsets = dict(self._acknowledged)
             try:
