@@ -16,11 +16,16 @@ whose answer a broker lost gets one.
 
 After every offer (a request batch, a heartbeat that re-offered held requests, the timer) what
 the stages noticed (FleetMind's DC state changes, reservation moves, replica advice) is
-published on ``tf.fleet-events``, counted and stored.
+published on ``tf.fleet-events`` and counted.
+
+Nothing here writes to the store: every row (requests, decisions, completions, fleet events,
+heartbeats) is stored from its topic by the store's own consumer
+(``infra/clickhouse/topic_sink.py``), which commits an offset only once the row is durable, so
+a row never lives only in this process's memory.
 
 Several deciders per pool: every decider reads the state topics whole (heartbeats, KV events,
 first tokens, completions, and the others' placements on ``tf.decisions``), so those handlers
-skip what does not decode without a word: dead-lettering and storing them once is the job of
+skip what does not decode without a word: dead-lettering them once is the job of
 ``agents.keeping.LogKeeper``, run on the partitions the consumer group gave this worker.
 """
 
@@ -35,7 +40,7 @@ from typing import TypeVar
 
 from agents.batch import expand_batch_job
 from agents.keeping import decode_all, send_dead_letters
-from agents.ports import FeedbackStore, InstanceState, PromptCompleter, Publisher, Telemetry
+from agents.ports import InstanceState, PromptCompleter, Publisher, Telemetry
 from agents.routing import Answer, Routed, RoutingService
 from schemas import topics
 from schemas.codec import DecodeError, RawMessage, decode
@@ -64,7 +69,6 @@ class SchedulerAgents:
         service: RoutingService,
         state: InstanceState,
         publisher: Publisher,
-        store: FeedbackStore | None,
         telemetry: Telemetry,
         prompts: PromptCompleter | None = None,
     ) -> None:
@@ -72,7 +76,6 @@ class SchedulerAgents:
         self.prompts = prompts
         self.state = state
         self.publisher = publisher
-        self.store = store
         self.telemetry = telemetry
         self._position_of: dict[_Key, Position] = {}  # arrived in the batch being handled
         self._held_at: dict[_Key, Position] = {}  # held requests: where the lane read them
@@ -94,7 +97,6 @@ class SchedulerAgents:
             position = where.get(id(message))
             if position is not None:
                 self._position_of[(request.model, request.request_id, request.attempt)] = position
-        requests = [request for request, _ in decoded]
         routed: list[Routed] = []
         again: list[Answer] = []
         failed: list[tuple[RawMessage, str]] = []
@@ -107,9 +109,6 @@ class SchedulerAgents:
         self._track(routed, [request for request, _ in decoded])
         delivered = await self._send(routed, again)
         self.telemetry.decided_batch(self.service.policy_name, routed, time.perf_counter() - arrived)
-        if self.store is not None:
-            await self.store.requests(requests)
-            await self._store(routed)
         return asyncio.gather(delivered, await self._tell_fleet())
 
     async def on_heartbeats(self, messages: Sequence[RawMessage]) -> None:
@@ -209,13 +208,11 @@ class SchedulerAgents:
 
     async def _settle_held(self, routed: Sequence[Routed], latency_s: float) -> None:
         """Publish the outcomes of held requests (a heartbeat made room, or they expired), wait
-        until the broker has them, count them, and store them."""
+        until the broker has them, and count them."""
         self._track(routed)
         delivered = await self._send(routed)
         self.telemetry.decided_batch(self.service.policy_name, routed, latency_s)
         await delivered
-        if self.store is not None:
-            await self._store(routed)
 
     def _track(self, routed: Sequence[Routed], arrived: Sequence[InferenceRequest] = ()) -> None:
         """Remember where each newly held request was read, forget the settled ones."""
@@ -306,21 +303,14 @@ class SchedulerAgents:
         )
 
     async def _tell_fleet(self) -> Awaitable[object]:
-        """Publish what the schedulers noticed since the last call (``tf.fleet-events``), count
-        and store it; the result completes when the broker has it."""
+        """Publish what the schedulers noticed since the last call (``tf.fleet-events``) and
+        count it; the result completes when the broker has it."""
         events = self.service.notices()
         if not events:
             return asyncio.gather()
         delivered = await self.publisher.send(topics.FLEET_EVENTS, events)
         self.telemetry.fleet_events(events)
-        if self.store is not None:
-            await self.store.fleet_events(events)
         return delivered
-
-    async def _store(self, routed: Sequence[Routed]) -> None:
-        assert self.store is not None
-        await self.store.admissions([r.admission for r in routed])
-        await self.store.routings([r.routing for r in routed if r.routing is not None])
 
 
 def _quietly(kind: type[E], messages: Sequence[RawMessage]) -> list[E]:

@@ -1,11 +1,12 @@
-"""The log's keeper: every message of the shared topics checked, stored and dead-lettered once.
+"""The log's keeper: every message of the shared topics checked and dead-lettered once.
 
 Every decider reads the state topics whole (heartbeats, KV events, first tokens, completions,
-decisions) to keep its own view; if each also stored and dead-lettered what it read, every row
-and every dead letter would be written once per decider. So those two jobs belong to whoever
-the consumer group gave the message's partition: ``LogKeeper`` (``streams/binding.py`` runs it
-on Faust's group consumer), which decodes a batch, sends what does not decode to ``tf.dlq``
-with its reason, and hands the rest to the feedback store.
+decisions) to keep its own view; if each also dead-lettered what it read, every dead letter
+would be written once per decider. So that job belongs to whoever the consumer group gave the
+message's partition: ``LogKeeper`` (``streams/binding.py`` runs it on Faust's group consumer),
+which decodes a batch and sends what does not decode to ``tf.dlq`` with its reason. Storing
+the rows is not its job: the store's own consumer reads them from the topics
+(``infra/clickhouse/topic_sink.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypeVar
 
-from agents.ports import FeedbackStore, Publisher, Telemetry
+from agents.ports import Publisher, Telemetry
 from schemas import topics
 from schemas.codec import DecodeError, RawMessage, dead_letter, decode
 from schemas.events import Completion, Event, Heartbeat, KvEvent, ResponseStarted
@@ -48,20 +49,16 @@ async def send_dead_letters(
 
 
 class LogKeeper:
-    """Checks, stores and dead-letters the messages of the partitions it was given."""
+    """Checks and dead-letters the messages of the partitions it was given."""
 
-    def __init__(self, publisher: Publisher, store: FeedbackStore | None, telemetry: Telemetry) -> None:
-        self.publisher, self.store, self.telemetry = publisher, store, telemetry
+    def __init__(self, publisher: Publisher, telemetry: Telemetry) -> None:
+        self.publisher, self.telemetry = publisher, telemetry
 
     async def keep_heartbeats(self, messages: Sequence[RawMessage]) -> None:
-        beats = await self._checked(Heartbeat, topics.HEARTBEATS, messages)
-        if self.store is not None and beats:
-            await self.store.heartbeats(beats)
+        await self._checked(Heartbeat, topics.HEARTBEATS, messages)
 
     async def keep_completions(self, messages: Sequence[RawMessage]) -> None:
-        completions = await self._checked(Completion, topics.COMPLETIONS, messages)
-        if self.store is not None and completions:
-            await self.store.completions(completions)
+        await self._checked(Completion, topics.COMPLETIONS, messages)
 
     async def keep_kv_events(self, messages: Sequence[RawMessage]) -> None:
         await self._checked(KvEvent, topics.KV_EVENTS, messages)

@@ -1,9 +1,10 @@
 """What the streaming agents need from the outside, as small interfaces the bootstrap fills in.
 
 The worker bootstrap (``infra/bootstrap.py``) provides the Faust-table-backed ``InstanceState``
-(``streams/snapshot.py``), the Kafka ``Publisher`` (``streams/binding.py``), a ClickHouse-backed
-``FeedbackStore`` and a Prometheus-backed ``Telemetry``; the functional tests inject fakes
-(``tests/functional/fakes.py``).
+(``streams/snapshot.py``), the Kafka ``Publisher`` (``streams/binding.py``) and a
+Prometheus-backed ``Telemetry``; the functional tests inject fakes (``tests/functional/fakes.py``).
+There is no store port: the agents never write rows; the store is fed from the topics
+(``infra/clickhouse/topic_sink.py``).
 """
 
 from __future__ import annotations
@@ -13,15 +14,7 @@ from typing import Protocol
 
 from agents.policy.types import ClusterView
 from agents.routing import Routed
-from schemas.events import (
-    AdmissionDecision,
-    Completion,
-    Event,
-    FleetEvent,
-    Heartbeat,
-    InferenceRequest,
-    RoutingDecision,
-)
+from schemas.events import Event, FleetEvent, Heartbeat, InferenceRequest
 from schemas.topics import TopicSpec
 
 
@@ -49,23 +42,6 @@ class Publisher(Protocol):
     async def send(self, spec: TopicSpec, events: Sequence[Event]) -> Awaitable[object]:
         """Queue ``events`` on ``spec``'s topic (keyed per the spec); the result completes when
         the broker has them all. Events of one call keep their order per partition."""
-
-
-class FeedbackStore(Protocol):
-    """Where decisions and outcomes go for analysis and the control loop (idempotent by event id)."""
-
-    async def requests(self, events: Sequence[InferenceRequest]) -> None: ...
-
-    async def admissions(self, events: Sequence[AdmissionDecision]) -> None: ...
-
-    async def routings(self, events: Sequence[RoutingDecision]) -> None: ...
-
-    async def completions(self, events: Sequence[Completion]) -> None: ...
-
-    async def fleet_events(self, events: Sequence[FleetEvent]) -> None: ...
-
-    async def heartbeats(self, events: Sequence[Heartbeat]) -> None:
-        """The instances' heartbeats, for capacity and cost per minute."""
 
 
 class Telemetry(Protocol):

@@ -7,14 +7,17 @@ Every entry point that runs the scheduler builds it here, so the wiring exists o
              -> RoutingService (agents.routing, the policy by name + parameters, FleetMind's
                 rules from the fleet YAML)
              -> SchedulerAgents (agents.handlers) with the instance state (snapshot cache),
-                the lane publisher, the ClickHouse feedback store and Prometheus telemetry;
-                LogKeeper (agents.keeping) with the same publisher, store and telemetry
+                the lane publisher and Prometheus telemetry; LogKeeper (agents.keeping) with
+                the same publisher and telemetry
              -> bound to the app and the worker's readers (streams.binding): the request lane
                 following the deciders' group (Membership), the shared log of state topics
+             -> the ClickHouse feedback store, fed from the topics by the store's own consumer
+                group (TopicSink), which commits offsets once the store has the rows
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -38,6 +41,7 @@ from agents.routing import RoutingService
 from infra import decision_memory, metrics
 from infra.clickhouse.feedback import ClickHouseFeedback
 from infra.clickhouse.goodput import StoreGoodput
+from infra.clickhouse.topic_sink import TopicSink, store_group
 from infra.files import read_yaml
 from infra.kafka.broker import deciders_group, embedded_broker, free_port
 from infra.prompts import Prompts
@@ -174,7 +178,6 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
         service,
         SnapshotCache(dc_view(settings)),
         publisher,
-        store,
         telemetry,
         Prompts.from_dirs(settings.tokenizer_dirs()),
     )
@@ -190,7 +193,7 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
         heartbeat_topic=topics.HEARTBEATS.name,
         fetch_max_wait_ms=settings.request_fetch_max_wait_ms,
     )
-    keeper = LogKeeper(publisher, store, telemetry)
+    keeper = LogKeeper(publisher, telemetry)
     bind(
         app,
         channels,
@@ -202,6 +205,29 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
         settings.event_batch_size,
         settings.event_batch_window_s,
     )
+
+    if store is not None:
+        sink = TopicSink(
+            bootstrap,
+            store_group(settings.app_id),
+            store,
+            session_timeout_s=settings.broker_session_timeout_s,
+            rebalance_timeout_s=settings.broker_rebalance_timeout_s,
+            heartbeat_interval_s=settings.broker_heartbeat_interval_s,
+            fetch_max_wait_ms=settings.consumer_fetch_max_wait_ms,
+            max_pending_rows=max(1, settings.feedback_buffer_rows // 2),
+            revoke_grace_s=settings.feedback_commit_grace_s,
+        )
+
+        @app.task  # type: ignore[untyped-decorator]
+        async def storing() -> None:
+            """The store's consumer, for as long as the worker runs; stopped (its acknowledged
+            offsets committed) before the store is closed (``worker/child.py``)."""
+            await sink.start()
+            try:
+                await asyncio.Event().wait()  # until the worker stops and cancels this task
+            finally:
+                await sink.stop(settings.feedback_commit_grace_s)
 
     @app.page("/metrics")
     async def prometheus(web: Any, request: Any) -> Any:

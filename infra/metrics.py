@@ -152,8 +152,16 @@ feedback_rejected_rows_total = Counter(
 )
 feedback_dropped_rows_total = Counter(
     "feedback_dropped_rows",
-    "Feedback rows lost: the memory buffer or the disk spool was full, or the disk failed.",
+    "Feedback rows the store dropped: the memory buffer or the disk spool was full, or the disk "
+    "failed (the topic sink reads them again from the log).",
     ["table", "reason"],
+    namespace=NAMESPACE,
+    registry=REGISTRY,
+)
+feedback_skipped_messages_total = Counter(
+    "feedback_skipped_messages",
+    "Messages the topic sink did not store because they do not decode (dead-lettered elsewhere).",
+    ["topic"],
     namespace=NAMESPACE,
     registry=REGISTRY,
 )

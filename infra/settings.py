@@ -136,8 +136,9 @@ class Settings(BaseSettings):
     )
     feedback_batch_size: int = Field(default=500, ge=1, description="rows per ClickHouse insert, at most")
     feedback_flush_s: float = Field(default=1.0, gt=0, description="a partial batch waits at most this long")
-    # The feedback store off the request path (infra/clickhouse/feedback.py): rows wait in a
-    # bounded memory buffer, and on local disk (the spool) while ClickHouse is down or slow.
+    # The feedback store off the request path (infra/clickhouse/feedback.py): fed from the topics
+    # (infra/clickhouse/topic_sink.py), rows wait in a bounded memory buffer, and on local disk
+    # (the spool) while ClickHouse is down or slow; an offset is committed once its row is durable.
     feedback_buffer_rows: int = Field(default=50_000, ge=1, description="rows in memory, at most")
     feedback_spool_dir: Path | None = Field(default=None, description="empty = <data_dir>/spool")
     feedback_spool_max_bytes: int = Field(
@@ -145,6 +146,13 @@ class Settings(BaseSettings):
     )
     feedback_retry_s: float = Field(
         default=5.0, gt=0, description="retry budget of one ClickHouse write; then its rows spool"
+    )
+    feedback_commit_grace_s: float = Field(
+        default=3.0,
+        ge=0,
+        description="the store's consumer (fed from the topics) waits this long for the store to "
+        "acknowledge rows before a rebalance or a stop, to commit their offsets; what is not "
+        "acknowledged by then is read again by the partition's next owner (stored once)",
     )
     feedback_close_s: float = Field(
         default=10.0, ge=0, description="at shutdown, time to flush to ClickHouse before spooling the rest"

@@ -4,8 +4,9 @@ Three readers per worker: the request lane (``streams/request_lane.py``) reads t
 ``tf.requests`` the deciders' group gives this worker (``streams/membership.py``); the shared log
 (``streams/shared_log.py``) reads every partition of the state topics, for every decider's view;
 Faust's own group consumer gives each partition of the state topics to one worker, whose
-``LogKeeper`` stores and dead-letters its messages once (in batches of up to ``batch_size`` or
-``batch_window_s``), and expands batch jobs. A timer expires held requests every second.
+``LogKeeper`` dead-letters its messages once (in batches of up to ``batch_size`` or
+``batch_window_s``), and expands batch jobs. A timer expires held requests every second. (A
+fourth reader, the store's, is wired by ``infra/bootstrap.py``: ``infra/clickhouse/topic_sink.py``.)
 """
 
 from __future__ import annotations

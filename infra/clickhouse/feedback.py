@@ -1,7 +1,12 @@
-"""The worker's ``FeedbackStore``: rows leave the request path at once, ClickHouse gets them later.
+"""The worker's feedback store: rows are taken at once, ClickHouse gets them later.
 
-The port methods only *enqueue*: they put the events in a bounded memory buffer and
-return (no I/O, no waiting on ClickHouse). Two threads do the rest:
+``write(table, events)`` only *enqueues*: it puts the events in a bounded memory buffer and
+returns a receipt (no I/O, no waiting on ClickHouse), a future that completes once every one of
+those rows is *durable*: written to ClickHouse, quarantined (refused for good, see below), or
+fsync'd to the spool. It fails with ``RowsLost`` if any of them was dropped (buffer or spool
+full, the disk failed, the store closed). The topic sink (``infra/clickhouse/topic_sink.py``)
+commits a message's offset only after its row's receipt completed, so rows in memory are never
+the only copy. Two threads do the rest:
 
 - the **store thread** owns the ClickHouse client and the sink (one thread, as the embedded
   engine and the sink want). It connects and migrates with bounded exponential back-off
@@ -23,7 +28,8 @@ What happens when:
   the spool's ``rejected-<table>.jsonl`` with the error, are logged and counted
   (``tokenfleet_feedback_rejected_rows_total``), and the queue goes on.
 - The buffer is full (``buffer_rows``; only if the disk cannot keep up): the newest rows are
-  dropped, logged, counted (``tokenfleet_feedback_dropped_rows_total{reason="buffer_full"}``).
+  dropped (their receipts fail), logged, counted
+  (``tokenfleet_feedback_dropped_rows_total{reason="buffer_full"}``).
   The spool is full (``spool_max_bytes``): it keeps the older rows and drops the newest
   (``reason="spool_full"``); the disk fails: ``reason="spool_error"``.
 - ``close()``: with the store up, flushes spool and buffer to ClickHouse for up to
@@ -44,6 +50,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -58,15 +65,7 @@ from infra.clickhouse.sink import DEFAULT_RETRY_FOR_S, FeedbackSink
 from infra.clickhouse.spool import DEFAULT_MAX_BYTES, TABLES, Spool
 from infra.clickhouse.writes import StoreDown, store_rows
 from infra.errors import first_line
-from schemas.events import (
-    AdmissionDecision,
-    Completion,
-    Event,
-    FleetEvent,
-    Heartbeat,
-    InferenceRequest,
-    RoutingDecision,
-)
+from schemas.events import Event
 
 if TYPE_CHECKING:
     from infra.settings import Settings
@@ -75,7 +74,54 @@ log = logging.getLogger(__name__)
 
 REPEAT_LOG_S = 60.0
 
-Work = list[tuple[str, list[Event]]]
+
+class RowsLost(Exception):
+    """Some rows of a ``write`` were dropped (buffer or spool full, the disk failed, the store
+    closed): they are in neither ClickHouse nor the spool."""
+
+
+class _Receipt:
+    """The durability of one ``write``: ``future`` completes when none of its rows is pending
+    (with ``RowsLost`` if any was dropped). Settled from any of the store's threads."""
+
+    def __init__(self, rows: int) -> None:
+        self.future: Future[None] = Future()
+        self._pending = rows
+        self._lost = 0
+        self._lock = threading.Lock()
+        if rows == 0:
+            self.future.set_result(None)
+
+    def settle(self, rows: int, lost: bool) -> None:
+        with self._lock:
+            self._pending -= rows
+            if lost:
+                self._lost += rows
+            if self._pending > 0 or self.future.done():
+                return
+            if self._lost:
+                self.future.set_exception(RowsLost(f"{self._lost} rows dropped before they were durable"))
+            else:
+                self.future.set_result(None)
+
+
+Row = tuple[Event, _Receipt]
+"""A buffered event and the receipt of the write it came with."""
+Work = list[tuple[str, list[Row]]]
+
+
+def _settle(rows: Sequence[Row], lost: bool = False) -> None:
+    """Mark ``rows`` durable (or ``lost``) on their receipts."""
+    counts: dict[int, tuple[_Receipt, int]] = {}
+    for _event, receipt in rows:
+        held = counts.get(id(receipt))
+        counts[id(receipt)] = (receipt, 1 if held is None else held[1] + 1)
+    for receipt, n in counts.values():
+        receipt.settle(n, lost)
+
+
+def _events(rows: Sequence[Row]) -> list[Event]:
+    return [event for event, _receipt in rows]
 
 
 class _Throttled:
@@ -96,7 +142,7 @@ class _Throttled:
 
 
 class ClickHouseFeedback:
-    """The ``FeedbackStore`` port on ClickHouse, off the request path (see the module docstring)."""
+    """The feedback tables on ClickHouse, off the request path (see the module docstring)."""
 
     def __init__(
         self,
@@ -134,7 +180,7 @@ class ClickHouseFeedback:
         self.spool = Spool(spool_dir, spool_max_bytes, on_rejected=_count_rejected)
 
         self._cond = threading.Condition()  # guards everything below
-        self._buffer: dict[str, list[Event]] = {table: [] for table in TABLES}
+        self._buffer: dict[str, list[Row]] = {table: [] for table in TABLES}
         self._count = 0
         self._since: float | None = None  # when the oldest buffered row arrived (monotonic)
         self._inflight: Work = []  # taken from the buffer by the store thread, not yet stored
@@ -173,48 +219,43 @@ class ClickHouseFeedback:
             heartbeat_interval_s=settings.heartbeat_interval_s,
         )
 
-    # -- the port: enqueue only ---------------------------------------------------------------
+    # -- writing: enqueue only ----------------------------------------------------------------
 
-    async def requests(self, events: Sequence[InferenceRequest]) -> None:
-        self._enqueue("requests", events)
-
-    async def admissions(self, events: Sequence[AdmissionDecision]) -> None:
-        self._enqueue("admission_decisions", events)
-
-    async def routings(self, events: Sequence[RoutingDecision]) -> None:
-        self._enqueue("routing_decisions", events)
-
-    async def completions(self, events: Sequence[Completion]) -> None:
-        self._enqueue("completions", events)
-
-    async def fleet_events(self, events: Sequence[FleetEvent]) -> None:
-        self._enqueue("fleet_events", events)
-
-    async def heartbeats(self, events: Sequence[Heartbeat]) -> None:
-        self._enqueue("heartbeats", events)
-
-    def _enqueue(self, table: str, events: Sequence[Event]) -> None:
+    def write(self, table: str, events: Sequence[Event]) -> Future[None]:
+        """Enqueue ``events`` for ``table`` (a name of ``spool.TABLES``); never blocks. The
+        result completes once they are all durable (ClickHouse, quarantine or spool), or fails
+        with ``RowsLost`` if any was dropped (see the module docstring)."""
+        if table not in TABLES:
+            raise ValueError(f"unknown feedback table {table!r}")
+        receipt = _Receipt(len(events))
         if not events:
-            return
+            return receipt.future
+        rows = [(event, receipt) for event in events]
         with self._cond:
             if self._closed:
-                self._dropped(table, len(events), "closed")
-                return
+                self._dropped(table, rows, "closed")
+                return receipt.future
             before = self._count
             room = self._buffer_rows - before
-            if room < len(events):
-                self._dropped(table, len(events) - room, "buffer_full")
-                events = events[:room]
-            self._buffer[table].extend(events)
-            self._count += len(events)
-            if before == 0:
+            if room < len(rows):
+                self._dropped(table, rows[max(room, 0) :], "buffer_full")
+                rows = rows[: max(room, 0)]
+            self._buffer[table].extend(rows)
+            self._count += len(rows)
+            if before == 0 and rows:
                 self._since = time.monotonic()
             after = self._count
             if before == 0 or before < self._batch_size <= after or before < self._spill_at <= after:
                 self._cond.notify_all()
         metrics.feedback_buffer_rows.set(after)
+        return receipt.future
 
-    def _dropped(self, table: str, rows: int, reason: str) -> None:
+    def _dropped(self, table: str, rows: Sequence[Row], reason: str) -> None:
+        """``rows`` are lost: fail their receipts, count and log them."""
+        _settle(rows, lost=True)
+        self._count_dropped(table, len(rows), reason)
+
+    def _count_dropped(self, table: str, rows: int, reason: str) -> None:
         if rows <= 0:
             return
         metrics.feedback_dropped_rows_total.labels(table=table, reason=reason).inc(rows)
@@ -396,7 +437,7 @@ class ClickHouseFeedback:
             self._inflight = list(work)
         for index, (table, rows) in enumerate(work):
             try:
-                refused = self._store(sink, table, rows)
+                refused = self._store(sink, table, _events(rows))
             except BaseException:
                 self._spool_work(work[index:], inflight=True)  # after the retry budget: kept
                 raise
@@ -404,6 +445,7 @@ class ClickHouseFeedback:
                 self._quarantine(table, part, error)
             with self._cond:
                 self._inflight = work[index + 1 :]
+            _settle(rows)  # in ClickHouse, or quarantined on disk
         return True
 
     def _store(self, sink: FeedbackSink, table: str, rows: list[Event]) -> list[tuple[list[Event], str]]:
@@ -423,7 +465,8 @@ class ClickHouseFeedback:
             self.spool.rejected_path(table),
         )
         kept = self.spool.reject_events(table, rows, error)
-        self._dropped(table, len(rows) - kept, "rejected_full")
+        # Not a lost write: the row is bad, reading it again cannot help (receipts stay good).
+        self._count_dropped(table, len(rows) - kept, "rejected_full")
 
     # -- the spooler thread -------------------------------------------------------------------
 
@@ -469,17 +512,20 @@ class ClickHouseFeedback:
         return work
 
     def _spool_work(self, work: Work, inflight: bool = False) -> None:
-        for table, rows in work:
+        for index, (table, rows) in enumerate(work):
             if self._abandoned:
-                return  # close() spooled them
+                if not inflight:  # close() spooled the in-flight rows, not these
+                    for other, left in work[index:]:
+                        self._dropped(other, left, "closed")
+                return
             try:
-                written = self.spool.append(table, rows)
+                written = self.spool.append(table, _events(rows))
             except OSError as exc:
                 log.error("feedback spool %s: write failed: %s", self.spool.directory, exc)
-                written = 0
-                self._dropped(table, len(rows), "spool_error")
+                self._dropped(table, rows, "spool_error")
             else:
-                self._dropped(table, len(rows) - written, "spool_full")
+                _settle(rows[:written])  # fsync'd
+                self._dropped(table, rows[written:], "spool_full")
         if inflight:
             with self._cond:
                 self._inflight = []
@@ -508,10 +554,13 @@ class ClickHouseFeedback:
         left = sum(len(rows) for _table, rows in work)
         for table, rows in work:
             try:
-                self._dropped(table, len(rows) - self.spool.append(table, rows), "spool_full")
+                written = self.spool.append(table, _events(rows))
             except OSError as exc:
                 log.error("feedback spool %s: write failed at close: %s", self.spool.directory, exc)
-                self._dropped(table, len(rows), "spool_error")
+                self._dropped(table, rows, "spool_error")
+            else:
+                _settle(rows[:written])
+                self._dropped(table, rows[written:], "spool_full")
         spooled = self.spool.rows
         self.spool.close()
         metrics.feedback_spooled_rows.set(spooled)

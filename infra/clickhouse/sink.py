@@ -7,7 +7,10 @@ drops repeats within a batch and skips event_ids already stored (one primary-key
 batch, since every event table is ordered by event_id). The lookup runs inside the retry loop:
 an insert that failed ambiguously (stored, but the answer was lost) is not written again.
 Two sinks writing the *same* event at the same instant could both miss it; in the design one
-worker owns each partition's feedback, so that does not happen.
+worker owns each partition's rows (the store's consumer group, ``topic_sink.py``), so that
+happens only around a rebalance, for rows the old owner had not made durable within
+``feedback_commit_grace_s`` and still writes while the new owner reads them again (the table
+collapses them; the roll-up could count such a row twice).
 
 Retries (tenacity) live only here, at the I/O edge: exponential backoff with jitter, bounded
 by ``retry_for_s``; after that the error propagates and the caller decides (the stream

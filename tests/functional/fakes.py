@@ -1,4 +1,4 @@
-"""The fakes ``agents/ports.py`` promises: in-memory table, publisher, store and telemetry."""
+"""The fakes ``agents/ports.py`` promises: in-memory table, publisher and telemetry."""
 
 from __future__ import annotations
 
@@ -8,13 +8,8 @@ from collections.abc import Awaitable, Sequence
 
 from agents.routing import Routed
 from schemas.events import (
-    AdmissionDecision,
-    Completion,
     Event,
     FleetEvent,
-    Heartbeat,
-    InferenceRequest,
-    RoutingDecision,
 )
 from schemas.topics import TopicSpec
 from streams.snapshot import SnapshotCache
@@ -29,29 +24,6 @@ class MemoryPublisher:
     async def send(self, spec: TopicSpec, events: Sequence[Event]) -> Awaitable[object]:
         self.sent[spec.name].extend(events)
         return asyncio.gather()
-
-
-class MemoryStore:
-    def __init__(self) -> None:
-        self.rows: dict[str, list[Event]] = defaultdict(list)
-
-    async def requests(self, events: Sequence[InferenceRequest]) -> None:
-        self.rows["requests"].extend(events)
-
-    async def admissions(self, events: Sequence[AdmissionDecision]) -> None:
-        self.rows["admissions"].extend(events)
-
-    async def routings(self, events: Sequence[RoutingDecision]) -> None:
-        self.rows["routings"].extend(events)
-
-    async def completions(self, events: Sequence[Completion]) -> None:
-        self.rows["completions"].extend(events)
-
-    async def fleet_events(self, events: Sequence[FleetEvent]) -> None:
-        self.rows["fleet_events"].extend(events)
-
-    async def heartbeats(self, events: Sequence[Heartbeat]) -> None:
-        self.rows["heartbeats"].extend(events)
 
 
 class RecordingTelemetry:

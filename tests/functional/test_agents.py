@@ -22,7 +22,7 @@ from schemas.events import (
     ResponseStarted,
     RoutingDecision,
 )
-from tests.functional.fakes import MemoryPublisher, MemoryState, MemoryStore, RecordingTelemetry
+from tests.functional.fakes import MemoryPublisher, MemoryState, RecordingTelemetry
 
 
 def beat(pool: str, instance: str) -> Heartbeat:
@@ -41,10 +41,10 @@ def raw(*events: Any) -> list[tuple[bytes | None, bytes | None]]:
 
 
 @pytest.fixture
-def world() -> tuple[SchedulerAgents, MemoryPublisher, MemoryStore, RecordingTelemetry]:
-    publisher, store, telemetry = MemoryPublisher(), MemoryStore(), RecordingTelemetry()
-    agents = SchedulerAgents(RoutingService("tokenpilot"), MemoryState(), publisher, store, telemetry)
-    return agents, publisher, store, telemetry
+def world() -> tuple[SchedulerAgents, MemoryPublisher, RecordingTelemetry]:
+    publisher, telemetry = MemoryPublisher(), RecordingTelemetry()
+    agents = SchedulerAgents(RoutingService("tokenpilot"), MemoryState(), publisher, telemetry)
+    return agents, publisher, telemetry
 
 
 def run(coroutine: Any) -> Any:
@@ -52,7 +52,7 @@ def run(coroutine: Any) -> Any:
 
 
 def test_held_request_is_routed_by_the_first_heartbeat_alone(world: Any) -> None:
-    agents, publisher, store, telemetry = world
+    agents, publisher, telemetry = world
     run(agents.on_requests(raw(request("m", "early"))))
     (held,) = publisher.sent[topics.ADMISSION.name]
     assert isinstance(held, AdmissionDecision) and (held.action, held.queue_pool) == ("queue", "no_capacity")
@@ -63,13 +63,12 @@ def test_held_request_is_routed_by_the_first_heartbeat_alone(world: Any) -> None
     assert routed.predicted_ttft_s is not None and routed.policy == "tokenpilot"
     assert [a.action for a in publisher.sent[topics.ADMISSION.name]] == ["queue", "admit"]  # type: ignore[attr-defined]
     assert telemetry.depth == {"m": 0}
-    assert [r.request_id for r in store.rows["routings"]] == ["early"]  # type: ignore[attr-defined]
     run(agents.on_heartbeats(raw(beat("m", "i-1"))))  # nothing held: nothing more
     assert len(publisher.sent[topics.DECISIONS.name]) == 1
 
 
 def test_a_request_sent_twice_is_decided_once(world: Any) -> None:
-    agents, publisher, _, _ = world
+    agents, publisher, _ = world
     twice = request("m", "dup")
     run(agents.on_requests(raw(twice, twice)))  # twice in one batch, before any capacity
     run(agents.on_requests(raw(twice)))  # and redelivered while held
@@ -80,8 +79,8 @@ def test_a_request_sent_twice_is_decided_once(world: Any) -> None:
 
 def test_a_request_resent_after_its_decision_gets_the_same_decision_again(world: Any) -> None:
     """A client resends a request whose answer it never got (a broker lost it): the decision
-    it had is published again with the same event ids, neither decided nor stored a second time."""
-    agents, publisher, store, _ = world
+    it had is published again with the same event ids, not decided a second time."""
+    agents, publisher, _ = world
     run(agents.on_heartbeats(raw(beat("m", "i-1"))))
     resent = request("m", "r")
     run(agents.on_requests(raw(resent)))
@@ -90,15 +89,14 @@ def test_a_request_resent_after_its_decision_gets_the_same_decision_again(world:
     assert [a.event_id for a in admissions] == [admissions[0].event_id] * 2  # type: ignore[attr-defined]
     assert [d.event_id for d in decisions] == [decisions[0].event_id] * 2  # type: ignore[attr-defined]
     assert decisions[1].request == decisions[0].request  # type: ignore[attr-defined]
-    assert len(store.rows["routings"]) == 1
     assert agents.service.scheduler_for("m").instance_selection.in_flight.requests == {"i-1": 1}  # type: ignore[attr-defined]
 
 
 def test_bad_messages_are_dead_lettered_once_and_the_batch_goes_on(world: Any) -> None:
     """A bad request is dead-lettered by the decider that reads it; a bad heartbeat, which every
     decider reads, only by the log's keeper of its partition (else once per decider)."""
-    agents, publisher, store, telemetry = world
-    keeper = LogKeeper(publisher, store, telemetry)
+    agents, publisher, telemetry = world
+    keeper = LogKeeper(publisher, telemetry)
     run(agents.on_heartbeats(raw(beat("m", "i-1"), b"{not json")))
     assert not publisher.sent[topics.DLQ.name]
     run(keeper.keep_heartbeats(raw(beat("m", "i-1"), b"{not json")))
@@ -108,7 +106,6 @@ def test_bad_messages_are_dead_lettered_once_and_the_batch_goes_on(world: Any) -
     assert all(isinstance(d, DeadLetter) and d.reason for d in dead)
     assert [d.request_id for d in publisher.sent[topics.DECISIONS.name]] == ["a", "b"]  # type: ignore[attr-defined]
     assert telemetry.dead == [topics.HEARTBEATS.name, topics.REQUESTS.name]
-    assert [b.instance_id for b in store.rows["heartbeats"]] == ["i-1"]  # type: ignore[attr-defined]
 
 
 def test_a_decider_counts_the_other_deciders_placements_as_its_own(world: Any) -> None:
@@ -116,10 +113,9 @@ def test_a_decider_counts_the_other_deciders_placements_as_its_own(world: Any) -
     the other counts it in flight until its completion, never decides that request again (a
     redelivery or a resend gets that same decision published again), and skips its own
     placements read back from the log."""
-    agents, publisher, _, telemetry = world
-    other = SchedulerAgents(
-        RoutingService("tokenpilot", worker="other:1"), MemoryState(), MemoryPublisher(), None, telemetry
-    )
+    agents, publisher, telemetry = world
+    service = RoutingService("tokenpilot", worker="other:1")
+    other = SchedulerAgents(service, MemoryState(), MemoryPublisher(), telemetry)
     for decider in (agents, other):
         run(decider.on_heartbeats(raw(beat("m", "i-1"))))
     run(other.on_requests(raw(request("m", "a"))))
@@ -147,15 +143,15 @@ def test_a_decider_counts_the_other_deciders_placements_as_its_own(world: Any) -
 
 
 def test_residency_narrows_the_data_centres(world: Any) -> None:
-    agents, publisher, _, _ = world
+    agents, publisher, _ = world
     run(agents.on_heartbeats(raw(beat("m", "i-1"))))
     run(agents.on_requests(raw(request("m", "eu-only", allowed_regions=("eu-west",)))))
     (admission,) = publisher.sent[topics.ADMISSION.name]
     assert admission.action == "queue" and not publisher.sent[topics.DECISIONS.name]  # type: ignore[attr-defined]
 
 
-def test_first_tokens_and_completions_reach_the_scheduler_and_the_store(world: Any) -> None:
-    agents, _, store, _ = world
+def test_first_tokens_and_completions_reach_the_scheduler(world: Any) -> None:
+    agents, _, _ = world
     run(agents.on_heartbeats(raw(beat("m", "i-1"))))
     run(agents.on_requests(raw(request("m", "a"))))
     scheduler = agents.service.scheduler_for("m")
@@ -169,13 +165,10 @@ def test_first_tokens_and_completions_reach_the_scheduler_and_the_store(world: A
     run(agents.on_first_tokens(raw(started)))
     run(agents.on_completions(raw(done)))
     assert pilot.in_flight.requests == {"i-1": 0}  # type: ignore[attr-defined]
-    assert not store.rows["completions"]  # stored once, by the log's keeper, not by every decider
-    run(LogKeeper(MemoryPublisher(), store, RecordingTelemetry()).keep_completions(raw(done)))
-    assert [c.request_id for c in store.rows["completions"]] == ["a"]  # type: ignore[attr-defined]
 
 
 def test_a_batch_job_becomes_deadline_requests(world: Any) -> None:
-    agents, publisher, _, _ = world
+    agents, publisher, _ = world
     job = BatchJob(job_id="j", deadline_s=60, requests=(request("m", "x"), request("m", "y")))
     run(agents.on_batch_jobs(raw(job)))
     expanded = publisher.sent[topics.REQUESTS.name]

@@ -1,5 +1,5 @@
 """FleetMind in the streaming handlers: a DC whose heartbeats stop loses its traffic, and the
-``dc_down`` it noticed is published on ``tf.fleet-events``, counted and stored."""
+``dc_down`` it noticed is published on ``tf.fleet-events`` and counted (the store reads it from the topic)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from agents.routing import RoutingService
 from schemas import topics
 from schemas.codec import encode
 from schemas.events import FleetEvent, Heartbeat, InferenceRequest, RoutingDecision
-from tests.functional.fakes import MemoryPublisher, MemoryState, MemoryStore, RecordingTelemetry
+from tests.functional.fakes import MemoryPublisher, MemoryState, RecordingTelemetry
 
 HEARTBEAT_S = 0.2  # an instance silent for 0.4 s is out of capacity
 
@@ -33,11 +33,11 @@ def raw(*events: Any) -> list[tuple[bytes | None, bytes | None]]:
 
 
 def test_a_dc_whose_heartbeats_stop_loses_its_requests_and_is_reported_down() -> None:
-    publisher, store, telemetry = MemoryPublisher(), MemoryStore(), RecordingTelemetry()
+    publisher, telemetry = MemoryPublisher(), RecordingTelemetry()
     service = RoutingService(
         "fleetmind+least-tokens", params={"fleetmind": {"heartbeat_s": HEARTBEAT_S}}, worker="w-1"
     )
-    agents = SchedulerAgents(service, MemoryState(), publisher, store, telemetry)
+    agents = SchedulerAgents(service, MemoryState(), publisher, telemetry)
 
     async def scenario() -> None:
         last_a = beat("a-1", "dc-a")
@@ -59,13 +59,13 @@ def test_a_dc_whose_heartbeats_stop_loses_its_requests_and_is_reported_down() ->
     assert isinstance(down, FleetEvent)
     assert (down.kind, down.dc, down.model, down.worker) == ("dc_down", "dc-a", "m", "w-1")
     assert down.detail == "0 of 1 instances ready with a fresh heartbeat"
-    assert store.rows["fleet_events"] == [down] and telemetry.fleet == [down]
+    assert telemetry.fleet == [down]
 
 
 def test_the_timer_notices_a_dc_that_went_quiet_without_any_request() -> None:
-    publisher, store = MemoryPublisher(), MemoryStore()
+    publisher = MemoryPublisher()
     service = RoutingService("fleetmind+least-tokens", params={"fleetmind": {"heartbeat_s": HEARTBEAT_S}})
-    agents = SchedulerAgents(service, MemoryState(), publisher, store, RecordingTelemetry())
+    agents = SchedulerAgents(service, MemoryState(), publisher, RecordingTelemetry())
 
     async def scenario() -> None:
         last_a = beat("a-1", "dc-a")
@@ -80,4 +80,3 @@ def test_the_timer_notices_a_dc_that_went_quiet_without_any_request() -> None:
     asyncio.run(scenario())
     (down,) = publisher.sent[topics.FLEET_EVENTS.name]
     assert isinstance(down, FleetEvent) and (down.kind, down.dc) == ("dc_down", "dc-a")
-    assert store.rows["fleet_events"] == [down]

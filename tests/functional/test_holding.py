@@ -15,13 +15,13 @@ from agents.policy.pipeline import HoldLimits, Scheduler
 from agents.policy.types import BoolArray, ClusterView, Placement, RequestView
 from agents.routing import RoutingService
 from schemas import topics
-from tests.functional.fakes import MemoryPublisher, MemoryState, MemoryStore, RecordingTelemetry
+from tests.functional.fakes import MemoryPublisher, MemoryState, RecordingTelemetry
 from tests.functional.test_agents import beat, raw, request
 
 
 def agents_with(service: RoutingService) -> tuple[SchedulerAgents, MemoryPublisher]:
     publisher = MemoryPublisher()
-    return SchedulerAgents(service, MemoryState(), publisher, MemoryStore(), RecordingTelemetry()), publisher
+    return SchedulerAgents(service, MemoryState(), publisher, RecordingTelemetry()), publisher
 
 
 def answers(publisher: MemoryPublisher) -> list[tuple[str, str, str]]:

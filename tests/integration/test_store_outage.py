@@ -23,7 +23,7 @@ from agents.policy.common.slo import DEFAULT_SLO_CLASSES
 from infra import metrics
 from infra.clickhouse import feedback as feedback_module
 from infra.clickhouse.client import connect
-from infra.clickhouse.feedback import ClickHouseFeedback
+from infra.clickhouse.feedback import ClickHouseFeedback, RowsLost
 from infra.clickhouse.sink import FeedbackSink
 from infra.kafka.broker import free_port
 from schemas.events import AdmissionDecision, Completion, FleetEvent, InferenceRequest, RoutingDecision
@@ -101,15 +101,9 @@ def malformed_request(request_id: str) -> InferenceRequest:
 
 
 async def send(store: ClickHouseFeedback, table: str, events: Sequence[Any]) -> float:
-    """Call the port method for ``table``; returns how long the call took (s)."""
-    method = {
-        "requests": store.requests,
-        "admission_decisions": store.admissions,
-        "routing_decisions": store.routings,
-        "completions": store.completions,
-    }[table]
+    """Hand ``events`` to the store for ``table``; returns how long the call took (s)."""
     started = time.perf_counter()
-    await method(events)
+    store.write(table, events)
     return time.perf_counter() - started
 
 
@@ -206,13 +200,13 @@ def test_fleet_events_spool_while_the_store_is_down_and_land_once_when_it_is_bac
         f"http://127.0.0.1:{free_port()}", DEFAULT_SLO_CLASSES, spool_dir=spool_dir, **FAST
     )
     try:
-        asyncio.run(down.fleet_events(events))
+        down.write("fleet_events", events)
         wait_until(lambda: down.spooled_rows == len(events), 10, "every fleet event spooled")
     finally:
         down.close()
     up = ClickHouseFeedback(chdb_url, DEFAULT_SLO_CLASSES, spool_dir=spool_dir, **FAST)
     try:
-        asyncio.run(up.fleet_events(events[:5]))  # a redelivered copy: harmless
+        up.write("fleet_events", events[:5])  # a redelivered copy: harmless
         assert up.flush(60), f"spool not drained: {up.spooled_rows} rows left"
     finally:
         up.close()
@@ -320,3 +314,29 @@ def test_an_outage_mid_run_spools_after_the_retry_budget_and_loses_nothing(
     finally:
         FlakySink.outage.clear()
         store.close()
+
+
+def test_a_write_is_acknowledged_once_its_rows_are_durable_and_refused_when_they_are_dropped(
+    tmp_path: Path, chdb_url: str, reader: Client
+) -> None:
+    """The receipt of ``write`` (what the topic sink commits offsets by): done once the rows are
+    in the spool (store down) or in ClickHouse (store up); ``RowsLost`` when the buffer dropped some."""
+    spool_dir = tmp_path / "spool"
+    events = traffic("receipt", 30)["completions"]
+    down = ClickHouseFeedback(
+        f"http://127.0.0.1:{free_port()}", DEFAULT_SLO_CLASSES, spool_dir=spool_dir, buffer_rows=20, **FAST
+    )
+    try:
+        assert down.write("completions", events[:10]).result(timeout=10) is None
+        assert down.spooled_rows == 10  # acknowledged: fsync'd to the spool
+        with pytest.raises(RowsLost):
+            down.write("completions", events[:30] * 2).result(timeout=10)  # 60 rows: 40 past the buffer
+    finally:
+        down.close()
+    up = ClickHouseFeedback(chdb_url, DEFAULT_SLO_CLASSES, spool_dir=tmp_path / "spool-up", **FAST)
+    try:
+        wait_until(lambda: up.store_up, 30, "the store connected")
+        assert up.write("completions", events[:5]).result(timeout=30) is None
+        assert stored(reader, "completions", "receipt")[2] >= {e.event_id for e in events[:5]}
+    finally:
+        up.close()
