@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -258,32 +259,50 @@ def other_schedulers(
         except Exception:
             return True  # not reported (or not a consumer's): the group's name says it
 
-    async def find() -> list[str]:
+    async def admin_call(call: Callable[[AIOKafkaAdminClient], Any]) -> Any:
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
         await admin.start()
         try:
-            names = {g[0] for g in await admin.list_consumer_groups()} | await signed_lately(
-                bootstrap, own_group, lookback_s
-            )
-            names = {n for n in names if n.endswith(DECIDERS_SUFFIX) and n != own_group}
-            found = []
-            for response in await admin.describe_consumer_groups(sorted(names)) if names else []:
-                for _error, group, _state, _protocol_type, _protocol, members, *_ in response.groups:
-                    if any(subscribed(member[3]) for member in members):  # alive: it has members now
-                        found.append(group)
-            return sorted(found)
+            return await call(admin)
         finally:
             await admin.close()
 
+    async def listed() -> set[str]:
+        try:
+            return {g[0] for g in await admin_call(lambda admin: admin.list_consumer_groups())}
+        except (KafkaError, OSError, ValueError):  # Tansu answers some ListGroups aiokafka cannot read
+            return set()
+
+    async def find() -> list[str]:
+        names = await listed() | await signed_lately(bootstrap, own_group, lookback_s)
+        names = {n for n in names if n.endswith(DECIDERS_SUFFIX) and n != own_group}
+        if not names:
+            return []
+        found = []
+        for name in sorted(names):  # one at a time: Tansu answers some groups aiokafka cannot read
+            try:
+                responses = await admin_call(functools.partial(_describe, group=name))
+            except (KafkaError, OSError, ValueError):
+                continue  # cannot tell whether it is alive: not counted
+            for response in responses:
+                for _error, group, _state, _protocol_type, _protocol, members, *_ in response.groups:
+                    if any(subscribed(member[3]) for member in members):  # alive: it has members now
+                        found.append(group)
+        return sorted(found)
+
     return asyncio.run(asyncio.wait_for(find(), timeout_s))
+
+
+async def _describe(admin: AIOKafkaAdminClient, group: str) -> Any:
+    return await admin.describe_consumer_groups([group])
 
 
 async def signed_lately(
     bootstrap: str, own_group: str, lookback_s: float, per_partition: int = 2000
 ) -> set[str]:
     """The schedulers other than ``own_group`` that signed a decision on ``tf.admission`` or
-    ``tf.decisions`` in the last ``lookback_s`` (at most the last ``per_partition`` records of
-    each partition are read)."""
+    ``tf.decisions`` in the last ``lookback_s``, among the last ``per_partition`` records of
+    each partition (a live scheduler signs the newest ones)."""
     import json
 
     from infra.kafka.clients import TopicsMissing, partition_reader
@@ -298,10 +317,8 @@ async def signed_lately(
         partitions = list(consumer.assignment())
         ends = {tp: await consumer.position(tp) for tp in partitions}
         since_ms = int((time.time() - lookback_s) * 1000)
-        since = await consumer.offsets_for_times(dict.fromkeys(partitions, since_ms))
-        for tp in partitions:
-            at = since.get(tp)
-            consumer.seek(tp, ends[tp] if at is None else max(at.offset, ends[tp] - per_partition))
+        for tp in partitions:  # (the time lookup, ListOffsets by timestamp, is loose on Tansu)
+            consumer.seek(tp, max(0, ends[tp] - per_partition))
         pending = {tp for tp in partitions if await consumer.position(tp) < ends[tp]}
         while pending:
             batches = await consumer.getmany(timeout_ms=1000, max_records=5000)
@@ -309,7 +326,7 @@ async def signed_lately(
                 break
             for tp, records in batches.items():
                 for record in records:
-                    if record.timestamp < since_ms:  # (a broker may answer the time lookup loosely)
+                    if record.timestamp < since_ms:
                         continue
                     with contextlib.suppress(ValueError, TypeError, AttributeError):
                         name = json.loads(record.value or b"").get("scheduler") or ""
