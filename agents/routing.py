@@ -45,6 +45,8 @@ from schemas.events import (
     RoutingDecision,
 )
 
+LANE_MEMORY_S = 30.0  # a decider whose placements were not read for this long is gone
+
 
 @dataclass(frozen=True, slots=True)
 class Routed:
@@ -78,6 +80,7 @@ class _Pool:
     scheduler: Scheduler
     requests: dict[tuple[str, int], InferenceRequest] = field(default_factory=dict)  # offered, unsettled
     decided: dict[tuple[str, int], Answer | None] = field(default_factory=dict)  # settled, oldest first
+    deciders: dict[str, float] = field(default_factory=dict)  # other deciders seen -> when, last
     served: bool = False  # an engine of this pool has reported (a heartbeat, an engine event)
 
 
@@ -123,6 +126,7 @@ class RoutingService:
         if not self._serves(pool, served=view is not None and len(view.instance_ids) > 0):
             return [self._unknown(request) for request in requests]
         state = self._pool(pool)
+        self._find_lane(state, now)
         views = []
         for request in requests:
             seen = request_view(request)
@@ -247,6 +251,7 @@ class RoutingService:
             self.withdraw(decision.model, *key)
         known = key in state.decided  # (from its admission, read back after a restart)
         self._decided(state, key, Answer.keep(None, decision))
+        state.deciders[decision.worker] = decision.ts
         if known:
             return False
         state.scheduler.observe(placed(decision))
@@ -297,6 +302,17 @@ class RoutingService:
             affinity_key=request.affinity_key,
         )
         return Routed(request, admission, None)
+
+    def _find_lane(self, state: _Pool, now: float) -> None:
+        """This worker's lane among the pool's deciders (``InstanceSelector.lane``): its rank
+        among itself and the deciders whose placements it read in the last ``LANE_MEMORY_S``."""
+        if not state.deciders:
+            return
+        for worker, seen in list(state.deciders.items()):
+            if now - seen > LANE_MEMORY_S:
+                del state.deciders[worker]
+        deciders = sorted({self.worker, *state.deciders})
+        state.scheduler.decide_in_lane(deciders.index(self.worker), len(deciders))
 
     def _decided(self, state: _Pool, key: tuple[str, int], answer: Answer | None) -> None:
         state.decided[key] = answer

@@ -118,6 +118,14 @@ class Scheduler:
             return True
         return False
 
+    def decide_in_lane(self, k: int, n: int) -> None:
+        """This scheduler is decider ``k`` of its pool's ``n``: its instance selection breaks
+        near-ties towards its own lane of instances (``InstanceSelector.lane``), if it has lanes."""
+        if not 0 <= k < n:
+            raise ValueError(f"decider {k} of {n}: need 0 <= k < n")
+        if hasattr(self.instance_selection, "lane"):
+            self.instance_selection.lane = (k, n)
+
     @property
     def wants_kv_events(self) -> bool:
         return bool(self._kv_stages)

@@ -114,6 +114,8 @@ class Deciders:
         if not log_delay_s >= 0:
             raise ValueError("the decision log's delay must be >= 0 seconds")
         self.schedulers = tuple(schedulers)
+        for k, scheduler in enumerate(self.schedulers):  # near-ties broken in lanes of their own
+            scheduler.decide_in_lane(k, len(self.schedulers))
         self.name = schedulers[0].name
         self.log_delay_s = log_delay_s
         self.split = split

@@ -133,6 +133,8 @@ def test_a_decider_counts_the_other_deciders_placements_as_its_own(world: Any) -
     ]  # type: ignore[attr-defined]
     assert again[0].request.request_id == "a"  # type: ignore[attr-defined]
     assert not publisher.sent[topics.ADMISSION.name]  # the other's admission was not read here
+    lanes = [d.service.scheduler_for("m").instance_selection.lane for d in (agents, other)]  # type: ignore[attr-defined]
+    assert lanes == [(0, 2), (0, 1)]  # the first read the other's placement: it knows of two
     assert agents.service.scheduler_for("m").instance_selection.in_flight.requests == {"i-1": 1}  # type: ignore[attr-defined]
     done = Completion(
         request_id="a", instance_id="i-1", model="m", status="ok", arrival_ts=1.0, ttft_s=0.05,

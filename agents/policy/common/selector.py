@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -31,6 +32,14 @@ class InstanceSelector:
     an own send would, then ``on_placed_elsewhere`` lets the router add it to its own
     bookkeeping. A router whose replicas share no state sets ``shares_placements`` False: it
     ignores ``Placed`` altogether, as its real replicas would.
+
+    ``lane`` (k, n): this decider is number k of the pool's n. Decisions made within the few
+    milliseconds before the deciders see each other's placements can collide: two requests of a
+    burst, decided at once by two deciders on an idle fleet, land on the same instance. A
+    router that picks at random among near-equal instances breaks such a tie towards the
+    instances of its own lane (``in_lane``: the CRC-32 of the instance id, modulo n, is k), so
+    idle deciders spread a burst over disjoint instances; a clear winner is still picked
+    wherever it is. (1 decider: one lane, no effect.)
     """
 
     name = "routing"
@@ -40,6 +49,17 @@ class InstanceSelector:
     def __init__(self, seed: int = 0) -> None:
         self.rng = np.random.default_rng(seed)
         self.in_flight = InFlight()
+        self.lane = (0, 1)
+        self._lanes: dict[str, int] = {}  # instance id -> CRC-32 (its lane is that modulo n)
+
+    def in_lane(self, instance_ids: Sequence[str]) -> BoolArray:
+        """Whether each instance is in this decider's lane (class docstring)."""
+        k, n = self.lane
+        lanes = self._lanes
+        for instance_id in instance_ids:
+            if instance_id not in lanes:
+                lanes[instance_id] = zlib.crc32(instance_id.encode())
+        return np.fromiter((lanes[i] % n == k for i in instance_ids), bool, len(instance_ids))
 
     def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Placement:
         raise NotImplementedError

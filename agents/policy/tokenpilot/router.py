@@ -245,7 +245,7 @@ class TokenPilot(InstanceSelector):
         score = predicted + self.spare_others * delay
         harm, own_s = self._decode_harm(view, rows)
         score += self.spare_decodes * harm
-        row = self._pick_near_min(score, mask)
+        row = self._pick_near_min(score, mask, view)
         joined = float(chunk[row])
         cached = request.input_tokens - float(own_tokens[row])
         self._chosen = _Chosen(
@@ -429,12 +429,18 @@ class TokenPilot(InstanceSelector):
             self._groups_version = view.version
         return self._groups
 
-    def _pick_near_min(self, score: FloatArray, mask: BoolArray) -> int:
-        """Lowest score; rows within ``tie_tolerance`` of it are equally good (random pick)."""
+    def _pick_near_min(self, score: FloatArray, mask: BoolArray, view: ClusterView) -> int:
+        """Lowest score; rows within ``tie_tolerance`` of it are equally good (random pick, in
+        this decider's lane where it has some: ``InstanceSelector.lane``)."""
         masked = np.where(mask, score, np.inf)
         best = masked[masked.argmin()]  # (argmin and nonzero are ~5x cheaper than min, flatnonzero)
         near = (masked <= best * (1 + self.tie_tolerance) + 1e-9).nonzero()[0]
-        return int(near[0] if len(near) == 1 else near[self.rng.integers(len(near))])
+        if len(near) == 1:
+            return int(near[0])
+        if self.lane[1] > 1:
+            mine = near[self.in_lane([view.instance_ids[row] for row in near])]
+            near = mine if len(mine) else near
+        return int(near[self.rng.integers(len(near))])
 
     def on_routed(self, request: RequestView, view: ClusterView, row: int) -> None:
         instance_id = view.instance_ids[row]

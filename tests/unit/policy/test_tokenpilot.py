@@ -301,3 +301,24 @@ def test_a_placement_elsewhere_calibrates_nothing() -> None:
     pilot.observe(Finished("x", 1, "i0", "ok", 4096, 0, 100, 0.9, 0.02, 2.5))
     assert pilot.model_for("p").count == 0
     assert pilot.features(cold("q", 1000), busy, 2.5)[0, 3] == 1000  # its prefill left the queue
+
+
+def test_a_decider_breaks_near_ties_in_its_own_lane_and_a_clear_winner_anywhere() -> None:
+    """Decider k of 2 on an idle fleet (every instance ties): it picks in its own lane (the
+    CRC-32 of the instance id modulo 2 is k), so two deciders spread a burst apart; a clearly
+    better instance outside the lane still wins. One decider: any instance."""
+    view = cluster_view(8)
+    for k in (0, 1):
+        for seed in range(10):
+            pilot = TokenPilot(seed=seed)
+            pilot.lane = (k, 2)
+            [placed] = decide(
+                pilot, [RequestView(f"r{seed}", 1, "t", "m", "interactive", 600, 64, (), 0.0)], view, 0.0
+            )
+            assert pilot.in_lane([placed.instance_id])[0], (k, placed.instance_id)
+    busy = cluster_view(2, running=[0, 40], waiting=[0, 9])  # i0 idle, i1 loaded
+    for k in (0, 1):
+        pilot = TokenPilot(seed=0)
+        pilot.lane = (k, 2)
+        [placed] = decide(pilot, [RequestView("c", 1, "t", "m", "interactive", 600, 64, (), 0.0)], busy, 0.0)
+        assert placed.instance_id == "i0"
