@@ -66,6 +66,7 @@ bench: install
 
 bench-stream: install
 	$(PY) -m bench.stream --repeat 3 --fresh-broker
+	$(PY) -m bench.stream_pair --repeat 3
 
 bench-broker: install
 	$(PY) -m bench.broker

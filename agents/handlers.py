@@ -192,9 +192,12 @@ class SchedulerAgents:
 
     async def on_decisions(self, messages: Sequence[RawMessage]) -> None:
         """Placements on ``tf.decisions``: the other deciders' are accounted as this worker's
-        own (``RoutingService.observe_placement``); its own are skipped there."""
+        own (``RoutingService.observe_placement``); its own are skipped, before decoding (half
+        of what a pair of workers reads)."""
+        mine = f'"worker":"{self.service.worker}"'.encode()
+        others = [m for m in messages if m[1] is None or mine not in m[1]]
         applied: dict[str, int] = defaultdict(int)
-        for decision in _quietly(RoutingDecision, messages):
+        for decision in _quietly(RoutingDecision, others):
             if self.service.observe_placement(decision):
                 applied[decision.model] += 1
         for pool, count in applied.items():
