@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -226,10 +226,17 @@ class ValueCollector(Collector):
     def _wanted(self, key: bytes | None) -> bool:
         return key is not None and (key in self.keys or key.startswith(self._pool_prefixes))
 
-    async def wait_for(self, count: int, timeout_s: float = 30.0) -> list[bytes]:
-        """The values once there are ``count`` (or what there is after ``timeout_s``)."""
+    async def wait_for(
+        self, count: int, timeout_s: float = 30.0, *, by: Callable[[bytes], Hashable] | None = None
+    ) -> list[bytes]:
+        """The values once there are ``count`` (or what there is after ``timeout_s``); with
+        ``by``, ``count`` distinct ``by(value)`` (an event published again counts once)."""
         deadline = time.monotonic() + timeout_s
-        while len(self.values) < count and time.monotonic() < deadline:
+
+        def seen() -> int:
+            return len(self.values) if by is None else len({by(value) for value in self.values})
+
+        while seen() < count and time.monotonic() < deadline:
             self.check()
             await asyncio.sleep(0.1)
         return list(self.values)

@@ -9,21 +9,39 @@ import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 
 from infra.clickhouse.client import connect
 from schemas.codec import encode
-from schemas.events import AdmissionDecision, Completion, DeadLetter, InferenceRequest, RoutingDecision
+from schemas.events import AdmissionDecision, Completion, DeadLetter, Event, InferenceRequest, RoutingDecision
 from schemas.topics import ADMISSION, COMPLETIONS, DECISIONS, DLQ, HEARTBEATS, REQUESTS
 from tests.integration.streaming import Collector, heartbeat, publish, request, unique
 from tests.integration.streaming import worker as worker_process
 
 
+def event_id(value: bytes) -> str:
+    return str(json.loads(value)["event_id"])
+
+
+E = TypeVar("E", bound=Event)
+
+
+def once_each(kind: type[E], raw: list[bytes]) -> list[E]:
+    """The events in ``raw``, each once: a decision published again (a redelivered request
+    answered with the decision it had) keeps its event id and must be the same decision."""
+    kept: dict[str, E] = {}
+    for value in raw:
+        event = kind.model_validate_json(value)
+        first = kept.setdefault(event.event_id, event)
+        assert first == event, f"event {event.event_id} published with two contents"
+    return list(kept.values())
+
+
 def decisions(raw: list[bytes]) -> list[RoutingDecision]:
-    return [RoutingDecision.model_validate_json(v) for v in raw]
+    return once_each(RoutingDecision, raw)
 
 
 def test_held_request_is_routed_on_the_first_heartbeat_and_each_request_decided_once(
@@ -157,7 +175,7 @@ def test_restarted_worker_recovers_its_tables_and_loses_no_request(broker: str, 
             second = worker_process(broker, app_id, tmp_path)
             try:
                 await asyncio.to_thread(second.wait_ready)
-                await routed.wait_for(len(ids), timeout_s=40)
+                await routed.wait_for(len(ids), timeout_s=40, by=event_id)
                 await asyncio.sleep(1.0)
             finally:
                 second.stop()
@@ -194,7 +212,7 @@ def test_requests_held_across_a_restart_are_decided_once_by_the_next_worker(
             try:
                 await asyncio.to_thread(second.wait_ready)
                 await publish(broker, HEARTBEATS, [heartbeat(pool, "i-1")])
-                await routed.wait_for(len(ids), timeout_s=30)
+                await routed.wait_for(len(ids), timeout_s=30, by=event_id)
                 await asyncio.sleep(1.0)  # anything decided twice would show up now
             finally:
                 second.stop()
@@ -202,7 +220,7 @@ def test_requests_held_across_a_restart_are_decided_once_by_the_next_worker(
 
     routed_raw, answered_raw = asyncio.run(scenario())
     assert sorted(d.request_id for d in decisions(routed_raw)) == sorted(ids)
-    admitted = [a for a in map(AdmissionDecision.model_validate_json, answered_raw) if a.action == "admit"]
+    admitted = [a for a in once_each(AdmissionDecision, answered_raw) if a.action == "admit"]
     assert sorted(a.request_id for a in admitted) == sorted(ids)
 
 
