@@ -67,7 +67,8 @@ def blocks_changed(event: KvEvent) -> BlocksChanged:
 
 def placed(decision: RoutingDecision) -> Placed:
     """Another decider's placement, as the core observes it (when it was decided, not read)."""
-    return Placed(request_view(decision.request), decision.instance_id, decision.ts)
+    request = request_view(decision.request)
+    return Placed(request, decision.instance_id, decision.ts, decision.predicted_ttft_s)
 
 
 def fleet_event(notice: FleetNotice, worker: str = "") -> FleetEvent:

@@ -287,6 +287,7 @@ class Placed:
     request: RequestView
     instance_id: str
     time_s: float
+    predicted_ttft_s: float | None = None  # its decider's prediction, if it made one
 
 
 Observation = FirstToken | Finished | BlocksChanged | Placed

@@ -183,7 +183,7 @@ class Deciders:
         """Write decider ``origin``'s placements into the log."""
         for outcome in outcomes:
             if outcome.action == "admit":
-                placed = Placed(outcome.request, outcome.instance_id, now_s)
+                placed = Placed(outcome.request, outcome.instance_id, now_s, outcome.predicted_ttft_s)
                 entry = _Logged(now_s + self.log_delay_s, origin, placed)
                 self._log.append(entry)
                 self._unread[outcome.request.key] = entry

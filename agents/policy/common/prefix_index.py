@@ -288,6 +288,21 @@ class PrefixIndex:
         by_slot = self._by_slot
         return {by_slot[slot].instance_id: int(depth[slot]) for slot in np.flatnonzero(depth).tolist()}
 
+    def leading_held(self, instance_id: str, blocks: Sequence[int]) -> int:
+        """``match`` for one instance: how many leading blocks of ``blocks`` it holds."""
+        inst = self._instances.get(instance_id)
+        if inst is None:
+            return 0
+        self._flush()
+        ids, held, bit = self._ids, self._held, inst.bit
+        depth = 0
+        for block in blocks:
+            bid = ids.get(block)
+            if bid is None or not held[bid] & bit:
+                break
+            depth += 1
+        return depth
+
     def match_array(self, blocks: Sequence[int], view: ClusterView) -> npt.NDArray[np.int64]:
         """``match`` as an array aligned with the rows of ``view`` (instances not in it skipped)."""
         depth = self._depth_by_slot(blocks)

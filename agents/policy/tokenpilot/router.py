@@ -71,20 +71,22 @@ a burst cannot pile onto one instance because each decision immediately adds its
 instance's queue and in-flight counts, and near-ties are broken at random.
 
 Several deciders per pool: another decider's placement, read from the decision log a few
-milliseconds late (``Placed``), is recorded as an own send (``_placed_elsewhere``): its
-features on its instance are computed when it is read, on the last snapshot this router used,
-with the queues drained to when it was placed (so as its decider saw them, give or take what
-this router sent in those milliseconds and its own θ); then its uncached tokens and pairs join
-that instance's prefill queue, the step clock counts the send, its prompt's blocks are credited
-there in the prefix index (as ``on_routed`` does); its first token and end clip the queue as an
-own send's do. The approximation: a snapshot older than its decider's (this router has not
-decided since a newer one came), and the queue drain, which cannot run backwards: if this router
-decided after the placement was made, it joins a queue drained to that later decision (a few
-milliseconds' drain counted on it). A router that has not decided yet (no snapshot) only credits
-the prefix and counts it in flight. Its end calibrates nothing here (θ, lateness, horizon): its
-features were taken from this router's view, not its decider's, and learning from them was
-measured to hurt (synthetic mix, 4 deciders, seeds 0 and 1 at x8.75 / x9.25 / x9.75: mean
-interactive SLO miss 2.04 % with it, 1.01 % without; one decider 1.22 %).
+milliseconds late (``Placed``), is recorded as an own send (``_placed_elsewhere``): the queues
+are drained to when it was placed, its uncached tokens on its instance (this router's prefix
+index) and their pairs join that instance's prefill queue, due at its decider's predicted TTFT
+(stretched by the lateness of its size, as an own send's), the step clock counts the send, its
+prompt's blocks are credited there in the prefix index (as ``on_routed`` does); its first token
+and end clip the queue as an own send's do. Taking its decider's prediction, not computing one,
+keeps a placement about five times cheaper than a decision (the pair of workers of
+``bench.stream_pair`` pays it for every request the other decides). Without a prediction
+(another policy decided it), its features are computed here on the last snapshot this router
+used. The approximation: the queue drain cannot run backwards: if this router decided after
+the placement was made, it joins a queue drained to that later decision (a few milliseconds'
+drain counted on it). A router that has not decided yet (no snapshot) only credits the prefix
+and counts it in flight. Its end calibrates nothing here (θ, lateness, horizon): learning from
+another decider's sends was measured to hurt (synthetic mix, 4 deciders, seeds 0 and 1 at
+x8.75 / x9.25 / x9.75: mean interactive SLO miss 2.04 % with it, 1.01 % without; one decider
+1.22 %).
 """
 
 from __future__ import annotations
@@ -135,6 +137,8 @@ _PREFILL_TOKENS = FEATURES.index("prefill_tokens")
 _PREFILL_PAIRS = FEATURES.index("prefill_pairs")
 _BOUNDARY_WAIT = FEATURES.index("boundary_wait_s")
 _BLOCK_TOKENS = np.float64(BLOCK_TOKENS)
+_NO_FEATURES = np.zeros(len(FEATURES))  # of another decider's send: it calibrates nothing here
+_NO_FEATURES.flags.writeable = False
 INTERACTIVE_TPOT_S = DEFAULT_SLO_CLASSES["interactive"].tpot_s or 0.1
 """The TPOT the decode-harm term protects by default: the interactive class's objective."""
 
@@ -374,6 +378,11 @@ class TokenPilot(InstanceSelector):
             scale[rows] = self.clock.scale(profile)
         return self.clock.wait(view, now_s, open_requests, batch, step_s, scale)
 
+    def _queued_at(self, view: ClusterView, now_s: float) -> None:
+        """Drain the queues to ``now_s`` on ``view`` (what ``_features`` does first)."""
+        sent, sent_tokens = self.in_flight.since_heartbeat(view)
+        self._queued(view, now_s, sent, view.running + sent, view.tokens_in_flight + sent_tokens)
+
     def _queued(
         self, view: ClusterView, now_s: float, sent: IntArray, batch: IntArray, context: IntArray
     ) -> tuple[FloatArray, FloatArray]:
@@ -489,25 +498,33 @@ class TokenPilot(InstanceSelector):
 
     def _placed_elsewhere(self, event: Placed) -> None:
         """Record another decider's placement as an own send (module docstring); called before
-        it joins ``in_flight``, so its features are those of the state its decider saw."""
+        it joins ``in_flight``, so the queues and the step clock are as its decider saw them."""
         request, instance_id = event.request, event.instance_id
         view = self._last_view
         row = None if view is None else view.index_of.get(instance_id)
         if view is not None and row is not None:
-            rows = self._features(request, view, event.time_s)
-            features = rows.features[row].copy()
-            tokens, pairs = float(rows.new[row]), float(rows.pairs[row])
             profile = str(view.profile[row])
             theta = self.model_for(profile).theta
-            predicted = float(features @ theta)
+            if event.predicted_ttft_s is None:  # its decider made no prediction: ours, on our view
+                rows = self._features(request, view, event.time_s)
+                tokens, pairs = float(rows.new[row]), float(rows.pairs[row])
+                predicted = float(rows.features[row] @ theta)
+            else:
+                self._queued_at(view, event.time_s)
+                matched = self.index.leading_held(instance_id, request.block_hashes)
+                cached = float(min(matched * BLOCK_TOKENS, request.input_tokens - 1))
+                tokens = request.input_tokens - cached
+                pairs = tokens * (cached + tokens * 0.5)
+                predicted = event.predicted_ttft_s
             lateness = self.lateness.of(tokens)
             due_s = event.time_s + predicted * lateness
             prefill_s = (tokens * theta[_PREFILL_TOKENS] + pairs * theta[_PREFILL_PAIRS]) * lateness
             key = request.key
             self.clock.sent(instance_id, profile, key, event.time_s)
             mark = self.queues.add(row, tokens, pairs, prefill_s, key, due_s)
-            sent = _Sent(instance_id, profile, features, tokens, pairs, predicted, due_s, False, mark, False)
-            self._sent[key] = sent
+            self._sent[key] = _Sent(
+                instance_id, profile, _NO_FEATURES, tokens, pairs, predicted, due_s, False, mark, own=False
+            )
             self._last_queued[instance_id] = key
         self.index.add(instance_id, request.block_hashes)
 

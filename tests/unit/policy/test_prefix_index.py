@@ -24,6 +24,9 @@ def test_match_counts_leading_blocks_per_holder() -> None:
     index.add("c", [9, 2, 3])
     assert index.match([1, 2, 3, 5]) == {"a": 3, "b": 2}
     assert index.match([7, 1]) == {}
+    for blocks in ([1, 2, 3, 5], [7, 1], [9, 2, 3, 4], []):
+        for instance in ("a", "b", "c", "unknown"):
+            assert index.leading_held(instance, blocks) == index.match(blocks).get(instance, 0)
 
 
 def test_lru_capacity_evicts_least_recent() -> None:

@@ -258,17 +258,21 @@ def test_lateness_is_learnt_per_size_never_below_one_nor_below_a_smaller_size() 
 # --- several deciders per pool: another decider's placement ----------------------------------
 
 
-def test_another_deciders_placement_counts_as_an_own_send() -> None:
+@pytest.mark.parametrize("with_prediction", [True, False])
+def test_another_deciders_placement_counts_as_an_own_send(with_prediction: bool) -> None:
     # Decider a places a 32k prompt on a busy pool; decider b (which has decided on the same
-    # snapshot) reads it from the log. b's features on every row are a's (queue ahead, batch,
-    # KV, boundary wait), b credits its prefix there, and its first token clips both alike.
+    # snapshot) reads it from the log, with a's prediction or without (then b predicts it).
+    # b's features on every row are a's (queue ahead, batch, KV, boundary wait), its send is
+    # due when a's is, b credits its prefix there, and its first token clips both alike.
     a, b = TokenPilot(seed=0), TokenPilot(seed=0)
     busy = view([1, 1], [0, 0])
     b.features(cold("w", 10), busy, 0.0)
     sent = RequestView("x", 1, "t", "m", "interactive", 32_768, 64, tuple(range(64)), 0.0)
     (d,) = decide(a, [sent], busy, 0.0)
     iid = busy.instance_ids[d.instance]
-    b.observe(Placed(sent, iid, 0.0))
+    assert d.predicted_ttft_s is not None
+    b.observe(Placed(sent, iid, 0.0, d.predicted_ttft_s if with_prediction else None))
+    assert b._sent[sent.key].due_s == pytest.approx(a._sent[sent.key].due_s)
     assert b.index.match(sent.block_hashes) == {iid: 64}
     assert np.array_equal(b.features(cold("p", 1000), busy, 0.0), a.features(cold("p", 1000), busy, 0.0))
     assert b.features(cold("p", 1000), busy, 0.0)[d.instance, 3] == 32_768 + 1000
@@ -277,11 +281,12 @@ def test_another_deciders_placement_counts_as_an_own_send() -> None:
     assert np.array_equal(b.features(cold("q", 1000), busy, 0.5), a.features(cold("q", 1000), busy, 0.5))
 
 
-def test_a_placement_elsewhere_counts_only_what_its_instance_did_not_hold() -> None:
+@pytest.mark.parametrize("predicted", [1.5, None])
+def test_a_placement_elsewhere_counts_only_what_its_instance_did_not_hold(predicted: float | None) -> None:
     pilot = warm_pilot()  # i1 holds the 32-block prefix
     busy = view([1, 1], [0, 0])
     pilot.features(cold("w", 10), busy, 0.0)
-    pilot.observe(Placed(request("x", blocks=40), "i1", 0.0))
+    pilot.observe(Placed(request("x", blocks=40), "i1", 0.0, predicted))
     assert pilot.features(cold("p", 1000), busy, 0.0)[1, 3] == 8 * BLOCK_TOKENS + 1000
 
 
