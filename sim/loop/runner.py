@@ -48,6 +48,7 @@ import numpy as np
 
 from agents.policy import Scheduler, build_scheduler
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES, SloClass, meets_slo
+from agents.policy.fleetmind.capacity import STALE_AFTER_HEARTBEATS
 from agents.policy.fleetmind.notices import FleetNotice
 from agents.policy.registry import StageParams, with_deployment
 from agents.policy.types import (
@@ -75,7 +76,9 @@ MAX_FAILURE_RETRIES = 2
 
 @dataclass(frozen=True, slots=True)
 class SimConfig:
-    """Knobs that are the same for every policy in one comparison."""
+    """Knobs that are the same for every policy in one comparison. ``ValueError`` for a
+    ``signal_delay_s`` at or above the staleness window (``STALE_AFTER_HEARTBEATS`` heartbeat
+    intervals, FleetMind's and the view's), or a bad deciders setting."""
 
     seed: int = 0
     heartbeat_s: float = 0.25
@@ -91,6 +94,15 @@ class SimConfig:
     def __post_init__(self) -> None:
         if self.deciders < 1:
             raise ValueError(f"deciders must be at least 1, not {self.deciders}")
+        window = STALE_AFTER_HEARTBEATS * self.heartbeat_s
+        if self.signal_delay_s >= window:
+            # Every row would be older than the window whenever read: every instance stale on
+            # arrival, and a router that keeps to fresh rows (FleetMind) would serve nothing.
+            raise ValueError(
+                f"--signal-delay {self.signal_delay_s:g} s is at or above the staleness window "
+                f"({STALE_AFTER_HEARTBEATS} heartbeats of {self.heartbeat_s:g} s = {window:g} s): every "
+                "instance would look stale on arrival; give a shorter --signal-delay or a longer --heartbeat"
+            )
         if not (self.decision_log_delay_s >= 0 and np.isfinite(self.decision_log_delay_s)):
             raise ValueError("decision_log_delay_s must be a finite number of seconds >= 0")
         if self.decider_split not in SPLITS:
