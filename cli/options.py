@@ -103,7 +103,7 @@ SignalDelayOpt = Annotated[
     typer.Option(
         "--signal-delay",
         metavar="S",
-        help="delay before heartbeats and KV events reach the router, seconds in [0, 60]",
+        help="delay before heartbeats and KV events reach the router, s in [0, 60], under 2 heartbeats",
         callback=real(0.0, 60.0, low_open=False, unit=" s"),
     ),
 ]

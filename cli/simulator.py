@@ -186,6 +186,7 @@ def capacity(
         policy = list(DEFAULT_POLICIES)
     no_bounds(policy)
     params = checked_policies(policy, seed, policy_config)
+    config = sim_config(seed, heartbeat, signal_delay, retry_share, output_budget, deciders, log_delay, split)
     if scenario is not None:
         from sim.scenarios import load_scenario
 
@@ -195,7 +196,6 @@ def capacity(
         assert workload is not None
         spec, base = parse_fleet(fleet), open_workload(workload, seed=seed)
     trace = base.jittered(jitter_arrivals, seed)
-    config = sim_config(seed, heartbeat, signal_delay, retry_share, output_budget, deciders, log_delay, split)
     document = capacities(trace, spec, policy, config, start, precision, params, jobs)
     print(format_capacity(document))
     write_json(json_out, document)
@@ -230,9 +230,9 @@ def tail(
 
     no_bounds(policy)
     params = checked_policies(policy, seed, policy_config)
+    config = sim_config(seed, heartbeat, signal_delay, retry_share, output_budget)
     spec = parse_fleet(fleet)
     trace = open_workload(workload, seed=seed).jittered(jitter_arrivals, seed).scaled(rate_scale)
-    config = sim_config(seed, heartbeat, signal_delay, retry_share, output_budget)
     tails = [analyse(trace, spec, name, config, params) for name in policy]
     print("\n".join(format_tail(t) for t in tails))
     if json_out:

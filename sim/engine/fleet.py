@@ -33,6 +33,9 @@ Two forms:
 
 ``tenants``, ``models``, ``reservations`` and ``gpu_budget`` are the rules of
 ``agents/policy/fleetmind/rules.py`` (read by ``fleetmind``; the other policies ignore them).
+The parsed document itself is kept (``FleetSpec.document``): the simulator's judge of
+violations (``sim/evaluation/violations.py``) reads the rules from it with code of its own,
+never through the rules the policy decides with.
 Every group has a count >= 1, and a fleet at most ``MAX_INSTANCES`` instances in all.
 """
 
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -84,6 +88,7 @@ class FleetSpec:
     dcs: tuple[str, ...] = ()  # every DC, with or without instances (default: the instances')
     rules: FleetRules = field(default_factory=FleetRules)
     outages: tuple[Outage, ...] = ()
+    document: Mapping[str, Any] | None = None  # the fleet file as parsed (None: a COUNTxPROFILE spec)
 
     @property
     def dc_names(self) -> tuple[str, ...]:
@@ -224,4 +229,4 @@ def fleet_from_doc(doc: Any, path: Path) -> FleetSpec:
     for o in outages:
         if not 0 <= o.down_s < o.up_s:
             raise ValueError(f"{path}: outage of {o.dc}: need 0 <= down_s < up_s, got {o.down_s}, {o.up_s}")
-    return FleetSpec(path.name, tuple(instances), rtt, ingress, tuple(names), rules, outages)
+    return FleetSpec(path.name, tuple(instances), rtt, ingress, tuple(names), rules, outages, doc)

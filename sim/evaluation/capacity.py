@@ -29,6 +29,7 @@ from sim.engine.instance import Attempt
 from sim.evaluation.compare import check_policies
 from sim.evaluation.cost import costs
 from sim.evaluation.metrics import judged, measurement_window, outcomes, report
+from sim.evaluation.violations import judge_run
 from sim.loop.deciders import caption
 from sim.loop.runner import SimConfig, simulate
 from sim.workloads.trace import Workload
@@ -50,6 +51,7 @@ class Probe:
     goodput_tokens_per_s: float
     ttft_prediction_mape: float | None = None  # the policy's own TTFT predictions, after warm-up
     cost_per_million_goodput_tokens: float | None = None  # sim/evaluation/cost.py (None: no price)
+    violations: dict[str, int] | None = None  # sim/evaluation/violations.py (None: no fleet file)
 
 
 Measure = Callable[[float], Probe]
@@ -87,6 +89,7 @@ def probe(
         goodput_tokens_per_s=totals["goodput_tokens_per_s"],  # type: ignore[arg-type]
         ttft_prediction_mape=totals["ttft_prediction_mape"],  # type: ignore[arg-type]
         cost_per_million_goodput_tokens=spend["cost_per_million_goodput_tokens"],
+        violations=judge_run(run, fleet, config.heartbeat_s),
     )
 
 
@@ -150,6 +153,7 @@ class Capacity:
             "cost_per_million_goodput_tokens": None
             if found is None
             else found.cost_per_million_goodput_tokens,
+            "violations": None if found is None else found.violations,
             "probes": [asdict(p) for p in self.probes],
         }
 
@@ -223,7 +227,10 @@ def capacities(
 
 
 def format_capacity(document: Mapping[str, Any]) -> str:
-    """The capacity table (markdown): per policy its capacity and the run there."""
+    """The capacity table (markdown): per policy its capacity and the run there, and with a
+    fleet file the violations of its rules in that run (``violations.py``)."""
+    judged = any(c.get("violations") is not None for c in document["capacity"].values())
+    extra_head, extra_rule = (" violations |", "---|") if judged else ("", "")
     rows = [
         f"SLO capacity on {document['workload']} ({document['fleet']}, seed {document['seed']}, "
         f"heartbeat {document['heartbeat_s']} s, signal delay {document['signal_delay_s']} s"
@@ -232,8 +239,8 @@ def format_capacity(document: Mapping[str, Any]) -> str:
         f"requests within TTFT and TPOT, to {document['precision']:.0%}",
         "",
         "| policy | capacity (x rate) | TTFT p50 | TTFT p95 | goodput tok/s | $ per M good tokens "
-        "| interactive in SLO | probes |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| interactive in SLO | probes |{extra_head}",
+        f"|---|---|---|---|---|---|---|---|{extra_rule}",
     ]
     for name, c in document["capacity"].items():
         scale = "< " + _num(c["below"]) if c["rate_scale"] is None else _num(c["rate_scale"])
@@ -241,7 +248,7 @@ def format_capacity(document: Mapping[str, Any]) -> str:
             f"| {name} | {scale} | {_sec(c['ttft_p50_s'])} | {_sec(c['ttft_p95_s'])} "
             f"| {_num(c['goodput_tokens_per_s'], 0)} | {_num(c.get('cost_per_million_goodput_tokens'), 3)} "
             f"| {_share(c['interactive_slo_share'])} "
-            f"| {len(c['probes'])} |"
+            f"| {len(c['probes'])} |{_violations(c) if judged else ''}"
         )
     compared = document.get("compared_at")
     if compared:
@@ -249,15 +256,22 @@ def format_capacity(document: Mapping[str, Any]) -> str:
             "",
             f"At {compared['reference']}'s capacity (x{_num(compared['rate_scale'])}):",
             "",
-            "| policy | TTFT p50 | TTFT p95 | goodput tok/s | interactive in SLO |",
-            "|---|---|---|---|---|",
+            f"| policy | TTFT p50 | TTFT p95 | goodput tok/s | interactive in SLO |{extra_head}",
+            f"|---|---|---|---|---|{extra_rule}",
         ]
         for name, p in compared["policies"].items():
             rows.append(
                 f"| {name} | {_sec(p['ttft_p50_s'])} | {_sec(p['ttft_p95_s'])} "
                 f"| {_num(p['goodput_tokens_per_s'], 0)} | {_share(p['interactive_slo_share'])} |"
+                f"{_violations(p) if judged else ''}"
             )
     return "\n".join(rows)
+
+
+def _violations(result: Mapping[str, Any]) -> str:
+    """A table cell: the run's total violations ("-": not measured)."""
+    found = result.get("violations")
+    return f" {'-' if found is None else found['total']} |"
 
 
 def _num(value: float | None, digits: int = 3) -> str:

@@ -13,6 +13,7 @@ from sim.evaluation.cost import costs
 from sim.evaluation.ideal import ideal_attempts
 from sim.evaluation.metrics import RequestOutcome, judged, report
 from sim.evaluation.regret import pass_through_twin, rejected_met_without_admission
+from sim.evaluation.violations import judge_run
 from sim.loop.runner import SimConfig, simulate
 from sim.workloads.trace import Workload
 
@@ -54,7 +55,8 @@ def compare(
     params: StageParams | None = None,
 ) -> tuple[dict[str, object], list[Timing]]:
     """The simulate JSON document and, separately, wall-clock timings (not part of the JSON,
-    so the same seed gives byte-identical JSON). ``params``: stage parameters (registry)."""
+    so the same seed gives byte-identical JSON). ``params``: stage parameters (registry).
+    With a fleet file, each policy's result has ``violations`` (``violations.py``)."""
     check_policies(policies, params)
     scaled = workload.scaled(rate_scale)
     twins = {name: twin for name in policies if name not in BOUNDS and (twin := pass_through_twin(name))}
@@ -79,6 +81,9 @@ def compare(
             _add_costs(
                 results[name], costs(run.attempts, requests[name], fleet.instances, run.busy_s, window_s)
             )
+            violations = judge_run(run, fleet, config.heartbeat_s)
+            if violations is not None:  # a fleet file: its rules judged (``violations.py``)
+                results[name]["violations"] = violations
         timings.append(Timing(name, time.perf_counter() - started, len(scaled.requests)))
     for name, twin in twins.items():
         _add_regret(results[name], twin, rejected_met_without_admission(requests[name], requests[twin]))

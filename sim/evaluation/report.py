@@ -89,17 +89,24 @@ def comparison(document: Mapping[str, Any]) -> Group:
         f" | seed {document['seed']} | {document['requests']} requests over {document['window_s']:.0f} s"
         f"{caption(document)}"
     )
+    # Violations are judged per run, not per class: the column is in the first table only,
+    # and only when the fleet was a file (a COUNTxPROFILE fleet has no rules to break).
+    judged = any("violations" in r for r in results.values())
     parts: list[RenderableType] = [Text(header)]
-    for title, rows in sections:
-        parts += [Text(""), _section(title, rows)]
+    for index, (title, rows) in enumerate(sections):
+        parts += [Text(""), _section(title, rows, violations=judged and index == 0)]
     return Group(*parts)
 
 
-def _section(title: str, rows: Mapping[str, Mapping[str, Any]]) -> Table:
+def _section(title: str, rows: Mapping[str, Mapping[str, Any]], violations: bool = False) -> Table:
+    """One table, a row per policy; ``violations``: a last column with each run's total
+    violations of the fleet's rules ("-" for a bound, which is not a router)."""
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
     table.add_column(Text(title), justify="left", no_wrap=True)
     for name, _ in _COLUMNS[1:]:
         table.add_column(Text(name), justify="right", no_wrap=True)
+    if violations:
+        table.add_column(Text("violations"), justify="right", no_wrap=True)
     ideal_p50 = rows.get("ideal", {}).get("ttft_p50_s")
     for name, metrics in rows.items():
         cells = [name]
@@ -110,6 +117,8 @@ def _section(title: str, rows: Mapping[str, Mapping[str, Any]]) -> Table:
                 cells.append(_cell(fmt, ratio) if ratio is not None else "-")
             else:
                 cells.append(_cell(fmt, metrics.get(key)))
+        if violations:
+            cells.append(_cell("{}", (metrics.get("violations") or {}).get("total")))
         table.add_row(*(Text(c) for c in cells))  # Text: a name is never read as rich markup
     return table
 

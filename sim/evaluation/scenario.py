@@ -2,9 +2,9 @@
 
 Per policy, beside the usual metrics (``metrics.report``):
 
-- ``violations``: admits against the fleet's rules, onto another model version, or onto a row
-  the scheduler's snapshot showed not ready or stale (counted by the runner from the truth),
-  and their ``total``;
+- ``violations``: sends that broke the fleet file's rules, per kind (permission, residency,
+  version, model, not ready, cut off) and their ``total``, judged from the fleet file and the
+  run's sends by ``sim/evaluation/violations.py`` (which shares no code with the policies);
 - ``hotspot``: the metrics of the requests that arrived inside the hot-spot window (goodput
   over that window);
 - ``diverted``: requests that ran outside their home DC: how many, their client-side TTFT P50 /
@@ -29,6 +29,7 @@ from agents.policy.registry import StageParams, params_for
 from sim.engine.instance import Attempt
 from sim.evaluation.compare import check_policies
 from sim.evaluation.metrics import outcomes, percentile, report, summarize
+from sim.evaluation.violations import judge_run
 from sim.loop.deciders import caption
 from sim.loop.runner import RunResult, SimConfig, simulate
 from sim.scenarios import Scenario
@@ -77,7 +78,7 @@ def policy_result(
     FleetMind is judged by (violations, the hotspot's cohort, diversions, outages)."""
     result = report(run.attempts, run.window, config.slo_classes, run.busy_s)
     start = run.window[0]
-    result["violations"] = {**run.violations, "total": sum(run.violations.values())}
+    result["violations"] = judge_run(run, scenario.fleet, config.heartbeat_s)
     if scenario.hotspot is not None:
         low, high = (start + t / rate_scale for t in scenario.hotspot)
         cohort = outcomes(run.attempts, (low, high), config.slo_classes, closed_at_end=False)

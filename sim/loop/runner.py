@@ -21,10 +21,10 @@ What happens to an attempt on its instance (step ends, first tokens, give-ups, e
 an ended attempt reports) is ``sim/loop/lifecycle.py``'s, shared with the real-time driver
 (``sim/loop/live.py``).
 
-Violations are counted from the truth, for every policy alike: an admit into a DC the fleet's
-rules forbid to the request (``rules``), onto another version than the request's (``version``),
-or onto a row the scheduler's own snapshot showed not ready or stale beyond two heartbeat
-intervals (``not_ready``).
+Every admit is recorded as a ``Send`` (which instance, DC, model and version it went to, when,
+and how the scheduler's newest row of that instance looked then), so that violations can be
+judged afterwards from the truth and the fleet file, for every policy alike, by a judge that
+shares nothing with the policies (``sim/evaluation/violations.py``).
 
 Several deciders per pool (``SimConfig.deciders`` > 1): the runner drives ``Deciders``
 (``sim/loop/deciders.py``) instead of one scheduler: N schedulers, each deciding its partition's
@@ -76,7 +76,9 @@ MAX_FAILURE_RETRIES = 2
 
 @dataclass(frozen=True, slots=True)
 class SimConfig:
-    """Knobs that are the same for every policy in one comparison."""
+    """Knobs that are the same for every policy in one comparison. ``ValueError`` for a
+    ``signal_delay_s`` at or above the staleness window (``STALE_AFTER_HEARTBEATS`` heartbeat
+    intervals, FleetMind's and the view's), or a bad deciders setting."""
 
     seed: int = 0
     heartbeat_s: float = 0.25
@@ -92,6 +94,15 @@ class SimConfig:
     def __post_init__(self) -> None:
         if self.deciders < 1:
             raise ValueError(f"deciders must be at least 1, not {self.deciders}")
+        window = STALE_AFTER_HEARTBEATS * self.heartbeat_s
+        if self.signal_delay_s >= window:
+            # Every row would be older than the window whenever read: every instance stale on
+            # arrival, and a router that keeps to fresh rows (FleetMind) would serve nothing.
+            raise ValueError(
+                f"--signal-delay {self.signal_delay_s:g} s is at or above the staleness window "
+                f"({STALE_AFTER_HEARTBEATS} heartbeats of {self.heartbeat_s:g} s = {window:g} s): every "
+                "instance would look stale on arrival; give a shorter --signal-delay or a longer --heartbeat"
+            )
         if not (self.decision_log_delay_s >= 0 and np.isfinite(self.decision_log_delay_s)):
             raise ValueError("decision_log_delay_s must be a finite number of seconds >= 0")
         if self.decider_split not in SPLITS:
@@ -119,13 +130,32 @@ class SimConfig:
         return ClientRules(self.slo_classes, self.seed, self.retry_share)
 
 
+@dataclass(frozen=True, slots=True)
+class Send:
+    """One admit, as it happened: ``request`` (its tenant, home DC, allowed regions, model and
+    version as the client sent them), attempt number ``attempt``, sent at ``sent_s`` to instance
+    ``instance_id`` of DC ``dc``, which serves ``model`` at ``version``. ``row_ready`` and
+    ``row_taken_s``: the ready flag of the newest heartbeat row of that instance the scheduler
+    had when it decided, and when that row was taken (its age is ``sent_s - row_taken_s``)."""
+
+    request: TraceRequest
+    attempt: int
+    sent_s: float
+    instance_id: str
+    dc: str
+    model: str
+    version: str
+    row_ready: bool
+    row_taken_s: float
+
+
 @dataclass(slots=True)
 class RunResult:
     policy: str
     attempts: list[Attempt]
     window: tuple[float, float]
     busy_s: list[float]
-    violations: dict[str, int] = field(default_factory=dict)
+    sends: list[Send] = field(default_factory=list)  # every admit, in the order decided
     notices: list[FleetNotice] = field(default_factory=list)
 
 
@@ -178,7 +208,7 @@ class Simulation(AttemptLifecycle):
         self._last_beat: list[tuple[int, int, int, int]] = [(0, 0, 0, 0)] * len(self.instances)
         self._beat_s = np.zeros(len(self.instances))
         self._row_dc = [spec.dc for spec in fleet.instances]
-        self.violations = {"rules": 0, "version": 0, "not_ready": 0}
+        self.sends: list[Send] = []
         self.notices: list[FleetNotice] = []
         self._view = self._snapshot(0.0)
         self.feedback = bind_feedback(scheduler, feedback or MemoryOutcomes())
@@ -233,9 +263,7 @@ class Simulation(AttemptLifecycle):
         if progress is not None:
             progress(done)
         busy = [i.busy_s for i in self.instances]
-        return RunResult(
-            self.scheduler.name, self._attempts, self.window, busy, self.violations, self.notices
-        )
+        return RunResult(self.scheduler.name, self._attempts, self.window, busy, self.sends, self.notices)
 
     # --- event handlers -----------------------------------------------------------------------
 
@@ -269,7 +297,7 @@ class Simulation(AttemptLifecycle):
         if outcome.action == "admit":
             index = outcome.instance
             instance = self.instances[index]
-            self._judge(outcome.request, index, now)
+            self._record_send(attempt, index, now)
             attempt.dc, attempt.sent_s = self._row_dc[index], now
             one_way = self.fleet.rtt(self.fleet.ingress_dc, attempt.dc) / 2
             if one_way > 0:
@@ -299,19 +327,24 @@ class Simulation(AttemptLifecycle):
         attempt.status = "rejected"
         self._end(attempt, now)
 
-    def _judge(self, request: RequestView, index: int, now: float) -> None:
-        """Count the admit's violations of the fleet's rules (module docstring)."""
-        rules = self.fleet.rules
+    def _record_send(self, attempt: Attempt, index: int, now: float) -> None:
+        """The admit as it happened (``Send``): judged later, never here, so that no policy's
+        own reading of the rules decides whether it broke them."""
         spec = self.fleet.instances[index]
         view = self._view
-        if not rules.allows(request, spec.dc):
-            self.violations["rules"] += 1
-        version = rules.version_for(request)
-        if version and spec.version != version:
-            self.violations["version"] += 1
-        stale = now - float(view.last_heartbeat_s[index]) > STALE_AFTER_HEARTBEATS * self.config.heartbeat_s
-        if not view.ready[index] or stale:
-            self.violations["not_ready"] += 1
+        self.sends.append(
+            Send(
+                attempt.request,
+                attempt.attempt,
+                now,
+                spec.instance_id,
+                spec.dc,
+                spec.model,
+                spec.version,
+                bool(view.ready[index]),
+                float(view.last_heartbeat_s[index]),
+            )
+        )
 
     def _fail(self, attempt: Attempt, now: float) -> None:
         """The attempt failed with its DC; the client learns it r/2 later and retries."""

@@ -10,7 +10,7 @@ A scenario file (``sim/scenarios/NAME.yaml``, or any path)::
       - {name: bank, tenant: bank, home_dc: B, duration_s: 300, rate_per_s: 1}
 
 A source is a ``SyntheticMix`` (its keys: ``duration_s``, ``rate_per_s``, ``tenants``, shares,
-``batch_jobs_per_hour`` ...) starting at ``start_s``, whose requests enter at ``home_dc``, with
+``batch_jobs_per_hour``, ``models`` ...) starting at ``start_s``, whose requests enter at ``home_dc``, with
 tenants named ``NAME/tenant-K`` (or all ``tenant``), optional ``model_version`` and
 ``allowed_regions``. Sources get disjoint block ids (no false sharing between them) and seeds
 ``seed + index``. ``hotspot: true`` marks the sources of a hot spot; their span is the
@@ -89,8 +89,9 @@ def _source_records(
     if home not in fleet.dc_names:
         raise ValueError(f"{where}: home_dc {home!r} is not a data centre of the fleet")
     mix_options = {k: v for k, v in source.items() if k in _MIX_KEYS}
-    if "batch_job_size" in mix_options:
-        mix_options["batch_job_size"] = tuple(mix_options["batch_job_size"])
+    for listed in ("batch_job_size", "models"):  # YAML lists; the mix takes tuples
+        if isinstance(mix_options.get(listed), list):
+            mix_options[listed] = tuple(mix_options[listed])
     try:
         mix = SyntheticMix(seed=seed + index, **mix_options)
         start_ms = float(source.get("start_s", 0.0)) * 1000.0

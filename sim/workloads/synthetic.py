@@ -13,6 +13,11 @@ and burst phases with exponential durations, the burst rate ``burst_factor`` tim
 
 Block ids are allocated from disjoint ranges so equal ids mean equal content; the loader chains
 them, so a block is shared only when its whole prefix is.
+
+Several models: ``models`` names them, each ``NAME`` or ``NAME@VERSION``; tenant k asks for
+``models[k mod len(models)]`` (its ``model``, and its ``model_version`` when one is named), so a
+tenant's sessions stay with one model. Empty (the default): no request names a model (each runs
+on the fleet's default model) and the records are exactly those of a mix without the option.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ class SyntheticMix:
     batch_job_size: tuple[int, int] = (40, 160)
     burst_factor: float = 3.0
     mean_phase_s: float = 60.0
+    models: tuple[str, ...] = ()  # NAME or NAME@VERSION; tenant k asks for models[k mod len]
 
     def __post_init__(self) -> None:
         """``ValueError`` naming the first option out of range (NaN and infinities included)."""
@@ -87,6 +93,10 @@ class SyntheticMix:
         _check("batch_jobs_per_hour", self.batch_jobs_per_hour, 0.0, 3600.0, low_open=False)
         _check("burst_factor", self.burst_factor, 0.0, 1000.0)
         _check("mean_phase_s", self.mean_phase_s, 0.0, MAX_TRAFFIC_S)
+        if not isinstance(self.models, tuple) or not all(
+            isinstance(m, str) and m.partition("@")[0] and not m.endswith("@") for m in self.models
+        ):
+            raise ValueError(f"synthetic models must be a list of NAME or NAME@VERSION, got {self.models!r}")
         low, high = self.batch_job_size
         if not 1 <= low < high <= 100_000:
             raise ValueError(
@@ -137,8 +147,16 @@ class _Generator:
             "tenant": f"tenant-{tenant}",
             "max_tokens": self.max_tokens[tenant],
             "task_type": kind,
+            **self.model_of(tenant),
             **extra,
         }
+
+    def model_of(self, tenant: int) -> Record:
+        """The ``model`` (and ``model_version``) fields of tenant ``tenant``'s requests."""
+        if not self.mix.models:
+            return {}
+        name, _, version = self.mix.models[tenant % len(self.mix.models)].partition("@")
+        return {"model": name, "model_version": version} if version else {"model": name}
 
     def arrivals(self, rate: float) -> Iterator[float]:
         """Markov-modulated Poisson arrivals with mean ``rate`` over the duration."""

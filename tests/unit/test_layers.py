@@ -6,12 +6,15 @@ Checked on the source (every module's import statements, lazy ones inside functi
 - ``streams`` and the simulator never import the adapters (``infra``) or a deployable;
 - the deployables (``worker``, ``dispatcher``, ``gateway``) never import one another;
 - product code never imports the lab, the command line, ``bench`` or ``tests``; the lab never
-  imports the command line.
+  imports the command line;
+- the judge of violations (``sim/evaluation/violations.py``) shares no code with the policy it
+  judges: it imports nothing of ``agents.policy.fleetmind``, and importing it loads none of it.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -85,3 +88,20 @@ def test_the_pure_core_imports_only_stdlib_numpy_and_itself() -> None:
 )
 def test_layers_import_only_inward(package: str, allowed: tuple[str, ...]) -> None:
     assert offenders(package, allowed) == {}
+
+
+def test_the_judge_of_violations_shares_no_code_with_fleetmind() -> None:
+    judge = "sim/evaluation/violations.py"
+    names = imports_of("sim/evaluation")[judge]  # type-only imports included
+    assert sorted(n for n in names if n.startswith("agents")) == []
+    # Nor through another module, at run time: a fresh interpreter that imports the judge has
+    # loaded nothing of the project but the judge and its packages.
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, sim.evaluation.violations; print(*sorted(sys.modules))"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    project = sorted(m for m in loaded if m.split(".")[0] in PROJECT)
+    assert project == ["sim", "sim.evaluation", "sim.evaluation.violations"]

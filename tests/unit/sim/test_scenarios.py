@@ -100,7 +100,7 @@ def test_an_outage_fails_what_ran_there_and_fleetmind_stops_sending_within_two_h
     assert outage["dc_share_recovered_after_s"] is not None and outage["dc_share_recovered_after_s"] <= 30
     # local-only keeps sending D's requests to D while it is down: each is a violation and fails.
     assert local["outages"][0]["sent_after_detection"] > 0
-    assert local["violations"]["not_ready"] >= local["outages"][0]["sent_after_detection"]
+    assert local["violations"]["cut_off"] == local["outages"][0]["sent_after_detection"]
     assert local["failed"] > 0
     run = simulate(scenario.workload, scenario.fleet, "local-only", config)
     failed = [a for a in run.attempts if a.status == "failed"]
@@ -110,7 +110,7 @@ def test_an_outage_fails_what_ran_there_and_fleetmind_stops_sending_within_two_h
 
 
 def test_only_fleetmind_keeps_to_versions_and_residency(tmp_path: Path) -> None:
-    for name, kind in (("version-mismatch", "version"), ("pinned-tenant", "rules")):
+    for name, kind in (("version-mismatch", "version"), ("pinned-tenant", "residency")):
         scenario = load_scenario(str(small(name, tmp_path, seconds=40, share=0.5)))
         document = run_scenario(scenario, ["fleetmind+tokenpilot", "global-least-load"], SimConfig())
         results: Any = document["results"]

@@ -223,3 +223,19 @@ def test_a_record_with_an_unknown_field_or_slo_class_is_one_clear_error(tmp_path
     platinum.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5, "slo_class": "platinum"}\n')
     with pytest.raises(ValueError, match="SLO class 'platinum' is not configured"):
         simulate(load_workload(platinum), parse_fleet("1xllama3-8b-h100"), "round-robin", SimConfig())
+
+
+def test_a_synthetic_mix_may_name_several_models_and_versions() -> None:
+    """Tenant k asks for models[k mod n]; without ``models`` the records are unchanged."""
+    plain = SyntheticMix(duration_s=120, seed=3).generate()
+    both = SyntheticMix(duration_s=120, seed=3, models=("llama3-8b@2", "qwen3-14b")).generate()
+    assert [{k: v for k, v in r.items() if k not in ("model", "model_version")} for r in both] == plain
+    for record in both:
+        tenant = int(record["tenant"].removeprefix("tenant-"))
+        expected = {"model": "llama3-8b", "model_version": "2"} if tenant % 2 == 0 else {"model": "qwen3-14b"}
+        assert {k: record[k] for k in ("model", "model_version") if k in record} == expected
+    w = open_workload("synthetic:duration_s=120,models=llama3-8b@2+qwen3-14b", seed=3)
+    assert {(r.model, r.model_version) for r in w.requests} == {("llama3-8b", "2"), ("qwen3-14b", "")}
+    for bad in (("",), ("llama3-8b@",), ("@2",)):
+        with pytest.raises(ValueError, match="synthetic models must be"):
+            SyntheticMix(models=bad)
