@@ -253,7 +253,7 @@ async def _session(args: argparse.Namespace, settings: Settings, runs: range) ->
         profiler = None
         try:
             if args.profile:
-                profiler = _start_profiler(worker.pid, args.profile)
+                profiler = start_profiler(worker.pid, args.profile)
             return await orchestrate(args, bootstrap, settings, worker, runs)
         except Exception as exc:
             log(f"failed: {exc}")
@@ -266,7 +266,7 @@ async def _session(args: argparse.Namespace, settings: Settings, runs: range) ->
             log(f"worker stopped (exit code {code})")
 
 
-def _start_profiler(pid: int, out: str) -> subprocess.Popen[bytes]:
+def start_profiler(pid: int, out: str) -> subprocess.Popen[bytes]:
     """py-spy on the worker for its whole life (it stops when the worker exits)."""
     binary = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     kind = "raw" if out.endswith((".txt", ".folded")) else "flamegraph"  # raw: collapsed stacks
@@ -283,6 +283,7 @@ def _start_profiler(pid: int, out: str) -> subprocess.Popen[bytes]:
             "--rate",
             "200",
             "--nonblocking",
+            "--subprocesses",  # the worker decides in its supervisor's child
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

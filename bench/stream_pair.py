@@ -36,6 +36,7 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
+from bench.stream import start_profiler
 from bench.stream_run import DecisionCounter, RequestFactory, idle_instances, log, stamp
 from infra.kafka.clients import start_client
 from lab.measure import cpu_seconds
@@ -115,6 +116,7 @@ async def one_session(args: argparse.Namespace, data_dir: Path, index: int) -> t
             "pair producer",
         )
         factory = RequestFactory(seed=args.seed + index)
+        profiler = None
         try:
             first = stack.start_worker(data_dir=data_dir / "first")
             await first.wait_ready_async(90)
@@ -123,6 +125,8 @@ async def one_session(args: argparse.Namespace, data_dir: Path, index: int) -> t
             one = await phase(producer, counter, factory, f"one{index}", args.requests, [first])
             log(f"session {index}: one worker: {one}")
             second = stack.start_worker(data_dir=data_dir / "second")
+            if args.profile and index == 0:
+                profiler = start_profiler(second.pid, args.profile)
             await second.wait_ready_async(90)
             for attempt in range(30):  # until both decide (the group rebalanced)
                 warm = await phase(producer, counter, factory, f"join{index}-{attempt}", 200, [first, second])
@@ -135,6 +139,9 @@ async def one_session(args: argparse.Namespace, data_dir: Path, index: int) -> t
             await producer.stop()
             await counter.stop()
             await fleet.stop()
+            if profiler is not None:  # py-spy writes its output once the worker exited
+                await stack.stop_worker(second)
+                await asyncio.to_thread(profiler.wait, 30)
 
 
 def report(one: Phase, pair: Phase) -> str:
@@ -164,6 +171,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3, help="sessions, each on a new broker")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--profile", metavar="SVG", help="py-spy the second worker of session 0 (.svg; .txt: raw stacks)"
+    )
     args = parser.parse_args(argv)
     if args.requests < 1 or args.repeat < 1 or args.warmup < 1:
         parser.error("--requests, --warmup and --repeat take positive numbers")
