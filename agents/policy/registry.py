@@ -28,9 +28,12 @@ from agents.policy.fleetmind import FleetMind, GlobalLeastLoad, LocalOnly
 from agents.policy.peers import (
     DynamoKv,
     LlmdDefault,
+    LlmdDefault4k,
     LlmdLoadAware,
+    LlmdPrecise,
     SglangCacheAware,
     SglangGatewayCacheAware,
+    SmgEvents,
 )
 from agents.policy.pipeline import HoldLimits, Scheduler
 from agents.policy.slomax import SloMax
@@ -55,9 +58,12 @@ INSTANCE_SELECTION: dict[str, Callable[..., Any]] = {
         LeastTokens,
         SglangCacheAware,
         SglangGatewayCacheAware,
+        SmgEvents,
         DynamoKv,
         LlmdDefault,
+        LlmdDefault4k,
         LlmdLoadAware,
+        LlmdPrecise,
         TokenPilot,
     )
 }

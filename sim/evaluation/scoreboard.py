@@ -40,9 +40,11 @@ JUDGED = "tokenpilot"
 PEERS = (
     "sglang-cache-aware",
     "sglang-gateway-cache-aware",
+    "smg-events",
     "dynamo-kv",
     "llm-d-default",
     "llm-d-load-aware",
+    "llm-d-precise",
 )
 POLICIES = (JUDGED, "round-robin", "least-tokens", *PEERS)
 

@@ -2,12 +2,24 @@
 
 Each class cites the repository, commit and files it follows, uses the shipped defaults, states
 its formula and lists what it still departs from (and why). ``LlmdLoadAware`` is a shipped but
-non-default llm-d profile, ``SglangGatewayCacheAware`` the later SGLang gateway's variant of
-the same policy; both labelled as such.
+non-default llm-d profile, ``LlmdDefault4k`` llm-d's default profile at its older defaults
+(4 096-token prefix cap), ``SglangGatewayCacheAware`` the later SGLang gateway's variant of
+the same policy; all labelled as such. ``LlmdPrecise`` and ``SmgEvents`` are the event-driven
+modes of llm-d and of SGLang's gateway (``lightseekorg/smg``), fed the engines' KV events.
 """
 
 from agents.policy.peers.dynamo import DynamoKv
-from agents.policy.peers.llmd import LlmdDefault, LlmdLoadAware
+from agents.policy.peers.llmd import LlmdDefault, LlmdDefault4k, LlmdLoadAware, LlmdPrecise
 from agents.policy.peers.sglang import SglangCacheAware, SglangGatewayCacheAware
+from agents.policy.peers.smg import SmgEvents
 
-__all__ = ["DynamoKv", "LlmdDefault", "LlmdLoadAware", "SglangCacheAware", "SglangGatewayCacheAware"]
+__all__ = [
+    "DynamoKv",
+    "LlmdDefault",
+    "LlmdDefault4k",
+    "LlmdLoadAware",
+    "LlmdPrecise",
+    "SglangCacheAware",
+    "SglangGatewayCacheAware",
+    "SmgEvents",
+]

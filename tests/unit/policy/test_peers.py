@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 
 from agents.policy.common.selector import InstanceSelector
-from agents.policy.peers import DynamoKv, LlmdDefault, LlmdLoadAware, SglangCacheAware
+from agents.policy.peers import (
+    DynamoKv,
+    LlmdDefault,
+    LlmdDefault4k,
+    LlmdLoadAware,
+    LlmdPrecise,
+    SglangCacheAware,
+    SmgEvents,
+)
 from agents.policy.types import BlocksChanged, ClusterView, Finished, FirstToken, Placed, RequestView
 from tests.unit.policy.helpers import cluster_view, decide
 
@@ -201,12 +209,12 @@ def test_sglang_a_prefix_match_refreshes_the_matched_path() -> None:
 # --- llm-d-default ----------------------------------------------------------------------------
 
 
-def test_llmd_prefix_score_covers_only_the_first_4096_tokens() -> None:
-    policy = LlmdDefault()
+def test_llmd_4k_variant_prefix_score_covers_only_the_first_4096_tokens() -> None:
+    policy = LlmdDefault4k()
     v = cluster_view(2)
     long_prompt = tuple(range(20))  # 10240 tokens
     row = place(policy, req("a", 10240, long_prompt), v)
-    assert policy.index.blocks_held(f"i{row}") == 8  # llm-d indexes at most 256 x 16 tokens
+    assert policy.index.blocks_held(f"i{row}") == 8  # llm-d indexed at most 256 x 16 tokens
     same_start = tuple(range(8)) + tuple(range(100, 112))
     expected = [0.0, 0.0]
     expected[row] = 1.0  # 256 of 256 llm-d blocks: indistinguishable from the full match
@@ -214,8 +222,41 @@ def test_llmd_prefix_score_covers_only_the_first_4096_tokens() -> None:
     assert policy.prefix_scores(req("c", 10240, same_start), v).tolist() == expected
     # 1000 tokens: ceil(1000 / 16) = 63 llm-d blocks; one matched 512-token block is 32 of them.
     assert policy.prefix_scores(req("d", 1000, (0,)), v)[row] == pytest.approx(32 / 63)
-    # Shorter than one llm-d block: nothing is hashed, score 0.
+    # Shorter than one llm-d block: only a partial block is hashed, never matched, score 0.
     assert policy.prefix_scores(req("e", 15, ()), v).tolist() == [0.0, 0.0]
+
+
+def test_llmd_default_matches_up_to_131072_tokens_in_64_token_blocks() -> None:
+    policy = LlmdDefault()
+    v = cluster_view(2)
+    long_prompt = tuple(range(20))  # 10240 tokens: all hashed now (cap 131072)
+    row = place(policy, req("a", 10240, long_prompt), v)
+    assert policy.index.blocks_held(f"i{row}") == 20
+    same_start = tuple(range(8)) + tuple(range(100, 112))
+    full, partial = [0.0, 0.0], [0.0, 0.0]
+    full[row] = 1.0  # 160 of 10240 / 64 = 160 blocks
+    partial[row] = 64 / 160  # 8 of ours = 8 x 8 = 64 blocks of 64 tokens
+    assert policy.prefix_scores(req("b", 10240, long_prompt), v).tolist() == full
+    assert policy.prefix_scores(req("c", 10240, same_start), v).tolist() == pytest.approx(partial)
+    # 1000 tokens: ceil(1000 / 64) = 16 blocks (the partial one hashed); one of ours is 8.
+    assert policy.prefix_scores(req("d", 1000, (0,)), v)[row] == pytest.approx(8 / 16)
+    assert policy.prefix_scores(req("e", 63, ()), v).tolist() == [0.0, 0.0]
+    # 200 000 tokens: only the first 131072 / 64 = 2048 blocks (our first 256) are hashed.
+    fresh, huge = LlmdDefault(), tuple(range(1000, 1390))  # 390 full blocks of ours
+    row = place(fresh, req("f", 200_000, huge), v)
+    assert fresh.index.blocks_held(f"i{row}") == 256
+    assert fresh.prefix_scores(req("g", 200_000, (*huge[:256], 7)), v)[row] == 1.0
+
+
+def test_llmd_default_lru_holds_num_gpu_blocks_entries_of_64_tokens() -> None:
+    # kv_total 2 of our blocks = 1024 tokens = 64 engine blocks of 16 tokens -> 64 LRU entries
+    # of 64 tokens = 4096 tokens = 8 of our blocks (4x the pod's KV); 16-token entries: 2.
+    new, old = LlmdDefault(), LlmdDefault4k()
+    v = cluster_view(1, kv_total=2)
+    for policy in (new, old):
+        place(policy, req("a", 6144, tuple(range(12))), v)
+    assert new.index.blocks_held("i0") == 8
+    assert old.index.blocks_held("i0") == 2
 
 
 def test_llmd_scores_queue_kv_and_prefix_with_weights_2_2_3() -> None:
@@ -224,7 +265,8 @@ def test_llmd_scores_queue_kv_and_prefix_with_weights_2_2_3() -> None:
     place(policy, req("a", 2048, (1, 2, 3, 4)), cluster_view(3, waiting=[9, 9, 0]))  # warms i2
     mask = np.ones(3, dtype=bool)
     scores = policy.scores(req("b", 4096, (1, 2, 5, 6, 7, 8, 9, 10)), v, mask)
-    # queue (8 - q) / 8: 1, 0.5, 0; kv 1 - used / total: 0.5, 1, 0.75; prefix on i2: 64 / 256.
+    # queue (8 - q) / 8: 1, 0.5, 0; kv 1 - used / total: 0.5, 1, 0.75; prefix on i2: 2 of our
+    # blocks = 16 of llm-d's 64-token blocks, of 4096 / 64 = 64.
     assert scores.tolist() == pytest.approx([2 * 1 + 2 * 0.5, 2 * 0.5 + 2 * 1, 2 * 0.75 + 3 * 0.25])
     assert place(policy, req("c", 4096, (1, 2, 5, 6, 7, 8, 9, 10)), v) in (0, 1)  # 3.0 tie
 
@@ -234,6 +276,79 @@ def test_llmd_load_aware_variant_scores_prefix_plus_load() -> None:
     v = cluster_view(3, waiting=[0, 64, 200])
     scores = policy.scores(req("a", 1024, (1, 2)), v, np.ones(3, dtype=bool))
     assert scores.tolist() == pytest.approx([0.5, 0.25, 0.0])
+
+
+# --- llm-d-precise ----------------------------------------------------------------------------
+
+
+def test_llmd_precise_scores_event_prefix_kv_and_queue_with_weights_2_1_1() -> None:
+    policy = LlmdPrecise()
+    v = cluster_view(3, waiting=[0, 2, 4], kv_used=[0, 500, 250])
+    policy.observe(BlocksChanged("i1", "stored", (1, 2, 3, 4), 0.0))
+    policy.observe(BlocksChanged("i2", "stored", (1, 2), 0.0))
+    a = req("a", 2100, (1, 2, 3, 4))
+    # total = 2100 // 64 = 32 full blocks; i1 holds 4 x 8 = 32, i2 16: prefix 0, 1, 0.5.
+    assert policy.prefix_scores(a, v).tolist() == [0.0, 1.0, 0.5]
+    # queue (4 - q) / 4: 1, 0.5, 0; kv: 1, 0.5, 0.75.
+    assert policy.scores(a, v, np.ones(3, dtype=bool)).tolist() == pytest.approx([2.0, 3.0, 1.75])
+    assert place(policy, a, v) == 1
+    policy.observe(BlocksChanged("i1", "removed", (3, 4), 1.0))  # the engine evicted them
+    assert policy.scores(a, v, np.ones(3, dtype=bool)).tolist() == pytest.approx([2.0, 2.0, 1.75])
+    # Its own routing adds nothing (speculative indexing ships off): i0 stays at prefix 0.
+    place(policy, req("b", 2100, (1, 2, 3, 4)), cluster_view(3, waiting=[0, 9, 9]))
+    assert policy.prefix_scores(a, v)[0] == 0.0
+    # Fewer than 64 tokens: no full block, no key, prefix 0.
+    assert policy.prefix_scores(req("c", 63, ()), v).tolist() == [0.0, 0.0, 0.0]
+    assert policy.wants_kv_events and not policy.shares_placements
+
+
+# --- smg-events -------------------------------------------------------------------------------
+
+
+def test_smg_events_highest_overlap_then_lower_load_then_smaller_tree() -> None:
+    policy = SmgEvents()
+    assert (policy.balance_abs_threshold, policy.balance_rel_threshold) == (64, 1.5)
+    v = cluster_view(3)
+    policy.observe(BlocksChanged("i0", "stored", (1, 2), 0.0))
+    policy.observe(BlocksChanged("i1", "stored", (1, 2, 3), 0.0))
+    policy.observe(BlocksChanged("i2", "stored", (1, 2, 3, 9), 0.0))
+    a = req("a", 2048, (1, 2, 3, 4))
+    # Overlap 2, 3, 3; loads 0: the smaller tree of i1 (3 blocks) beats i2 (4).
+    assert place(policy, a, v) == 1
+    # i1 now has 1 request in flight, i2 none: the lower load wins.
+    assert place(policy, req("b", 2048, (1, 2, 3, 4)), v) == 2
+    # Loads 1 and 1 again: the smaller tree.
+    assert place(policy, req("c", 2048, (1, 2, 3, 4)), v) == 1
+    # A longer overlap wins whatever the load: i2 holds 4 of 4.
+    assert place(policy, req("d", 2048, (1, 2, 3, 9)), v) == 2
+
+
+def test_smg_events_exact_tie_goes_to_the_last_row_and_no_overlap_to_the_least_loaded() -> None:
+    policy = SmgEvents()
+    v = cluster_view(3)
+    for instance in ("i0", "i1"):
+        policy.observe(BlocksChanged(instance, "stored", (5,), 0.0))
+    assert place(policy, req("a", 1024, (5, 6)), v) == 1  # (1, 0, 1) on both: max_by_key keeps the last
+    # No overlap: min (load, processed, row): i0 and i2 both idle and never chosen -> i0.
+    assert place(policy, req("b", 1024, (70, 71)), v) == 0
+    policy.observe(finished("a", "i1"))
+    policy.observe(finished("b", "i0"))
+    # All idle again; processed i0 = 1, i1 = 1, i2 = 0 -> i2.
+    assert place(policy, req("c", 1024, (80,)), v) == 2
+    # Shorter than one block: no overlap either.
+    assert place(policy, req("d", 100, ()), v) in (0, 1)
+
+
+def test_smg_events_imbalance_routes_to_the_least_loaded() -> None:
+    policy = SmgEvents(balance_abs_threshold=1)
+    v = cluster_view(3)
+    policy.observe(BlocksChanged("i0", "stored", (1,), 0.0))
+    assert place(policy, req("a", 512, (1,)), v) == 0  # loads 0, 0, 0: overlap
+    assert place(policy, req("b", 512, (1,)), v) == 0  # loads 1, 0, 0: 1 - 0 is not > 1
+    # loads 2, 0, 0: 2 - 0 > 1 and 2 > 1.5 * 0: imbalanced, least loaded (row order on ties).
+    (c,) = decide(policy, [req("c", 512, (1,))], v, 1.0)
+    assert (c.instance, c.reason) == (1, "imbalanced: least loaded")
+    assert place(policy, req("d", 512, (1,)), v) == 2  # loads 2, 1, 0
 
 
 # --- several deciders per pool: another replica's placement ---------------------------------
@@ -265,11 +380,11 @@ def test_dynamo_without_replica_sync_ignores_another_replicas_request() -> None:
     assert policy.in_flight.requests == {}
 
 
-def test_sglang_and_llmd_replicas_share_nothing() -> None:
+def test_sglang_llmd_and_smg_replicas_share_nothing() -> None:
     v = cluster_view(2)
     a = req("a", 2048, (1, 2, 3, 4))
     sglang, llmd = SglangCacheAware(), LlmdDefault()
-    for policy in (sglang, llmd):
+    for policy in (sglang, llmd, LlmdPrecise(), SmgEvents()):
         policy.observe(Placed(a, "i1", 1.0))
         assert policy.in_flight.requests == {}
     assert sglang.trees.sizes(v).tolist() == [0, 0]
