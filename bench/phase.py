@@ -4,8 +4,9 @@ Most requests of a busy pool first wait for the engine step in progress to end. 
 step clock (``agents/policy/tokenpilot/stepclock.py``) infers that wait from the step
 boundaries a router sees (first tokens, ends of responses). This runs TokenPilot three times per
 scoreboard cell, at its SLO capacity there (``make scoreboard``; ``--rate-scale`` for another
-load), and prints its TTFT prediction MAPE (after warm-up, as the scoreboard reports it) and its
-interactive SLO share (what the capacity search judges by):
+load), and prints its TTFT prediction MAPE (after warm-up, as the scoreboard reports it), that
+MAPE over the exact-phase oracle's (``clock/exact``: how far TokenPilot is from the floor phase
+knowledge allows) and its interactive SLO share (what the capacity search judges by):
 
 - ``clock``: as shipped;
 - ``stream``: the wait extrapolated from every step boundary, each seen ``--delay`` late (what
@@ -151,13 +152,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"{'cell':<28}{'x':>7}"
         + "".join(f"{'MAPE ' + m:>14}" for m in MODES)
+        + f"{'clock/exact':>13}"
         + "".join(f"{'share ' + m:>15}" for m in MODES)
     )
     for cell in cells:
         errors = "".join(f"{_pct(by_run[(cell, mode)][0]):>14}" for mode in MODES)
+        ratio = _ratio(by_run[(cell, "clock")][0], by_run[(cell, "exact")][0])
         shares = "".join(f"{by_run[(cell, mode)][1]:>15.4f}" for mode in MODES)
-        print(f"{cell.name:<28}{cell.rate_scale:>7.3g}{errors}{shares}")
+        print(f"{cell.name:<28}{cell.rate_scale:>7.3g}{errors}{ratio:>13}{shares}")
+    print("clock/exact: TokenPilot's MAPE over the exact-phase oracle's (its floor; target <= 1.15)")
     return 0
+
+
+def _ratio(value: float | None, floor: float | None) -> str:
+    if value is None or floor is None or not (np.isfinite(value) and np.isfinite(floor)) or floor <= 0:
+        return "-"
+    return f"{value / floor:.2f}x"
 
 
 def _pct(value: float | None) -> str:
