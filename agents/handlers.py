@@ -38,6 +38,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Sequence
 from typing import TypeVar
 
+from agents.affinity import HotPrefixes
 from agents.batch import expand_batch_job
 from agents.keeping import decode_all, send_dead_letters
 from agents.ports import InstanceState, PromptCompleter, Publisher, Telemetry
@@ -77,6 +78,7 @@ class SchedulerAgents:
         self.state = state
         self.publisher = publisher
         self.telemetry = telemetry
+        self.hot_prefixes = HotPrefixes()  # batch jobs' requests, published here
         self._position_of: dict[_Key, Position] = {}  # arrived in the batch being handled
         self._held_at: dict[_Key, Position] = {}  # held requests: where the lane read them
 
@@ -204,8 +206,12 @@ class SchedulerAgents:
             self.telemetry.placements_observed(pool, count)
 
     async def on_batch_jobs(self, messages: Sequence[RawMessage]) -> None:
+        """A job's requests onto ``tf.requests`` (a job's shared instructions are a hot prefix:
+        spread over the pool's deciders, ``agents.affinity``)."""
         for job in await self._decoded(BatchJob, topics.BATCH_JOBS, messages):
-            await (await self.publisher.send(topics.REQUESTS, expand_batch_job(job)))
+            now = time.time()
+            requests = [self.hot_prefixes.place(r, now) for r in expand_batch_job(job)]
+            await (await self.publisher.send(topics.REQUESTS, requests))
 
     # --- helpers ------------------------------------------------------------------------------
 

@@ -52,6 +52,7 @@ import aiohttp
 from aiohttp import web
 from aiokafka import AIOKafkaProducer
 
+from agents.affinity import HotPrefixes
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES, classify
 from gateway.auth import Authenticator, Caller
 from gateway.decisions import Answer, DecisionWaiter, Key
@@ -126,6 +127,7 @@ class Gateway:
         self.models = {i.model for i in inventory.instances}
         self.waiter = DecisionWaiter(bootstrap)
         self.ids = RequestIds()
+        self.hot_prefixes = HotPrefixes()
         self._producer: AIOKafkaProducer | None = None
         self._session: aiohttp.ClientSession | None = None
         self._background: set[asyncio.Task[Any]] = set()
@@ -310,6 +312,7 @@ class Gateway:
         answer_future = self.waiter.expect(key)
         # The bus carries counts and hashes, not the prompt: it stays with the gateway.
         on_bus = request.model_copy(update={"prompt": None, "messages": None, "prompt_token_ids": None})
+        on_bus = self.hot_prefixes.place(on_bus, time.time())  # a hot prefix: over every decider
         try:
             await self._publish(REQUESTS, on_bus, wait=True)
         except asyncio.CancelledError:

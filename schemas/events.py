@@ -161,7 +161,9 @@ class InferenceRequest(Event):
     rules pin for the model, else any); a scheduler never substitutes another.
     ``reply``: who executes the decision and answers — ``kafka``: the dispatcher, which writes
     the answer to ``tf.responses``; ``http``: the gateway that accepted the request (the
-    dispatcher leaves it alone).
+    dispatcher leaves it alone). ``affinity``: which of the pool's deciders hears it, when its
+    publisher chose (a hot prefix spread over the deciders, ``agents.affinity``); empty: the
+    default (``affinity_key``).
     """
 
     request_id: Name
@@ -184,6 +186,7 @@ class InferenceRequest(Event):
     allowed_regions: tuple[Label, ...] = Field(default=(), max_length=MAX_REGIONS)
     home_dc: str = Field(default="", max_length=MAX_HOME_DC_LENGTH)
     model_version: Label = ""
+    affinity: Label = ""
 
     @model_validator(mode="after")
     def _one_prompt_and_a_length(self) -> Self:
@@ -212,7 +215,10 @@ class InferenceRequest(Event):
         hashes are chained: the hash names that whole prefix), else the tenant. Requests that
         share a 2 048-token prefix (a conversation's turns, one long system prompt) meet the
         same decider; shorter shared prefixes are spread, and every decider still sees where
-        the others placed them (``tf.decisions``) and what the engines cached (``tf.kv-events``)."""
+        the others placed them (``tf.decisions``) and what the engines cached (``tf.kv-events``).
+        A publisher may choose another (``affinity``: a hot prefix spread, ``agents.affinity``)."""
+        if self.affinity:
+            return f"{self.model}/{self.affinity}"
         hashes = self.prompt_block_hashes
         if hashes:
             return f"{self.model}/{hashes[min(AFFINITY_BLOCKS, len(hashes)) - 1]:x}"

@@ -38,6 +38,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from agents.affinity import HotPrefixes
 from infra.kafka.clients import partition_reader, send_event, start_client
 from schemas.codec import DecodeError, decode
 from schemas.events import AdmissionDecision, InferenceRequest, Response
@@ -75,12 +76,14 @@ class RequestClient:
         resend_after_s: float = 30.0,
         give_up_after_s: float = 300.0,
         send: Callable[[InferenceRequest], Awaitable[None]] | None = None,
+        hot_prefixes: HotPrefixes | None = None,
     ) -> None:
         if not 0 < resend_after_s <= give_up_after_s:
             raise ValueError("need 0 < resend_after_s <= give_up_after_s")
         self.bootstrap = bootstrap
         self.resend_after_s, self.give_up_after_s = resend_after_s, give_up_after_s
         self._send = send or self._publish
+        self.hot_prefixes = hot_prefixes or HotPrefixes()
         self._producer: Any = None
         self._reader: Any = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -132,7 +135,9 @@ class RequestClient:
         return await (await self.submit(request))
 
     async def submit(self, request: InferenceRequest) -> asyncio.Future[Answer]:
-        """Send ``request``; the future of its answer."""
+        """Send ``request`` (spread over the pool's deciders if its prefix is hot here,
+        ``agents.affinity``); the future of its answer."""
+        request = self.hot_prefixes.place(request, time.time())
         answer = self.track(request)
         await self._send(request)
         return answer

@@ -10,8 +10,11 @@ round trip: about 4.5 ms at the median). ``Deciders`` plays that in the simulato
 - which decider decides a request (``decider_of``): ``affinity``, the request's affinity key
   modulo N: the chained hash of its prompt's first min(4, n) blocks (it names that whole
   2 048-token prefix, so requests sharing it meet the same decider), or for a prompt shorter
-  than a block the CRC-32 of its tenant; ``random``, uniform per request from the run's seed
-  (replicas behind a load balancer without affinity). Either way the deciders share the log.
+  than a block the CRC-32 of its tenant; a key hotter than the publisher's threshold is spread
+  over sub-keys as the service's publishers do (``agents.policy.common.hot_keys``: above 500
+  requests per second, which none of the shipped workloads reaches); ``random``, uniform per
+  request from the run's seed (replicas behind a load balancer without affinity). Either way
+  the deciders share the log.
 - what a decider sees: every snapshot (``tick``), first token, end and KV event of the pool
   (``observe``), and each placement another decider made, as ``Placed`` stamped with the time
   it was made, once ``decision_log_delay_s`` has passed. The log is read at each offer and each
@@ -35,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
+from agents.policy.common.hot_keys import HotKeys
 from agents.policy.fleetmind.notices import FleetNotice
 from agents.policy.pipeline import Scheduler
 from agents.policy.types import ClusterView, Finished, FirstToken, Observation, Outcome, Placed, RequestView
@@ -120,6 +124,7 @@ class Deciders:
         self.log_delay_s = log_delay_s
         self.split = split
         self._rng = np.random.default_rng([seed, 0xDEC1DE])
+        self._hot = HotKeys()  # the publisher's: a hot prefix is spread over the deciders
         self._log: deque[_Logged] = deque()  # in due order: one delay, placements in time order
         self._unread: dict[tuple[str, int], _Logged] = {}
 
@@ -127,11 +132,13 @@ class Deciders:
     def wants_kv_events(self) -> bool:
         return any(s.wants_kv_events for s in self.schedulers)
 
-    def decider_of(self, request: RequestView) -> int:
+    def decider_of(self, request: RequestView, now_s: float) -> int:
         n = len(self.schedulers)
         if self.split == "random":
             return int(self._rng.integers(n))
-        return affinity_key(request) % n
+        key = affinity_key(request)
+        spread = self._hot.affinity(str(key), request.request_id, now_s)
+        return zlib.crc32(spread.encode()) % n if spread else key % n
 
     # --- the Scheduler's interface, over the N deciders -----------------------------------------
 
@@ -140,7 +147,7 @@ class Deciders:
         same snapshot); the outcomes of all."""
         groups: dict[int, list[RequestView]] = {}
         for request in requests:
-            groups.setdefault(self.decider_of(request), []).append(request)
+            groups.setdefault(self.decider_of(request, now_s), []).append(request)
         outcomes: list[Outcome] = []
         for index in sorted(groups):
             self._read_log(now_s)  # (with no delay: what the deciders before it placed just now)

@@ -53,18 +53,31 @@ def test_the_affinity_key_names_the_first_four_blocks_else_the_tenant() -> None:
 def test_requests_sharing_a_prefix_meet_the_same_decider_and_random_is_seeded() -> None:
     pool, _ = deciders(4)
     shared = (1, 2, 3, 4)
-    assert len({pool.decider_of(view_of(f"r{k}", (*shared, 100 + k))) for k in range(20)}) == 1
-    assert len({pool.decider_of(view_of(f"r{k}", (k, k + 1))) for k in range(40)}) == 4
+    assert len({pool.decider_of(view_of(f"r{k}", (*shared, 100 + k)), 0.0) for k in range(20)}) == 1
+    assert len({pool.decider_of(view_of(f"r{k}", (k, k + 1)), 0.0) for k in range(40)}) == 4
     series = [deciders(4, split="random")[0] for _ in range(2)]
-    draws = [[pool.decider_of(view_of(f"r{k}")) for k in range(40)] for pool in series]
+    draws = [[pool.decider_of(view_of(f"r{k}"), 0.0) for k in range(40)] for pool in series]
     assert draws[0] == draws[1] and len(set(draws[0])) == 4
+
+
+def test_a_prefix_hotter_than_one_publisher_should_send_to_one_decider_is_spread() -> None:
+    """1 000 requests of one prefix in one second (above ``HOT_PREFIX_RATE_PER_S``): the first
+    ones meet one decider, then the key is hot and its requests spread over all four; once it
+    cools down (a quiet minute) it meets one decider again."""
+    pool, _ = deciders(4)
+    shared = (1, 2, 3, 4)
+    chosen = [pool.decider_of(view_of(f"r{k}", (*shared, 100 + k)), k / 1000) for k in range(1000)]
+    assert len(set(chosen[:400])) == 1
+    assert set(chosen[600:]) == {0, 1, 2, 3}
+    later = [pool.decider_of(view_of(f"s{k}", (*shared, 100 + k)), 60.0 + k) for k in range(10)]
+    assert len(set(later)) == 1 and later[0] == chosen[0]
 
 
 def test_a_decider_reads_the_others_placements_after_the_log_delay() -> None:
     pool, routers = deciders(2)
     v = cluster_view(2)
     a, b = view_of("a", (0, 1)), view_of("b", (1, 2))
-    first, second = pool.decider_of(a), pool.decider_of(b)
+    first, second = pool.decider_of(a, 0.0), pool.decider_of(b, 0.0)
     assert first != second
     outcomes = pool.submit([a, b], v, 1.0)  # the same instant: neither sees the other's
     assert {o.action for o in outcomes} == {"admit"}
@@ -81,7 +94,7 @@ def test_a_placement_is_read_before_its_request_ends_and_never_by_its_decider() 
     (outcome,) = pool.submit([a], cluster_view(2), 1.0)
     end = Finished("a", 1, outcome.instance_id, "error", 1200, 0, 0, None, None, 1.0)
     pool.observe(end)  # an engine refused it at once
-    mine, other = routers[pool.decider_of(a)], routers[1 - pool.decider_of(a)]
+    mine, other = routers[pool.decider_of(a, 0.0)], routers[1 - pool.decider_of(a, 0.0)]
     assert [type(e) for e in other.seen] == [Placed, Finished]
     assert [type(e) for e in mine.seen] == [Finished]
     assert other.in_flight.requests == {outcome.instance_id: 0}
