@@ -18,6 +18,10 @@ are published as fast as aiokafka batches them, keyed by their affinity key
 
 Printed per run, then the medians: the pair's CPU per request / one worker's (target within
 15 %) and the larger worker's share of the decisions (target at most 60 %).
+
+``--hot-prefix``: every request starts with one 8-block prefix (one affinity key), published
+as a gateway would (``agents.affinity.HotPrefixes``: spread over the deciders once hot);
+``--no-spread``: under its one key, so one worker decides everything.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import tempfile
@@ -36,6 +41,7 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
+from agents.affinity import HotPrefixes
 from bench.stream import start_profiler
 from bench.stream_run import DecisionCounter, RequestFactory, idle_instances, log, stamp
 from infra.kafka.clients import start_client
@@ -115,7 +121,7 @@ async def one_session(args: argparse.Namespace, data_dir: Path, index: int) -> t
             ),
             "pair producer",
         )
-        factory = RequestFactory(seed=args.seed + index)
+        factory = RequestFactory(seed=args.seed + index, hot=_hot(args))
         profiler = None
         try:
             first = stack.start_worker(data_dir=data_dir / "first")
@@ -142,6 +148,13 @@ async def one_session(args: argparse.Namespace, data_dir: Path, index: int) -> t
             if profiler is not None:  # py-spy writes its output once the worker exited
                 await stack.stop_worker(second)
                 await asyncio.to_thread(profiler.wait, 30)
+
+
+def _hot(args: argparse.Namespace) -> HotPrefixes | None:
+    """With ``--hot-prefix``: the publisher's spreading (none with ``--no-spread``)."""
+    if not args.hot_prefix:
+        return None
+    return HotPrefixes(hot_rate_per_s=math.inf) if args.no_spread else HotPrefixes()
 
 
 def report(one: Phase, pair: Phase) -> str:
@@ -171,6 +184,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3, help="sessions, each on a new broker")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--hot-prefix", action="store_true", help="every request starts with one 8-block prefix"
+    )
+    parser.add_argument(
+        "--no-spread", action="store_true", help="with --hot-prefix: publish it under one key (no spreading)"
+    )
     parser.add_argument(
         "--profile", metavar="SVG", help="py-spy the second worker of session 0 (.svg; .txt: raw stacks)"
     )

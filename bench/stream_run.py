@@ -24,6 +24,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 
+from agents.affinity import HotPrefixes
 from agents.policy.types import BLOCK_TOKENS
 from infra.kafka.clients import start_client
 from lab.measure import (
@@ -97,18 +98,23 @@ class RunFigures:
 class RequestFactory:
     """Wire bytes of benchmark requests: pre-encoded once; ``ts`` is stamped at send time."""
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, hot: HotPrefixes | None = None) -> None:
+        """``hot``: every request starts with one 8-block prefix (a long shared system prompt),
+        placed by this publisher's ``HotPrefixes`` (``agents.affinity``) before it is encoded."""
         self.rng = random.Random(seed)
         self.prefixes = [
             [self.rng.getrandbits(62) for _ in range(self.rng.randint(2, 8))] for _ in range(SHARED_PREFIXES)
         ]
+        self.hot = hot
+        if hot is not None:
+            self.prefixes = [self.prefixes[0][:1] + [self.rng.getrandbits(62) for _ in range(7)]]
 
     def request(self, request_id: str) -> InferenceRequest:
         input_tokens = self.rng.randint(8000, 10_500)
         blocks = input_tokens // BLOCK_TOKENS
-        prefix = self.prefixes[self.rng.randrange(SHARED_PREFIXES)][:blocks]
+        prefix = self.prefixes[self.rng.randrange(len(self.prefixes))][:blocks]
         hashes = prefix + [self.rng.getrandbits(62) for _ in range(blocks - len(prefix))]
-        return InferenceRequest(
+        request = InferenceRequest(
             ts=0.0,
             request_id=request_id,
             tenant=f"tenant-{self.rng.randrange(16)}",
@@ -117,6 +123,7 @@ class RequestFactory:
             input_tokens=input_tokens,
             output_budget=self.rng.choice((128, 256, 512, 1024)),
         )
+        return request if self.hot is None else self.hot.place(request, time.time())
 
     def encoded(self, run: str, count: int) -> list[tuple[bytes, bytes]]:
         """``count`` requests of ``run`` as (head, tail) around the ``ts`` value."""

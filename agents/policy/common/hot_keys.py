@@ -30,8 +30,9 @@ from collections import OrderedDict
 HOT_PREFIX_RATE_PER_S = 500.0
 """Requests per second of one affinity key, at one publisher, above which it is spread: an
 eighth of what one decider routes with TokenPilot (about 4 000 per second, ``make bench-stream``)."""
-HOT_PREFIX_SPREAD = 8
-"""Sub-keys a hot key is spread over: at least as many deciders as a pool is likely to have."""
+HOT_PREFIX_SPREAD = 64
+"""Sub-keys a hot key is spread over: many more than a pool has deciders, so that hashing them
+onto partitions, and the partitions onto deciders, leaves each decider a near-equal share."""
 SPREAD_MARK = "~"
 """Separates a hot key from its sub-key number in ``InferenceRequest.affinity``."""
 
