@@ -188,6 +188,14 @@ class BrokerProbe:
             self.last_error = exc
             await self.close()
             return None
+        except KeyError as exc:
+            if "sasl_mechanism" not in self.security:
+                raise
+            # aiokafka's SCRAM client reads the server's proof ('v') from its last message; a
+            # server that refuses the login sends an error ('e') there instead (Tansu does).
+            self.last_error = SaslAuthenticationFailed(f"the server sent no SCRAM proof ({exc})")
+            await self.close()
+            return None
         self.last_error = None
         return found
 
