@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from infra.kafka.broker import ensure_topics
+from infra.kafka.connection import KafkaConnection
 from lab.stack import broker
 from sim.evaluation.metrics import percentile
 
@@ -88,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with broker(topics=()) as bootstrap:  # the benchmark's own topics only, below
         for wait_ms in waits:
             topic = f"lag-{wait_ms}"
-            ensure_topics(bootstrap, PARTITIONS, [topic])
+            ensure_topics(KafkaConnection.plaintext(bootstrap), PARTITIONS, [topic])
             delays = asyncio.run(measure(bootstrap, topic, args.rate, args.seconds, wait_ms))
             p50, p99 = (1e3 * _or_nan(percentile(delays, q)) for q in (50, 99))
             print(f"{wait_ms:>18} {p50:>17.1f} ms {p99:>5.1f} ms", flush=True)

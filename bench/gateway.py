@@ -39,6 +39,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from openai import AsyncOpenAI
 
 from infra.kafka.broker import ensure_topics_async, free_port
+from infra.kafka.connection import KafkaConnection
 from infra.vllm.inventory import dump_inventory, load_inventory
 from lab.engine_stack import StackOptions, worker_options
 from lab.stack import Stack
@@ -115,7 +116,7 @@ async def _phase(
 
 async def _broker_round_trip(bootstrap: str, count: int = 200) -> list[float]:
     topic = "tf.bench-roundtrip"
-    await ensure_topics_async(bootstrap, 1, names=[topic])
+    await ensure_topics_async(KafkaConnection.plaintext(bootstrap), 1, names=[topic])
     consumer = AIOKafkaConsumer(
         topic, bootstrap_servers=bootstrap, auto_offset_reset="latest", fetch_max_wait_ms=5
     )

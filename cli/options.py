@@ -212,11 +212,13 @@ def require_broker(settings: Any, embedded: bool | None) -> None:
     """A command that only publishes needs a broker that outlives it: refuse to publish into a
     throwaway embedded one unless ``--embedded`` asks for exactly that (and say so). ``None``:
     the command has no ``--embedded`` (it needs the worker's broker, whatever it does). A
-    configured broker must answer within seconds (``require_reachable``)."""
+    configured broker must answer within seconds, and take this client's TLS and SASL
+    (``require_reachable``)."""
     if settings.kafka_bootstrap:
         from infra.kafka.broker import require_reachable
+        from infra.kafka.connection import KafkaConnection
 
-        require_reachable(settings.kafka_bootstrap)
+        require_reachable(KafkaConnection.from_settings(settings))
         return
     if not embedded:
         offer = "" if embedded is None else ", or pass --embedded to publish into a throwaway embedded broker"

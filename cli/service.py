@@ -84,7 +84,7 @@ def fleet_command(
       TOKENFLEET_KAFKA_BOOTSTRAP=localhost:9092 tokenfleet fleet --fleet 2xllama3-8b-h100 --speed 10
     """
     from dispatcher.main import serve
-    from infra.bootstrap import kafka_bootstrap
+    from infra.bootstrap import kafka_connection
 
     settings = load_settings()
     engines: Any = fleet
@@ -106,9 +106,9 @@ def fleet_command(
         raise ValueError(f"--engine must be emulated or vllm, not {engine!r}")
     require_broker(settings, embedded=None)  # never a private broker no worker can reach
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    with kafka_bootstrap(settings) as bootstrap:
+    with kafka_connection(settings) as connection:
         counts = _run_until_interrupted(
-            serve(settings, bootstrap, engines, speed=speed, output_tokens=lengths)
+            serve(settings, connection, engines, speed=speed, output_tokens=lengths)
         )
     print(f"fleet stopped: {counts}")
 
@@ -149,7 +149,7 @@ def gateway(
     """
     from gateway.auth import Authenticator
     from gateway.server import Gateway, GatewayOptions, serve
-    from infra.bootstrap import kafka_bootstrap
+    from infra.bootstrap import kafka_connection
     from infra.prompts import Prompts
 
     settings = load_settings()
@@ -162,8 +162,8 @@ def gateway(
     options = GatewayOptions(
         decision_timeout_s=decision_timeout, resend_after_s=resend_after, slo_classes=classes
     )
-    with kafka_bootstrap(settings) as bootstrap:
-        gw = Gateway(bootstrap, found, prompts, options, auth)
+    with kafka_connection(settings) as connection:
+        gw = Gateway(connection, found, prompts, options, auth)
         _run_until_interrupted(serve(gw, host or settings.http_host, port, asyncio.Event()))
 
 

@@ -77,7 +77,7 @@ def loadgen(
     Example:
       TOKENFLEET_KAFKA_BOOTSTRAP=localhost:9092 tokenfleet loadgen --workload synthetic --duration 60
     """
-    from infra.bootstrap import kafka_bootstrap
+    from infra.bootstrap import kafka_connection
     from lab.loadgen import publish_and_await, publish_workload
     from sim.workloads.sources import open_workload
 
@@ -88,13 +88,13 @@ def loadgen(
         "rate_scale": rate_scale, "model": model, "limit": limit, "duration_s": duration,
         "realtime": not fast,
     }  # fmt: skip
-    with kafka_bootstrap(settings) as bootstrap:
+    with kafka_connection(settings) as connection:
         if answers_timeout is None:
-            sent = asyncio.run(publish_workload(bootstrap, trace, **options))
+            sent = asyncio.run(publish_workload(connection, trace, **options))
             print(f"published {sent} requests to tf.requests")
             return
         sent, answered, unanswered = asyncio.run(
-            publish_and_await(bootstrap, trace, answers_timeout, resend_after, **options)
+            publish_and_await(connection, trace, answers_timeout, resend_after, **options)
         )
     print(f"published {sent} requests to tf.requests; {answered} answered, {unanswered} never answered")
     if unanswered:
@@ -114,14 +114,14 @@ def batch_submit(
     Example:
       TOKENFLEET_KAFKA_BOOTSTRAP=localhost:9092 tokenfleet batch submit jobs.jsonl --deadline 30m
     """
-    from infra.bootstrap import kafka_bootstrap
+    from infra.bootstrap import kafka_connection
     from lab.loadgen import parse_duration, submit_batch
 
     deadline_s = parse_duration(deadline)
     settings = load_settings()
     require_broker(settings, embedded)
-    with kafka_bootstrap(settings) as bootstrap:
-        job = asyncio.run(submit_batch(bootstrap, Path(file), deadline_s, model=model))
+    with kafka_connection(settings) as connection:
+        job = asyncio.run(submit_batch(connection, Path(file), deadline_s, model=model))
     print(f"submitted batch job {job.job_id}: {len(job.requests)} requests, deadline in {deadline_s:.0f} s")
 
 
@@ -145,13 +145,13 @@ def batch_results(
     Example:
       TOKENFLEET_KAFKA_BOOTSTRAP=localhost:9092 tokenfleet batch results JOB --out answers.jsonl
     """
-    from infra.bootstrap import kafka_bootstrap
+    from infra.bootstrap import kafka_connection
     from infra.kafka.batches import collect_results
 
     settings = load_settings()
     require_broker(settings, embedded=None)
-    with kafka_bootstrap(settings) as bootstrap:
-        written, expected = asyncio.run(collect_results(bootstrap, job, Path(out), timeout))
+    with kafka_connection(settings) as connection:
+        written, expected = asyncio.run(collect_results(connection, job, Path(out), timeout))
     print(f"{written} of {expected} answers of {job} written to {out}")
     if written < expected:
         raise typer.Exit(1)

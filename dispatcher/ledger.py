@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from infra.kafka.clients import TopicsMissing, partition_reader
+from infra.kafka.connection import KafkaConnection
 from schemas.codec import DecodeError, decode
 from schemas.events import Completion, Response
 from schemas.topics import RESPONSES
@@ -108,11 +109,13 @@ class Ledger:
             self._read_to.pop(partition, None)
             self._committed.pop(partition, None)
 
-    async def recall(self, bootstrap: str, lookback_s: float = LOOKBACK_S, idle_s: float = 1.0) -> int:
+    async def recall(
+        self, connection: KafkaConnection, lookback_s: float = LOOKBACK_S, idle_s: float = 1.0
+    ) -> int:
         """Read back the answers of the last ``lookback_s`` from ``tf.responses`` (up to their
         end now); how many. Nothing if the topic does not exist yet."""
         try:
-            consumer = await partition_reader(bootstrap, [RESPONSES], "end", "ledger reader")
+            consumer = await partition_reader(connection, [RESPONSES], "end", "ledger reader")
         except TopicsMissing:
             return 0
         try:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from dispatcher.engines.port import EnginePort
 from dispatcher.service import FleetCounts, run_fleet
+from infra.kafka.connection import KafkaConnection
 from infra.probes import bound_port, start_probes
 from infra.settings import Settings
 
@@ -21,7 +22,7 @@ log = logging.getLogger(__name__)
 
 async def serve(
     settings: Settings,
-    bootstrap: str,
+    connection: KafkaConnection,
     engines: EnginePort | str,
     *,
     speed: float = 1.0,
@@ -32,13 +33,13 @@ async def serve(
     probes = await start_probes(settings.http_host, settings.dispatcher_web_port, ready.is_set)
     log.warning(
         "dispatcher: kafka %s; http://%s:%d/metrics, /health, /ready",
-        bootstrap,
+        connection,
         settings.http_host,
         bound_port(probes),
     )
     try:
         return await run_fleet(
-            bootstrap,
+            connection,
             engines,
             speed=speed,
             heartbeat_s=settings.heartbeat_interval_s,

@@ -37,6 +37,7 @@ from dispatcher.ledger import Ledger
 from infra.errors import first_line
 from infra.kafka.broker import ensure_topics_async
 from infra.kafka.clients import send_event, start_client
+from infra.kafka.connection import KafkaConnection
 from schemas.codec import DecodeError, decode
 from schemas.events import Completion, Event, Heartbeat, KvEvent, Response, ResponseStarted, RoutingDecision
 from schemas.topics import COMPLETIONS, DECISIONS, FIRST_TOKENS, HEARTBEATS, KV_EVENTS, RESPONSES, TopicSpec
@@ -96,7 +97,7 @@ _SEND_FAILURES_BEFORE_RECONNECT = 3  # sends refused in a row (not timed out) be
 
 
 async def run_fleet(
-    bootstrap: str,
+    connection: KafkaConnection,
     fleet_spec: str | EnginePort,
     speed: float = 1.0,
     heartbeat_s: float = 0.25,
@@ -162,14 +163,14 @@ async def run_fleet(
                 async with contextlib.AsyncExitStack() as stack:
                     connecting = time.monotonic()
                     producer = await start_client(
-                        lambda: AIOKafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=10_000),
+                        lambda: AIOKafkaProducer(**connection.client_options(), request_timeout_ms=10_000),
                         "fleet producer",
                     )
                     stack.push_async_callback(_stop_client, producer, reconnect.stop_timeout_s)
                     consumer = await start_client(
                         lambda: AIOKafkaConsumer(
                             DECISIONS.name,
-                            bootstrap_servers=bootstrap,
+                            **connection.client_options(),
                             group_id=group_id,
                             auto_offset_reset=auto_offset_reset,
                             # Committed by the loop after each dispatched batch, never on stop:
@@ -186,11 +187,11 @@ async def run_fleet(
                     if failures:
                         log.warning(
                             "fleet: reconnected to %s %.1f s after losing it (topics %.1f s, clients %.1f s)",
-                            bootstrap, time.monotonic() - lost_at, topics_s, time.monotonic() - connecting,
+                            connection, time.monotonic() - lost_at, topics_s, time.monotonic() - connecting,
                         )  # fmt: skip
                         failures = 0
                     if not loop.recalled:
-                        recalled = await loop.ledger.recall(bootstrap)
+                        recalled = await loop.ledger.recall(connection)
                         loop.recalled = True
                         log.info("fleet: %d answers of the last minutes read back from the log", recalled)
                     await loop.run(stop, producer, consumer)
@@ -216,7 +217,7 @@ async def run_fleet(
                     return loop.counts()
                 started = time.monotonic()
                 with contextlib.suppress(*_BROKER_ERRORS):  # not yet: the next connect fails and waits
-                    await ensure_topics_async(bootstrap, partitions, timeout_s=reconnect.topics_timeout_s)
+                    await ensure_topics_async(connection, partitions, timeout_s=reconnect.topics_timeout_s)
                 topics_s = time.monotonic() - started
     finally:
         await engines.close()

@@ -22,6 +22,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 
 from infra.kafka.clients import TopicsMissing, partition_reader
+from infra.kafka.connection import KafkaConnection
 from schemas.codec import DecodeError, decode
 from schemas.events import AdmissionDecision, RoutingDecision
 from schemas.topics import ADMISSION, DECISIONS
@@ -33,8 +34,8 @@ Answer = RoutingDecision | AdmissionDecision
 
 
 class DecisionWaiter:
-    def __init__(self, bootstrap: str, fetch_max_wait_ms: int = 5) -> None:
-        self.bootstrap = bootstrap
+    def __init__(self, connection: KafkaConnection, fetch_max_wait_ms: int = 5) -> None:
+        self.connection = connection
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self._pending: dict[Key, asyncio.Future[Answer]] = {}
         self._consumer: AIOKafkaConsumer | None = None
@@ -70,7 +71,7 @@ class DecisionWaiter:
 
     async def _positioned_consumer(self) -> AIOKafkaConsumer:
         consumer: AIOKafkaConsumer = await partition_reader(
-            self.bootstrap,
+            self.connection,
             (ADMISSION, DECISIONS),
             "end",
             "gateway decision consumer",

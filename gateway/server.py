@@ -61,6 +61,7 @@ from gateway.request_ids import HEADER as REQUEST_ID_HEADER
 from gateway.request_ids import RequestId, RequestIds
 from infra import metrics
 from infra.kafka.clients import send_event, start_client
+from infra.kafka.connection import KafkaConnection
 from infra.prompts import PromptError, Prompts
 from infra.vllm import outcome
 from infra.vllm.inventory import Inventory
@@ -113,19 +114,19 @@ class _Call:
 class Gateway:
     def __init__(
         self,
-        bootstrap: str,
+        connection: KafkaConnection,
         inventory: Inventory,
         prompts: Prompts,
         options: GatewayOptions | None = None,
         auth: Authenticator | None = None,
     ) -> None:
-        self.bootstrap = bootstrap
+        self.connection = connection
         self.inventory = inventory
         self.prompts = prompts
         self.options = options or GatewayOptions()
         self.auth = auth or Authenticator.open()
         self.models = {i.model for i in inventory.instances}
-        self.waiter = DecisionWaiter(bootstrap)
+        self.waiter = DecisionWaiter(connection)
         self.ids = RequestIds()
         self.hot_prefixes = HotPrefixes()
         self._producer: AIOKafkaProducer | None = None
@@ -162,7 +163,7 @@ class Gateway:
 
     async def start(self) -> None:
         self._producer = await start_client(
-            lambda: AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=0), "gateway producer"
+            lambda: AIOKafkaProducer(**self.connection.client_options(), linger_ms=0), "gateway producer"
         )
         await self.waiter.start()
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))

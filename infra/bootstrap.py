@@ -2,7 +2,7 @@
 
 Every entry point that runs the scheduler builds it here, so the wiring exists once:
 
-    Settings -> Kafka bootstrap (configured, or embedded Tansu)
+    Settings -> Kafka connection (configured, with its TLS and SASL, or embedded Tansu)
              -> Faust app + channels (streams.app)
              -> RoutingService (agents.routing, the policy by name + parameters, FleetMind's
                 rules from the fleet YAML)
@@ -44,6 +44,7 @@ from infra.clickhouse.goodput import StoreGoodput
 from infra.clickhouse.topic_sink import TopicSink, store_group
 from infra.files import read_yaml
 from infra.kafka.broker import deciders_group, embedded_broker, free_port
+from infra.kafka.connection import KafkaConnection
 from infra.prompts import Prompts
 from infra.settings import Settings
 from schemas import topics
@@ -60,14 +61,16 @@ HEALTH_MAX_AGE_S = 5.0  # /health: the lane's last answered fetch at most this o
 
 
 @contextlib.contextmanager
-def kafka_bootstrap(settings: Settings) -> Iterator[str]:
-    """The configured Kafka, or an embedded Tansu broker for the duration of the block."""
+def kafka_connection(settings: Settings) -> Iterator[KafkaConnection]:
+    """The configured Kafka (its addresses, TLS and SASL: every client of the process is built
+    from this one object), or an embedded Tansu broker, plaintext, for the duration of the
+    block. ``ValueError`` (one line) when a TLS file cannot be used."""
     if settings.kafka_bootstrap:
-        yield settings.kafka_bootstrap
+        yield KafkaConnection.from_settings(settings)
         return
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     with embedded_broker(log_path=settings.data_dir / "tansu.log") as bootstrap:
-        yield bootstrap
+        yield KafkaConnection.from_settings(settings, bootstrap)
 
 
 def dc_view(settings: Settings) -> DcView:
@@ -100,7 +103,9 @@ def load_fleet_rules(path: Path) -> dict[str, Any]:
     return doc
 
 
-def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) -> tuple[faust.App, Any]:
+def build_worker_app(
+    settings: Settings, connection: KafkaConnection, feedback: bool = True
+) -> tuple[faust.App, Any]:
     """The Faust app with every agent bound; returns (app, feedback store or None).
 
     ``feedback=False`` turns off the ClickHouse sink only: Prometheus telemetry is always on.
@@ -109,7 +114,7 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     app, channels = create_app(
         settings.app_id,
-        bootstrap,
+        connection,
         partitions=settings.topic_partitions,
         data_dir=settings.data_dir,
         web_port=settings.worker_web_port or free_port(),
@@ -157,7 +162,7 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
         log.warning("worker: %d decisions of its previous process restored from %s", restored, memory)
     app.conf.tokenfleet_keep_decisions = lambda: decision_memory.save(memory, service.answers())
     lane = RequestLane(
-        bootstrap,
+        connection,
         topics.REQUESTS.name,
         group_id=f"{settings.app_id}-requests",
         replay_topic=topics.ADMISSION.name,
@@ -165,7 +170,7 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
         max_batch=settings.request_batch_max,
     )
     membership = Membership(
-        bootstrap,
+        connection,
         topics.REQUESTS.name,
         deciders_group(settings.app_id),
         session_timeout_s=settings.broker_session_timeout_s,
@@ -182,7 +187,7 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
         Prompts.from_dirs(settings.tokenizer_dirs()),
     )
     shared = SharedLog(
-        bootstrap,
+        connection,
         {
             topics.HEARTBEATS.name: agents.on_heartbeats,
             topics.KV_EVENTS.name: agents.on_kv_events,
@@ -208,7 +213,7 @@ def build_worker_app(settings: Settings, bootstrap: str, feedback: bool = True) 
 
     if store is not None:
         sink = TopicSink(
-            bootstrap,
+            connection,
             store_group(settings.app_id),
             store,
             session_timeout_s=settings.broker_session_timeout_s,

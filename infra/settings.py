@@ -6,7 +6,13 @@ environment (``TOKENFLEET_<NAME>``, nested with ``__``), a ``.env`` file, then t
 file named by ``TOKENFLEET_CONFIG`` (keys are the settings' names in lower case; an unknown key
 is an error, not ignored: see ``examples/tokenfleet.yaml``), then the defaults below.
 
-Empty ``kafka_bootstrap`` means: start the embedded Tansu broker on loopback. The ClickHouse
+Empty ``kafka_bootstrap`` means: start the embedded Tansu broker on loopback (plaintext only).
+A Kafka cluster that wants TLS or SASL gets them from the ``kafka_security_protocol``,
+``kafka_sasl_*`` and ``kafka_ssl_*`` settings; ``infra.kafka.connection.KafkaConnection`` turns
+them into every client's options. A combination that cannot work (credentials without SASL, a
+certificate without its key, a file that is not there) is refused here, when the settings are
+read. The SASL password is a ``SecretStr``: never printed, logged or echoed in an error (errors
+do not repeat their input at all: the input holds the secrets). The ClickHouse
 DSN defaults to the embedded engine (chdb) under ``data_dir``; point it at a server with
 ``TOKENFLEET_CLICKHOUSE_DSN=http://user:pass@host:8123/tokenfleet``.
 """
@@ -16,9 +22,9 @@ from __future__ import annotations
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -50,7 +56,11 @@ CONFIG_ENV = "TOKENFLEET_CONFIG"
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="TOKENFLEET_", env_nested_delimiter="__", frozen=True, extra="forbid"
+        env_prefix="TOKENFLEET_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="forbid",
+        hide_input_in_errors=True,  # an error would otherwise echo every setting, secrets included
     )
 
     config: Path | None = Field(
@@ -60,6 +70,36 @@ class Settings(BaseSettings):
     )
 
     kafka_bootstrap: str = Field(default="", description="host:port[,host:port]; empty = embedded Tansu")
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        default="PLAINTEXT",
+        description="how every Kafka client talks to the broker: SSL = TLS, SASL_SSL = TLS and a "
+        "SASL login, SASL_PLAINTEXT = a SASL login in the clear (not with the embedded broker)",
+    )
+    kafka_sasl_mechanism: Literal["", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
+        default="", description="the SASL login's mechanism; required with a SASL_* protocol"
+    )
+    kafka_sasl_username: str = Field(default="", description="the SASL user; required with a SASL_* protocol")
+    kafka_sasl_password: SecretStr = Field(
+        default=SecretStr(""),
+        description="the SASL user's password (a secret: from the environment or a mounted "
+        "Kubernetes Secret, never printed); required with a SASL_* protocol",
+    )
+    kafka_ssl_cafile: Path | None = Field(
+        default=None,
+        description="PEM file of the CA(s) that signed the brokers' certificates; empty = the "
+        "system's trusted CAs",
+    )
+    kafka_ssl_certfile: Path | None = Field(
+        default=None, description="PEM client certificate for mutual TLS (with kafka_ssl_keyfile)"
+    )
+    kafka_ssl_keyfile: Path | None = Field(
+        default=None, description="PEM private key of kafka_ssl_certfile (unencrypted)"
+    )
+    kafka_ssl_check_hostname: bool = Field(
+        default=True,
+        description="check that a broker's certificate names the host it was reached at; turn off "
+        "only for brokers reached by an address their certificates do not name",
+    )
     clickhouse_dsn: str = Field(
         default="", description="chdb:///path or http://host:8123/db; empty = embedded"
     )
@@ -204,6 +244,14 @@ class Settings(BaseSettings):
         "empty = .venv-engine/bin/python of the checkout",
     )
 
+    @model_validator(mode="after")
+    def _kafka_security_is_usable(self) -> Settings:
+        """The Kafka security settings make one working combination, or a one-line error."""
+        problems = kafka_security_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -245,3 +293,53 @@ class Settings(BaseSettings):
             name: SloClass(name, c.ttft_s, c.tpot_s, c.deadline, c.client_timeout_s)
             for name, c in self.slo_classes.items()
         }
+
+
+def kafka_security_problems(settings: Settings) -> list[str]:
+    """What is wrong with ``settings``' Kafka security, each as one line naming the variables to
+    fix (empty: nothing). Settings that would be silently ignored count as wrong: a CA file with
+    a plaintext protocol means the operator believes the link is encrypted when it is not."""
+    protocol = settings.kafka_security_protocol
+    tls, sasl = protocol in ("SSL", "SASL_SSL"), protocol.startswith("SASL_")
+    env = "TOKENFLEET_KAFKA_"
+    problems = []
+    if protocol != "PLAINTEXT" and not settings.kafka_bootstrap:
+        problems.append(
+            f"{env}SECURITY_PROTOCOL={protocol} needs {env}BOOTSTRAP: the embedded broker speaks "
+            "plaintext only"
+        )
+    given = settings.kafka_sasl_mechanism or settings.kafka_sasl_username
+    if sasl:
+        missing = [
+            name
+            for name, value in (
+                ("SASL_MECHANISM", settings.kafka_sasl_mechanism),
+                ("SASL_USERNAME", settings.kafka_sasl_username),
+                ("SASL_PASSWORD", settings.kafka_sasl_password.get_secret_value()),
+            )
+            if not value
+        ]
+        if missing:
+            problems.append(f"{env}SECURITY_PROTOCOL={protocol} needs " + ", ".join(env + m for m in missing))
+    elif given or settings.kafka_sasl_password.get_secret_value():
+        problems.append(
+            f"SASL credentials ({env}SASL_*) need {env}SECURITY_PROTOCOL=SASL_SSL or SASL_PLAINTEXT "
+            f"(it is {protocol})"
+        )
+    files = {
+        "SSL_CAFILE": settings.kafka_ssl_cafile,
+        "SSL_CERTFILE": settings.kafka_ssl_certfile,
+        "SSL_KEYFILE": settings.kafka_ssl_keyfile,
+    }
+    if not tls and any(files.values()):
+        problems.append(
+            f"TLS files ({env}SSL_*) need {env}SECURITY_PROTOCOL=SSL or SASL_SSL (it is {protocol})"
+        )
+    if bool(settings.kafka_ssl_certfile) != bool(settings.kafka_ssl_keyfile):
+        problems.append(
+            f"{env}SSL_CERTFILE and {env}SSL_KEYFILE go together (mutual TLS): set both or neither"
+        )
+    for name, path in files.items():
+        if path is not None and not path.is_file():
+            problems.append(f"{env}{name}={path}: no such file")
+    return problems

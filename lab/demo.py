@@ -27,6 +27,7 @@ from rich.text import Text
 
 from infra.clickhouse.client import connect
 from infra.clickhouse.summary import summary
+from infra.kafka.connection import KafkaConnection
 from infra.settings import Settings
 from lab.loadgen import publish_workload, workload_output_tokens
 from lab.stack import Collector, Stack, publish
@@ -115,7 +116,12 @@ async def _orchestrate(settings: Settings, options: DemoOptions, policy: str, ru
         await asyncio.sleep(2 * settings.heartbeat_interval_s + 3)  # heartbeats reached the worker
         await _send_malformed(bootstrap)
         load_task = asyncio.create_task(
-            publish_workload(bootstrap, workload, rate_scale=options.rate_scale, duration_s=options.duration)
+            publish_workload(
+                KafkaConnection.plaintext(bootstrap),
+                workload,
+                rate_scale=options.rate_scale,
+                duration_s=options.duration,
+            )
         )
         started = time.monotonic()
         with LoadProgress(options.duration) as progress:

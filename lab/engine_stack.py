@@ -23,6 +23,7 @@ from dispatcher.service import FleetCounts
 from gateway.auth import Authenticator
 from gateway.server import Gateway, serve
 from infra.kafka.broker import free_port
+from infra.kafka.connection import KafkaConnection
 from infra.prompts import Prompts
 from infra.vllm.inventory import load_inventory
 from lab.stack import Dispatcher, WorkerOptions, start_worker
@@ -113,7 +114,7 @@ class EngineStack:
         )
         await self.dispatcher.start(timeout_s=60)
         self.gateway = Gateway(
-            self.bootstrap,
+            KafkaConnection.plaintext(self.bootstrap),
             self.inventory,
             Prompts.from_dirs(self.inventory.tokenizer_dirs()),
             auth=Authenticator("proxy") if self.options.trust_tenant_header else Authenticator.open(),

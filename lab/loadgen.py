@@ -21,6 +21,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from infra.kafka.clients import ResilientProducer
+from infra.kafka.connection import KafkaConnection
 from infra.kafka.request_client import RequestClient
 from schemas.codec import encode
 from schemas.events import BatchJob, InferenceRequest
@@ -79,7 +80,7 @@ def workload_output_tokens(workload: Workload) -> dict[str, int]:
 
 
 async def publish_workload(
-    bootstrap: str,
+    connection: KafkaConnection,
     workload: Workload,
     rate_scale: float = 1.0,
     model: str = "llama3-8b",
@@ -104,8 +105,8 @@ async def publish_workload(
     """
     requests = workload.scaled(rate_scale).requests
     producer = ResilientProducer(
-        bootstrap,
-        lambda: AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, request_timeout_ms=10_000),
+        connection,
+        lambda: AIOKafkaProducer(**connection.client_options(), linger_ms=5, request_timeout_ms=10_000),
         "loadgen",
         _partitions(partitions),
         budget_s=retry_budget_s,
@@ -136,7 +137,7 @@ async def publish_workload(
 
 
 async def publish_and_await(
-    bootstrap: str,
+    connection: KafkaConnection,
     workload: Workload,
     answers_timeout_s: float,
     resend_after_s: float = 30.0,
@@ -146,12 +147,12 @@ async def publish_and_await(
     client does (``infra.kafka.request_client.RequestClient``: a ``Response`` or a reject; a
     request with no answer after ``resend_after_s`` is published again, the same event);
     returns (sent, answered, never answered)."""
-    client = RequestClient(bootstrap, resend_after_s, give_up_after_s=LONGEST_OPTION_S)
+    client = RequestClient(connection, resend_after_s, give_up_after_s=LONGEST_OPTION_S)
     await client.start()
     try:
         futures: list[asyncio.Future[Any]] = []
         sent = await publish_workload(
-            bootstrap, workload, on_sent=lambda r: futures.append(client.track(r)), **publish
+            connection, workload, on_sent=lambda r: futures.append(client.track(r)), **publish
         )
         if futures:
             await asyncio.wait(futures, timeout=answers_timeout_s)
@@ -162,7 +163,7 @@ async def publish_and_await(
 
 
 async def submit_batch(
-    bootstrap: str,
+    connection: KafkaConnection,
     path: Path,
     deadline_s: float,
     model: str = "llama3-8b",
@@ -205,9 +206,9 @@ async def submit_batch(
             f"{path}: the job is {len(value)} bytes as one message (limit {_MAX_JOB_BYTES}); split the file"
         )
     producer = ResilientProducer(
-        bootstrap,
+        connection,
         lambda: AIOKafkaProducer(
-            bootstrap_servers=bootstrap, max_request_size=_MAX_JOB_BYTES + 4096, request_timeout_ms=10_000
+            **connection.client_options(), max_request_size=_MAX_JOB_BYTES + 4096, request_timeout_ms=10_000
         ),
         "batch submit",
         _partitions(partitions),

@@ -17,6 +17,7 @@ from typing import Any
 import faust
 
 from schemas import topics
+from streams.connection import BrokerConnection
 from streams.transport import TokenFleetApp
 
 
@@ -37,7 +38,7 @@ class Channels:
 
 def create_app(
     app_id: str,
-    bootstrap: str,
+    connection: BrokerConnection,
     *,
     partitions: int,
     data_dir: Path,
@@ -50,7 +51,8 @@ def create_app(
 ) -> tuple[faust.App, Channels]:
     app = TokenFleetApp(
         app_id,
-        broker=f"kafka://{bootstrap}",
+        broker=connection.faust_broker(),
+        broker_credentials=connection.faust_credentials(),
         store="memory://",
         topic_partitions=partitions,
         topic_replication_factor=1,

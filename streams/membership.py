@@ -26,6 +26,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 
+from streams.connection import BrokerConnection
+
 log = logging.getLogger(__name__)
 
 Assigned = Callable[[set[int]], Awaitable[None]]
@@ -35,7 +37,7 @@ Assigned = Callable[[set[int]], Awaitable[None]]
 class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(
         self,
-        bootstrap: str,
+        connection: BrokerConnection,
         topic: str,
         group_id: str,
         *,
@@ -48,7 +50,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.partitions: set[int] = set()
         self.rebalancing_since: float | None = time.monotonic()  # monotonic; None = settled
         self._options = {
-            "bootstrap_servers": bootstrap,
+            **connection.client_options(),
             "group_id": group_id,
             "enable_auto_commit": False,
             "partition_assignment_strategy": (StickyPartitionAssignor,),

@@ -37,6 +37,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
 from schemas.codec import RawMessage
+from streams.connection import BrokerConnection
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ _REPLAY_LIMIT_S = 60.0
 class RequestLane:
     def __init__(
         self,
-        bootstrap: str,
+        connection: BrokerConnection,
         topic: str,
         group_id: str,
         max_batch: int = 256,
@@ -72,8 +73,9 @@ class RequestLane:
         self.max_batch = max_batch
         self.max_in_flight = max_in_flight
         self.commit_interval_s = commit_interval_s
+        self._connection = connection
         self._consumer_options = {
-            "bootstrap_servers": bootstrap,
+            **connection.client_options(),
             # Committed offsets only: partitions are assigned by hand, and the group has no
             # members (Kafka takes commits from outside a group only for an empty group).
             "group_id": group_id,
@@ -115,7 +117,7 @@ class RequestLane:
         await self._consumer.start()
         # Our own producer for the lane's output: Faust's per-message send path costs ~3x more.
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=self._consumer_options["bootstrap_servers"], linger_ms=2, max_batch_size=1 << 20
+            **self._connection.client_options(), linger_ms=2, max_batch_size=1 << 20
         )
         await self._producer.start()
         self._task = asyncio.create_task(self._run())
@@ -314,7 +316,7 @@ class RequestLane:
         ``since_ms`` (to their end as of now); returns how many."""
         assert self.replay_topic is not None and self.on_replay is not None
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self._consumer_options["bootstrap_servers"],
+            **self._connection.client_options(),
             enable_auto_commit=False,
             fetch_max_wait_ms=self._consumer_options["fetch_max_wait_ms"],
         )

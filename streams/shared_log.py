@@ -25,6 +25,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from schemas.codec import RawMessage
+from streams.connection import BrokerConnection
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ BatchHandler = Callable[[Sequence[RawMessage]], Awaitable[None]]
 class SharedLog:
     def __init__(
         self,
-        bootstrap: str,
+        connection: BrokerConnection,
         handlers: Mapping[str, BatchHandler],
         *,
         heartbeat_topic: str,
@@ -48,7 +49,7 @@ class SharedLog:
         self.heartbeat_topic, self.heartbeat_lookback_s = heartbeat_topic, heartbeat_lookback_s
         self.max_batch = max_batch
         self._options = {
-            "bootstrap_servers": bootstrap,
+            **connection.client_options(),
             "enable_auto_commit": False,
             "fetch_max_wait_ms": fetch_max_wait_ms,
             "max_partition_fetch_bytes": 4 * 1024 * 1024,

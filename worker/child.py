@@ -28,6 +28,7 @@ from typing import Any
 import faust
 
 from infra.bootstrap import build_worker_app
+from infra.kafka.connection import KafkaConnection
 from infra.settings import Settings
 from worker.ready import ready_marker, unlink_own, write_marker
 from worker.watchdog import WATCHDOG_EXIT, Watchdog, WatchdogLimits
@@ -47,12 +48,20 @@ class ChildSpec:
     def dumps(self) -> str:
         return json.dumps(
             {
-                "settings": self.settings.model_dump(mode="json"),
+                "settings": self._settings_with_secrets(),
                 "identity": self.identity,
                 "limits": asdict(self.limits),
                 "loglevel": self.loglevel,
             }
         )
+
+    def _settings_with_secrets(self) -> dict[str, Any]:
+        """The settings as JSON, secrets in the clear: ``model_dump`` masks a ``SecretStr``
+        (``**********``), and the child needs the password itself. The document goes to the
+        child's standard input only (never the environment, the command line or a log)."""
+        settings = self.settings.model_dump(mode="json")
+        settings["kafka_sasl_password"] = self.settings.kafka_sasl_password.get_secret_value()
+        return settings
 
     @classmethod
     def loads(cls, text: str) -> ChildSpec:
@@ -82,15 +91,15 @@ def _die_with_parent(parent: int) -> None:
 
 def run_child(settings: Settings, identity: dict[str, Any], limits: WatchdogLimits, loglevel: str) -> int:
     """One worker process: run until stopped; the exit status (``WATCHDOG_EXIT``: gave up)."""
-    bootstrap = settings.kafka_bootstrap
+    connection = KafkaConnection.from_settings(settings)
     feedback = settings.clickhouse_dsn != "off"
-    app, store = build_worker_app(settings, bootstrap, feedback=feedback)
+    app, store = build_worker_app(settings, connection, feedback=feedback)
     log.warning(
         "worker %s (start %s): kafka %s, clickhouse %s, policy %s, "
         "metrics http://%s:%s/metrics, /health, /ready (pid %s)",
         settings.app_id,
         identity["start"],
-        bootstrap,
+        connection,
         settings.clickhouse_url if feedback else "off",
         settings.policy,
         settings.http_host,
@@ -101,7 +110,7 @@ def run_child(settings: Settings, identity: dict[str, Any], limits: WatchdogLimi
     worker.ready_file = ready_marker(settings)
     worker.identity = identity
     worker.store = store
-    worker.watchdog = Watchdog(app, bootstrap, limits, int(identity["supervisor"]), worker.give_up)
+    worker.watchdog = Watchdog(app, connection, limits, int(identity["supervisor"]), worker.give_up)
     worker.ready_file.unlink(missing_ok=True)
     code = 0
     try:

@@ -27,9 +27,17 @@ import uuid
 from dataclasses import dataclass
 from types import FrameType
 
-from infra.bootstrap import kafka_bootstrap
+from infra.bootstrap import kafka_connection
 from infra.errors import first_line
-from infra.kafka.broker import AnotherScheduler, deciders_group, ensure_topics, other_schedulers
+from infra.kafka.broker import (
+    AnotherScheduler,
+    BrokerRefused,
+    broker_refusal,
+    deciders_group,
+    ensure_topics,
+    other_schedulers,
+)
+from infra.kafka.connection import KafkaConnection
 from infra.settings import Settings
 from worker.child import ChildSpec
 from worker.ready import ready_marker
@@ -63,17 +71,23 @@ def run_worker(
     limits: WatchdogLimits | None = None,
 ) -> None:
     """Supervise worker children until SIGINT / SIGTERM."""
-    with kafka_bootstrap(settings) as bootstrap:
+    with kafka_connection(settings) as connection:
         limits = limits or WatchdogLimits(exit_on_disconnect=settings.watchdog_exit_on_disconnect)
-        _Supervisor(settings, bootstrap, loglevel, backoff or Backoff(), limits).run()
+        _Supervisor(settings, connection, loglevel, backoff or Backoff(), limits).run()
 
 
 class _Supervisor:
     def __init__(
-        self, settings: Settings, bootstrap: str, loglevel: str, backoff: Backoff, limits: WatchdogLimits
+        self,
+        settings: Settings,
+        connection: KafkaConnection,
+        loglevel: str,
+        backoff: Backoff,
+        limits: WatchdogLimits,
     ) -> None:
-        self.settings = settings.model_copy(update={"kafka_bootstrap": bootstrap})
-        self.bootstrap, self.loglevel = bootstrap, loglevel
+        # The child builds the same connection from these settings (the embedded broker's address in).
+        self.settings = settings.model_copy(update={"kafka_bootstrap": connection.bootstrap})
+        self.connection, self.loglevel = connection, loglevel
         self.backoff, self.limits = backoff, limits
         self.marker = ready_marker(settings)
         self.run_token = settings.worker_run_token or uuid.uuid4().hex
@@ -94,14 +108,17 @@ class _Supervisor:
                 self.marker.unlink(missing_ok=True)
                 try:
                     ensure_topics(
-                        self.bootstrap, self.settings.topic_partitions, timeout_s=self.backoff.ensure_topics_s
+                        self.connection,
+                        self.settings.topic_partitions,
+                        timeout_s=self.backoff.ensure_topics_s,
                     )
                 except Exception as exc:  # KafkaError, OSError: the broker does not answer yet
+                    self._refuse_a_broker_that_refuses_us()
                     failures += 1
                     delay = self.backoff.delay(failures)
                     log.warning(
                         "worker supervisor: kafka %s not usable (%s); next try in %.1f s",
-                        self.bootstrap, first_line(exc), delay,
+                        self.connection, first_line(exc), delay,
                     )  # fmt: skip
                     self._sleep(delay)
                     continue
@@ -134,18 +151,26 @@ class _Supervisor:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    def _refuse_a_broker_that_refuses_us(self) -> None:
+        """``BrokerRefused`` (one line) if the broker refuses this worker's TLS or SASL: waiting
+        for a broker that is coming up makes sense, retrying a certificate nobody trusts or a
+        wrong password does not (and would hide the reason in a restart loop)."""
+        why = broker_refusal(self.connection)
+        if why is not None:
+            raise BrokerRefused(f"the Kafka broker at {self.connection} refused the connection: {why}")
+
     def _refuse_a_second_scheduler(self) -> None:
         """``AnotherScheduler`` (one line) if another scheduler (another app id) already decides
         the requests of these topics: two would decide every request twice."""
         own = deciders_group(self.settings.app_id)
         try:
-            others = other_schedulers(self.bootstrap, own)
+            others = other_schedulers(self.connection, own)
         except Exception as exc:  # cannot tell (an old broker): go on, but say so
             log.warning("worker supervisor: could not list the consumer groups (%s)", first_line(exc))
             return
         if others:
             raise AnotherScheduler(
-                f"another scheduler already decides the requests on {self.bootstrap} (consumer group "
+                f"another scheduler already decides the requests on {self.connection} (consumer group "
                 f"{', '.join(others)}); stop it, or run this worker with its TOKENFLEET_APP_ID"
             )
 

@@ -24,6 +24,7 @@ from typing import Any
 import faust
 
 from infra.kafka.broker import BrokerProbe
+from infra.kafka.connection import KafkaConnection
 from schemas.topics import ALL_TOPICS
 
 log = logging.getLogger(__name__)
@@ -56,14 +57,14 @@ class Watchdog:
     def __init__(
         self,
         app: faust.App,
-        bootstrap: str,
+        connection: KafkaConnection,
         limits: WatchdogLimits,
         supervisor_pid: int,
         give_up: Callable[[str, bool], None],
     ) -> None:
         self.app, self.limits, self.supervisor_pid, self.give_up = app, limits, supervisor_pid, give_up
         self.probe = BrokerProbe(
-            bootstrap,
+            connection,
             timeout_s=min(2.0, limits.broker_down_s),
             on_lost=self._lost if limits.exit_on_disconnect else None,
         )

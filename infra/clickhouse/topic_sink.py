@@ -53,6 +53,7 @@ from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitio
 from aiokafka.errors import KafkaError
 
 from infra import metrics
+from infra.kafka.connection import KafkaConnection
 from schemas import topics
 from schemas.codec import DecodeError, decode
 from schemas.events import Event
@@ -108,7 +109,7 @@ class _Handed:
 class TopicSink(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(
         self,
-        bootstrap: str,
+        connection: KafkaConnection,
         group_id: str,
         store: RowStore,
         *,
@@ -134,7 +135,7 @@ class TopicSink(ConsumerRebalanceListener):  # type: ignore[misc]
         self.retry_s = retry_s
         self.committed: dict[TopicPartition, int] = {}  # what this sink committed, per partition
         self._options = {
-            "bootstrap_servers": bootstrap,
+            **connection.client_options(),
             "group_id": group_id,
             "enable_auto_commit": False,  # committed by hand, after the store's acknowledgement
             "auto_offset_reset": "earliest",

@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaConsumer
 
 from agents.batch import expand_batch_job
 from infra.kafka.clients import partition_reader
+from infra.kafka.connection import KafkaConnection
 from infra.kafka.request_client import Answer, RequestClient
 from schemas.codec import DecodeError, decode
 from schemas.events import AdmissionDecision, BatchJob, Response
@@ -26,7 +27,7 @@ from schemas.topics import ADMISSION, BATCH_JOBS, RESPONSES, TopicSpec
 
 
 async def collect_results(
-    bootstrap: str, job_id: str, out: Path, timeout_s: float = 60.0, resend_after_s: float = 30.0
+    connection: KafkaConnection, job_id: str, out: Path, timeout_s: float = 60.0, resend_after_s: float = 30.0
 ) -> tuple[int, int]:
     """Write the answers of ``job_id`` to ``out``; returns (answers written, requests in the job).
     ``ValueError`` if no such job is on ``tf.batch.jobs``.
@@ -36,18 +37,18 @@ async def collect_results(
     (``infra.kafka.request_client.RequestClient``, started first so none is missed between):
     a request with no answer ``resend_after_s`` later is published again, the same event (a
     broker may have lost it; the scheduler decides it once), until ``timeout_s`` has passed."""
-    job = await _find_job(bootstrap, job_id)
+    job = await _find_job(connection, job_id)
     if job is None:
         raise ValueError(f"no batch job {job_id!r} on {BATCH_JOBS.name}")
     requests = {r.request_id: r for r in expand_batch_job(job)}
     order = list(requests)
     deadline = time.monotonic() + timeout_s
     client = RequestClient(
-        bootstrap, resend_after_s=resend_after_s, give_up_after_s=max(timeout_s, resend_after_s)
+        connection, resend_after_s=resend_after_s, give_up_after_s=max(timeout_s, resend_after_s)
     )
     await client.start()
     try:
-        answers = await _answers_on_the_log(bootstrap, f"{job_id}/", set(order))
+        answers = await _answers_on_the_log(connection, f"{job_id}/", set(order))
         waiting = {rid: client.track(requests[rid]) for rid in order if rid not in answers}
         if waiting:
             await asyncio.wait(waiting.values(), timeout=max(0.0, deadline - time.monotonic()))
@@ -89,10 +90,12 @@ def _line(custom_id: str, request_id: str, answer: Answer) -> dict[str, object]:
     }
 
 
-async def _answers_on_the_log(bootstrap: str, prefix: str, wanted: set[str]) -> dict[str, Answer]:
+async def _answers_on_the_log(
+    connection: KafkaConnection, prefix: str, wanted: set[str]
+) -> dict[str, Answer]:
     """The answers to ``wanted`` requests on ``tf.responses`` and ``tf.admission`` (rejects), read
     from the start to the end they had when this began; per request the last attempt's."""
-    consumer = await _reader(bootstrap, RESPONSES, ADMISSION)
+    consumer = await _reader(connection, RESPONSES, ADMISSION)
     answers: dict[str, Answer] = {}
     try:
         ends = await consumer.end_offsets(list(consumer.assignment()))
@@ -119,9 +122,9 @@ async def _answers_on_the_log(bootstrap: str, prefix: str, wanted: set[str]) -> 
     return answers
 
 
-async def _find_job(bootstrap: str, job_id: str) -> BatchJob | None:
+async def _find_job(connection: KafkaConnection, job_id: str) -> BatchJob | None:
     """The job's message, read from the start of ``tf.batch.jobs`` to its current end."""
-    consumer = await _reader(bootstrap, BATCH_JOBS)
+    consumer = await _reader(connection, BATCH_JOBS)
     try:
         ends = await consumer.end_offsets(list(consumer.assignment()))
         found = None
@@ -141,10 +144,10 @@ async def _find_job(bootstrap: str, job_id: str) -> BatchJob | None:
         await consumer.stop()
 
 
-async def _reader(bootstrap: str, *specs: TopicSpec) -> AIOKafkaConsumer:
+async def _reader(connection: KafkaConnection, *specs: TopicSpec) -> AIOKafkaConsumer:
     """A consumer outside any group on every partition of ``specs``' topics, from the start."""
     consumer: AIOKafkaConsumer = await partition_reader(
-        bootstrap,
+        connection,
         specs,
         "beginning",
         f"{specs[0].name} reader",

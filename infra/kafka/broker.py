@@ -13,6 +13,7 @@ import functools
 import logging
 import os
 import socket
+import ssl
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -22,10 +23,18 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.cluster import ClusterMetadata
 from aiokafka.conn import CloseReason, create_conn
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import (
+    IllegalSaslStateError,
+    KafkaError,
+    SaslAuthenticationFailed,
+    TopicAlreadyExistsError,
+    UnsupportedSaslMechanismError,
+)
 from aiokafka.protocol.metadata import MetadataRequest
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
+from infra.errors import first_line
+from infra.kafka.connection import KafkaConnection
 from schemas.topics import ALL_TOPICS, REQUESTS
 
 log = logging.getLogger(__name__)
@@ -101,8 +110,8 @@ def embedded_broker(
             sink.close()
 
 
-async def _create_missing(bootstrap: str, names: Sequence[str], partitions: int) -> list[str]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+async def _create_missing(connection: KafkaConnection, names: Sequence[str], partitions: int) -> list[str]:
+    admin = AIOKafkaAdminClient(**connection.client_options(), request_timeout_ms=10_000)
     await admin.start()
     try:
         created: list[str] = []
@@ -122,7 +131,7 @@ async def _create_missing(bootstrap: str, names: Sequence[str], partitions: int)
 
 
 async def ensure_topics_async(
-    bootstrap: str, partitions: int, names: Sequence[str] | None = None, timeout_s: float = 30.0
+    connection: KafkaConnection, partitions: int, names: Sequence[str] | None = None, timeout_s: float = 30.0
 ) -> list[str]:
     """Create the project's topics (or ``names``) that do not exist yet; return those created.
 
@@ -137,46 +146,67 @@ async def ensure_topics_async(
         reraise=True,
     ):
         with attempt:
-            created = await _create_missing(bootstrap, wanted, partitions)
+            created = await _create_missing(connection, wanted, partitions)
             if created:
-                log.warning("created missing topics %s on %s", created, bootstrap)
+                log.warning("created missing topics %s on %s", created, connection)
             return created
     raise AssertionError("unreachable: AsyncRetrying re-raises")
 
 
 def ensure_topics(
-    bootstrap: str, partitions: int, names: Sequence[str] | None = None, timeout_s: float = 30.0
+    connection: KafkaConnection, partitions: int, names: Sequence[str] | None = None, timeout_s: float = 30.0
 ) -> list[str]:
     """``ensure_topics_async`` from synchronous code (runs its own event loop)."""
-    return asyncio.run(ensure_topics_async(bootstrap, partitions, names, timeout_s))
+    return asyncio.run(ensure_topics_async(connection, partitions, names, timeout_s))
 
 
 class BrokerProbe:
-    """Asks the broker for its topic list over one kept connection (to the first bootstrap
-    address; opened again after a failure), and tells ``on_lost`` at once when that connection
-    breaks (the broker process went away: restarted or crashed).
+    """Asks the broker for its topic list over one kept connection (to the first address of
+    ``connection``, with its TLS and SASL; opened again after a failure), and tells ``on_lost``
+    at once when that connection breaks (the broker process went away: restarted or crashed).
 
-    ``topics()`` is ``None`` when the broker did not answer within ``timeout_s``."""
+    ``topics()`` is ``None`` when the broker did not answer within ``timeout_s``; ``last_error``
+    is then why (the TLS or SASL failure itself, where there was one)."""
 
     def __init__(
-        self, bootstrap: str, timeout_s: float = 2.0, on_lost: Callable[[str], None] | None = None
+        self,
+        connection: KafkaConnection,
+        timeout_s: float = 2.0,
+        on_lost: Callable[[str], None] | None = None,
     ) -> None:
-        host, _, port = bootstrap.split(",")[0].strip().rpartition(":")
+        host, _, port = connection.bootstrap.split(",")[0].strip().rpartition(":")
         self.host, self.port = host or "127.0.0.1", int(port)
+        self.security = connection.security_options()
         self.timeout_s, self.on_lost = timeout_s, on_lost
+        self.last_error: BaseException | None = None
         self._conn: Any = None
 
     async def topics(self) -> set[str] | None:
         try:
-            return await asyncio.wait_for(self._topics(), self.timeout_s)
-        except (KafkaError, OSError):  # TimeoutError too
+            found = await asyncio.wait_for(self._topics(), self.timeout_s)
+        except (KafkaError, OSError) as exc:  # TimeoutError, ssl.SSLError too
+            self.last_error = exc
             await self.close()
             return None
+        except KeyError as exc:
+            if "sasl_mechanism" not in self.security:
+                raise
+            # aiokafka's SCRAM client reads the server's proof ('v') from its last message; a
+            # server that refuses the login sends an error ('e') there instead (Tansu does).
+            self.last_error = SaslAuthenticationFailed(f"the server sent no SCRAM proof ({exc})")
+            await self.close()
+            return None
+        self.last_error = None
+        return found
 
     async def _topics(self) -> set[str]:
         if self._conn is None or not self._conn.connected():
             self._conn = await create_conn(
-                self.host, self.port, request_timeout_ms=int(self.timeout_s * 1000), on_close=self._closed
+                self.host,
+                self.port,
+                request_timeout_ms=int(self.timeout_s * 1000),
+                on_close=self._closed,
+                **self.security,
             )
         response = await self._conn.send(MetadataRequest(None, allow_auto_topic_creation=False))
         cluster = ClusterMetadata()
@@ -198,34 +228,81 @@ class BrokerUnreachable(ConnectionError):
     """A configured broker did not answer (the message says where)."""
 
 
-def require_reachable(bootstrap: str, timeout_s: float = 8.0) -> None:
-    """``BrokerUnreachable`` (one line) unless a broker of ``bootstrap`` answers a metadata request
-    within ``timeout_s`` (each address tried in turn, within the one budget): a command that
-    needs the broker says so at once instead of retrying for minutes."""
+class BrokerRefused(ValueError):
+    """A broker answered but refused this client's TLS or SASL: a configuration error, which no
+    retry mends (the message says which setting to look at)."""
 
-    async def any_answers() -> bool:
-        addresses = [a.strip() for a in bootstrap.split(",") if a.strip()]
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        for address in addresses:
-            left = deadline - asyncio.get_running_loop().time()
-            if left <= 0:
-                break
-            probe = BrokerProbe(address, timeout_s=min(left, max(timeout_s / len(addresses), 1.0)))
-            try:
-                if await probe.topics() is not None:
-                    return True
-            finally:
-                await probe.close()
-        return False
 
+def refusal(exc: BaseException | None) -> str | None:
+    """Why a broker refused the connection, as one line naming the setting to fix; ``None``
+    when ``exc`` is not a TLS or SASL refusal (the broker is away, slow, or answered oddly)."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return (
+            f"TLS: the broker's certificate is not trusted ({exc.verify_message}); set "
+            "TOKENFLEET_KAFKA_SSL_CAFILE to the CA that signed it"
+        )
+    if isinstance(exc, ssl.SSLError):
+        return (
+            f"TLS: the handshake failed ({exc.reason or exc}); does the broker speak TLS on this "
+            "port (TOKENFLEET_KAFKA_SECURITY_PROTOCOL), and take this client's certificate?"
+        )
+    if isinstance(exc, (SaslAuthenticationFailed, UnsupportedSaslMechanismError, IllegalSaslStateError)):
+        return (
+            f"SASL: the login was refused ({first_line(exc)}); check TOKENFLEET_KAFKA_SASL_MECHANISM, "
+            "TOKENFLEET_KAFKA_SASL_USERNAME and TOKENFLEET_KAFKA_SASL_PASSWORD"
+        )
+    return None
+
+
+async def _probe_each(connection: KafkaConnection, timeout_s: float) -> tuple[bool, BaseException | None]:
+    """Whether a broker of ``connection`` answered a metadata request (each address tried in
+    turn, within the one budget), and the last error seen."""
+    addresses = connection.addresses
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    last: BaseException | None = None
+    for address in addresses:
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            break
+        probe = BrokerProbe(
+            connection.with_bootstrap(address), timeout_s=min(left, max(timeout_s / len(addresses), 1.0))
+        )
+        try:
+            if await probe.topics() is not None:
+                return True, None
+            last = probe.last_error
+        finally:
+            await probe.close()
+    return False, last
+
+
+def broker_refusal(connection: KafkaConnection, timeout_s: float = 8.0) -> str | None:
+    """Why the broker refuses this client's TLS or SASL (one line), or ``None``: it answers, or
+    it is away (which is no configuration error: a worker waits for its broker)."""
     try:
-        answered = asyncio.run(any_answers())
+        _answered, last = asyncio.run(_probe_each(connection, timeout_s))
+    except ValueError:  # an address without a port: the caller's own check names it
+        return None
+    return refusal(last)
+
+
+def require_reachable(connection: KafkaConnection, timeout_s: float = 8.0) -> None:
+    """``BrokerUnreachable`` (one line) unless a broker of ``connection`` answers a metadata
+    request within ``timeout_s`` (each address tried in turn, within the one budget):
+    a command that needs the broker says so at once instead of retrying for minutes.
+    ``BrokerRefused`` (one line) when a broker refused the TLS handshake or the SASL login."""
+    try:
+        answered, last = asyncio.run(_probe_each(connection, timeout_s))
     except ValueError:  # an address without a port
         raise BrokerUnreachable(
-            f"TOKENFLEET_KAFKA_BOOTSTRAP={bootstrap!r} is not host:port[,host:port]"
+            f"TOKENFLEET_KAFKA_BOOTSTRAP={connection.bootstrap!r} is not host:port[,host:port]"
         ) from None
-    if not answered:
-        raise BrokerUnreachable(f"no Kafka broker answers at {bootstrap} (within {timeout_s:.0f} s)")
+    if answered:
+        return
+    why = refusal(last)
+    if why is not None:
+        raise BrokerRefused(f"the Kafka broker at {connection} refused the connection: {why}")
+    raise BrokerUnreachable(f"no Kafka broker answers at {connection} (within {timeout_s:.0f} s)")
 
 
 DECIDERS_SUFFIX = "-deciders"
@@ -242,7 +319,7 @@ def deciders_group(app_id: str) -> str:
 
 
 def other_schedulers(
-    bootstrap: str, own_group: str, timeout_s: float = 10.0, lookback_s: float = 15.0
+    connection: KafkaConnection, own_group: str, timeout_s: float = 10.0, lookback_s: float = 15.0
 ) -> list[str]:
     """The deciders' groups other than ``own_group`` that schedule the same requests now: other
     schedulers, which would decide every request a second time. The candidates come from two
@@ -260,7 +337,7 @@ def other_schedulers(
             return True  # not reported (or not a consumer's): the group's name says it
 
     async def admin_call(call: Callable[[AIOKafkaAdminClient], Any]) -> Any:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+        admin = AIOKafkaAdminClient(**connection.client_options(), request_timeout_ms=int(timeout_s * 1000))
         await admin.start()
         try:
             return await call(admin)
@@ -274,7 +351,7 @@ def other_schedulers(
             return set()
 
     async def find() -> list[str]:
-        names = await listed() | await signed_lately(bootstrap, own_group, lookback_s)
+        names = await listed() | await signed_lately(connection, own_group, lookback_s)
         names = {n for n in names if n.endswith(DECIDERS_SUFFIX) and n != own_group}
         if not names:
             return []
@@ -298,7 +375,7 @@ async def _describe(admin: AIOKafkaAdminClient, group: str) -> Any:
 
 
 async def signed_lately(
-    bootstrap: str, own_group: str, lookback_s: float, per_partition: int = 2000
+    connection: KafkaConnection, own_group: str, lookback_s: float, per_partition: int = 2000
 ) -> set[str]:
     """The schedulers other than ``own_group`` that signed a decision on ``tf.admission`` or
     ``tf.decisions`` in the last ``lookback_s``, among the last ``per_partition`` records of
@@ -309,7 +386,7 @@ async def signed_lately(
     from schemas.topics import ADMISSION, DECISIONS
 
     try:
-        consumer = await partition_reader(bootstrap, [ADMISSION, DECISIONS], "end", "scheduler check")
+        consumer = await partition_reader(connection, [ADMISSION, DECISIONS], "end", "scheduler check")
     except TopicsMissing:
         return set()
     found: set[str] = set()

@@ -13,6 +13,7 @@ from aiokafka.errors import KafkaError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from infra.errors import first_line
+from infra.kafka.connection import KafkaConnection
 from schemas.codec import encode
 from schemas.events import Event
 from schemas.topics import TopicSpec, key_of
@@ -62,14 +63,18 @@ class TopicsMissing(ValueError):
 
 
 async def partition_reader(
-    bootstrap: str, specs: Sequence[TopicSpec], at: Literal["beginning", "end"], what: str, **config: Any
+    connection: KafkaConnection,
+    specs: Sequence[TopicSpec],
+    at: Literal["beginning", "end"],
+    what: str,
+    **config: Any,
 ) -> Any:
     """A started consumer outside any group, assigned every partition of ``specs``' topics and
     positioned at their beginning or end (resolved now, not at the first fetch, so nothing
     written after this returns can be missed). ``config``: more ``AIOKafkaConsumer`` settings.
     Raises ``TopicsMissing`` if none of the topics has a partition."""
     consumer = await start_client(
-        lambda: AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **config), what
+        lambda: AIOKafkaConsumer(**connection.client_options(), enable_auto_commit=False, **config), what
     )
     await consumer.topics()  # fetch metadata, so the partitions are known
     partitions = [
@@ -79,7 +84,7 @@ async def partition_reader(
     ]
     if not partitions:
         await consumer.stop()
-        raise TopicsMissing(f"the topics {', '.join(s.name for s in specs)} do not exist on {bootstrap}")
+        raise TopicsMissing(f"the topics {', '.join(s.name for s in specs)} do not exist on {connection}")
     consumer.assign(partitions)
     if at == "beginning":
         await consumer.seek_to_beginning(*partitions)
@@ -108,14 +113,14 @@ class ResilientProducer:
 
     def __init__(
         self,
-        bootstrap: str,
+        connection: KafkaConnection,
         factory: Callable[[], Any],
         what: str,
         partitions: int,
         budget_s: float = 60.0,
         send_timeout_s: float = 15.0,
     ) -> None:
-        self.bootstrap, self.factory, self.what, self.partitions = bootstrap, factory, what, partitions
+        self.connection, self.factory, self.what, self.partitions = connection, factory, what, partitions
         self.budget_s, self.send_timeout_s = budget_s, send_timeout_s
         self.producer: Any = None
         self.delivered = 0
@@ -165,7 +170,7 @@ class ResilientProducer:
         await self.stop()
         from infra.kafka.broker import ensure_topics_async
 
-        await ensure_topics_async(self.bootstrap, self.partitions, timeout_s=min(10.0, self.budget_s))
+        await ensure_topics_async(self.connection, self.partitions, timeout_s=min(10.0, self.budget_s))
         self.producer = await start_client(self.factory, self.what, timeout_s=min(10.0, self.budget_s))
 
     async def _resend(self) -> None:
@@ -190,6 +195,6 @@ class ResilientProducer:
             await self.stop()
             state = "could not connect" if first else f"did not take {len(self._pending)} events"
             raise BrokerUnavailable(
-                f"{self.what}: the Kafka broker at {self.bootstrap} {state} within {self.budget_s:.0f} s "
+                f"{self.what}: the Kafka broker at {self.connection} {state} within {self.budget_s:.0f} s "
                 f"({self.delivered} delivered before): {first_line(exc)}"
             ) from exc

@@ -1,6 +1,6 @@
 """A small client for Kafka producers: publish a request, await its answer, resend on silence.
 
-    async with RequestClient("broker:9092") as client:
+    async with RequestClient(KafkaConnection.from_settings(settings)) as client:
         request = InferenceRequest(request_id="r1", model="llama3-8b", prompt="Hi", output_budget=64)
         answer = await client.ask(request)
         if isinstance(answer, Response):
@@ -40,6 +40,7 @@ from aiokafka import AIOKafkaProducer
 
 from agents.affinity import HotPrefixes
 from infra.kafka.clients import partition_reader, send_event, start_client
+from infra.kafka.connection import KafkaConnection
 from schemas.codec import DecodeError, decode
 from schemas.events import AdmissionDecision, InferenceRequest, Response
 from schemas.topics import ADMISSION, REQUESTS, RESPONSES
@@ -72,7 +73,7 @@ class RequestClient:
 
     def __init__(
         self,
-        bootstrap: str,
+        connection: KafkaConnection,
         resend_after_s: float = 30.0,
         give_up_after_s: float = 300.0,
         send: Callable[[InferenceRequest], Awaitable[None]] | None = None,
@@ -80,7 +81,7 @@ class RequestClient:
     ) -> None:
         if not 0 < resend_after_s <= give_up_after_s:
             raise ValueError("need 0 < resend_after_s <= give_up_after_s")
-        self.bootstrap = bootstrap
+        self.connection = connection
         self.resend_after_s, self.give_up_after_s = resend_after_s, give_up_after_s
         self._send = send or self._publish
         self.hot_prefixes = hot_prefixes or HotPrefixes()
@@ -94,10 +95,10 @@ class RequestClient:
 
     async def start(self) -> None:
         """Start reading answers (from now on), and the producer if this client sends."""
-        self._reader = await partition_reader(self.bootstrap, [RESPONSES, ADMISSION], "end", "answer reader")
+        self._reader = await partition_reader(self.connection, [RESPONSES, ADMISSION], "end", "answer reader")
         if self._send == self._publish:
             self._producer = await start_client(
-                lambda: AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=2), "request client"
+                lambda: AIOKafkaProducer(**self.connection.client_options(), linger_ms=2), "request client"
             )
         self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._resend())]
 

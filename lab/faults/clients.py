@@ -21,6 +21,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 
 from infra.kafka.clients import start_client
+from infra.kafka.connection import KafkaConnection
 from infra.kafka.request_client import RequestClient
 from lab import stack
 from lab.faults import MAX_MESSAGE_BYTES, MODEL
@@ -129,7 +130,9 @@ class Publisher:
             request_timeout_ms=10_000,
             acks=1,
         )
-        self.answers = RequestClient(bootstrap, RESEND_AFTER_S, give_up_after_s=3600.0, send=self._resend)
+        self.answers = RequestClient(
+            KafkaConnection.plaintext(bootstrap), RESEND_AFTER_S, give_up_after_s=3600.0, send=self._resend
+        )
 
     @property
     def never_answered(self) -> int:

@@ -215,9 +215,12 @@ class Supervisor:
             return False
         if part.spec.kind == "broker":  # a new (or restarted) embedded broker has no topics
             from infra.kafka.broker import ensure_topics
+            from infra.kafka.connection import KafkaConnection
 
             try:
-                ensure_topics(self.plan.bootstrap, self.plan.partitions, timeout_s=10)
+                ensure_topics(
+                    KafkaConnection.plaintext(self.plan.bootstrap), self.plan.partitions, timeout_s=10
+                )
             except Exception as exc:  # KafkaError, OSError: not ready yet, asked again next poll
                 self.say(f"{part.spec.name}: topics not created yet ({type(exc).__name__})")
                 return False

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from dispatcher.engines.port import EnginePort
 from dispatcher.service import FleetCounts
 from infra.kafka.broker import ensure_topics_async
+from infra.kafka.connection import KafkaConnection
 from lab.stack.clients import Collector, Publisher, ValueCollector, publish
 from lab.stack.kafka import PARTITIONS, EmbeddedBroker, broker
 from lab.stack.processes import (
@@ -111,7 +112,7 @@ class Stack:
         """The embedded broker started (on ``port`` if given) with the topics; with a given
         bootstrap, its missing topics created. Returns the bootstrap."""
         if self.given_broker:
-            await ensure_topics_async(self.bootstrap, self.partitions)
+            await ensure_topics_async(KafkaConnection.plaintext(self.bootstrap), self.partitions)
             return self.bootstrap
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.bootstrap = await self.broker.start(port)

@@ -13,6 +13,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from infra.kafka.clients import partition_reader, start_client
+from infra.kafka.connection import KafkaConnection
 from schemas.codec import encode
 from schemas.events import Event
 from schemas.topics import TopicSpec, key_of
@@ -157,7 +158,7 @@ class Collector:
             )
         else:
             self._consumer = await partition_reader(
-                self.bootstrap, self.topics, "end", self.what, **self.config
+                KafkaConnection.plaintext(self.bootstrap), self.topics, "end", self.what, **self.config
             )
         self._task = asyncio.create_task(self._read())
 

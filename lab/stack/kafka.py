@@ -8,6 +8,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from infra.kafka.broker import embedded_broker, ensure_topics, ensure_topics_async
+from infra.kafka.connection import KafkaConnection
 
 PARTITIONS = 4
 """Partitions per topic the lab creates unless told otherwise (the settings' default)."""
@@ -29,12 +30,12 @@ def broker(
     inside one, use ``EmbeddedBroker`` or ``Stack``."""
     if bootstrap:
         if topics != ():
-            ensure_topics(bootstrap, partitions, topics)
+            ensure_topics(KafkaConnection.plaintext(bootstrap), partitions, topics)
         yield bootstrap
         return
     with embedded_broker(log_path=log_path) as started:
         if topics != ():
-            ensure_topics(started, partitions, topics)
+            ensure_topics(KafkaConnection.plaintext(started), partitions, topics)
         yield started
 
 
@@ -64,7 +65,7 @@ class EmbeddedBroker:
         manager = embedded_broker(log_path=self.log_path, port=port)
         self.bootstrap = manager.__enter__()
         self._running = manager  # stopped by ``stop`` even if creating the topics fails
-        await ensure_topics_async(self.bootstrap, self.partitions)
+        await ensure_topics_async(KafkaConnection.plaintext(self.bootstrap), self.partitions)
         return self.bootstrap
 
     def stop(self) -> None:

@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaProducer
 from dispatcher.engines.port import EnginePort
 from dispatcher.service import FleetCounts, run_fleet
 from infra.kafka.clients import start_client
+from infra.kafka.connection import KafkaConnection
 from lab.worker_process import WorkerProcess
 from schemas.codec import encode
 from schemas.events import Heartbeat
@@ -135,7 +136,7 @@ class Dispatcher:
         ready = asyncio.Event()
         self.task = asyncio.create_task(
             run_fleet(
-                self.bootstrap,
+                KafkaConnection.plaintext(self.bootstrap),
                 self.fleet,
                 speed=self.speed,
                 heartbeat_s=self.heartbeat_s,

@@ -12,6 +12,7 @@ from aiokafka import AIOKafkaProducer
 
 from dispatcher.service import run_fleet
 from infra.kafka.batches import collect_results
+from infra.kafka.connection import KafkaConnection
 from infra.kafka.request_client import RequestClient
 from lab.loadgen import publish_and_await, submit_batch
 from lab.stack import ValueCollector
@@ -33,12 +34,16 @@ def test_the_client_gets_one_answer_through_a_lost_request_and_a_lost_answer(
     async def scenario() -> None:
         stop, ready = asyncio.Event(), asyncio.Event()
         fleet = asyncio.create_task(
-            run_fleet(broker, "2xllama3-8b-h100", 10, 0.2, stop, unique("g"), ready=ready)
+            run_fleet(
+                KafkaConnection.plaintext(broker), "2xllama3-8b-h100", 10, 0.2, stop, unique("g"), ready=ready
+            )
         )
         try:
             await asyncio.wait_for(ready.wait(), TIMEOUT_S)
             await process.wait_ready_async(90)
-            async with RequestClient(broker, resend_after_s=2.0, give_up_after_s=TIMEOUT_S) as client:
+            async with RequestClient(
+                KafkaConnection.plaintext(broker), resend_after_s=2.0, give_up_after_s=TIMEOUT_S
+            ) as client:
                 # Asked: answered by the dispatcher's Response.
                 first = await asyncio.wait_for(client.ask(request(POOL, unique("ask"))), TIMEOUT_S)
                 assert isinstance(first, Response) and first.status == "ok" and first.completion_tokens > 0
@@ -53,7 +58,9 @@ def test_the_client_gets_one_answer_through_a_lost_request_and_a_lost_answer(
             # publishes its decision again and the dispatcher the same answer, nothing runs twice.
             decisions = ValueCollector(broker, DECISIONS, POOL.encode())
             await decisions.start()
-            async with RequestClient(broker, resend_after_s=2.0, give_up_after_s=TIMEOUT_S) as again:
+            async with RequestClient(
+                KafkaConnection.plaintext(broker), resend_after_s=2.0, give_up_after_s=TIMEOUT_S
+            ) as again:
                 repeated = await asyncio.wait_for(again.ask(lost), TIMEOUT_S)
             assert isinstance(repeated, Response) and repeated.event_id == answer.event_id
             await asyncio.sleep(1.0)
@@ -71,10 +78,12 @@ def test_the_client_gets_one_answer_through_a_lost_request_and_a_lost_answer(
                 for i in range(3)
             ]
             (tmp_path / "job.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-            job = await submit_batch(broker, tmp_path / "job.jsonl", 1800.0, job_id=unique("job"))
+            job = await submit_batch(
+                KafkaConnection.plaintext(broker), tmp_path / "job.jsonl", 1800.0, job_id=unique("job")
+            )
             out = tmp_path / "answers.jsonl"
             assert await collect_results(
-                broker, job.job_id, out, timeout_s=TIMEOUT_S, resend_after_s=5.0
+                KafkaConnection.plaintext(broker), job.job_id, out, timeout_s=TIMEOUT_S, resend_after_s=5.0
             ) == (3, 3)
             lines = [json.loads(line) for line in out.read_text().splitlines()]
             assert [line["custom_id"] for line in lines] == [
@@ -84,7 +93,9 @@ def test_the_client_gets_one_answer_through_a_lost_request_and_a_lost_answer(
 
             # The load generator, awaiting its answers (tokenfleet loadgen --answers-timeout).
             trace = open_workload("synthetic:duration_s=30", seed=3)
-            sent = await publish_and_await(broker, trace, TIMEOUT_S, 5.0, limit=5, realtime=False, model=POOL)
+            sent = await publish_and_await(
+                KafkaConnection.plaintext(broker), trace, TIMEOUT_S, 5.0, limit=5, realtime=False, model=POOL
+            )
             assert sent == (5, 5, 0)
         finally:
             stop.set()
@@ -114,7 +125,7 @@ def test_a_resend_while_the_request_is_held_is_not_decided_twice(broker: str, tm
 
         try:
             async with RequestClient(
-                broker, resend_after_s=1.0, give_up_after_s=TIMEOUT_S, send=send
+                KafkaConnection.plaintext(broker), resend_after_s=1.0, give_up_after_s=TIMEOUT_S, send=send
             ) as client:
                 answer = await asyncio.wait_for(client.submit(held), TIMEOUT_S)
                 rejected = await asyncio.wait_for(answer, TIMEOUT_S)

@@ -23,6 +23,7 @@ from typing import Any
 
 from dispatcher.service import run_fleet
 from infra.kafka.broker import embedded_broker, ensure_topics, free_port
+from infra.kafka.connection import KafkaConnection
 from lab.worker_process import WorkerProcess
 from schemas.events import Completion, InferenceRequest, RoutingDecision
 from schemas.topics import COMPLETIONS, DECISIONS, HEARTBEATS, REQUESTS
@@ -88,7 +89,7 @@ def test_worker_and_fleet_recover_after_the_broker_restarts(tmp_path: Path) -> N
     bootstrap = broker.start()
     worker = None
     try:
-        ensure_topics(bootstrap, partitions=4)
+        ensure_topics(KafkaConnection.plaintext(bootstrap), partitions=4)
         worker = worker_process(bootstrap, unique("app"), tmp_path / "worker")
         worker.wait_ready(timeout_s=90)
         first_child = worker.pid
@@ -117,7 +118,16 @@ def test_worker_and_fleet_recover_after_the_broker_restarts(tmp_path: Path) -> N
 async def _scenario(bootstrap: str, broker: Broker, worker: WorkerProcess) -> dict[str, Any]:
     stop, ready = asyncio.Event(), asyncio.Event()
     fleet = asyncio.create_task(
-        run_fleet(bootstrap, "2xllama3-8b-h100", 10, 0.2, stop, unique("fleet"), ready=ready, partitions=4)
+        run_fleet(
+            KafkaConnection.plaintext(bootstrap),
+            "2xllama3-8b-h100",
+            10,
+            0.2,
+            stop,
+            unique("fleet"),
+            ready=ready,
+            partitions=4,
+        )
     )
     try:
         await asyncio.wait_for(ready.wait(), 30)

@@ -13,6 +13,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from dispatcher.service import run_fleet
+from infra.kafka.connection import KafkaConnection
 from lab.loadgen import parse_duration, publish_workload, submit_batch
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import (
@@ -101,7 +102,9 @@ def test_the_fleet_executes_a_decision_and_reports_it(broker: str) -> None:
     async def scenario() -> None:
         stop, ready = asyncio.Event(), asyncio.Event()
         fleet = asyncio.create_task(
-            run_fleet(broker, "2xllama3-8b-h100", 10, 0.2, stop, unique("g"), ready=ready)
+            run_fleet(
+                KafkaConnection.plaintext(broker), "2xllama3-8b-h100", 10, 0.2, stop, unique("g"), ready=ready
+            )
         )
         try:
             # At speed 10 the group join (seconds) would cost the request its client timeout.
@@ -152,7 +155,10 @@ def test_loadgen_publishes_valid_requests_keyed_by_model(broker: str) -> None:
 
     async def scenario() -> list[Event]:
         sent = await asyncio.wait_for(
-            publish_workload(broker, workload, model=model, limit=20, realtime=False), TIMEOUT_S
+            publish_workload(
+                KafkaConnection.plaintext(broker), workload, model=model, limit=20, realtime=False
+            ),
+            TIMEOUT_S,
         )
         assert sent == 20
         return await asyncio.wait_for(
@@ -175,7 +181,11 @@ def test_loadgen_paces_requests_in_real_time(broker: str) -> None:
     workload = open_workload("synthetic:duration_s=120,rate_per_s=4", seed=2)
     span = workload.requests[5].arrival_s
     started = time.monotonic()
-    sent = asyncio.run(publish_workload(broker, workload, rate_scale=span / 0.5, model=unique("m"), limit=6))
+    sent = asyncio.run(
+        publish_workload(
+            KafkaConnection.plaintext(broker), workload, rate_scale=span / 0.5, model=unique("m"), limit=6
+        )
+    )
     assert sent == 6 and time.monotonic() - started >= 0.45
 
 
@@ -192,7 +202,10 @@ def test_a_batch_file_becomes_one_job(broker: str, tmp_path: Path) -> None:
         return job if job.job_id == job_id else None
 
     async def scenario() -> list[Event]:
-        await asyncio.wait_for(submit_batch(broker, path, parse_duration("30m"), job_id=job_id), TIMEOUT_S)
+        await asyncio.wait_for(
+            submit_batch(KafkaConnection.plaintext(broker), path, parse_duration("30m"), job_id=job_id),
+            TIMEOUT_S,
+        )
         return await asyncio.wait_for(collect(broker, [BATCH_JOBS.name], parse, bool), TIMEOUT_S)
 
     [job] = asyncio.run(scenario())

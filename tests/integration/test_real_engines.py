@@ -22,6 +22,7 @@ from openai import OpenAI
 
 from dispatcher.engines.vllm.metrics import parse_metrics
 from infra.kafka.batches import collect_results
+from infra.kafka.connection import KafkaConnection
 from infra.vllm.inventory import dump_inventory
 from lab.engine_stack import EngineStack, StackOptions
 from lab.loadgen import submit_batch
@@ -296,8 +297,12 @@ def test_a_batch_job_of_prompts_is_answered_and_its_results_collected(
     out = tmp_path / "results.jsonl"
 
     async def submit_and_collect() -> tuple[str, int, int]:
-        job = await submit_batch(engine_stack.bootstrap, batch, 600, model=MODEL, partitions=4)
-        written, expected = await collect_results(engine_stack.bootstrap, job.job_id, out, timeout_s=90)
+        job = await submit_batch(
+            KafkaConnection.plaintext(engine_stack.bootstrap), batch, 600, model=MODEL, partitions=4
+        )
+        written, expected = await collect_results(
+            KafkaConnection.plaintext(engine_stack.bootstrap), job.job_id, out, timeout_s=90
+        )
         return job.job_id, written, expected
 
     job_id, written, expected = runner.run(submit_and_collect())

@@ -26,6 +26,7 @@ from infra.clickhouse.client import connect
 from infra.clickhouse.feedback import ClickHouseFeedback, RowsLost
 from infra.clickhouse.topic_sink import TOPIC_TABLES, TopicSink
 from infra.kafka.broker import free_port
+from infra.kafka.connection import KafkaConnection
 from schemas import topics
 from schemas.codec import encode
 from schemas.events import (
@@ -161,7 +162,9 @@ async def until(condition: Callable[[], bool], timeout_s: float, what: str) -> N
 
 
 def sink(broker: str, group: str, row_store: Any) -> TopicSink:
-    return TopicSink(broker, group, row_store, **GROUP, revoke_grace_s=1.0, retry_s=0.2)
+    return TopicSink(
+        KafkaConnection.plaintext(broker), group, row_store, **GROUP, revoke_grace_s=1.0, retry_s=0.2
+    )
 
 
 class Scripted:

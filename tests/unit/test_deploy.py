@@ -52,6 +52,7 @@ DEPLOY = ROOT / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
 BASE = KUBERNETES / "base"
 OVERLAY = KUBERNETES / "overlays" / "external-services"
+KAFKA_SECURITY = KUBERNETES / "overlays" / "kafka-tls-sasl"  # the overlay above, Kafka over TLS + SASL
 EXAMPLE_SECRET = KUBERNETES / "examples" / "secret.yaml"
 STANDALONE = [  # applied on their own (kubectl apply -f), not through a kustomization
     KUBERNETES / "examples" / "secret.yaml",
@@ -203,7 +204,7 @@ def test_every_yaml_file_under_deploy_is_checked() -> None:
     covered |= {
         DEPLOY / "compose" / name for name in ("settings.yaml", "inventory.yaml", "grafana-datasources.yaml")
     }
-    for directory in (BASE, OVERLAY):
+    for directory in (BASE, OVERLAY, KAFKA_SECURITY):
         kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
         covered.add(directory / "kustomization.yaml")
         covered |= {(directory / r).resolve() for r in kustomization.get("resources", [])}
@@ -218,6 +219,7 @@ def test_every_yaml_file_under_deploy_is_checked() -> None:
 def all_manifests() -> list[tuple[str, dict[str, Any]]]:
     found = [(f"base {key(d)}", d) for d in rendered(BASE)]
     found += [(f"overlay {key(d)}", d) for d in rendered(OVERLAY)]
+    found += [(f"kafka-tls-sasl {key(d)}", d) for d in rendered(KAFKA_SECURITY)]
     for path in STANDALONE:
         found += [(f"{path.relative_to(DEPLOY)} {key(d)}", d) for d in load_all(path)]
     return found
@@ -253,6 +255,43 @@ def test_the_base_holds_no_secret_and_no_custom_resource() -> None:
     kinds = [d["kind"] for d in rendered(BASE)]
     assert "Secret" not in kinds
     assert not [d for d in rendered(BASE) if is_custom(d)]
+
+
+def test_the_kafka_security_overlay_gives_every_kafka_client_its_password_and_ca(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each process that talks to Kafka reads the SASL password from a Secret and has the CA
+    mounted where the settings look for it; the settings it builds are a working combination."""
+    documents = rendered(KAFKA_SECURITY)
+    env = find(documents, "ConfigMap", "tokenfleet-env")["data"]
+    assert env["TOKENFLEET_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
+    ca = Path(env["TOKENFLEET_KAFKA_SSL_CAFILE"])
+    for kind, name in (
+        ("StatefulSet", "tokenfleet-worker"),
+        ("Deployment", "tokenfleet-dispatcher"),
+        ("Deployment", "tokenfleet-gateway"),
+    ):
+        (pod,) = pod_specs(find(documents, kind, name))
+        (container,) = pod["containers"]
+        password = {e["name"]: e for e in container["env"]}["TOKENFLEET_KAFKA_SASL_PASSWORD"]
+        assert password["valueFrom"]["secretKeyRef"] == {"name": "tokenfleet-kafka-sasl", "key": "password"}
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes[mounts[str(ca.parent)]]["secret"]["secretName"] == "tokenfleet-kafka-ca", name
+    for variable in list(os.environ):
+        if variable.startswith("TOKENFLEET_"):
+            monkeypatch.delenv(variable)
+    local_ca = tmp_path / ca.name
+    local_ca.write_text("(mounted from the Secret)")
+    for variable, value in env.items():  # the Kafka settings (the others are checked above)
+        if variable.startswith("TOKENFLEET_KAFKA_"):
+            monkeypatch.setenv(variable, str(local_ca) if variable.endswith("_SSL_CAFILE") else value)
+    monkeypatch.setenv("TOKENFLEET_KAFKA_SASL_PASSWORD", "from-the-secret")
+    settings = Settings()
+    assert settings.kafka_sasl_mechanism and settings.kafka_sasl_username
+    monkeypatch.delenv("TOKENFLEET_KAFKA_SASL_PASSWORD")
+    with pytest.raises(ValueError, match="TOKENFLEET_KAFKA_SASL_PASSWORD"):
+        Settings()
 
 
 def test_the_overlay_points_at_external_services() -> None:
@@ -625,7 +664,9 @@ def setting_name(variable: str) -> str:
 def test_every_tokenfleet_variable_is_a_setting() -> None:
     named = set(dockerfile().env())
     named |= {v for p in all_processes() for v in p.env}
-    for document in [*rendered(BASE), *rendered(OVERLAY)]:
+    for document in [*rendered(BASE), *rendered(OVERLAY), *rendered(KAFKA_SECURITY)]:
+        for pod in pod_specs(document):
+            named |= {e["name"] for c in containers(pod) for e in c.get("env", [])}
         if document["kind"] == "ConfigMap":
             named |= set(document.get("data", {}))
     named = {v for v in named if v.startswith("TOKENFLEET_")}

@@ -337,23 +337,24 @@ def test_embedded_publishes_and_warns(
 
     import infra.bootstrap
     import lab.loadgen
+    from infra.kafka.connection import KafkaConnection
 
     started: list[str] = []
 
     @contextlib.contextmanager
-    def fake_bootstrap(settings: Any) -> Iterator[str]:
+    def fake_connection(settings: Any) -> Iterator[Any]:
         started.append(settings.kafka_bootstrap)
-        yield "127.0.0.1:1"
+        yield KafkaConnection.plaintext("127.0.0.1:1")
 
-    async def fake_publish(bootstrap: str, workload: Any, **kwargs: Any) -> int:
+    async def fake_publish(connection: Any, workload: Any, **kwargs: Any) -> int:
         return len(workload.requests)
 
-    async def fake_submit(bootstrap: str, path: Path, deadline_s: float, model: str) -> Any:
+    async def fake_submit(connection: Any, path: Path, deadline_s: float, model: str) -> Any:
         from types import SimpleNamespace
 
         return SimpleNamespace(job_id="job-1", requests=[1])
 
-    monkeypatch.setattr(infra.bootstrap, "kafka_bootstrap", fake_bootstrap)
+    monkeypatch.setattr(infra.bootstrap, "kafka_connection", fake_connection)
     monkeypatch.setattr(lab.loadgen, "publish_workload", fake_publish)
     monkeypatch.setattr(lab.loadgen, "submit_batch", fake_submit)
     assert main(["loadgen", "--workload", "synthetic:duration_s=5", "--embedded", "--fast"]) == 0

@@ -69,8 +69,9 @@ def test_the_worker_command_refuses_a_missing_rules_file_in_one_line(tmp_path: P
 def test_the_worker_app_creates_its_data_directory(tmp_path: Path) -> None:
     """Without a store nothing else creates it, and Faust keeps its state there."""
     from infra.bootstrap import build_worker_app
+    from infra.kafka.connection import KafkaConnection
 
     data = tmp_path / "not" / "there" / "yet"
     settings = Settings(data_dir=data, clickhouse_dsn="off", worker_web_port=0)
-    app, store = build_worker_app(settings, "127.0.0.1:1", feedback=False)
+    app, store = build_worker_app(settings, KafkaConnection.plaintext("127.0.0.1:1"), feedback=False)
     assert data.is_dir() and store is None and app.conf.id == settings.app_id
