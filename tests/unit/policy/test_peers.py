@@ -271,6 +271,23 @@ def test_llmd_scores_queue_kv_and_prefix_with_weights_2_2_3() -> None:
     assert place(policy, req("c", 4096, (1, 2, 5, 6, 7, 8, 9, 10)), v) in (0, 1)  # 3.0 tie
 
 
+def test_llmd_idle_fleet_herds_onto_holders_of_a_shared_first_block() -> None:
+    # Faithful, not a bug (docs/results/scoreboard.md, low load): on an idle fleet every queue
+    # is equal (queue-scorer's neutral 1 for all) and KV use is 0 everywhere, so only the prefix
+    # term differs; a first block every prompt shares (Mooncake's hash id 0) scores > 0 on every
+    # instance that has served anything, so a burst never reaches the cold instances.
+    policy = LlmdDefault(seed=1)
+    idle = cluster_view(8)
+    first = place(policy, req("r0", 7168, (0, 1, 2)), idle)
+    rows = {place(policy, req(f"r{k}", 7168, (0, 100 + 2 * k, 101 + 2 * k)), idle) for k in range(1, 30)}
+    assert rows == {first}
+    scores = policy.scores(req("x", 7168, (0, 9, 10)), idle, np.ones(8, dtype=bool))
+    # 2 * 1 (queue) + 2 * 1 (kv) everywhere, + 3 * 8 / 112 on the holder of block 0.
+    expected = np.full(8, 4.0)
+    expected[first] += 3 * 8 / 112
+    assert scores.tolist() == pytest.approx(expected.tolist())
+
+
 def test_llmd_load_aware_variant_scores_prefix_plus_load() -> None:
     policy = LlmdLoadAware()
     v = cluster_view(3, waiting=[0, 64, 200])
