@@ -6,7 +6,8 @@ dispatch what arrived, collect the engines' events, send. Every message is JSON 
 topic's key (the model pool; a response's, its request id). Invalid decisions are logged and
 skipped: the worker that wrote them owns the dead-letter topic. ``tokenfleet fleet`` runs it
 over the emulated engines, or over real vLLM servers (``--engine vllm``). Decisions about
-requests a gateway accepted (``reply="http"``) are that gateway's to execute: skipped here.
+requests a gateway accepted (``reply="http"``) are that gateway's to execute: not run here, but
+counted in their instance's ``tokens_in_flight`` until their completion (``dispatcher/elsewhere.py``).
 
 Nothing it held is lost with it, and a request runs once (``dispatcher/ledger.py``): a decision's
 offset is committed only once its attempt's end reached the broker, so a dispatcher that
@@ -31,12 +32,13 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
+from dispatcher.elsewhere import RunElsewhere
 from dispatcher.engines.emulated import EmulatedEngines
 from dispatcher.engines.port import EngineEvent, EnginePort
 from dispatcher.ledger import Ledger
 from infra.errors import first_line
 from infra.kafka.broker import ensure_topics_async
-from infra.kafka.clients import send_event, start_client
+from infra.kafka.clients import partition_reader, send_event, start_client
 from infra.kafka.connection import KafkaConnection
 from schemas.codec import DecodeError, decode
 from schemas.events import Completion, Event, Heartbeat, KvEvent, Response, ResponseStarted, RoutingDecision
@@ -194,7 +196,11 @@ async def run_fleet(
                         recalled = await loop.ledger.recall(connection)
                         loop.recalled = True
                         log.info("fleet: %d answers of the last minutes read back from the log", recalled)
-                    await loop.run(stop, producer, consumer)
+                    ends = None
+                    if not isinstance(engines, EmulatedEngines):  # (no gateway runs on emulated ones)
+                        ends = await partition_reader(connection, [COMPLETIONS], "end", "fleet ends reader")
+                        stack.push_async_callback(_stop_client, ends, reconnect.stop_timeout_s)
+                    await loop.run(stop, producer, consumer, ends)
                 return loop.counts()
             except _BROKER_ERRORS as exc:
                 if stop.is_set():
@@ -257,12 +263,15 @@ class _FleetLoop:
         self.answered_again = 0
         self.sent: Counter[TopicSpec] = Counter()
         self.ledger = Ledger()  # what ran, and what it answered (dispatcher/ledger.py)
+        self.elsewhere = RunElsewhere()  # what gateways run on these engines (dispatcher/elsewhere.py)
         self.recalled = False  # the ledger read back the answers already on the log
         self._again: list[EngineEvent] = []  # answers to send again (decisions already answered)
         self._backlog: list[EngineEvent | Heartbeat] = []  # not delivered before an outage
         self._failed_sends = 0  # in a row
 
-    async def run(self, stop: asyncio.Event, producer: Any, consumer: Any) -> None:
+    async def run(self, stop: asyncio.Event, producer: Any, consumer: Any, ends: Any = None) -> None:
+        """Until ``stop``: decisions from ``consumer``, events onto ``producer``; ``ends``: a
+        reader of ``tf.completions``, for the gateway-run requests' ends (None: no gateway)."""
         self.producer, self.consumer = producer, consumer
         liveness = _Liveness(consumer, self.reconnect_limits)
         next_heartbeat = time.time()
@@ -309,7 +318,9 @@ class _FleetLoop:
             events: list[EngineEvent | Heartbeat] = [*self._again, *await self.engines.events(now)]
             self._again = []
             if now >= next_heartbeat:
-                events.extend(await self.engines.load(now))
+                if ends is not None:
+                    await self._read_ends(ends)
+                events.extend(self.elsewhere.add_to(await self.engines.load(now), now))
                 next_heartbeat += self.heartbeat_s
                 if next_heartbeat <= now:  # after a stall, beat once rather than catching up
                     next_heartbeat = now + self.heartbeat_s
@@ -327,6 +338,7 @@ class _FleetLoop:
             return
         if decision.request.reply != "kafka":
             self.gateway_requests += 1  # the gateway that accepted it runs it and answers
+            self.elsewhere.started(decision, now)  # (its tokens count in its instance's load)
             return
         answer = self.ledger.answer(decision.request_id, decision.attempt)
         if answer is not None:  # ran and answered before: the same answer again, never a second run
@@ -337,6 +349,14 @@ class _FleetLoop:
             self.ledger.started(decision.request_id, decision.attempt, partition, offset)
         else:
             self.duplicates += 1
+
+    async def _read_ends(self, ends: Any) -> None:
+        """The completions published since the last look (without waiting): gateway-run
+        requests that ended leave their instance's load."""
+        for records in (await ends.getmany(timeout_ms=0, max_records=_MAX_POLL_RECORDS)).values():
+            for record in records:
+                with contextlib.suppress(DecodeError):
+                    self.elsewhere.ended(decode(Completion, record.value))
 
     async def _send(self, events: list[EngineEvent | Heartbeat]) -> None:
         """Send and wait for delivery (``BrokerLost`` after ``send_timeout_s``). What was not

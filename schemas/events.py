@@ -263,8 +263,10 @@ class Heartbeat(Event):
     - ``waiting``: ``vllm:num_requests_waiting`` — queued, no prefill chunk scheduled yet (vLLM
       V1: a request leaves *waiting* when its first chunk is scheduled, not when KV fits);
     - ``running``: ``vllm:num_requests_running`` — scheduled (prefilling or decoding);
-    - ``tokens_in_flight``: the dispatcher's count over the requests it sent there and has not
-      seen end: prompt tokens plus output tokens streamed so far;
+    - ``tokens_in_flight``: the dispatcher's count over the requests sent there and not ended,
+      however they reached it: prompt tokens plus output tokens streamed so far of those it
+      runs; the prompt tokens of those a gateway runs (from their decision to their completion,
+      ``dispatcher/elsewhere.py``: their output is not on the log until they end);
     - ``kv_blocks_used``: ``vllm:kv_cache_usage_perc`` * ``kv_blocks_total``;
     - ``kv_blocks_total``: the engine's KV capacity (``num_gpu_blocks`` * block size / 512);
     - ``prefix_cache_queries`` / ``prefix_cache_hits``: ``vllm:prefix_cache_queries_total`` /

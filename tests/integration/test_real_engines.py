@@ -28,8 +28,8 @@ from lab.engine_stack import EngineStack, StackOptions
 from lab.loadgen import submit_batch
 from lab.vllm_launcher import VllmServers
 from schemas.codec import decode
-from schemas.events import Completion, InferenceRequest, Response, RoutingDecision, Sampling
-from schemas.topics import COMPLETIONS, DECISIONS, REQUESTS, RESPONSES
+from schemas.events import Completion, Heartbeat, InferenceRequest, Response, RoutingDecision, Sampling
+from schemas.topics import COMPLETIONS, DECISIONS, HEARTBEATS, REQUESTS, RESPONSES
 from tests.integration.streaming import Collector, publish, unique
 
 MODEL = "tiny-llama"
@@ -239,13 +239,25 @@ def test_a_client_disconnect_aborts_the_generation_at_the_engine(
         extra_body={"ignore_eos": True},
         extra_headers={"x-request-id": tag},  # the call's id on the bus
     )
+    started = time.time()
     for _ in zip(range(5), stream, strict=False):
         pass
     (decision,) = [d for d in decisions_for(engine_stack, runner, tag, 1) if d.request_id == tag]
     url = engine_stack.inventory.instance(decision.instance_id).url  # type: ignore[union-attr]
     assert scrape(url).running >= 1
+
+    async def tokens_in_flight(since: float) -> list[int]:
+        """The instance's heartbeats since ``since``: the dispatcher counts the gateway's call too."""
+        async with Collector(engine_stack.bootstrap, HEARTBEATS, MODEL.encode()) as collector:
+            await asyncio.sleep(2.0)
+            beats = [decode(Heartbeat, v) for v in collector.values]
+        return [b.tokens_in_flight for b in beats if b.instance_id == decision.instance_id and b.ts > since]
+
+    running = runner.run(tokens_in_flight(started + 1.0))
+    assert running and min(running) >= decision.request.input_tokens, running
     stream.close()  # the client hangs up
     wait_until(lambda: scrape(url).running == 0, 10, "the engine to abort the request")
+    ended_at = time.time()
 
     async def aborted() -> list[Completion]:
         async with Collector(engine_stack.bootstrap, COMPLETIONS, MODEL.encode()) as collector:
@@ -254,6 +266,7 @@ def test_a_client_disconnect_aborts_the_generation_at_the_engine(
 
     (ended,) = runner.run(aborted())
     assert ended.status == "aborted" and 5 <= ended.output_tokens < 3000
+    assert runner.run(tokens_in_flight(ended_at + 1.0))[-1] == 0  # its end left the count
 
 
 def test_a_kafka_published_request_gets_its_answer_on_tf_responses(

@@ -12,8 +12,9 @@
 - ``load`` reports what the scrapers last read: every ``scrape_s`` each instance's ``/health``
   and ``/metrics`` (``dispatcher/engines/vllm/metrics.py`` documents each heartbeat field's source);
   ``tokens_in_flight`` is this dispatcher's own count (prompt plus streamed tokens of its open
-  attempts there). An instance that does not answer a scrape within ``scrape_s`` is reported
-  not ready at once, so it leaves the candidates within two scrape intervals of going silent.
+  attempts there; the service adds the requests gateways run there, ``dispatcher/elsewhere.py``).
+  An instance that does not answer a scrape within ``scrape_s`` is reported not ready at once,
+  so it leaves the candidates within two scrape intervals of going silent.
 - ``events`` also returns the instances' KV-cache changes (``kv_events.KvEventSubscriber``),
   mapped onto TokenFleet's 512-token prefix blocks.
 

@@ -127,7 +127,7 @@ def heartbeat_fields(
     ====================  ==========================================================
     waiting               ``vllm:num_requests_waiting``
     running               ``vllm:num_requests_running``
-    tokens_in_flight      the dispatcher's own count (argument)
+    tokens_in_flight      the dispatcher's count (argument; gateway-run requests added later)
     kv_blocks_total       ``max(1, num_blocks * block_size // 512)``
     kv_blocks_used        ``round(kv_usage * kv_blocks_total)``
     prefix_cache_queries  ``vllm:prefix_cache_queries_total`` (tokens, cumulative)
