@@ -32,6 +32,7 @@ skip what does not decode without a word: dead-lettering them once is the job of
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import defaultdict
@@ -61,7 +62,17 @@ E = TypeVar("E", bound=Event)
 Position = tuple[int, int]
 """(partition, offset) of a message in ``tf.requests``."""
 _Key = tuple[str, str, int]  # (pool, request id, attempt)
+DirectKey = _Key
 log = logging.getLogger(__name__)
+
+
+class Refused(ValueError):
+    """A request asked for directly cannot be decided: it does not decode, or its prompt cannot
+    be counted (it is dead-lettered with the same reason)."""
+
+    def __init__(self, request_id: str, attempt: int, reason: str) -> None:
+        super().__init__(reason)
+        self.request_id, self.attempt = request_id, attempt
 
 
 class SchedulerAgents:
@@ -81,6 +92,7 @@ class SchedulerAgents:
         self.hot_prefixes = HotPrefixes()  # batch jobs' requests, published here
         self._position_of: dict[_Key, Position] = {}  # arrived in the batch being handled
         self._held_at: dict[_Key, Position] = {}  # held requests: where the lane read them
+        self._direct: dict[_Key, asyncio.Future[Event]] = {}  # asked directly, answer not final yet
 
     # --- handlers, one per input topic --------------------------------------------------------
 
@@ -95,6 +107,7 @@ class SchedulerAgents:
         decoded = await self._with_prompts_counted(
             await self._decode_all(InferenceRequest, topics.REQUESTS, messages)
         )
+        decoded = [(r, m) for r, m in decoded if not r.decided_by]  # the log's copy of a direct one
         for request, message in decoded:
             position = where.get(id(message))
             if position is not None:
@@ -112,6 +125,53 @@ class SchedulerAgents:
         delivered = await self._send(routed, again)
         self.telemetry.decided_batch(self.service.policy_name, routed, time.perf_counter() - arrived)
         return asyncio.gather(delivered, await self._tell_fleet())
+
+    async def on_direct(self, value: bytes) -> tuple[DirectKey, asyncio.Future[Event]]:
+        """A request a gateway asked this decider about directly (``streams/direct.py``):
+        decided now, exactly as a request read from the log (same stages, same accounting, once
+        per attempt: one decided before gets the answer it had). Its record (``decided_by`` set,
+        so no request lane decides it again) and its decisions are published; the result is its
+        key and a future of its final answer, the ``RoutingDecision`` or the rejecting
+        ``AdmissionDecision`` (a held request's completes when a heartbeat routes it or its hold
+        expires). Raises ``Refused`` (after dead-lettering it) for what cannot be decided."""
+        arrived = time.perf_counter()
+        message: RawMessage = (None, value)
+        good, dead = decode_all(InferenceRequest, [message])
+        if good:
+            try:
+                request = (await self._counted(good[0][0])).model_copy(
+                    update={"decided_by": self.service.worker}
+                )
+            except ValueError as exc:
+                dead = [(message, f"prompt: {exc}")]
+        if dead:
+            await self._dead_letter(topics.REQUESTS, dead)
+            raise Refused(*_named(value), dead[0][1])
+        key = (request.model, request.request_id, request.attempt)
+        answer: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
+        again = self.service.answers_again(request.model, [request])
+        if again:  # asked again (the gateway lost the answer): the answer it had
+            final = again[0].routing or again[0].admission
+            if final is not None and _final(final):
+                answer.set_result(final)
+                return key, answer
+        self._direct[key] = answer
+        routed = self._route(request.model, [(request, message)], time.time(), [])
+        self.telemetry.queue_depth(request.model, self.service.held(request.model))
+        self._answer_direct(routed)
+        recorded = await self.publisher.send(topics.REQUESTS, [request])
+        delivered = await self._send(routed)
+        self.telemetry.decided_batch(self.service.policy_name, routed, time.perf_counter() - arrived)
+        _watch(asyncio.gather(recorded, delivered, await self._tell_fleet()), request.request_id)
+        return key, answer
+
+    def on_direct_gone(self, key: DirectKey) -> None:
+        """The gateway that asked for ``key`` is gone: a request still held for it is let go
+        (its caller's next attempt is asked of another decider)."""
+        answer = self._direct.pop(key, None)
+        if answer is not None and not answer.done():
+            answer.cancel()
+        self.service.withdraw(*key)
 
     async def on_heartbeats(self, messages: Sequence[RawMessage]) -> None:
         """Record each heartbeat; then offer the held requests of every pool whose snapshot changed
@@ -219,9 +279,21 @@ class SchedulerAgents:
         """Publish the outcomes of held requests (a heartbeat made room, or they expired), wait
         until the broker has them, and count them."""
         self._track(routed)
+        self._answer_direct(routed)
         delivered = await self._send(routed)
         self.telemetry.decided_batch(self.service.policy_name, routed, latency_s)
         await delivered
+
+    def _answer_direct(self, routed: Sequence[Routed]) -> None:
+        """Complete the direct callers' answers that became final (placed or rejected)."""
+        if not self._direct:
+            return
+        for r in routed:
+            if r.admission.action == "queue":
+                continue
+            answer = self._direct.pop((r.request.model, r.request.request_id, r.request.attempt), None)
+            if answer is not None and not answer.done():
+                answer.set_result(r.routing or r.admission)
 
     def _track(self, routed: Sequence[Routed], arrived: Sequence[InferenceRequest] = ()) -> None:
         """Remember where each newly held request was read, forget the settled ones."""
@@ -244,18 +316,20 @@ class SchedulerAgents:
         good, dead = [], []
         for request, message in decoded:
             try:
-                if self.prompts is not None:
-                    request = self.prompts.complete(request)
-                if request.input_tokens == 0:
-                    raise ValueError(
-                        "the prompt is not counted: send input_tokens (this worker has no tokenizer)"
-                    )
+                good.append((await self._counted(request), message))
             except ValueError as exc:
                 dead.append((message, f"prompt: {exc}"))
-                continue
-            good.append((request, message))
         await self._dead_letter(topics.REQUESTS, dead)
         return good
+
+    async def _counted(self, request: InferenceRequest) -> InferenceRequest:
+        """``request`` with its prompt counted and hashed (a long one on a thread: other calls
+        go on meanwhile); ``ValueError`` if it cannot be."""
+        if self.prompts is not None:
+            request = await self.prompts.complete_off_loop(request)
+        if request.input_tokens == 0:
+            raise ValueError("the prompt is not counted: send input_tokens (this worker has no tokenizer)")
+        return request
 
     async def _decoded(
         self, kind: type[E], spec: topics.TopicSpec, messages: Sequence[RawMessage]
@@ -320,6 +394,32 @@ class SchedulerAgents:
         delivered = await self.publisher.send(topics.FLEET_EVENTS, events)
         self.telemetry.fleet_events(events)
         return delivered
+
+
+def _final(decision: Event) -> bool:
+    """A placement or a reject (a hold is not an answer yet)."""
+    return isinstance(decision, RoutingDecision) or (
+        isinstance(decision, AdmissionDecision) and decision.action == "reject"
+    )
+
+
+def _named(value: bytes) -> tuple[str, int]:
+    """The request id and attempt a message that is not a valid request names, if it does."""
+    try:
+        fields = json.loads(value)
+        return str(fields.get("request_id", ""))[:256], int(fields.get("attempt", 1))
+    except (ValueError, TypeError, AttributeError):
+        return "", 0
+
+
+def _watch(delivery: Awaitable[object], request_id: str) -> None:
+    """Log (not raise) a direct request's record that the broker did not take."""
+
+    def done(task: asyncio.Future[object]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("request %.256s: its record did not reach the log: %s", request_id, task.exception())
+
+    asyncio.ensure_future(delivery).add_done_callback(done)
 
 
 def _quietly(kind: type[E], messages: Sequence[RawMessage]) -> list[E]:

@@ -31,10 +31,11 @@ class InstanceState(Protocol):
 
 
 class PromptCompleter(Protocol):
-    def complete(self, request: InferenceRequest) -> InferenceRequest:
+    async def complete_off_loop(self, request: InferenceRequest) -> InferenceRequest:
         """``request`` with its prompt's ``input_tokens`` and ``prompt_block_hashes`` filled in
-        (unchanged when it has no prompt or carries both). Raises ``ValueError`` with a one-line
-        reason when it cannot (the request is dead-lettered with it)."""
+        (unchanged when it has no prompt or carries both), a long prompt tokenized off the event
+        loop so that other work goes on meanwhile. Raises ``ValueError`` with a one-line reason
+        when it cannot (the request is dead-lettered with it)."""
         ...
 
 

@@ -1,6 +1,7 @@
 """Gateway benchmark: what putting TokenFleet in front of real vLLM servers costs per request.
 
-``python -m bench.gateway [--requests N] [--concurrency 1,16] [--max-tokens 8] [--policy P] [--json OUT]``
+``python -m bench.gateway [--requests N] [--concurrency 1,16] [--max-tokens 8] [--policy P]
+[--gateways 4] [--long-prompt-kb 215] [--json OUT]``
 
 Two real vLLM CPU servers (tiny model, random weights), the embedded broker, and the services
 each in its own process as deployed: a worker (routing with ``--policy``, default TokenPilot),
@@ -12,11 +13,26 @@ so both paths see the same load on the same servers. TTFT is the client's time t
 streamed chunk.
 
 The gateway's added latency is split from the decision records on ``tf.decisions``: arrival at
-the gateway (the request's ``ts``) -> the worker wrote its decision (the record's timestamp, ms)
-is the publish + broker + worker share; the policy's own time is the decision's
-``decision_latency_s``; the rest (reading the decision back, connecting to the engine) is the
-gateway's. The embedded broker's produce -> consume round trip is measured on its own, with a
-plain producer and consumer. Figures go to stdout, progress to stderr.
+the gateway (the request's ``ts``) -> the worker wrote its decision (the record's timestamp, ms;
+the decider answers the gateway directly and records the decision as the answer leaves) is the
+gateway's tokenizing + the ask + the worker's share; the policy's own time is the decision's
+``decision_latency_s``. The embedded broker's produce -> consume round trip is measured on its
+own, with a plain producer and consumer: what each of the two trips a decision through the log
+would cost.
+
+Two more phases (JSON ``gateway_cpu`` and ``long_prompt``):
+
+- CPU per call: ``--requests`` calls at concurrency 4 through the first gateway alone, its
+  process's CPU time per call; then ``--gateways`` gateways (started now), the calls spread over
+  them, the first one's CPU per call of its own. Equal: a gateway's cost does not grow with the
+  number of gateways (each receives only its own answers).
+- Long prompts: concurrency 1 again, while a ``--long-prompt-kb`` KB prompt arrives every 200 ms
+  (in turn to an engine and through the gateway). The short calls' added TTFT p50 beside them,
+  and the long calls' own added time to the engine's answer (the tiny model takes 4 096 tokens:
+  the engine refuses the ~50 000-token prompt once it has tokenized it, on both paths), against
+  the time the gateway's tokenizer takes for it (measured here, same tokenizer).
+
+Figures go to stdout, progress to stderr.
 """
 
 from __future__ import annotations
@@ -36,17 +52,19 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, BadRequestError
 
 from infra.kafka.broker import ensure_topics_async, free_port
 from infra.kafka.connection import KafkaConnection
+from infra.prompts import Prompts
 from infra.vllm.inventory import dump_inventory, load_inventory
 from lab.engine_stack import StackOptions, worker_options
+from lab.measure import cpu_seconds
 from lab.stack import Stack
 from lab.tiny_model import ensure_tiny_model
 from lab.vllm_launcher import VllmServers, server_specs
 from schemas.codec import DecodeError, decode
-from schemas.events import RoutingDecision
+from schemas.events import MAX_PROMPT_CHARS, InferenceRequest, RoutingDecision
 from schemas.topics import DECISIONS
 
 MODEL = "tiny-llama"
@@ -87,6 +105,14 @@ async def _one(client: AsyncOpenAI, prompt: str, max_tokens: int, tag: str | Non
         if first is None:
             first = time.perf_counter() - started
     return first if first is not None else float("nan"), time.perf_counter() - started
+
+
+async def _long(client: AsyncOpenAI, prompt: str) -> float:
+    """Seconds to the engine's answer to a prompt beyond its context: its refusal (400)."""
+    started = time.perf_counter()
+    with contextlib.suppress(BadRequestError):
+        await client.completions.create(model=MODEL, prompt=prompt, max_tokens=1)
+    return time.perf_counter() - started
 
 
 async def _phase(
@@ -168,17 +194,34 @@ async def _decision_shares(bootstrap: str, tag: str) -> dict[str, Any]:
     return shares
 
 
+@dataclasses.dataclass
+class _Deployment:
+    """The services as deployed; ``gateways``: their URLs and processes, the first one first."""
+
+    stack: Stack
+    env: dict[str, str]
+    gateways: list[tuple[str, Any]] = dataclasses.field(default_factory=list)
+
+    def add_gateway(self) -> str:
+        port = free_port()
+        process = self.stack.start_service(
+            ["gateway", "--port", str(port)], self.env, f"gateway-{len(self.gateways)}.log"
+        )
+        self.gateways.append((f"http://127.0.0.1:{port}", process))
+        return self.gateways[-1][0]
+
+
 @contextlib.asynccontextmanager
-async def _deployed(bootstrap: str, inventory: Path, data: Path, policy: str) -> AsyncIterator[str]:
-    """The worker, ``tokenfleet fleet --engine vllm`` and ``tokenfleet gateway``, each its own
+async def _deployed(bootstrap: str, inventory: Path, data: Path, policy: str) -> AsyncIterator[_Deployment]:
+    """The worker, ``tokenfleet fleet --engine vllm`` and one ``tokenfleet gateway``, each its own
     process as deployed (so the load generator's CPU is not the gateway's), on ``bootstrap``
-    (left running); yields the gateway's URL."""
-    port = free_port()
+    (left running)."""
     env = {
         "TOKENFLEET_INVENTORY": str(inventory),
         "TOKENFLEET_SCRAPE_INTERVAL_S": "0.25",
         "TOKENFLEET_DATA_DIR": str(data / "services"),
         "TOKENFLEET_DISPATCHER_WEB_PORT": "0",
+        "TOKENFLEET_APP_ID": "bench-gateway",
         # The benchmark stands where an authenticating proxy would: it names each call's tenant.
         "TOKENFLEET_TRUST_TENANT_HEADER": "true",
     }
@@ -188,9 +231,10 @@ async def _deployed(bootstrap: str, inventory: Path, data: Path, policy: str) ->
     ) as stack:
         worker = stack.start_worker(data_dir=data / "worker")
         stack.start_service(["fleet", "--engine", "vllm"], env, "fleet.log")
-        stack.start_service(["gateway", "--port", str(port)], env, "gateway.log")
+        deployment = _Deployment(stack, env)
+        deployment.add_gateway()
         await worker.wait_ready_async(120)
-        yield f"http://127.0.0.1:{port}"
+        yield deployment
 
 
 async def _until_answered(gateway: AsyncOpenAI, timeout_s: float) -> None:
@@ -211,7 +255,13 @@ def _q(values: list[float], q: float) -> float:
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
 
 
-async def run(requests: int, concurrencies: list[int], max_tokens: int, policy: str) -> dict[str, Any]:
+def _client(url: str) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=url + "/v1", api_key="-", max_retries=0, timeout=60)
+
+
+async def run(
+    requests: int, concurrencies: list[int], max_tokens: int, policy: str, gateways: int, long_kb: int
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tokenfleet-gateway-bench-") as tmp:
         data = Path(tmp)
         model_dir = ensure_tiny_model(data / "model", MODEL)
@@ -222,14 +272,9 @@ async def run(requests: int, concurrencies: list[int], max_tokens: int, policy: 
                 bootstrap = await lab.start_broker()
                 inventory = data / "inventory.yaml"
                 inventory.write_text(dump_inventory(servers.inventory()))
-                async with _deployed(bootstrap, inventory, data, policy) as gateway_url:
-                    gateway = AsyncOpenAI(
-                        base_url=gateway_url + "/v1", api_key="-", max_retries=0, timeout=60
-                    )
-                    engines = [
-                        AsyncOpenAI(base_url=i.url + "/v1", api_key="-", max_retries=0, timeout=60)
-                        for i in load_inventory(inventory).instances
-                    ]
+                async with _deployed(bootstrap, inventory, data, policy) as deployment:
+                    gateway = _client(deployment.gateways[0][0])
+                    engines = [_client(i.url) for i in load_inventory(inventory).instances]
                     await _until_answered(gateway, 120)
                     print("bench: warm-up", file=sys.stderr)
                     await _phase(gateway, engines, 10, 2, max_tokens, "bench-warmup")
@@ -242,26 +287,141 @@ async def run(requests: int, concurrencies: list[int], max_tokens: int, policy: 
                             f"bench: concurrency {concurrency}, {requests} requests per path", file=sys.stderr
                         )
                         results = await _phase(gateway, engines, requests, concurrency, max_tokens, tag)
-                        shares = await _decision_shares(bootstrap, tag)
-                        direct = [t for t, _ in results["direct"]]
-                        through = [t for t, _ in results["gateway"]]
-                        report["runs"][str(concurrency)] = {
-                            "direct_ttft_p50_s": _q(direct, 0.5),
-                            "direct_ttft_p99_s": _q(direct, 0.99),
-                            "gateway_ttft_p50_s": _q(through, 0.5),
-                            "gateway_ttft_p99_s": _q(through, 0.99),
-                            "added_p50_s": _q(through, 0.5) - _q(direct, 0.5),
-                            "to_decision_p50_s": _q(shares["to_decision_s"], 0.5),
-                            "policy_p50_s": _q(shares["policy_s"], 0.5),
-                            "decisions_seen": len(shares["to_decision_s"]),
-                            "gateway_per_instance": shares["per_instance"],
-                        }
+                        report["runs"][str(concurrency)] = await _summary(results, bootstrap, tag)
+                    if long_kb:
+                        report["long_prompt"] = await _long_prompts(
+                            gateway, engines, requests, max_tokens, bootstrap, long_kb, model_dir
+                        )
+                    if gateways > 1:
+                        report["gateway_cpu"] = await _gateway_cpu(deployment, requests, max_tokens, gateways)
                     for c in (gateway, *engines):
                         await c.close()
                 round_trips = await _broker_round_trip(bootstrap)
                 report["broker_round_trip_p50_s"] = statistics.median(round_trips)
                 report["broker_round_trip_p99_s"] = _q(round_trips, 0.99)
     return report
+
+
+async def _summary(results: dict[str, list[tuple[float, float]]], bootstrap: str, tag: str) -> dict[str, Any]:
+    shares = await _decision_shares(bootstrap, tag)
+    direct = [t for t, _ in results["direct"]]
+    through = [t for t, _ in results["gateway"]]
+    return {
+        "direct_ttft_p50_s": _q(direct, 0.5),
+        "direct_ttft_p99_s": _q(direct, 0.99),
+        "gateway_ttft_p50_s": _q(through, 0.5),
+        "gateway_ttft_p99_s": _q(through, 0.99),
+        "added_p50_s": _q(through, 0.5) - _q(direct, 0.5),
+        "added_p99_s": _q(through, 0.99) - _q(direct, 0.99),
+        "to_decision_p50_s": _q(shares["to_decision_s"], 0.5),
+        "policy_p50_s": _q(shares["policy_s"], 0.5),
+        "decisions_seen": len(shares["to_decision_s"]),
+        "gateway_per_instance": shares["per_instance"],
+    }
+
+
+async def _long_prompts(
+    gateway: AsyncOpenAI,
+    engines: list[AsyncOpenAI],
+    requests: int,
+    max_tokens: int,
+    bootstrap: str,
+    kb: int,
+    model_dir: Path,
+) -> dict[str, Any]:
+    """Short calls at concurrency 1 while a ``kb`` KB prompt arrives every 200 ms, in turn
+    straight to an engine and through the gateway."""
+    text = _long_text(kb)
+    prompts = Prompts.from_dirs({MODEL: model_dir})
+    request = InferenceRequest(request_id="long", model=MODEL, prompt=text, output_budget=1)
+    tokenize = []
+    for _ in range(3):
+        started = time.perf_counter()
+        tokens = prompts.complete(request).input_tokens
+        tokenize.append(time.perf_counter() - started)
+    long_times: dict[str, list[float]] = {"direct": [], "gateway": []}
+    stop = asyncio.Event()
+    tasks: list[tuple[str, asyncio.Future[float]]] = []
+
+    async def long_calls() -> None:
+        index = 0
+        while not stop.is_set():
+            path = "gateway" if index % 2 else "direct"
+            target = gateway if path == "gateway" else engines[(index // 2) % len(engines)]
+            tasks.append((path, asyncio.ensure_future(_long(target, text))))
+            index += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.2)
+
+    print(f"bench: long prompts ({kb} KB, {tokens} tokens) every 200 ms beside short calls", file=sys.stderr)
+    sender = asyncio.ensure_future(long_calls())
+    results = await _phase(gateway, engines, requests, 1, max_tokens, "bench-long")
+    stop.set()
+    await sender
+    for path, task in tasks:
+        long_times[path].append(await task)
+    summary = await _summary(results, bootstrap, "bench-long")
+    return {
+        "prompt_bytes": len(text.encode()),
+        "prompt_tokens": tokens,
+        "tokenize_s": statistics.median(tokenize),
+        "long_calls": {path: len(times) for path, times in long_times.items()},
+        "long_direct_p50_s": _q(long_times["direct"], 0.5),
+        "long_gateway_p50_s": _q(long_times["gateway"], 0.5),
+        "long_added_p50_s": _q(long_times["gateway"], 0.5) - _q(long_times["direct"], 0.5),
+        "short": summary,
+    }
+
+
+def _long_text(kb: int) -> str:
+    """``kb`` KB of the project's own sources (at most 200 000 characters: a prompt's limit)."""
+    sources = "".join(
+        p.read_text() for p in sorted(Path(__file__).resolve().parents[1].rglob("agents/**/*.py"))
+    )
+    text = (sources * (kb * 1024 // len(sources) + 1))[: kb * 1024]
+    return text[:MAX_PROMPT_CHARS]
+
+
+async def _gateway_cpu(
+    deployment: _Deployment, requests: int, max_tokens: int, gateways: int
+) -> dict[str, Any]:
+    """The first gateway's CPU seconds per call of its own: alone, then beside ``gateways`` - 1
+    more, the calls spread over all of them."""
+    rng = random.Random(7)
+
+    async def spread(urls: list[str], calls: int) -> list[int]:
+        clients = [_client(u) for u in urls]
+        counts = [0] * len(urls)
+        counter = iter(range(calls))
+
+        async def loop() -> None:
+            for index in counter:
+                counts[index % len(urls)] += 1
+                await _one(clients[index % len(urls)], _prompt(rng), max_tokens, "bench-cpu")
+
+        await asyncio.gather(*(loop() for _ in range(4)))
+        for c in clients:
+            await c.close()
+        return counts
+
+    first_url, first = deployment.gateways[0]
+    pid = first.process.pid
+    print(f"bench: CPU per call, 1 gateway then {gateways}", file=sys.stderr)
+    before = cpu_seconds(pid)
+    await spread([first_url], requests)
+    lone = (cpu_seconds(pid) - before) / requests
+    for _ in range(gateways - 1):
+        await _until_answered(_client(deployment.add_gateway()), 120)
+    urls = [url for url, _ in deployment.gateways]
+    before = cpu_seconds(pid)
+    counts = await spread(urls, requests * len(urls))
+    beside = (cpu_seconds(pid) - before) / counts[0]
+    return {
+        "gateways": len(urls),
+        "lone_cpu_per_call_s": lone,
+        "beside_cpu_per_call_s": beside,
+        "ratio": beside / lone,
+    }
 
 
 def _print(report: dict[str, Any]) -> None:
@@ -271,13 +431,29 @@ def _print(report: dict[str, Any]) -> None:
         f" max_tokens {report['max_tokens']}"
     )
     print(f"{'conc':>4}  {'direct p50':>10} {'p99':>7}  {'gateway p50':>11} {'p99':>7}  {'added p50':>9}"
-          f"  {'to decision':>11} {'policy':>7}")  # fmt: skip
+          f" {'p99':>7}  {'to decision':>11} {'policy':>7}")  # fmt: skip
     for concurrency, r in report["runs"].items():
         print(
             f"{concurrency:>4}  {r['direct_ttft_p50_s'] * ms:>8.1f}ms {r['direct_ttft_p99_s'] * ms:>5.1f}ms"
             f"  {r['gateway_ttft_p50_s'] * ms:>9.1f}ms {r['gateway_ttft_p99_s'] * ms:>5.1f}ms"
-            f"  {r['added_p50_s'] * ms:>7.1f}ms  {r['to_decision_p50_s'] * ms:>9.1f}ms"
+            f"  {r['added_p50_s'] * ms:>7.1f}ms {r['added_p99_s'] * ms:>5.1f}ms"
+            f"  {r['to_decision_p50_s'] * ms:>9.1f}ms"
             f" {r['policy_p50_s'] * ms:>5.2f}ms  routed {r['gateway_per_instance']}"
+        )
+    if "long_prompt" in report:
+        lp = report["long_prompt"]
+        print(
+            f"long prompts ({lp['prompt_bytes'] // 1024} KB, {lp['prompt_tokens']} tokens, every 200 ms):"
+            f" short calls added p50 {lp['short']['added_p50_s'] * ms:.1f} ms;"
+            f" long call added p50 {lp['long_added_p50_s'] * ms:.1f} ms"
+            f" (tokenizing it {lp['tokenize_s'] * ms:.1f} ms; calls {lp['long_calls']})"
+        )
+    if "gateway_cpu" in report:
+        cpu = report["gateway_cpu"]
+        print(
+            f"gateway CPU per call: alone {cpu['lone_cpu_per_call_s'] * ms:.2f} ms,"
+            f" beside {cpu['gateways'] - 1} more {cpu['beside_cpu_per_call_s'] * ms:.2f} ms"
+            f" ({cpu['ratio']:.2f}x)"
         )
     print(
         f"embedded broker produce->consume round trip: p50 {report['broker_round_trip_p50_s'] * ms:.1f} ms,"
@@ -291,10 +467,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,16", help="comma-separated client concurrencies")
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--policy", default="tokenpilot", help="the worker's routing policy")
+    parser.add_argument(
+        "--gateways", type=int, default=4, help="gateways of the CPU-per-call phase (1: skip it)"
+    )
+    parser.add_argument(
+        "--long-prompt-kb", type=int, default=215, help="the long-prompt phase's prompt, KB (0: skip it)"
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     concurrencies = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    report = asyncio.run(run(args.requests, concurrencies, args.max_tokens, args.policy))
+    report = asyncio.run(
+        run(args.requests, concurrencies, args.max_tokens, args.policy, args.gateways, args.long_prompt_kb)
+    )
     _print(report)
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -131,15 +131,6 @@ def gateway(
             callback=real(0.0, MAX_SECONDS),
         ),
     ] = 30.0,
-    resend_after: Annotated[
-        float,
-        typer.Option(
-            "--resend-after",
-            metavar="S",
-            help="publish a request again when it has no decision after S seconds (a broker may lose it)",
-            callback=real(0.0, MAX_SECONDS),
-        ),
-    ] = 5.0,
 ) -> None:
     """OpenAI-compatible HTTP front door (/v1/chat/completions, /v1/completions, /v1/models).
 
@@ -159,9 +150,7 @@ def gateway(
     require_broker(settings, embedded=None)
     prompts = Prompts.from_dirs({**found.tokenizer_dirs(), **settings.tokenizers})
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    options = GatewayOptions(
-        decision_timeout_s=decision_timeout, resend_after_s=resend_after, slo_classes=classes
-    )
+    options = GatewayOptions(decision_timeout_s=decision_timeout, slo_classes=classes, app_id=settings.app_id)
     with kafka_connection(settings) as connection:
         gw = Gateway(connection, found, prompts, options, auth)
         _run_until_interrupted(serve(gw, host or settings.http_host, port, asyncio.Event()))

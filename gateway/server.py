@@ -2,17 +2,18 @@
 
 For each ``/v1/chat/completions`` or ``/v1/completions`` call: find the caller (``auth``: its
 tenant comes from its API key, never from what it sets), parse (``openai_api``), count and hash
-the prompt with the model's tokenizer (``infra/prompts.py``), publish the request to
-``tf.requests`` (``reply="http"``: this gateway executes it; the prompt itself stays here, the
-bus carries its counts and block hashes), wait for the scheduler's answer (``decisions``),
-proxy the call to the chosen engine (always streamed from the engine, so the first token is
+the prompt with the model's tokenizer (``infra/prompts.py``; a long prompt on a thread, so other
+calls go on), ask the decider that owns the request for its decision, directly
+(``deciders``: its counts and block hashes, ``reply="http"``: this gateway executes it; the
+prompt itself stays here; the decider records the request and its decision on the log), proxy
+the call to the chosen engine (always streamed from the engine, so the first token is
 seen), stream or return the answer, and publish what happened: a ``ResponseStarted`` at the
 first token and a ``Completion`` with TTFT / TPOT / E2E as measured here, from the moment the
 call arrived. An engine that fails before anything reached the client (it died, refused the
 call) costs an ``error`` attempt and the call is scheduled again as the next attempt, up to
-``attempts`` (``retry_backoff_s`` times n apart); then 502. Admission rejects are HTTP 429
-(``over_quota``) or 503, with ``Retry-After``; no answer within ``decision_timeout_s`` is 503
-(the request is published again, the same event, every ``resend_after_s`` until then).
+``attempts`` (``retry_backoff_s`` times n apart); then 502; a decider lost before it answered
+costs an attempt too, asked of the next decider. Admission rejects are HTTP 429
+(``over_quota``) or 503, with ``Retry-After``; no answer within ``decision_timeout_s`` is 503.
 
 Every error is OpenAI's error JSON (``{"error": {"message", "type", "param", "code"}}``), named
 by the client's fields; what only an operator should see (engine URLs, broker errors) goes to
@@ -53,13 +54,15 @@ from aiohttp import web
 from aiokafka import AIOKafkaProducer
 
 from agents.affinity import HotPrefixes
+from agents.handlers import Refused
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES, classify
 from gateway.auth import Authenticator, Caller
-from gateway.decisions import Answer, DecisionWaiter, Key
+from gateway.deciders import Asked, Deciders
 from gateway.openai_api import ApiError, ClientCall, Kind, assembled, parse_body, rejection
 from gateway.request_ids import HEADER as REQUEST_ID_HEADER
 from gateway.request_ids import RequestId, RequestIds
 from infra import metrics
+from infra.kafka.broker import deciders_group
 from infra.kafka.clients import send_event, start_client
 from infra.kafka.connection import KafkaConnection
 from infra.prompts import PromptError, Prompts
@@ -68,7 +71,8 @@ from infra.vllm.inventory import Inventory
 from infra.vllm.openai_http import EngineHttpError, Generation, engine_call, stream_generation
 from infra.vllm.outcome import Status
 from schemas.events import Event, InferenceRequest, RoutingDecision
-from schemas.topics import COMPLETIONS, FIRST_TOKENS, REQUESTS, TopicSpec
+from schemas.topics import COMPLETIONS, FIRST_TOKENS, TopicSpec
+from streams.direct import Answer
 
 log = logging.getLogger(__name__)
 access = logging.getLogger("gateway.access")
@@ -87,7 +91,6 @@ class _ClientGone(Exception):
 @dataclass(frozen=True)
 class GatewayOptions:
     decision_timeout_s: float = 30.0
-    resend_after_s: float = 5.0  # a request with no decision this long is published again
     attempts: int = 4  # engine failures before anything was sent are tried again, up to this
     retry_backoff_s: float = 0.25
     engine_timeout_s: float = 600.0
@@ -95,6 +98,7 @@ class GatewayOptions:
     slo_class_header: str = "X-TokenFleet-SLO-Class"
     slo_classes: frozenset[str] = frozenset(DEFAULT_SLO_CLASSES)  # the classes a call may name
     max_body_bytes: int = 4 * 1024 * 1024
+    app_id: str = "tokenfleet"  # the scheduler whose deciders this gateway asks (TOKENFLEET_APP_ID)
 
 
 @dataclass
@@ -126,7 +130,7 @@ class Gateway:
         self.options = options or GatewayOptions()
         self.auth = auth or Authenticator.open()
         self.models = {i.model for i in inventory.instances}
-        self.waiter = DecisionWaiter(connection)
+        self.deciders = Deciders(connection, deciders_group(self.options.app_id))
         self.ids = RequestIds()
         self.hot_prefixes = HotPrefixes()
         self._producer: AIOKafkaProducer | None = None
@@ -165,11 +169,11 @@ class Gateway:
         self._producer = await start_client(
             lambda: AIOKafkaProducer(**self.connection.client_options(), linger_ms=0), "gateway producer"
         )
-        await self.waiter.start()
+        await self.deciders.start()
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
 
     async def close(self) -> None:
-        await self.waiter.close()  # first: decisions still awaited for clients that left end now
+        await self.deciders.close()  # first: decisions still awaited for clients that left end now
         if self._background:
             await asyncio.wait(self._background, timeout=5.0)
         if self._producer is not None:
@@ -193,7 +197,7 @@ class Gateway:
         return web.json_response({"live": True})
 
     async def _ready(self, _request: web.Request) -> web.Response:
-        ok = self._producer is not None and self.waiter.running
+        ok = self._producer is not None and self.deciders.running
         return web.json_response({"ok": ok}, status=200 if ok else 503)
 
     async def _metrics(self, _request: web.Request) -> web.Response:
@@ -243,8 +247,8 @@ class Gateway:
             request = request.model_copy(update={"slo_class": _class_for(request, caller.slo_classes)})
         for attempt in range(1, self.options.attempts + 1):
             if attempt > 1:
-                request = request.model_copy(update={"attempt": attempt})
-            decision = await self._decide(request)
+                request = request.model_copy(update={"attempt": request.attempt + 1})
+            request, decision = await self._decide(request)
             try:
                 return await self._proxy(http, call, request, client, decision)
             except _NothingSent as failed:
@@ -308,25 +312,18 @@ class Gateway:
 
     # -- scheduling ---------------------------------------------------------------------------
 
-    async def _decide(self, request: InferenceRequest) -> RoutingDecision:
-        key = (request.request_id, request.attempt)
-        answer_future = self.waiter.expect(key)
-        # The bus carries counts and hashes, not the prompt: it stays with the gateway.
-        on_bus = request.model_copy(update={"prompt": None, "messages": None, "prompt_token_ids": None})
-        on_bus = self.hot_prefixes.place(on_bus, time.time())  # a hot prefix: over every decider
+    async def _decide(self, request: InferenceRequest) -> tuple[InferenceRequest, RoutingDecision]:
+        """Ask the request's decider directly (``gateway/deciders.py``), the prompt left out
+        (it stays with the gateway; the decider needs its counts and hashes). Returns the
+        request as decided (a higher ``attempt`` if a decider was lost on the way) and its
+        placement; a reject is raised as its HTTP error, no answer within
+        ``decision_timeout_s`` is 503."""
+        asked = request.model_copy(update={"prompt": None, "messages": None, "prompt_token_ids": None})
+        call = Asked(self.hot_prefixes.place(asked, time.time()))  # a hot prefix: over every decider
         try:
-            await self._publish(REQUESTS, on_bus, wait=True)
-        except asyncio.CancelledError:
-            self._spawn(self._settle_late(key, answer_future, "aborted"))
-            raise
-        except Exception as exc:
-            self.waiter.forget(key)
-            log.warning("request %s: publishing it failed: %s", request.request_id, exc)
-            raise ApiError(503, "the scheduler is unavailable", type="service_unavailable") from None
-        try:
-            answer = await self._answer(on_bus, answer_future)
-        except TimeoutError:
-            self._spawn(self._settle_late(key, answer_future, "timeout"))
+            answer = await self.deciders.decide(call, time.monotonic() + self.options.decision_timeout_s)
+        except TimeoutError:  # NoDecider included
+            self._settle_late(call, "timeout")
             raise ApiError(
                 503,
                 f"no scheduling decision within {self.options.decision_timeout_s:g} s",
@@ -334,44 +331,33 @@ class Gateway:
                 code="no_decision",
             ) from None
         except asyncio.CancelledError:
-            self._spawn(self._settle_late(key, answer_future, "aborted"))
+            self._settle_late(call, "aborted")
             raise
+        except Refused as exc:
+            log.error("request %s: the scheduler refused it: %s", request.request_id, exc)
+            raise ApiError(500, "the scheduler refused the request", type="server_error") from None
         metrics.gateway_decision_seconds.observe(time.time() - request.ts)
         if not isinstance(answer, RoutingDecision):
             raise rejection(answer)
-        return answer
+        return request.model_copy(update={"attempt": call.request.attempt}), answer
 
-    async def _answer(self, on_bus: InferenceRequest, answer: asyncio.Future[Answer]) -> Answer:
-        """The scheduler's answer, within ``decision_timeout_s`` (else ``TimeoutError``); the
-        request is published again, the same event, every ``resend_after_s`` without one (a
-        broker may lose what it acknowledged; the scheduler decides it once and publishes the
-        same decision again for a resend)."""
-        deadline = time.monotonic() + self.options.decision_timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                return await asyncio.wait_for(asyncio.shield(answer), min(left, self.options.resend_after_s))
-            except TimeoutError:
-                if time.monotonic() >= deadline - 1e-3:
-                    raise
-            metrics.gateway_resent.inc()
-            try:
-                await self._publish(REQUESTS, on_bus, wait=True)
-            except Exception as exc:  # the broker is away: the next round tries again
-                log.warning("request %s: publishing it again failed: %s", on_bus.request_id, exc)
+    def _settle_late(self, call: Asked, status: Status) -> None:
+        """The answer for a call nobody waits for any more (the client left, or the wait timed
+        out), if it was asked: if it places the request, the attempt is recorded as ended
+        (``status``), so the scheduler does not count it running for ever."""
+        if call.answer is not None:
+            self._spawn(self._settled(call.answer, status))
 
-    async def _settle_late(self, key: Key, answer: asyncio.Future[Answer], status: Status) -> None:
-        """The decision for a call nobody waits for any more (the client left, or the wait timed
-        out): if it places the request, record the attempt as ended (``status``), so the
-        scheduler does not count it running for ever."""
+    async def _settled(self, answer: asyncio.Future[Answer], status: Status) -> None:
         await asyncio.wait({answer}, timeout=self.options.decision_timeout_s)
         if not answer.done():
             answer.cancel()
-            self.waiter.forget(key)
             return
-        decision = None if answer.cancelled() else answer.result()
+        decision = None if answer.cancelled() or answer.exception() else answer.result()
         if isinstance(decision, RoutingDecision):
-            log.info("request %s attempt %d: placed after its caller left", *key)
+            log.info(
+                "request %s attempt %d: placed after its caller left", decision.request_id, decision.attempt
+            )
             await self._publish(COMPLETIONS, outcome.completion(decision, Generation(), status, time.time()))
 
     async def _proxy(

@@ -50,6 +50,7 @@ from infra.settings import Settings
 from schemas import topics
 from streams.app import create_app
 from streams.binding import LanePublisher, bind
+from streams.direct import DirectLane
 from streams.membership import Membership
 from streams.request_lane import RequestLane
 from streams.shared_log import SharedLog
@@ -199,6 +200,7 @@ def build_worker_app(
         fetch_max_wait_ms=settings.request_fetch_max_wait_ms,
     )
     keeper = LogKeeper(publisher, telemetry)
+    direct = DirectLane(agents, settings.direct_host, settings.direct_port, settings.direct_advertised_host)
     bind(
         app,
         channels,
@@ -207,6 +209,7 @@ def build_worker_app(
         lane,
         membership,
         shared,
+        direct,
         settings.event_batch_size,
         settings.event_batch_window_s,
     )

@@ -163,6 +163,20 @@ class Settings(BaseSettings):
         le=65535,
         description="the dispatcher's /metrics, /health, /ready; 0 = any free port",
     )
+    direct_host: str = Field(
+        default="127.0.0.1",
+        description="the address the worker's direct lane listens on, where gateways ask it for "
+        "decisions (streams/direct.py); 0.0.0.0 for gateways on other hosts",
+    )
+    direct_port: int = Field(
+        default=0, ge=0, le=65535, description="the direct lane's port; 0 = any free port"
+    )
+    direct_advertised_host: str = Field(
+        default="",
+        max_length=253,
+        description="the host gateways reach the direct lane at, as announced on tf.deciders (a pod's "
+        "IP); empty = direct_host, or this machine's name when that is 0.0.0.0",
+    )
     # Tansu holds a consumer-group join for half the rebalance timeout: keep these low there.
     broker_rebalance_timeout_s: float = Field(default=6.0, gt=0, description="group rebalance timeout")
     broker_session_timeout_s: float = Field(default=6.0, gt=0, description="consumer-group session timeout")

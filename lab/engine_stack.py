@@ -21,7 +21,7 @@ from types import TracebackType
 from dispatcher.engines.vllm.adapter import VllmEngines
 from dispatcher.service import FleetCounts
 from gateway.auth import Authenticator
-from gateway.server import Gateway, serve
+from gateway.server import Gateway, GatewayOptions, serve
 from infra.kafka.broker import free_port
 from infra.kafka.connection import KafkaConnection
 from infra.prompts import Prompts
@@ -117,6 +117,7 @@ class EngineStack:
             KafkaConnection.plaintext(self.bootstrap),
             self.inventory,
             Prompts.from_dirs(self.inventory.tokenizer_dirs()),
+            GatewayOptions(app_id=self.options.app_id),
             auth=Authenticator("proxy") if self.options.trust_tenant_header else Authenticator.open(),
         )
         loop = asyncio.get_running_loop()

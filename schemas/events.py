@@ -42,6 +42,8 @@ MAX_EVENT_ID_LENGTH = 128
 """Event ids are 32 hex characters when we make them; room for other producers' schemes."""
 MAX_NAME_LENGTH = 256
 """Ids and names (request, tenant, model, DC, instance, profile, policy, pool, ...): keys, not text."""
+MAX_PARTITIONS = 10_000
+"""Partitions of one topic, at most (far beyond what a deployment of ours uses)."""
 MAX_HOME_DC_LENGTH = 128
 """``home_dc`` kept at its original limit (a DC name, well under ``MAX_NAME_LENGTH``)."""
 MAX_REASON_LENGTH = 1_024
@@ -163,7 +165,9 @@ class InferenceRequest(Event):
     the answer to ``tf.responses``; ``http``: the gateway that accepted the request (the
     dispatcher leaves it alone). ``affinity``: which of the pool's deciders hears it, when its
     publisher chose (a hot prefix spread over the deciders, ``agents.affinity``); empty: the
-    default (``affinity_key``).
+    default (``affinity_key``). ``decided_by``: the decider that a gateway asked directly and that
+    decided this request (``streams/direct.py``); this event is the log's record of it, which no
+    request lane decides again. Empty: the deciders read it from the log.
     """
 
     request_id: Name
@@ -187,6 +191,7 @@ class InferenceRequest(Event):
     home_dc: str = Field(default="", max_length=MAX_HOME_DC_LENGTH)
     model_version: Label = ""
     affinity: Label = ""
+    decided_by: Label = ""
 
     @model_validator(mode="after")
     def _one_prompt_and_a_length(self) -> Self:
@@ -450,6 +455,23 @@ class FleetEvent(Event):
     replicas: int | None = Field(default=None, ge=0, le=MAX_COUNT)
 
 
+class DeciderAnnouncement(Event):
+    """A decider of the deciders' group ``scheduler`` says where gateways may ask it directly
+    (``address``, host:port of its direct lane, ``streams/direct.py``) and which partitions of
+    ``tf.requests`` Kafka's group gave it (``partitions``, of ``partition_count``). Sent on
+    ``tf.deciders`` when its assignment changes and every few seconds while it lives (a gateway
+    forgets a decider not heard for a while); ``leaving``: it stops now."""
+
+    worker: Label
+    scheduler: Label = ""
+    address: Label
+    partitions: tuple[Annotated[int, Field(ge=0, le=MAX_PARTITIONS)], ...] = Field(
+        default=(), max_length=MAX_PARTITIONS
+    )
+    partition_count: int = Field(default=0, ge=0, le=MAX_PARTITIONS)
+    leaving: bool = False
+
+
 EVENT_TYPES: tuple[type[Event], ...] = (
     InferenceRequest,
     BatchJob,
@@ -462,4 +484,5 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     Response,
     DeadLetter,
     FleetEvent,
+    DeciderAnnouncement,
 )

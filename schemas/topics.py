@@ -9,6 +9,7 @@ from schemas.events import (
     BatchJob,
     Completion,
     DeadLetter,
+    DeciderAnnouncement,
     Event,
     FleetEvent,
     Heartbeat,
@@ -44,6 +45,8 @@ DLQ = TopicSpec("tf.dlq", DeadLetter, "source_topic")
 FLEET_EVENTS = TopicSpec("tf.fleet-events", FleetEvent, "model")
 # Answers are for the client that asked, not for a pool's worker: keyed by request id.
 RESPONSES = TopicSpec("tf.responses", Response, "request_id")
+# Where each decider can be asked directly and which request partitions it owns, for gateways.
+DECIDERS = TopicSpec("tf.deciders", DeciderAnnouncement, "worker")
 
 ALL_TOPICS = (
     REQUESTS,
@@ -57,6 +60,7 @@ ALL_TOPICS = (
     DLQ,
     RESPONSES,
     FLEET_EVENTS,
+    DECIDERS,
 )
 
 

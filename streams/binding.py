@@ -23,6 +23,7 @@ from schemas import topics
 from schemas.codec import RawMessage, encode
 from schemas.events import Event
 from streams.app import Channels
+from streams.direct import Announcer, DirectLane
 from streams.membership import Membership
 from streams.request_lane import RequestLane
 from streams.shared_log import SharedLog
@@ -55,13 +56,15 @@ def bind(
     lane: RequestLane,
     membership: Membership,
     shared: SharedLog,
+    direct: DirectLane,
     batch_size: int,
     batch_window_s: float,
 ) -> None:
     """Attach the handlers: ``agents`` to the request lane (which reads what ``membership``
-    gives this worker) and to the shared log (``shared``, its handlers set by the caller);
-    ``keeper`` and the batch-job expansion to Faust's group consumer; a timer that expires held
-    requests every second."""
+    gives this worker), to the direct lane (``direct``: gateways ask it, and learn where it is
+    and what it owns from its announcements) and to the shared log (``shared``, its handlers set
+    by the caller); ``keeper`` and the batch-job expansion to Faust's group consumer; a timer
+    that expires held requests every second."""
     lane.attach(agents.on_requests, agents.commit_floor, agents.on_replayed_admissions)
 
     def batched(channel: Any, name: str, handler: Callable[[Sequence[RawMessage]], Awaitable[None]]) -> None:
@@ -85,18 +88,32 @@ def bind(
     async def expire_held() -> None:
         await agents.on_timer()
 
+    announcer = Announcer(
+        agents.publisher.send,
+        agents.service.worker,
+        agents.service.scheduler,
+        lambda: direct.address,
+        lambda: membership.partitions,
+        lane.partition_count,
+    )
+
     async def follow(partitions: set[int]) -> None:
         lost = await lane.follow(partitions)
         agents.on_partitions_revoked(lost)
+        announcer.changed()
 
     @app.task  # type: ignore[untyped-decorator]
     async def deciding() -> None:
         await shared.start()
         await lane.start()
+        await direct.start()
         await membership.start(follow)
+        await announcer.start()
         try:
             await asyncio.Event().wait()  # until the worker stops and cancels this task
         finally:
+            await announcer.stop()  # gateways ask the others from now on
+            await direct.stop()
             await membership.stop()  # leave the group first: the others take our partitions
             await lane.stop()
             await shared.stop()

@@ -196,6 +196,10 @@ class RequestLane:
             delivered = [await self._producer.send_batch(b, topic, partition=p) for p, b in batches]
         await asyncio.gather(*delivered)
 
+    async def partition_count(self) -> int:
+        """How many partitions ``tf.requests`` has (as the broker last said)."""
+        return len(await self._producer.partitions_for(self.topic))
+
     def _partition_of(self, key: bytes, partitions: list[int]) -> int:
         cached = self._partition_cache.get((key, len(partitions)))
         if cached is None:

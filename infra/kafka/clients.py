@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -65,14 +66,16 @@ class TopicsMissing(ValueError):
 async def partition_reader(
     connection: KafkaConnection,
     specs: Sequence[TopicSpec],
-    at: Literal["beginning", "end"],
+    at: Literal["beginning", "end"] | float,
     what: str,
     **config: Any,
 ) -> Any:
     """A started consumer outside any group, assigned every partition of ``specs``' topics and
-    positioned at their beginning or end (resolved now, not at the first fetch, so nothing
-    written after this returns can be missed). ``config``: more ``AIOKafkaConsumer`` settings.
-    Raises ``TopicsMissing`` if none of the topics has a partition."""
+    positioned at their beginning, their end, or (``at`` a number) the first record written
+    ``at`` seconds ago or later (the beginning where the broker cannot look up by time) —
+    resolved now, not at the first fetch, so nothing written after this returns can be missed.
+    ``config``: more ``AIOKafkaConsumer`` settings. Raises ``TopicsMissing`` if none of the
+    topics has a partition."""
     consumer = await start_client(
         lambda: AIOKafkaConsumer(**connection.client_options(), enable_auto_commit=False, **config), what
     )
@@ -88,11 +91,26 @@ async def partition_reader(
     consumer.assign(partitions)
     if at == "beginning":
         await consumer.seek_to_beginning(*partitions)
-    else:
+    elif at == "end":
         await consumer.seek_to_end(*partitions)
+    else:
+        await _seek_to_time(consumer, partitions, time.time() - float(at))
     for tp in partitions:
         await consumer.position(tp)
     return consumer
+
+
+async def _seek_to_time(consumer: Any, partitions: list[TopicPartition], since: float) -> None:
+    """Position each partition at its first record written at ``since`` (epoch s) or later."""
+    ends = await consumer.end_offsets(partitions)
+    try:
+        starts = await consumer.offsets_for_times({tp: int(since * 1000) for tp in partitions})
+    except Exception:  # the broker cannot look up by time: the whole partition
+        await consumer.seek_to_beginning(*partitions)
+        return
+    for tp in partitions:
+        found = starts.get(tp)
+        consumer.seek(tp, ends[tp] if found is None else found.offset)
 
 
 BROKER_ERRORS = (KafkaError, OSError)  # TimeoutError is an OSError

@@ -537,6 +537,8 @@ def kubernetes_processes(documents: tuple[dict[str, Any], ...], label: str) -> l
                 for variable in container.get("env", []):
                     if "value" in variable:
                         env[variable["name"]] = variable["value"]
+                    elif "fieldRef" in variable["valueFrom"]:  # the pod's own (its IP): any address
+                        env[variable["name"]] = "10.0.0.1"
                     else:
                         ref = variable["valueFrom"]["secretKeyRef"]
                         assert ref["name"] == secret_name, where

@@ -1,12 +1,14 @@
 """The gateway's real HTTP app with what surrounds it faked: an engine (an aiohttp server that
-streams like vLLM), the bus (published events are kept; a ``schedule`` function answers each
-request through the gateway's real ``DecisionWaiter``) and the tokenizer (a character count)."""
+streams like vLLM), the bus (published events are kept), the scheduler (a ``schedule`` function
+answers each request, asked through the real direct lane: the gateway's ``Deciders`` and a
+``DirectLane`` server on a local port) and the tokenizer (a character count)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -15,13 +17,24 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from agents.handlers import DirectKey
+from gateway.deciders import Deciders
 from gateway.server import Gateway
 from infra import metrics
+from infra.kafka.connection import KafkaConnection
 from infra.prompts import PromptError, Prompts
 from infra.vllm.inventory import parse_inventory
-from schemas.codec import encode
-from schemas.events import AdmissionDecision, Completion, Event, InferenceRequest, RoutingDecision
-from schemas.topics import ADMISSION, COMPLETIONS, DECISIONS, REQUESTS, TopicSpec
+from schemas.codec import decode, encode
+from schemas.events import (
+    AdmissionDecision,
+    Completion,
+    DeciderAnnouncement,
+    Event,
+    InferenceRequest,
+    RoutingDecision,
+)
+from schemas.topics import COMPLETIONS, TopicSpec
+from streams.direct import DirectLane
 
 MODEL = "tiny"
 Answer = RoutingDecision | AdmissionDecision
@@ -82,7 +95,8 @@ class FakeEngine:
 
 
 class CountingPrompts(Prompts):
-    """A tokenizer stand-in: a token per four characters; the prompt ``EMPTY`` tokenizes to nothing."""
+    """A tokenizer stand-in: a token per four characters, one block hash (the text's CRC-32);
+    the prompt ``EMPTY`` tokenizes to nothing."""
 
     def __init__(self) -> None:
         super().__init__({})
@@ -93,7 +107,10 @@ class CountingPrompts(Prompts):
         text = request.prompt or "".join(m.content for m in request.messages or ())
         if text == "EMPTY":
             raise PromptError("the prompt is empty once tokenized")
-        return request.model_copy(update={"input_tokens": len(text) // 4 + 1})
+        # One block hash per prompt (its text's CRC): prompts that differ go to different deciders.
+        return request.model_copy(
+            update={"input_tokens": len(text) // 4 + 1, "prompt_block_hashes": (zlib.crc32(text.encode()),)}
+        )
 
 
 def place(request: InferenceRequest) -> Answer:
@@ -112,9 +129,36 @@ def place(request: InferenceRequest) -> Answer:
     )
 
 
+class FakeDecider:
+    """A decider whose decisions are ``schedule``'s, ``delay_s`` after it is asked (None: no
+    answer ever). ``asked``: what it was asked, in order; ``gone``: calls let go."""
+
+    def __init__(self, schedule: Callable[[InferenceRequest], Answer | None], delay_s: float) -> None:
+        self.schedule, self.delay_s = schedule, delay_s
+        self.asked: list[InferenceRequest] = []
+        self.gone: list[DirectKey] = []
+
+    async def on_direct(self, value: bytes) -> tuple[DirectKey, asyncio.Future[Event]]:
+        request = decode(InferenceRequest, value)
+        self.asked.append(request)
+        answer: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
+        decision = self.schedule(request)
+        if decision is not None:
+
+            def settle(decided: Answer = decision) -> None:
+                if not answer.done():
+                    answer.set_result(decided)
+
+            asyncio.get_running_loop().call_later(self.delay_s, settle)
+        return (request.model, request.request_id, request.attempt), answer
+
+    def on_direct_gone(self, key: DirectKey) -> None:
+        self.gone.append(key)
+
+
 class BusFreeGateway(Gateway):
     """The gateway without a broker: what it publishes is kept in ``published``; each request
-    it publishes is answered by ``schedule`` (after ``decision_delay_s``) through its waiter."""
+    is asked of ``decider`` (a ``FakeDecider``) over a real direct lane."""
 
     def __init__(
         self,
@@ -123,17 +167,21 @@ class BusFreeGateway(Gateway):
         decision_delay_s: float = 0.0,
         **kwargs: Any,
     ) -> None:
-        super().__init__("unused:9092", *args, **kwargs)
-        self.schedule = schedule
-        self.decision_delay_s = decision_delay_s
+        super().__init__(KafkaConnection.plaintext("unused:9092"), *args, **kwargs)
+        self.decider = FakeDecider(schedule, decision_delay_s)
+        self.lane = DirectLane(self.decider, "127.0.0.1", 0)
         self.published: list[tuple[str, Event]] = []
 
     async def start(self) -> None:
         import aiohttp
 
+        await self.lane.start()
+        announce(self.deciders, "fake:1", self.lane.address, partitions=(0,), partition_count=1)
         self._session = aiohttp.ClientSession()
 
     async def close(self) -> None:
+        await self.deciders.close()
+        await self.lane.stop()
         if self._background:
             await asyncio.wait(self._background, timeout=5.0)
         if self._session is not None:
@@ -141,19 +189,18 @@ class BusFreeGateway(Gateway):
 
     async def _publish(self, spec: TopicSpec, event: Event, wait: bool = False) -> None:
         self.published.append((spec.name, event))
-        if spec is REQUESTS:
-            assert isinstance(event, InferenceRequest)
-            answer = self.schedule(event)
-            if answer is not None:
-                topic = DECISIONS if isinstance(answer, RoutingDecision) else ADMISSION
-                loop = asyncio.get_running_loop()
-                loop.call_later(self.decision_delay_s, self.waiter._offer, topic.name, encode(answer))
 
     def requests(self) -> list[InferenceRequest]:
-        return [e for topic, e in self.published if topic == REQUESTS.name]  # type: ignore[misc]
+        return list(self.decider.asked)
 
     def completions(self) -> list[Completion]:
         return [e for topic, e in self.published if topic == COMPLETIONS.name]  # type: ignore[misc]
+
+
+def announce(deciders: Deciders, worker: str, address: str, **fields: Any) -> None:
+    """Tell ``deciders`` of a decider, as its announcement on ``tf.deciders`` would."""
+    said = DeciderAnnouncement(worker=worker, scheduler=deciders.scheduler, address=address, **fields)
+    deciders._heard(encode(said))
 
 
 @dataclass
