@@ -107,11 +107,12 @@ async def _one(client: AsyncOpenAI, prompt: str, max_tokens: int, tag: str | Non
     return first if first is not None else float("nan"), time.perf_counter() - started
 
 
-async def _long(client: AsyncOpenAI, prompt: str) -> float:
+async def _long(client: AsyncOpenAI, prompt: str, tag: str | None) -> float:
     """Seconds to the engine's answer to a prompt beyond its context: its refusal (400)."""
     started = time.perf_counter()
+    headers = {"X-TokenFleet-Tenant": tag} if tag else None
     with contextlib.suppress(BadRequestError):
-        await client.completions.create(model=MODEL, prompt=prompt, max_tokens=1)
+        await client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, extra_headers=headers)
     return time.perf_counter() - started
 
 
@@ -288,6 +289,7 @@ async def run(
                         )
                         results = await _phase(gateway, engines, requests, concurrency, max_tokens, tag)
                         report["runs"][str(concurrency)] = await _summary(results, bootstrap, tag)
+                        print(f"bench: {json.dumps(report['runs'][str(concurrency)])}", file=sys.stderr)
                     if long_kb:
                         report["long_prompt"] = await _long_prompts(
                             gateway, engines, requests, max_tokens, bootstrap, long_kb, model_dir
@@ -348,7 +350,8 @@ async def _long_prompts(
         while not stop.is_set():
             path = "gateway" if index % 2 else "direct"
             target = gateway if path == "gateway" else engines[(index // 2) % len(engines)]
-            tasks.append((path, asyncio.ensure_future(_long(target, text))))
+            tag = "bench-long-prompt" if path == "gateway" else None
+            tasks.append((path, asyncio.ensure_future(_long(target, text, tag))))
             index += 1
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.2)

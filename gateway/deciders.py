@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import murmur2
 
+from infra import metrics
 from infra.kafka.clients import TopicsMissing, partition_reader
 from infra.kafka.connection import KafkaConnection
 from schemas.codec import DecodeError, decode
@@ -104,6 +105,7 @@ class Deciders:
                     call.request.request_id, call.request.attempt, address, exc,
                 )  # fmt: skip
                 self._lost[address] = time.monotonic()
+                metrics.gateway_deciders_lost.inc()
                 if call.request.attempt >= MAX_ATTEMPT or time.monotonic() >= deadline:
                     raise NoDecider(str(exc)) from None
                 call.request = call.request.model_copy(update={"attempt": call.request.attempt + 1})

@@ -174,15 +174,15 @@ gateway_requests_total = Counter(
     namespace=NAMESPACE,
     registry=REGISTRY,
 )
-gateway_resent = Counter(
-    "gateway_requests_resent",
-    "Requests the gateway published again for want of a decision (the broker may have lost them).",
+gateway_deciders_lost = Counter(
+    "gateway_deciders_lost",
+    "Decisions asked of a worker that was lost before it answered (asked again of another).",
     namespace=NAMESPACE,
     registry=REGISTRY,
 )
 gateway_decision_seconds = Histogram(
     "gateway_decision_seconds",
-    "From a gateway call's arrival to the scheduler's answer (publish, route, read back).",
+    "From a gateway call's arrival to the scheduler's answer (tokenize, ask the worker, its answer).",
     buckets=(1e-3, 2e-3, 3e-3, 5e-3, 7.5e-3, 10e-3, 20e-3, 50e-3, 100e-3, 250e-3, 1.0, 5.0),
     namespace=NAMESPACE,
     registry=REGISTRY,
