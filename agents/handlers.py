@@ -37,6 +37,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Sequence
+from functools import partial
 from typing import TypeVar
 
 from agents.affinity import HotPrefixes
@@ -93,6 +94,7 @@ class SchedulerAgents:
         self._position_of: dict[_Key, Position] = {}  # arrived in the batch being handled
         self._held_at: dict[_Key, Position] = {}  # held requests: where the lane read them
         self._direct: dict[_Key, asyncio.Future[Event]] = {}  # asked directly, answer not final yet
+        self._recording: set[asyncio.Future[None]] = set()  # direct requests' records on their way
 
     # --- handlers, one per input topic --------------------------------------------------------
 
@@ -156,14 +158,30 @@ class SchedulerAgents:
                 answer.set_result(final)
                 return key, answer
         self._direct[key] = answer
-        routed = self._route(request.model, [(request, message)], time.time(), [])
-        self.telemetry.queue_depth(request.model, self.service.held(request.model))
+        failed: list[tuple[RawMessage, str]] = []
+        routed = self._route(request.model, [(request, message)], time.time(), failed)
+        if failed:
+            del self._direct[key]
+            await self._dead_letter(topics.REQUESTS, failed)
+            raise Refused(request.request_id, request.attempt, failed[0][1])
         self._answer_direct(routed)
-        recorded = await self.publisher.send(topics.REQUESTS, [request])
-        delivered = await self._send(routed)
-        self.telemetry.decided_batch(self.service.policy_name, routed, time.perf_counter() - arrived)
-        _watch(asyncio.gather(recorded, delivered, await self._tell_fleet()), request.request_id)
+        # Recorded after this returns: the caller's answer leaves first.
+        self._spawn_record(request, routed, time.perf_counter() - arrived)
         return key, answer
+
+    def _spawn_record(self, request: InferenceRequest, routed: list[Routed], latency_s: float) -> None:
+        """Publish a direct request's record and its decisions (a task: the answer goes first)."""
+
+        async def record() -> None:
+            self.telemetry.queue_depth(request.model, self.service.held(request.model))
+            recorded = await self.publisher.send(topics.REQUESTS, [request])
+            delivered = await self._send(routed)
+            self.telemetry.decided_batch(self.service.policy_name, routed, latency_s)
+            await asyncio.gather(recorded, delivered, await self._tell_fleet())
+
+        task = asyncio.ensure_future(record())
+        self._recording.add(task)
+        task.add_done_callback(partial(_recorded, self._recording, request.request_id))
 
     def on_direct_gone(self, key: DirectKey) -> None:
         """The gateway that asked for ``key`` is gone: a request still held for it is let go
@@ -412,14 +430,11 @@ def _named(value: bytes) -> tuple[str, int]:
         return "", 0
 
 
-def _watch(delivery: Awaitable[object], request_id: str) -> None:
-    """Log (not raise) a direct request's record that the broker did not take."""
-
-    def done(task: asyncio.Future[object]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("request %.256s: its record did not reach the log: %s", request_id, task.exception())
-
-    asyncio.ensure_future(delivery).add_done_callback(done)
+def _recorded(recording: set[asyncio.Future[None]], request_id: str, task: asyncio.Future[None]) -> None:
+    """Log (not raise) a direct request's record that did not reach the log."""
+    recording.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("request %.256s: its record did not reach the log: %s", request_id, task.exception())
 
 
 def _quietly(kind: type[E], messages: Sequence[RawMessage]) -> list[E]:

@@ -147,7 +147,7 @@ class Deciders:
             (DECIDERS,),
             SILENT_AFTER_S,
             "gateway's reader of the deciders",
-            fetch_max_wait_ms=100,
+            fetch_max_wait_ms=500,  # announcements come every 2 s: a slow poll costs an idle gateway less
         )
 
     async def _follow(self, consumer: object) -> None:

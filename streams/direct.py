@@ -126,6 +126,9 @@ class DirectLane:
                 except Refused as refused:
                     writer.write(b"refused " + _refusal(refused) + b"\n")
                     continue
+                if answer.done():  # decided at once: answer now, before anything else runs
+                    reply(key, answer)
+                    continue
                 waiting[key] = answer
                 answer.add_done_callback(lambda done, key=key: reply(key, done))  # type: ignore[misc]
                 if writer.transport.get_write_buffer_size() > 1 << 20:
