@@ -22,10 +22,11 @@ would cost.
 
 Two more phases (JSON ``gateway_cpu`` and ``long_prompt``):
 
-- CPU per call: ``--requests`` calls at concurrency 4 through the first gateway alone, its
-  process's CPU time per call; then ``--gateways`` gateways (started now), the calls spread over
-  them, the first one's CPU per call of its own. Equal: a gateway's cost does not grow with the
-  number of gateways (each receives only its own answers).
+- CPU per call: ``--requests`` calls through the first gateway alone (two clients), its
+  process's CPU time per call; then ``--gateways`` gateways (started now), each sent as many
+  calls the same way at the same time, the first one's CPU per call again. Also net of its idle
+  CPU (measured for 5 s before). Equal: a gateway's cost does not grow with the number of
+  gateways (each receives only its own answers).
 - Long prompts: concurrency 1 again, while a ``--long-prompt-kb`` KB prompt arrives every 200 ms
   (in turn to an engine and through the gateway). The short calls' added TTFT p50 beside them,
   and the long calls' own added time to the engine's answer (the tiny model takes 4 096 tokens:
@@ -59,7 +60,7 @@ from infra.kafka.connection import KafkaConnection
 from infra.prompts import Prompts
 from infra.vllm.inventory import dump_inventory, load_inventory
 from lab.engine_stack import StackOptions, worker_options
-from lab.measure import cpu_seconds
+from lab.measure import bucket_delta, cpu_seconds, histogram_quantile, scrape_buckets
 from lab.stack import Stack
 from lab.tiny_model import ensure_tiny_model
 from lab.vllm_launcher import VllmServers, server_specs
@@ -256,6 +257,11 @@ def _q(values: list[float], q: float) -> float:
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
 
 
+def _added_buckets(deployment: _Deployment) -> dict[float, float]:
+    """The first gateway's histogram of what it adds to a call's TTFT (its own measure)."""
+    return scrape_buckets(deployment.gateways[0][0] + "/metrics", "tokenfleet_gateway_added_seconds")
+
+
 def _client(url: str) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=url + "/v1", api_key="-", max_retries=0, timeout=60)
 
@@ -287,8 +293,12 @@ async def run(
                         print(
                             f"bench: concurrency {concurrency}, {requests} requests per path", file=sys.stderr
                         )
+                        before = _added_buckets(deployment)
                         results = await _phase(gateway, engines, requests, concurrency, max_tokens, tag)
                         report["runs"][str(concurrency)] = await _summary(results, bootstrap, tag)
+                        report["runs"][str(concurrency)]["gateway_own_added_p50_s"] = histogram_quantile(
+                            bucket_delta(_added_buckets(deployment), before), 0.5
+                        )
                         print(f"bench: {json.dumps(report['runs'][str(concurrency)])}", file=sys.stderr)
                     if long_kb:
                         report["long_prompt"] = await _long_prompts(
@@ -388,42 +398,47 @@ def _long_text(kb: int) -> str:
 async def _gateway_cpu(
     deployment: _Deployment, requests: int, max_tokens: int, gateways: int
 ) -> dict[str, Any]:
-    """The first gateway's CPU seconds per call of its own: alone, then beside ``gateways`` - 1
-    more, the calls spread over all of them."""
-    rng = random.Random(7)
-
-    async def spread(urls: list[str], calls: int) -> list[int]:
-        clients = [_client(u) for u in urls]
-        counts = [0] * len(urls)
-        counter = iter(range(calls))
-
-        async def loop() -> None:
-            for index in counter:
-                counts[index % len(urls)] += 1
-                await _one(clients[index % len(urls)], _prompt(rng), max_tokens, "bench-cpu")
-
-        await asyncio.gather(*(loop() for _ in range(4)))
-        for c in clients:
-            await c.close()
-        return counts
-
+    """The first gateway's CPU seconds per call of its own, with the same calls sent to it the
+    same way (one client after another, two at a time): first alone, then while ``gateways``
+    - 1 more gateways get as many calls each. Also net of what the gateway spends idle (its
+    CPU per second without calls, measured first, times the phase's duration)."""
     first_url, first = deployment.gateways[0]
     pid = first.process.pid
     print(f"bench: CPU per call, 1 gateway then {gateways}", file=sys.stderr)
-    before = cpu_seconds(pid)
-    await spread([first_url], requests)
-    lone = (cpu_seconds(pid) - before) / requests
+    idle_from, idle_at = cpu_seconds(pid), time.monotonic()
+    await asyncio.sleep(5.0)
+    idle_per_s = (cpu_seconds(pid) - idle_from) / (time.monotonic() - idle_at)
+
+    async def drive(urls: list[str]) -> tuple[float, float]:
+        """(gross, net) CPU seconds per call of the first gateway, ``requests`` calls to each."""
+        rng = random.Random(7)
+        clients = [_client(u) for u in urls]
+
+        async def calls(client: AsyncOpenAI) -> None:
+            for _ in range(requests // 2):
+                await _one(client, _prompt(rng), max_tokens, "bench-cpu")
+
+        before, started = cpu_seconds(pid), time.monotonic()
+        await asyncio.gather(*(calls(c) for c in clients for _ in range(2)))
+        used, wall = cpu_seconds(pid) - before, time.monotonic() - started
+        for c in clients:
+            await c.close()
+        calls_made = 2 * (requests // 2)
+        return used / calls_made, (used - idle_per_s * wall) / calls_made
+
+    lone, lone_net = await drive([first_url])
     for _ in range(gateways - 1):
         await _until_answered(_client(deployment.add_gateway()), 120)
-    urls = [url for url, _ in deployment.gateways]
-    before = cpu_seconds(pid)
-    counts = await spread(urls, requests * len(urls))
-    beside = (cpu_seconds(pid) - before) / counts[0]
+    beside, beside_net = await drive([url for url, _ in deployment.gateways])
     return {
-        "gateways": len(urls),
+        "gateways": len(deployment.gateways),
+        "idle_cpu_per_s": idle_per_s,
         "lone_cpu_per_call_s": lone,
         "beside_cpu_per_call_s": beside,
         "ratio": beside / lone,
+        "lone_net_cpu_per_call_s": lone_net,
+        "beside_net_cpu_per_call_s": beside_net,
+        "net_ratio": beside_net / lone_net,
     }
 
 
@@ -434,12 +449,13 @@ def _print(report: dict[str, Any]) -> None:
         f" max_tokens {report['max_tokens']}"
     )
     print(f"{'conc':>4}  {'direct p50':>10} {'p99':>7}  {'gateway p50':>11} {'p99':>7}  {'added p50':>9}"
-          f" {'p99':>7}  {'to decision':>11} {'policy':>7}")  # fmt: skip
+          f" {'p99':>7}  {'own p50':>7}  {'to decision':>11} {'policy':>7}")  # fmt: skip
     for concurrency, r in report["runs"].items():
         print(
             f"{concurrency:>4}  {r['direct_ttft_p50_s'] * ms:>8.1f}ms {r['direct_ttft_p99_s'] * ms:>5.1f}ms"
             f"  {r['gateway_ttft_p50_s'] * ms:>9.1f}ms {r['gateway_ttft_p99_s'] * ms:>5.1f}ms"
             f"  {r['added_p50_s'] * ms:>7.1f}ms {r['added_p99_s'] * ms:>5.1f}ms"
+            f"  {r['gateway_own_added_p50_s'] * ms:>5.1f}ms"
             f"  {r['to_decision_p50_s'] * ms:>9.1f}ms"
             f" {r['policy_p50_s'] * ms:>5.2f}ms  routed {r['gateway_per_instance']}"
         )
@@ -456,7 +472,9 @@ def _print(report: dict[str, Any]) -> None:
         print(
             f"gateway CPU per call: alone {cpu['lone_cpu_per_call_s'] * ms:.2f} ms,"
             f" beside {cpu['gateways'] - 1} more {cpu['beside_cpu_per_call_s'] * ms:.2f} ms"
-            f" ({cpu['ratio']:.2f}x)"
+            f" ({cpu['ratio']:.2f}x); net of idle ({cpu['idle_cpu_per_s'] * 100:.1f} % of a core)"
+            f" {cpu['lone_net_cpu_per_call_s'] * ms:.2f} / {cpu['beside_net_cpu_per_call_s'] * ms:.2f} ms"
+            f" ({cpu['net_ratio']:.2f}x)"
         )
     print(
         f"embedded broker produce->consume round trip: p50 {report['broker_round_trip_p50_s'] * ms:.1f} ms,"

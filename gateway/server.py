@@ -166,8 +166,10 @@ class Gateway:
         await self.close()
 
     async def start(self) -> None:
+        # What the gateway publishes (first tokens, completions) is on no call's path: 10 ms of
+        # linger puts the events of concurrent calls in one produce request (fewer system calls).
         self._producer = await start_client(
-            lambda: AIOKafkaProducer(**self.connection.client_options(), linger_ms=0), "gateway producer"
+            lambda: AIOKafkaProducer(**self.connection.client_options(), linger_ms=10), "gateway producer"
         )
         await self.deciders.start()
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
@@ -373,11 +375,14 @@ class Gateway:
         stream: web.StreamResponse | None = None
         response_id = call.rid.response_id(client.kind)
         started = False
+        sent = 0.0  # monotonic: the call left for the engine
 
         async def on_event(event: dict[str, Any], raw: bytes) -> None:
             nonlocal stream, started
-            if event.get("choices") and not started:
+            first = event.get("choices") and not started
+            if first:
                 started = True
+                engine_ttft = time.monotonic() - sent
                 self._spawn(self._publish(FIRST_TOKENS, outcome.first_token(decision, time.time())))
             if not client.stream:
                 return
@@ -388,6 +393,8 @@ class Gateway:
             if stream is None:
                 stream = await self._open_stream(http, call)
             await _send(stream, b"data: " + json.dumps(event).encode() + b"\n\n")
+            if first:
+                metrics.gateway_added_seconds.observe(time.monotonic() - call.arrived - engine_ttft)
 
         try:
             entry = self.inventory.instance(decision.instance_id)
@@ -401,6 +408,7 @@ class Gateway:
                     502, "the scheduler chose an engine this gateway cannot reach", type="engine_error"
                 )
             path, body = engine_call(request, entry.served_model_name or entry.model)
+            sent = time.monotonic()
             try:
                 assert self._session is not None
                 await stream_generation(

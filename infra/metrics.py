@@ -180,6 +180,14 @@ gateway_deciders_lost = Counter(
     namespace=NAMESPACE,
     registry=REGISTRY,
 )
+gateway_added_seconds = Histogram(
+    "gateway_added_seconds",
+    "What the gateway adds to a streamed call's time to first token: its arrival to its first "
+    "chunk written, less the engine's own time from the call sent to its first chunk.",
+    buckets=(2.5e-4, 5e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 5e-3, 7.5e-3, 10e-3, 15e-3, 20e-3, 50e-3, 100e-3, 1.0),
+    namespace=NAMESPACE,
+    registry=REGISTRY,
+)
 gateway_decision_seconds = Histogram(
     "gateway_decision_seconds",
     "From a gateway call's arrival to the scheduler's answer (tokenize, ask the worker, its answer).",
