@@ -40,6 +40,8 @@ SILENT_AFTER_S = 5 * ANNOUNCE_EVERY_S
 """A decider not heard from for this long is gone (it died without saying so)."""
 LOST_FOR_S = 2.0
 """A decider whose connection just failed is asked last for this long."""
+FORGOTTEN_AFTER_S = 60.0
+"""A decider silent this long is forgotten (its connection closed)."""
 
 
 class NoDecider(TimeoutError):
@@ -177,4 +179,17 @@ class Deciders:
         if known is not None and known.ts > said.ts:
             return  # an older word, read late
         self._known[said.worker] = said
+        self._forget_the_gone(said.ts)
         self._news.set()
+
+    def _forget_the_gone(self, now: float) -> None:
+        """Drop the deciders silent for ``FORGOTTEN_AFTER_S`` or gone for good, and close the
+        connections no live decider's address names (a restarted worker listens elsewhere)."""
+        for worker, said in list(self._known.items()):
+            if now - said.ts > FORGOTTEN_AFTER_S:
+                del self._known[worker]
+        addresses = {s.address for s in self._known.values() if not s.leaving}
+        for address in [a for a in self._lanes if a not in addresses]:
+            lane = self._lanes.pop(address)
+            self._lost.pop(address, None)
+            lane.abandon()

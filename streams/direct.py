@@ -251,9 +251,15 @@ class DirectConnection:
         writer.write(b"decide " + encode(request) + b"\n")
         return answer
 
-    async def close(self) -> None:
+    def abandon(self) -> None:
+        """Close the connection now; the calls waiting on it fail with ``DeciderLost``."""
         if self._reader_task is not None:
             self._reader_task.cancel()
+
+    async def close(self) -> None:
+        """``abandon``, and wait until the connection is closed."""
+        self.abandon()
+        if self._reader_task is not None:
             with contextlib.suppress(BaseException):
                 await self._reader_task
 
