@@ -9,6 +9,7 @@ import numpy as np
 
 from agents.policy.common.numeric import BoolArray, FloatArray
 from agents.policy.common.slots import SlotRegistry
+from agents.policy.tokenpilot import kernels
 from agents.policy.types import ClusterView
 
 
@@ -90,21 +91,25 @@ class PrefillQueues:
         return now_s <= self._drained_to
 
     def drain(self, now_s: float, step_s: FloatArray, budget: int) -> None:
-        """Advance every row to ``now_s``: ``budget`` tokens prefilled per ``step_s`` seconds."""
-        elapsed = np.maximum(now_s - self.as_of, 0.0)
-        done = elapsed * budget / np.maximum(step_s, 1e-6)
-        self.recent *= np.exp(-elapsed / self.horizon_s)
-        left = np.maximum(1.0 - done / np.maximum(self.tokens, 1e-9), 0.0)
-        np.minimum(left, 1.0, out=left)  # (np.clip costs as much as both)
-        self.tokens *= left
-        self.pairs *= left
-        late = self.head_due + step_s < now_s  # (within a step of it: the step in progress)
-        if np.count_nonzero(late):  # still prefilling a send past its predicted first token (class docstring)
-            # Its last chunk is the one in progress: ``floor`` tokens at the end of its prompt.
-            floor = np.where(late, np.minimum(self.head_tokens, budget), 0.0)
-            np.maximum(self.pairs, floor * (self.head_depth - floor * 0.5), out=self.pairs)
-            np.maximum(self.tokens, floor, out=self.tokens)
-        np.maximum(self.as_of, now_s, out=self.as_of)
+        """Advance every row to ``now_s``: ``budget`` tokens prefilled per ``step_s`` seconds.
+        A send still prefilling past its predicted first token keeps its last chunk queued (class
+        docstring): that chunk is the step in progress. Formulas: ``kernels.drain``."""
+        decay = np.empty(len(self.tokens))
+        kernels.decay_exponent(now_s, self.horizon_s, self.as_of, decay)
+        np.exp(decay, out=decay)
+        kernels.drain(
+            now_s,
+            float(budget),
+            step_s,
+            decay,
+            self.tokens,
+            self.pairs,
+            self.as_of,
+            self.recent,
+            self.head_due,
+            self.head_tokens,
+            self.head_depth,
+        )
         self._drained_to = now_s
 
     def add(

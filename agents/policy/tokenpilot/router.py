@@ -102,6 +102,7 @@ from agents.policy.common.prefix_index import PrefixIndex
 from agents.policy.common.selector import InstanceSelector
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES
 from agents.policy.common.timing import decode_s
+from agents.policy.tokenpilot import kernels
 from agents.policy.tokenpilot.horizon import DecodeHorizon
 from agents.policy.tokenpilot.lateness import PrefillLateness
 from agents.policy.tokenpilot.predictor import OnlineLinearModel
@@ -136,7 +137,6 @@ _STEPS_X_BATCH = FEATURES.index("steps_x_batch")
 _PREFILL_TOKENS = FEATURES.index("prefill_tokens")
 _PREFILL_PAIRS = FEATURES.index("prefill_pairs")
 _BOUNDARY_WAIT = FEATURES.index("boundary_wait_s")
-_BLOCK_TOKENS = np.float64(BLOCK_TOKENS)
 _NO_FEATURES = np.zeros(len(FEATURES))  # of another decider's send: it calibrates nothing here
 _NO_FEATURES.flags.writeable = False
 INTERACTIVE_TPOT_S = DEFAULT_SLO_CLASSES["interactive"].tpot_s or 0.1
@@ -172,14 +172,31 @@ class _Chosen:
 
 
 class _Rows(NamedTuple):
-    """What ``_features`` computes per row of the view for one request."""
+    """What ``_features`` computes per row of the view for one request (``kernels.row_features``)."""
 
     features: FloatArray  # n x len(FEATURES)
+    rows: FloatArray  # 5 x n: the last five below, in this order
+    thetas: FloatArray  # θ of each profile of the view (``_ViewRows.names``), one row each
     new: FloatArray  # its own uncached prompt tokens
     pairs: FloatArray  # and their attention token pairs
-    batch: IntArray  # B_i: requests running (heartbeat + own sends since)
-    context: IntArray  # C_i: their context tokens
+    batch: FloatArray  # B_i: requests running (heartbeat + own sends since)
+    context: FloatArray  # C_i: their context tokens
     step: FloatArray  # s_i: a decode step there, θ_T0 + θ_c·B_i + θ_d·C_i
+
+
+@dataclass(frozen=True, slots=True)
+class _ViewRows:
+    """What the kernels read of one snapshot, prepared once per ``view.version``: its counts as
+    contiguous int64 arrays (one compiled kernel for every way a view is built) and each row's
+    engine profile, as an index into ``names`` (the rows of the θ matrix a kernel reads)."""
+
+    version: int
+    names: tuple[str, ...]
+    profile_of_row: IntArray
+    groups: list[tuple[str, slice | IntArray]]  # rows of each profile (one slice if uniform)
+    running: IntArray
+    tokens_in_flight: IntArray
+    free_blocks: IntArray  # KV blocks free at each row's heartbeat
 
 
 class TokenPilot(InstanceSelector):
@@ -214,11 +231,8 @@ class TokenPilot(InstanceSelector):
         self._last_queued: dict[str, tuple[str, int]] = {}  # instance id -> last request sent there
         self._batch_keys: set[tuple[str, int]] = set()  # the requests of the batch being decided
         self._revised: dict[tuple[str, int], float] = {}  # of those: seconds others' chunks add
-        self._groups_version = -1  # snapshot version ``_groups`` was computed for
-        self._groups: list[tuple[str, slice | IntArray]] = []
-        self._free_version = -1
-        self._free: IntArray = np.zeros(0, dtype=np.int64)
-        self._budget = np.float64(prefill_budget)
+        self._view_rows: _ViewRows | None = None  # of the last snapshot decided on
+        self._budget = float(prefill_budget)
         self.clock = StepClock(phase_steps, phase_lost_share)
         self._last_view: ClusterView | None = None  # the last snapshot decided on (for ``Placed``)
 
@@ -244,13 +258,29 @@ class TokenPilot(InstanceSelector):
         rows = self._features(request, view, now_s)
         features, own_tokens, own_pairs = rows.features, rows.new, rows.pairs
         predicted = self._predict(features, view)
-        chunk = self._first_chunk_joining(features, own_tokens)
-        delay = chunk * self._per_token_s(view)
-        score = predicted + self.spare_others * delay
-        harm, own_s = self._decode_harm(view, rows)
-        score += self.spare_decodes * harm
-        row = self._pick_near_min(score, mask, view)
-        joined = float(chunk[row])
+        # score = predicted + spare_others · delay + spare_decodes · harm (module docstring)
+        scores = np.empty((3, len(view)))  # the first chunk joining, own prefill s, the score
+        near = np.empty(len(view), dtype=np.int64)
+        count = kernels.score_rows(
+            self._budget,
+            float(self.spare_others),
+            float(self.spare_decodes),
+            float(self.queues.horizon_s),
+            float(self.tpot_s),
+            1 + self.tie_tolerance,
+            features,
+            predicted,
+            rows.rows,
+            self.queues.recent,
+            mask,
+            self._rows_of(view).profile_of_row,
+            rows.thetas,
+            self.lateness.ratio,
+            scores,
+            near,
+        )
+        row = self._pick_near(near[:count], view)
+        joined = float(scores[0, row])
         cached = request.input_tokens - float(own_tokens[row])
         self._chosen = _Chosen(
             now_s,
@@ -260,7 +290,7 @@ class TokenPilot(InstanceSelector):
             own_pairs[row],
             joined,
             joined * (cached + joined / 2),
-            float(own_s[row]),
+            float(scores[1, row]),
         )
         reason = f"min predicted TTFT ({cached:.0f} of {request.input_tokens} prompt tokens cached)"
         return Placement(row, reason, float(predicted[row]))
@@ -286,8 +316,9 @@ class TokenPilot(InstanceSelector):
         return self._predict(rows.features, view), rows.new, rows.pairs
 
     def _predict(self, features: FloatArray, view: ClusterView) -> FloatArray:
-        """``features @ θ`` per row, θ of the row's engine profile."""
-        groups = self._profile_rows(view)
+        """``features @ θ`` per row, θ of the row's engine profile (numpy's product: see
+        ``kernels``)."""
+        groups = self._rows_of(view).groups
         if len(groups) == 1:  # a uniform pool (the usual case): no gather or scatter
             return features @ self.model_for(groups[0][0]).theta
         predicted = np.empty(len(view))
@@ -295,155 +326,134 @@ class TokenPilot(InstanceSelector):
             predicted[rows] = features[rows] @ self.model_for(profile).theta
         return predicted
 
-    def _decode_harm(self, view: ClusterView, rows: _Rows) -> tuple[FloatArray, FloatArray]:
-        """``harm_i`` (module docstring) per row, and ``own_i``: the request's prefill seconds."""
-        own_tokens, own_pairs, batch, step_s = rows.new, rows.pairs, rows.batch, rows.step
-        own_s = np.empty(len(view))
-        for profile, group in self._profile_rows(view):
-            per_token, per_pair = self.model_for(profile).theta[3:5]
-            own_s[group] = own_tokens[group] * per_token + own_pairs[group] * per_pair
-        if self.lateness.ratio[-1] > 1.0:
-            own_s *= self.lateness.of_rows(own_tokens)
-        room = self.queues.horizon_s * np.maximum(1.0 - step_s / self.tpot_s, 0.0)
-        recent = self.queues.recent
-        harm = batch * (np.maximum(recent + own_s - room, 0.0) - np.maximum(recent - room, 0.0))
-        return harm, own_s
-
-    def _per_token_s(self, view: ClusterView) -> float | FloatArray:
-        """Calibrated prefill seconds per token, per row (one number for a uniform pool)."""
-        groups = self._profile_rows(view)
-        if len(groups) == 1:
-            return float(self.model_for(groups[0][0]).theta[_PREFILL_TOKENS])
-        per_token = np.empty(len(view))
-        for profile, rows in groups:
-            per_token[rows] = self.model_for(profile).theta[_PREFILL_TOKENS]
-        return per_token
-
     def features(self, request: RequestView, view: ClusterView, now_s: float) -> FloatArray:
         """The model's features of ``request`` on every row of ``view`` (n x len(FEATURES))."""
         return self._features(request, view, now_s).features
 
     def _features(self, request: RequestView, view: ClusterView, now_s: float) -> _Rows:
         """Features, and per row the request's own uncached tokens and their attention pairs, and
-        the decode batch and its context."""
+        the decode batch and its context (formulas: ``kernels.row_features``; the queues are
+        drained to ``now_s`` first)."""
         self._last_view = view
+        at = self._rows_of(view)
+        thetas = self._thetas(at.names)
         matched = self.index.match_array(request.block_hashes, view)
-        # Request scalars as numpy float64: an operation with a Python number converts it first,
-        # which costs as much as the operation itself on a small pool. All values are exact.
-        input_tokens = np.float64(request.input_tokens)
-        cached = np.multiply(matched, _BLOCK_TOKENS)
-        np.minimum(cached, input_tokens - 1, out=cached)
-        new = input_tokens - cached
-        own_pairs = new * (cached + new * 0.5)
         sent, sent_tokens = self.in_flight.since_heartbeat(view)
-        batch = view.running + sent
-        context = view.tokens_in_flight + sent_tokens
-        queued, queued_pairs = self._queued(view, now_s, sent, batch, context)
+        queued, queued_pairs = self._queued(view, now_s, sent, sent_tokens, at, thetas)
         features = np.empty((len(view), len(FEATURES)))
-        total = np.add(queued, new, out=features[:, 3])
-        steps = np.divide(total, self._budget, out=features[:, 0])
-        np.ceil(steps, out=steps)
-        np.multiply(steps, batch, out=features[:, 1])
-        np.multiply(steps, context, out=features[:, 2])
-        np.add(queued_pairs, own_pairs, out=features[:, 4])
-        # KV blocks short: what the request needs beyond what is free, less the reservations of
-        # own sends the heartbeat does not show yet (their budgets taken as ours).
-        short = np.float64(blocks_for(request.input_tokens + request.output_budget)) - matched
-        short -= self._free_blocks(view)
-        unseen = sent * np.float64(request.output_budget)
-        unseen += sent_tokens
-        unseen /= _BLOCK_TOKENS
-        short += unseen
-        np.maximum(short, 0.0, out=features[:, 5])
-        step_s = self._decode_step(view, batch, context)
-        features[:, _BOUNDARY_WAIT] = self._boundary_wait(view, now_s, batch, step_s)
-        return _Rows(features, new, own_pairs, batch, context, step_s)
-
-    def _decode_step(self, view: ClusterView, batch: IntArray, context: IntArray) -> FloatArray:
-        """θ's decode step per row, ``T0 + c·B_i + d·C_i`` (the step clock and the decode-harm
-        term both read it)."""
-        step_s = np.empty(len(view))
-        for profile, rows in self._profile_rows(view):
-            t0, per_seq, per_context = self.model_for(profile).theta[:3]
-            step_s[rows] = t0 + per_seq * batch[rows] + per_context * context[rows]
-        return step_s
+        rows = np.empty((5, len(view)))
+        kernels.row_features(
+            float(request.input_tokens),
+            # KV blocks short: what the request needs beyond what is free, less the reservations
+            # of own sends the heartbeat does not show yet (their budgets taken as ours).
+            float(blocks_for(request.input_tokens + request.output_budget)),
+            float(request.output_budget),
+            self._budget,
+            matched,
+            at.running,
+            at.tokens_in_flight,
+            at.free_blocks,
+            sent,
+            sent_tokens,
+            queued,
+            queued_pairs,
+            at.profile_of_row,
+            thetas,
+            features,
+            rows,
+        )
+        features[:, _BOUNDARY_WAIT] = self._boundary_wait(view, now_s, rows[2], rows[4], at)
+        return _Rows(features, rows, thetas, rows[0], rows[1], rows[2], rows[3], rows[4])
 
     def _boundary_wait(
-        self, view: ClusterView, now_s: float, batch: IntArray, step_s: FloatArray
+        self, view: ClusterView, now_s: float, batch: FloatArray, step_s: FloatArray, at: _ViewRows
     ) -> FloatArray:
         """Seconds until the step in progress ends per row (``stepclock.py``); 0 if idle."""
         open_requests = self.in_flight.per_instance(self.in_flight.requests, view)
-        scale = np.empty(len(view))
-        for profile, rows in self._profile_rows(view):
-            scale[rows] = self.clock.scale(profile)
+        if len(at.names) == 1:
+            scale = np.full(len(view), self.clock.scale(at.names[0]))
+        else:
+            scale = np.empty(len(view))
+            for profile, rows in at.groups:
+                scale[rows] = self.clock.scale(profile)
         return self.clock.wait(view, now_s, open_requests, batch, step_s, scale)
 
     def _queued_at(self, view: ClusterView, now_s: float) -> None:
         """Drain the queues to ``now_s`` on ``view`` (what ``_features`` does first)."""
         sent, sent_tokens = self.in_flight.since_heartbeat(view)
-        self._queued(view, now_s, sent, view.running + sent, view.tokens_in_flight + sent_tokens)
+        at = self._rows_of(view)
+        self._queued(view, now_s, sent, sent_tokens, at, self._thetas(at.names))
 
     def _queued(
-        self, view: ClusterView, now_s: float, sent: IntArray, batch: IntArray, context: IntArray
+        self,
+        view: ClusterView,
+        now_s: float,
+        sent: IntArray,
+        sent_tokens: IntArray,
+        at: _ViewRows,
+        thetas: FloatArray,
     ) -> tuple[FloatArray, FloatArray]:
         """Prefill tokens and pairs queued ahead per row, drained to ``now_s`` at the predicted
-        rate: one full step, ``T0 + c·B + d·C + a·budget + b·budget·(R/Q)``, per ``budget``."""
+        rate: one full step, ``T0 + c·B + d·C + a·budget + b·budget·(R/Q)``, per ``budget``,
+        stretched by the lateness of the prompt at the queue's head (FCFS: the queue drains at
+        its pace; ``kernels.queue_pace``)."""
         queues = self.queues
         if not queues.aligned_to(view):
             queues.align(view, (view.running == 0) & (view.waiting == 0) & (sent == 0))
         if queues.drained_to(now_s):
             return queues.tokens, queues.pairs
-        budget = self.prefill_budget
-        pairs_per_step = budget * queues.pairs / np.maximum(queues.tokens, 1.0)
         step_s = np.empty(len(view))
-        for profile, rows in self._profile_rows(view):
-            t0, per_seq, per_context, per_token, per_pair = self.model_for(profile).theta[:5]
-            step_s[rows] = (
-                (t0 + per_token * budget)
-                + per_seq * batch[rows]
-                + per_context * context[rows]
-                + per_pair * pairs_per_step[rows]
-            )
-        if self.lateness.ratio[-1] > 1.0:  # FCFS: the queue drains at the pace of its head
-            step_s *= self.lateness.of_rows(queues.head_tokens)
-        queues.drain(now_s, step_s, budget)
+        kernels.queue_pace(
+            self._budget,
+            queues.tokens,
+            queues.pairs,
+            queues.head_tokens,
+            at.running,
+            sent,
+            at.tokens_in_flight,
+            sent_tokens,
+            at.profile_of_row,
+            thetas,
+            self.lateness.ratio,
+            step_s,
+        )
+        queues.drain(now_s, step_s, self.prefill_budget)
         return queues.tokens, queues.pairs
 
-    def _first_chunk_joining(self, features: FloatArray, own_tokens: FloatArray) -> FloatArray:
-        """Tokens of the request's first chunk that would run in the step ending the prefill
-        queued last on each row (chunked prefill runs both in one step, so that first token
-        waits for ours): 0 where nothing is queued or the queue ends on a full step."""
-        steps_queued = features[:, 3] - own_tokens
-        steps_queued /= self._budget
-        filled = steps_queued - np.floor(steps_queued)  # share of the last queued step used
-        room = np.subtract(1.0, filled)
-        room *= self._budget
-        room[filled <= 0] = 0.0
-        return np.minimum(own_tokens, room, out=room)  # (np.mod is ~6x slower on float arrays)
+    def _rows_of(self, view: ClusterView) -> _ViewRows:
+        """What the kernels read of ``view`` (``_ViewRows``), once per snapshot."""
+        cached = self._view_rows
+        if cached is not None and cached.version == view.version:
+            return cached
+        names, inverse = np.unique(view.profile, return_inverse=True)
+        profiles = tuple(str(name) for name in names)
+        if len(profiles) == 1:
+            groups: list[tuple[str, slice | IntArray]] = [(profiles[0], slice(None))]
+        else:
+            groups = [(name, np.flatnonzero(inverse == k)) for k, name in enumerate(profiles)]
+        self._view_rows = _ViewRows(
+            view.version,
+            profiles,
+            np.array(inverse, dtype=np.int64).reshape(len(view)),
+            groups,
+            np.array(view.running, dtype=np.int64),
+            np.array(view.tokens_in_flight, dtype=np.int64),
+            np.array(view.kv_total - view.kv_used, dtype=np.int64),
+        )
+        return self._view_rows
 
-    def _free_blocks(self, view: ClusterView) -> IntArray:
-        """KV blocks free at each row's heartbeat (once per snapshot)."""
-        if self._free_version != view.version:
-            self._free, self._free_version = view.kv_total - view.kv_used, view.version
-        return self._free
+    def _thetas(self, profiles: tuple[str, ...]) -> FloatArray:
+        """θ of each profile, one row each (what the kernels index by ``profile_of_row``)."""
+        if len(profiles) == 1:
+            return self.model_for(profiles[0]).theta.reshape(1, len(FEATURES))
+        thetas = np.empty((len(profiles), len(FEATURES)))
+        for k, profile in enumerate(profiles):
+            thetas[k] = self.model_for(profile).theta
+        return thetas
 
-    def _profile_rows(self, view: ClusterView) -> list[tuple[str, slice | IntArray]]:
-        """Rows of each engine profile in ``view``, once per snapshot (one slice if uniform)."""
-        if self._groups_version != view.version:
-            names, inverse = np.unique(view.profile, return_inverse=True)
-            if len(names) == 1:
-                self._groups = [(str(names[0]), slice(None))]
-            else:
-                self._groups = [(str(name), np.flatnonzero(inverse == k)) for k, name in enumerate(names)]
-            self._groups_version = view.version
-        return self._groups
-
-    def _pick_near_min(self, score: FloatArray, mask: BoolArray, view: ClusterView) -> int:
-        """Lowest score; rows within ``tie_tolerance`` of it are equally good (random pick, in
-        this decider's lane where it has some: ``InstanceSelector.lane``)."""
-        masked = np.where(mask, score, np.inf)
-        best = masked[masked.argmin()]  # (argmin and nonzero are ~5x cheaper than min, flatnonzero)
-        near = (masked <= best * (1 + self.tie_tolerance) + 1e-9).nonzero()[0]
+    def _pick_near(self, near: IntArray, view: ClusterView) -> int:
+        """One of the rows within ``tie_tolerance`` of the lowest score (they are equally good):
+        at random, in this decider's lane where it has some (``InstanceSelector.lane``)."""
         if len(near) == 1:
             return int(near[0])
         if self.lane[1] > 1:
