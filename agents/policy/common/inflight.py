@@ -89,12 +89,15 @@ class InFlight:
 
     def per_instance(self, counts: dict[str, int], view: ClusterView) -> IntArray:
         """``counts`` aligned with the rows of ``view``."""
-        out = np.zeros(len(view), dtype=np.int64)
         mirror = "requests" if counts is self.requests else "blocks" if counts is self.blocks else None
         if mirror is not None:
             slots, rows = self._slots.rows(view)
+            if self._slots.identity:  # slot s is row s: a copy of the column, no scatter
+                return self._slots.columns[mirror][: len(view)].copy()
+            out = np.zeros(len(view), dtype=np.int64)
             out[rows] = self._slots.columns[mirror][slots]
             return out
+        out = np.zeros(len(view), dtype=np.int64)
         for instance_id, count in counts.items():
             row = view.index_of.get(instance_id)
             if row is not None:

@@ -67,9 +67,8 @@ def queue_pace(
     tokens: FloatArray,
     pairs: FloatArray,
     head_tokens: FloatArray,
-    running: IntArray,
+    counts: IntArray,
     sent: IntArray,
-    tokens_in_flight: IntArray,
     sent_tokens: IntArray,
     profile_of_row: IntArray,
     thetas: FloatArray,
@@ -81,14 +80,14 @@ def queue_pace(
 
         step_out = ((T0 + a·budget) + c·B + d·C + b·(budget·R / max(Q, 1))) · L
 
-    Q, R = ``tokens``, ``pairs``; B = running + sent, C = tokens_in_flight + sent_tokens; L =
-    lateness of ``head_tokens`` (1 unless ``lateness[-1] > 1``; ``lateness`` is
-    ``PrefillLateness.ratio``)."""
+    Q, R = ``tokens``, ``pairs``; B = running + sent, C = tokens_in_flight + sent_tokens (running,
+    tokens_in_flight: ``counts[0]``, ``counts[1]``); L = lateness of ``head_tokens`` (1 unless
+    ``lateness[-1] > 1``; ``lateness`` is ``PrefillLateness.ratio``)."""
     late_on = lateness[lateness.shape[0] - 1] > 1.0
     for i in range(tokens.shape[0]):
         theta = thetas[profile_of_row[i]]
-        batch = float(running[i] + sent[i])
-        context = float(tokens_in_flight[i] + sent_tokens[i])
+        batch = float(counts[0, i] + sent[i])
+        context = float(counts[1, i] + sent_tokens[i])
         pairs_per_step = budget * pairs[i] / _max(tokens[i], 1.0)
         step = (theta[0] + theta[3] * budget) + theta[1] * batch + theta[2] * context
         step = step + theta[4] * pairs_per_step
@@ -155,38 +154,50 @@ def row_features(
     blocks_needed: float,
     output_budget: float,
     budget: float,
+    now_s: float,
+    phase_steps: float,
+    lost_share: float,
     matched: IntArray,
-    running: IntArray,
-    tokens_in_flight: IntArray,
-    free_blocks: IntArray,
+    counts: IntArray,
     sent: IntArray,
     sent_tokens: IntArray,
     queued: FloatArray,
     queued_pairs: FloatArray,
+    open_requests: IntArray,
     profile_of_row: IntArray,
     thetas: FloatArray,
+    scales: FloatArray,
+    clock_slot_of_row: IntArray,
+    boundary_s: FloatArray,
+    sent_s: FloatArray,
+    awaiting: IntArray,
+    touched: BoolArray,
+    step_by_slot: FloatArray,
     features_out: FloatArray,
     rows_out: FloatArray,
 ) -> None:
-    """The request's features on every row (``TokenPilot._features``; the boundary wait, column 6,
-    is the step clock's, not written here). Per row, with ``matched`` leading blocks cached:
+    """The request's features on every row (``TokenPilot._features``). Per row, with
+    ``matched`` leading blocks cached and ``counts`` = (running, tokens_in_flight, free KV
+    blocks) as the heartbeat said (3 x n):
 
         cached = min(matched · BLOCK_TOKENS, input - 1);  P = input - cached
         pairs  = P · (cached + P / 2);  B = running + sent;  C = tokens_in_flight + sent_tokens
-        steps  = ceil((queued + P) / budget)
-        features_out[i, :6] = steps, steps · B, steps · C, queued + P, queued_pairs + pairs,
-                              max(blocks_needed - matched - free + (sent · output_budget +
-                                  sent_tokens) / BLOCK_TOKENS, 0)
-        rows_out[:, i]      = P, pairs, B, C, T0 + c·B + d·C      (the last: a decode step there)
+        steps  = ceil((queued + P) / budget);  s = T0 + c·B + d·C       (a decode step there)
+        features_out[i] = steps, steps · B, steps · C, queued + P, queued_pairs + pairs,
+                          max(blocks_needed - matched - free + (sent · output_budget +
+                              sent_tokens) / BLOCK_TOKENS, 0),
+                          the step clock's wait (``boundary_wait``, ``scales`` by profile)
+        rows_out[:, i]  = P, pairs, B, C, s
 
-    ``features_out`` is n x 7, ``rows_out`` 5 x n."""
+    ``features_out`` is n x 7, ``rows_out`` 5 x n; the step clock's columns are by its slots
+    (``clock_slot_of_row``)."""
     last_token = input_tokens - 1
     for i in range(matched.shape[0]):
         cached = _min(matched[i] * _BLOCK, last_token)
         new = input_tokens - cached
         own_pairs = new * (cached + new * 0.5)
-        batch = float(running[i] + sent[i])
-        context = float(tokens_in_flight[i] + sent_tokens[i])
+        batch = float(counts[0, i] + sent[i])
+        context = float(counts[1, i] + sent_tokens[i])
         total = queued[i] + new
         steps = np.ceil(total / budget)
         features_out[i, 0] = steps
@@ -195,18 +206,49 @@ def row_features(
         features_out[i, 3] = total
         features_out[i, 4] = queued_pairs[i] + own_pairs
         short = blocks_needed - float(matched[i])
-        short -= float(free_blocks[i])
+        short -= float(counts[2, i])
         unseen = float(sent[i]) * output_budget
         unseen += float(sent_tokens[i])
         unseen /= _BLOCK
         short += unseen
         features_out[i, 5] = _max(short, 0.0)
-        theta = thetas[profile_of_row[i]]
+        profile = profile_of_row[i]
+        theta = thetas[profile]
+        step = theta[0] + theta[1] * batch + theta[2] * context
+        slot = clock_slot_of_row[i]
+        step_by_slot[slot] = step
+        features_out[i, 6] = _wait(
+            now_s, phase_steps, lost_share, open_requests[i], 0.0 if touched[slot] else batch, step,
+            scales[profile], boundary_s[slot], sent_s[slot], awaiting[slot],
+        )  # fmt: skip
         rows_out[0, i] = new
         rows_out[1, i] = own_pairs
         rows_out[2, i] = batch
         rows_out[3, i] = context
-        rows_out[4, i] = theta[0] + theta[1] * batch + theta[2] * context
+        rows_out[4, i] = step
+
+
+@kernel
+def _wait(
+    now_s: float,
+    phase_steps: float,
+    lost_share: float,
+    open_requests: int,
+    batch: float,
+    step_s: float,
+    scale: float,
+    boundary_s: float,
+    sent_s: float,
+    awaiting: int,
+) -> float:
+    """``boundary_wait`` of one row, from its slot's clock values."""
+    if not open_requests > 0 and not batch > 0:
+        return 0.0
+    step = _max(step_s * scale, 1e-6)
+    age = now_s - boundary_s
+    if age <= phase_steps * step and awaiting == 0 and sent_s <= boundary_s:
+        return float(step - np.fmod(age, step))
+    return lost_share * step
 
 
 @kernel
@@ -235,15 +277,10 @@ def boundary_wait(
     for i in range(step_s.shape[0]):
         slot = slot_of_row[i]
         step_by_slot[slot] = step_s[i]
-        if not (open_requests[i] > 0 or (batch[i] > 0 and not touched[slot])):
-            wait_out[i] = 0.0
-            continue
-        step = _max(step_s[i] * scale[i], 1e-6)
-        age = now_s - boundary_s[slot]
-        if age <= phase_steps * step and awaiting[slot] == 0 and sent_s[slot] <= boundary_s[slot]:
-            wait_out[i] = step - np.fmod(age, step)
-        else:
-            wait_out[i] = lost_share * step
+        wait_out[i] = _wait(
+            now_s, phase_steps, lost_share, open_requests[i], 0.0 if touched[slot] else batch[i],
+            step_s[i], scale[i], boundary_s[slot], sent_s[slot], awaiting[slot],
+        )  # fmt: skip
 
 
 @kernel

@@ -194,9 +194,7 @@ class _ViewRows:
     names: tuple[str, ...]
     profile_of_row: IntArray
     groups: list[tuple[str, slice | IntArray]]  # rows of each profile (one slice if uniform)
-    running: IntArray
-    tokens_in_flight: IntArray
-    free_blocks: IntArray  # KV blocks free at each row's heartbeat
+    counts: IntArray  # 3 x n: requests running, tokens in flight, KV blocks free (heartbeat's)
 
 
 class TokenPilot(InstanceSelector):
@@ -340,6 +338,8 @@ class TokenPilot(InstanceSelector):
         matched = self.index.match_array(request.block_hashes, view)
         sent, sent_tokens = self.in_flight.since_heartbeat(view)
         queued, queued_pairs = self._queued(view, now_s, sent, sent_tokens, at, thetas)
+        clock = self.clock
+        clock_slots, boundary_s, sent_s, awaiting, touched, step_by_slot = clock.columns(view)
         features = np.empty((len(view), len(FEATURES)))
         rows = np.empty((5, len(view)))
         kernels.row_features(
@@ -349,34 +349,32 @@ class TokenPilot(InstanceSelector):
             float(blocks_for(request.input_tokens + request.output_budget)),
             float(request.output_budget),
             self._budget,
+            float(now_s),
+            # the boundary wait: ``stepclock.py``; busy where own requests are open (exact where
+            # it sends all of an instance's traffic: a stale heartbeat would call an instance busy
+            # that has drained since), or, on one never sent to, where the heartbeat says so
+            float(clock.phase_steps),
+            float(clock.lost_share),
             matched,
-            at.running,
-            at.tokens_in_flight,
-            at.free_blocks,
+            at.counts,
             sent,
             sent_tokens,
             queued,
             queued_pairs,
+            self.in_flight.per_instance(self.in_flight.requests, view),
             at.profile_of_row,
             thetas,
+            np.array([clock.scale(profile) for profile in at.names]),
+            clock_slots,
+            boundary_s,
+            sent_s,
+            awaiting,
+            touched,
+            step_by_slot,
             features,
             rows,
         )
-        features[:, _BOUNDARY_WAIT] = self._boundary_wait(view, now_s, rows[2], rows[4], at)
         return _Rows(features, rows, thetas, rows[0], rows[1], rows[2], rows[3], rows[4])
-
-    def _boundary_wait(
-        self, view: ClusterView, now_s: float, batch: FloatArray, step_s: FloatArray, at: _ViewRows
-    ) -> FloatArray:
-        """Seconds until the step in progress ends per row (``stepclock.py``); 0 if idle."""
-        open_requests = self.in_flight.per_instance(self.in_flight.requests, view)
-        if len(at.names) == 1:
-            scale = np.full(len(view), self.clock.scale(at.names[0]))
-        else:
-            scale = np.empty(len(view))
-            for profile, rows in at.groups:
-                scale[rows] = self.clock.scale(profile)
-        return self.clock.wait(view, now_s, open_requests, batch, step_s, scale)
 
     def _queued_at(self, view: ClusterView, now_s: float) -> None:
         """Drain the queues to ``now_s`` on ``view`` (what ``_features`` does first)."""
@@ -408,9 +406,8 @@ class TokenPilot(InstanceSelector):
             queues.tokens,
             queues.pairs,
             queues.head_tokens,
-            at.running,
+            at.counts,
             sent,
-            at.tokens_in_flight,
             sent_tokens,
             at.profile_of_row,
             thetas,
@@ -436,9 +433,9 @@ class TokenPilot(InstanceSelector):
             profiles,
             np.array(inverse, dtype=np.int64).reshape(len(view)),
             groups,
-            np.array(view.running, dtype=np.int64),
-            np.array(view.tokens_in_flight, dtype=np.int64),
-            np.array(view.kv_total - view.kv_used, dtype=np.int64),
+            np.array(
+                [view.running, view.tokens_in_flight, view.kv_total - view.kv_used], dtype=np.int64
+            ).reshape(3, len(view)),
         )
         return self._view_rows
 

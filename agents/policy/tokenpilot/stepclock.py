@@ -41,7 +41,7 @@ from collections import deque
 
 import numpy as np
 
-from agents.policy.common.numeric import FloatArray, IntArray
+from agents.policy.common.numeric import BoolArray, FloatArray, IntArray
 from agents.policy.common.slots import SlotRegistry
 from agents.policy.tokenpilot import kernels
 from agents.policy.types import ClusterView
@@ -152,6 +152,33 @@ class StepClock:
         call an instance busy that has drained since), or the heartbeat's ``batch`` on one it
         never sent to. ``step_s``: the unscaled predicted decode step per row (recorded for the
         gaps), ``scale`` its per-row scale. The formula per row: ``kernels.boundary_wait``."""
+        slot_of_row, boundary_s, sent_s, awaiting, touched, step_by_slot = self.columns(view)
+        wait = np.empty(len(view))
+        kernels.boundary_wait(
+            float(now_s),
+            float(self.phase_steps),
+            float(self.lost_share),
+            np.asarray(open_requests, dtype=np.int64),
+            np.asarray(batch, dtype=np.float64),
+            np.asarray(step_s, dtype=np.float64),
+            np.asarray(scale, dtype=np.float64),
+            slot_of_row,
+            boundary_s,
+            sent_s,
+            awaiting,
+            touched,
+            step_by_slot,
+            wait,
+        )
+        return wait
+
+    def columns(
+        self, view: ClusterView
+    ) -> tuple[IntArray, FloatArray, FloatArray, IntArray, BoolArray, FloatArray]:
+        """What ``wait`` reads, for a caller that computes it in its own kernel
+        (``kernels.row_features``): each row's slot, and by slot the last boundary, the last
+        send, the sends awaiting a first token, whether ever sent to, and the decode step (the
+        caller writes it, as ``wait`` records it for the gaps). Every row of ``view`` gets a slot."""
         n = len(view)
         if self._version != view.version:
             for instance_id, profile in zip(view.instance_ids, view.profile.tolist(), strict=True):
@@ -164,24 +191,7 @@ class StepClock:
                 self._slot_of_row[rows] = slots
             self._version = view.version
         c = self._slots.columns
-        wait = np.empty(n)
-        kernels.boundary_wait(
-            float(now_s),
-            float(self.phase_steps),
-            float(self.lost_share),
-            np.asarray(open_requests, dtype=np.int64),
-            np.asarray(batch, dtype=np.float64),
-            np.asarray(step_s, dtype=np.float64),
-            np.asarray(scale, dtype=np.float64),
-            self._slot_of_row,
-            c["boundary_s"],
-            c["sent_s"],
-            c["awaiting"],
-            c["touched"],
-            c["step_s"],
-            wait,
-        )
-        return wait
+        return self._slot_of_row, c["boundary_s"], c["sent_s"], c["awaiting"], c["touched"], c["step_s"]
 
     def _slot(self, instance_id: str, profile: str) -> int:
         slot = self._slots.get(instance_id)

@@ -88,9 +88,10 @@ def test_queue_pace_and_drain_are_the_numpy_drain(seed: int) -> None:
     if ratio[-1] > 1.0:
         step_ref *= of_rows(ratio, s["head_tokens"])
     step = np.empty(N)
+    counts = np.array([s["running"], s["tokens_in_flight"], s["free"]])
     kernels.queue_pace(
-        BUDGET, s["tokens"], s["pairs"], s["head_tokens"], s["running"], s["sent"],
-        s["tokens_in_flight"], s["sent_tokens"], s["profile"], THETAS, ratio, step,
+        BUDGET, s["tokens"], s["pairs"], s["head_tokens"], counts, s["sent"], s["sent_tokens"],
+        s["profile"], THETAS, ratio, step,
     )  # fmt: skip
     assert np.array_equal(step, step_ref)
 
@@ -155,21 +156,12 @@ def test_row_features_boundary_wait_and_score_are_the_numpy_formulas(seed: int) 
         rows = np.flatnonzero(s["profile"] == k)
         step_ref[rows] = theta[0] + theta[1] * batch[rows] + theta[2] * context[rows]
 
-    features, rows_out = np.empty((N, 7)), np.empty((5, N))
-    kernels.row_features(
-        input_tokens, blocks_needed, output_budget, BUDGET, s["matched"], s["running"],
-        s["tokens_in_flight"], s["free"], s["sent"], s["sent_tokens"], queued, queued_pairs,
-        s["profile"], THETAS, features, rows_out,
-    )  # fmt: skip
-    assert np.array_equal(features[:, :6], ref[:, :6])
-    for got, want in zip(rows_out, (new, own_pairs, batch, context, step_ref), strict=True):
-        assert np.array_equal(got, want)
-
     # reference: StepClock.wait (slots in reverse row order: the gather path)
     now, phase_steps, lost_share = 100.0, 2.0, 0.5
     slot_of_row = np.arange(N)[::-1].copy()
     open_requests = np.where(rng.random(N) < 0.5, 0, rng.integers(0, 3, N)).astype(np.int64)
-    scale = 1.0 + rng.random(N)
+    scales = 1.0 + rng.random(len(THETAS))
+    scale = scales[s["profile"]]
     boundary = np.where(rng.random(N) < 0.2, -np.inf, now - rng.random(N) * 0.3)
     sent_s = boundary + rng.normal(0, 0.05, N)
     awaiting = np.where(rng.random(N) < 0.7, 0, 1).astype(np.int64)
@@ -182,6 +174,19 @@ def test_row_features_boundary_wait_and_score_are_the_numpy_formulas(seed: int) 
     known = (age <= phase_steps * step) & busy & (aw == 0) & (sent_b <= b)
     assert np.count_nonzero(known) and np.count_nonzero(busy & ~known) and np.count_nonzero(~busy)
     wait_ref[known] = step[known] - np.fmod(age[known], step[known])
+    ref[:, 6] = wait_ref
+
+    counts = np.array([s["running"], s["tokens_in_flight"], s["free"]])
+    features, rows_out, step_by_slot = np.empty((N, 7)), np.empty((5, N)), np.zeros(N)
+    kernels.row_features(
+        input_tokens, blocks_needed, output_budget, BUDGET, now, phase_steps, lost_share, s["matched"],
+        counts, s["sent"], s["sent_tokens"], queued, queued_pairs, open_requests, s["profile"], THETAS,
+        scales, slot_of_row, boundary, sent_s, awaiting, touched, step_by_slot, features, rows_out,
+    )  # fmt: skip
+    assert np.array_equal(features, ref)
+    for got, want in zip(rows_out, (new, own_pairs, batch, context, step_ref), strict=True):
+        assert np.array_equal(got, want)
+    assert np.array_equal(step_by_slot[slot_of_row], step_ref)
     wait, step_by_slot = np.empty(N), np.zeros(N)
     kernels.boundary_wait(
         now, phase_steps, lost_share, open_requests, rows_out[2], rows_out[4], scale, slot_of_row,
@@ -189,7 +194,6 @@ def test_row_features_boundary_wait_and_score_are_the_numpy_formulas(seed: int) 
     )  # fmt: skip
     assert np.array_equal(wait, wait_ref)
     assert np.array_equal(step_by_slot[slot_of_row], step_ref)
-    features[:, 6] = wait
 
     # reference: TokenPilot.pick's score (_first_chunk_joining, _decode_harm, _pick_near_min)
     predicted = np.empty(N)
@@ -250,9 +254,8 @@ def test_lateness_buckets_match_the_class() -> None:
     zeros = np.zeros(len(tokens), dtype=np.int64)
     one_step = np.zeros(len(tokens))
     theta = np.array([[1.0, 0, 0, 0, 0, 0, 0]])
-    kernels.queue_pace(
-        BUDGET, one_step, one_step, tokens, zeros, zeros, zeros, zeros, zeros, theta, ratio, step
-    )
+    counts = np.zeros((3, len(tokens)), dtype=np.int64)
+    kernels.queue_pace(BUDGET, one_step, one_step, tokens, counts, zeros, zeros, zeros, theta, ratio, step)
     assert np.array_equal(step, of_rows(ratio, tokens))
 
 
