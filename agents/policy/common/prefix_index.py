@@ -285,18 +285,18 @@ class PrefixIndex:
     # --- internals ----------------------------------------------------------------------------
 
     def _as_array(self, blocks: Iterable[int]) -> npt.NDArray[np.int64]:
-        """``blocks`` as int64; the last one converted is kept (a decision looks its prompt up,
-        then adds it: one conversion)."""
+        """``blocks`` as int64; the last tuple converted is kept (a decision looks its prompt up,
+        then adds it: one conversion). A tuple is immutable, so the array stays right for as long
+        as the tuple is kept here."""
         if blocks is self._blocks[0]:
             return self._blocks[1]
+        if type(blocks) is tuple:  # (an isinstance test against an ABC costs more than this)
+            hashes = np.array(blocks, dtype=np.int64).reshape(len(blocks))
+            self._blocks = (blocks, hashes)
+            return hashes
         if isinstance(blocks, np.ndarray):
             return np.ascontiguousarray(blocks, dtype=np.int64)
-        if not isinstance(blocks, Sequence):
-            return np.fromiter(blocks, dtype=np.int64)
-        hashes = np.array(blocks, dtype=np.int64).reshape(len(blocks))
-        if isinstance(blocks, tuple):  # immutable: safe to reuse while it is alive (held here)
-            self._blocks = (blocks, hashes)
-        return hashes
+        return np.fromiter(blocks, dtype=np.int64)
 
     def _instance(self, instance_id: str) -> _Instance:
         inst = self._instances.get(instance_id)

@@ -96,6 +96,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from agents.policy.common.numeric import BoolArray, FloatArray, IntArray, blocks_for
 from agents.policy.common.prefix_index import PrefixIndex
@@ -175,25 +176,54 @@ class _Rows(NamedTuple):
     """What ``_features`` computes per row of the view for one request (``kernels.row_features``)."""
 
     features: FloatArray  # n x len(FEATURES)
-    rows: FloatArray  # 5 x n: the last five below, in this order
+    # 5 x n: its own uncached prompt tokens P_i and their attention token pairs; B_i, requests
+    # running (heartbeat + own sends since); C_i, their context tokens; s_i, a decode step there
+    rows: FloatArray
     thetas: FloatArray  # θ of each profile of the view (``_ViewRows.names``), one row each
-    new: FloatArray  # its own uncached prompt tokens
-    pairs: FloatArray  # and their attention token pairs
-    batch: FloatArray  # B_i: requests running (heartbeat + own sends since)
-    context: FloatArray  # C_i: their context tokens
-    step: FloatArray  # s_i: a decode step there, θ_T0 + θ_c·B_i + θ_d·C_i
+
+    @property
+    def new(self) -> FloatArray:
+        new: FloatArray = self.rows[0]
+        return new
+
+    @property
+    def pairs(self) -> FloatArray:
+        pairs: FloatArray = self.rows[1]
+        return pairs
+
+
+@dataclass(frozen=True, slots=True)
+class _Profiles:
+    """The engine profiles of a view's rows: ``names`` (sorted; the rows of the θ matrix a
+    kernel reads), each row's index into them, the rows of each (one slice if uniform) and each
+    row's name."""
+
+    column: npt.NDArray[np.str_]  # the view's profile column they were read from
+    names: tuple[str, ...]
+    of_row: IntArray
+    groups: list[tuple[str, slice | IntArray]]
+    by_row: list[str]
+
+    @classmethod
+    def of(cls, column: npt.NDArray[np.str_]) -> _Profiles:
+        unique, inverse = np.unique(column, return_inverse=True)
+        names = tuple(str(name) for name in unique)
+        of_row = np.array(inverse, dtype=np.int64).reshape(len(column))
+        if len(names) == 1:
+            groups: list[tuple[str, slice | IntArray]] = [(names[0], slice(None))]
+        else:
+            groups = [(name, np.flatnonzero(of_row == k)) for k, name in enumerate(names)]
+        return cls(column, names, of_row, groups, [names[k] for k in of_row.tolist()])
 
 
 @dataclass(frozen=True, slots=True)
 class _ViewRows:
     """What the kernels read of one snapshot, prepared once per ``view.version``: its counts as
-    contiguous int64 arrays (one compiled kernel for every way a view is built) and each row's
-    engine profile, as an index into ``names`` (the rows of the θ matrix a kernel reads)."""
+    contiguous int64 arrays (one compiled kernel for every way a view is built) and its rows'
+    engine profiles."""
 
     version: int
-    names: tuple[str, ...]
-    profile_of_row: IntArray
-    groups: list[tuple[str, slice | IntArray]]  # rows of each profile (one slice if uniform)
+    profiles: _Profiles
     counts: IntArray  # 3 x n: requests running, tokens in flight, KV blocks free (heartbeat's)
 
 
@@ -271,7 +301,7 @@ class TokenPilot(InstanceSelector):
             rows.rows,
             self.queues.recent,
             mask,
-            self._rows_of(view).profile_of_row,
+            self._rows_of(view).profiles.of_row,
             rows.thetas,
             self.lateness.ratio,
             scores,
@@ -316,7 +346,7 @@ class TokenPilot(InstanceSelector):
     def _predict(self, features: FloatArray, view: ClusterView) -> FloatArray:
         """``features @ θ`` per row, θ of the row's engine profile (numpy's product: see
         ``kernels``)."""
-        groups = self._rows_of(view).groups
+        groups = self._rows_of(view).profiles.groups
         if len(groups) == 1:  # a uniform pool (the usual case): no gather or scatter
             return features @ self.model_for(groups[0][0]).theta
         predicted = np.empty(len(view))
@@ -334,7 +364,7 @@ class TokenPilot(InstanceSelector):
         drained to ``now_s`` first)."""
         self._last_view = view
         at = self._rows_of(view)
-        thetas = self._thetas(at.names)
+        thetas = self._thetas(at.profiles.names)
         matched = self.index.match_array(request.block_hashes, view)
         sent, sent_tokens = self.in_flight.since_heartbeat(view)
         queued, queued_pairs = self._queued(view, now_s, sent, sent_tokens, at, thetas)
@@ -362,9 +392,9 @@ class TokenPilot(InstanceSelector):
             queued,
             queued_pairs,
             self.in_flight.per_instance(self.in_flight.requests, view),
-            at.profile_of_row,
+            at.profiles.of_row,
             thetas,
-            np.array([clock.scale(profile) for profile in at.names]),
+            np.array([clock.scale(profile) for profile in at.profiles.names]),
             clock_slots,
             boundary_s,
             sent_s,
@@ -374,13 +404,13 @@ class TokenPilot(InstanceSelector):
             features,
             rows,
         )
-        return _Rows(features, rows, thetas, rows[0], rows[1], rows[2], rows[3], rows[4])
+        return _Rows(features, rows, thetas)
 
     def _queued_at(self, view: ClusterView, now_s: float) -> None:
         """Drain the queues to ``now_s`` on ``view`` (what ``_features`` does first)."""
         sent, sent_tokens = self.in_flight.since_heartbeat(view)
         at = self._rows_of(view)
-        self._queued(view, now_s, sent, sent_tokens, at, self._thetas(at.names))
+        self._queued(view, now_s, sent, sent_tokens, at, self._thetas(at.profiles.names))
 
     def _queued(
         self,
@@ -409,7 +439,7 @@ class TokenPilot(InstanceSelector):
             at.counts,
             sent,
             sent_tokens,
-            at.profile_of_row,
+            at.profiles.of_row,
             thetas,
             self.lateness.ratio,
             step_s,
@@ -418,25 +448,18 @@ class TokenPilot(InstanceSelector):
         return queues.tokens, queues.pairs
 
     def _rows_of(self, view: ClusterView) -> _ViewRows:
-        """What the kernels read of ``view`` (``_ViewRows``), once per snapshot."""
+        """What the kernels read of ``view`` (``_ViewRows``), once per snapshot; the profiles
+        are read again only when the profile column changes (the streaming worker's snapshots
+        share it until the pool's membership changes)."""
         cached = self._view_rows
         if cached is not None and cached.version == view.version:
             return cached
-        names, inverse = np.unique(view.profile, return_inverse=True)
-        profiles = tuple(str(name) for name in names)
-        if len(profiles) == 1:
-            groups: list[tuple[str, slice | IntArray]] = [(profiles[0], slice(None))]
+        if cached is not None and cached.profiles.column is view.profile:
+            profiles = cached.profiles
         else:
-            groups = [(name, np.flatnonzero(inverse == k)) for k, name in enumerate(profiles)]
-        self._view_rows = _ViewRows(
-            view.version,
-            profiles,
-            np.array(inverse, dtype=np.int64).reshape(len(view)),
-            groups,
-            np.array(
-                [view.running, view.tokens_in_flight, view.kv_total - view.kv_used], dtype=np.int64
-            ).reshape(3, len(view)),
-        )
+            profiles = _Profiles.of(view.profile)
+        counts = np.array([view.running, view.tokens_in_flight, view.kv_total - view.kv_used], dtype=np.int64)
+        self._view_rows = _ViewRows(view.version, profiles, counts.reshape(3, len(view)))
         return self._view_rows
 
     def _thetas(self, profiles: tuple[str, ...]) -> FloatArray:
@@ -460,16 +483,17 @@ class TokenPilot(InstanceSelector):
 
     def on_routed(self, request: RequestView, view: ClusterView, row: int) -> None:
         instance_id = view.instance_ids[row]
+        profile = self._rows_of(view).profiles.by_row[row]
         chosen = self._chosen
         key = (request.request_id, request.attempt)
-        self.clock.sent(instance_id, str(view.profile[row]), key, chosen.now_s)
+        self.clock.sent(instance_id, profile, key, chosen.now_s)
         due_s = chosen.now_s + chosen.predicted_s * self.lateness.of(chosen.tokens)
         mark = self.queues.add(row, chosen.tokens, chosen.pairs, chosen.prefill_s, key, due_s)
         # Busy (a decode batch, or prefill queued ahead of it): it starts at the next step boundary.
         busy = chosen.features[_STEPS_X_BATCH] > 0 or chosen.features[_PREFILL_TOKENS] > chosen.tokens
         self._sent[key] = _Sent(
             instance_id,
-            str(view.profile[row]),
+            profile,
             chosen.features,
             chosen.tokens,
             chosen.pairs,

@@ -90,7 +90,9 @@ class StepClock:
     def sent(self, instance_id: str, profile: str, key: tuple[str, int], now_s: float) -> None:
         slot = self._slot(instance_id, profile)
         c = self._slots.columns
-        c["sent_s"][slot] = max(c["sent_s"][slot], now_s)
+        sent = c["sent_s"]
+        if now_s > sent[slot]:
+            sent[slot] = now_s
         c["awaiting"][slot] += 1
         c["touched"][slot] = True
         self._pending[key] = slot
