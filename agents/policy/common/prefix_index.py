@@ -123,6 +123,8 @@ class PrefixIndex:
         self._by_slot: list[_Instance] = []
         self._default_capacity = default_capacity_blocks
         self._sized_for = -1  # view version the capacities were last set from
+        # and its instances and capacities (None: a capacity was set otherwise since)
+        self._sized: tuple[tuple[str, ...], npt.NDArray[np.int64]] | None = None
         # Bulk loads whose holder bits are not set yet: (slot, view of its ring), blocks dropped.
         self._pending: list[tuple[int, npt.NDArray[np.int32]]] = []
         self._pending_dropped: list[npt.NDArray[np.int32]] = []
@@ -137,20 +139,32 @@ class PrefixIndex:
     # --- sizing -------------------------------------------------------------------------------
 
     def size_like(self, view: ClusterView) -> None:
-        """Bound every instance of ``view`` to its reported KV capacity (once per snapshot)."""
+        """Bound every instance of ``view`` to its reported KV capacity (once per snapshot; a
+        snapshot of the same instances reporting the same capacities changes nothing)."""
         if self._sized_for == view.version:
             return
-        instances = self._instances
-        kv_total = view.kv_total.tolist()
-        for row, instance_id in enumerate(view.instance_ids):
-            blocks = max(int(kv_total[row]), 1)
-            inst = instances.get(instance_id)
-            if inst is None or inst.capacity != blocks:
-                self.set_capacity(instance_id, blocks)
+        ids, sized = view.instance_ids, self._sized
+        if (
+            sized is None
+            or (ids is not sized[0] and ids != sized[0])
+            or not np.array_equal(view.kv_total, sized[1])
+        ):
+            instances = self._instances
+            kv_total = view.kv_total.tolist()
+            for row, instance_id in enumerate(ids):
+                blocks = max(int(kv_total[row]), 1)
+                inst = instances.get(instance_id)
+                if inst is None or inst.capacity != blocks:
+                    self._set_capacity(instance_id, blocks)
+            self._sized = (ids, view.kv_total.copy())
         self._sized_for = view.version
 
     def set_capacity(self, instance_id: str, blocks: int) -> None:
         """Bound an instance's entry count (e.g. its reported KV capacity); evicts if shrunk."""
+        self._sized = None  # (the next snapshot sizes every instance again)
+        self._set_capacity(instance_id, blocks)
+
+    def _set_capacity(self, instance_id: str, blocks: int) -> None:
         inst = self._instance(instance_id)
         if inst.live > max(int(blocks), 1):
             self._flush()
@@ -218,7 +232,7 @@ class PrefixIndex:
     def _bulk_ids(self, hashes: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]:
         """Block ids of many hashes (creating missing ones, in ascending hash order)."""
         uniq, inverse = np.unique(hashes, return_inverse=True)
-        self._reserve(len(uniq))
+        self._reserve(k.count_missing(self._keys, self._vals, uniq))
         uid = np.empty(len(uniq), dtype=np.int32)
         k.block_ids(self._keys, self._vals, self._counts, self._hashes, self._free, uniq, uid)
         out: npt.NDArray[np.int32] = uid[inverse.reshape(-1)]
@@ -313,21 +327,22 @@ class PrefixIndex:
         return inst
 
     def _reserve(self, more: int) -> None:
-        """Room for ``more`` new block ids: the table at most half full, the id arrays."""
+        """Room for ``more`` new block ids: the table at most half full (a quarter after it
+        grows), the arrays by id a quarter larger than needed when they grow."""
         keys = int(self._counts[k.KEYS]) + more
         if 2 * keys > len(self._vals):
-            cells = _power_of_two(4 * keys)
+            cells = _power_of_two(2 * keys + 1)
             new_keys, new_vals = np.zeros(cells, dtype=np.int64), np.full(cells, _EMPTY, dtype=np.int32)
             k.rehash(self._keys, self._vals, new_keys, new_vals)
             self._keys, self._vals = new_keys, new_vals
         ids = int(self._counts[k.IDS]) + more
         if ids > len(self._hashes):
-            size = max(ids, 2 * len(self._hashes))
+            size = max(ids, len(self._hashes) * 5 // 4)
             self._hashes = np.resize(self._hashes, size)
             self._free = np.resize(self._free, size)
             self._marks = np.zeros(size + 1, dtype=bool)  # (all False between calls)
             # In place where the allocator can (a large block is remapped, not copied): at 4096
-            # instances the rows take gigabytes, and a copy would hold them twice.
+            # instances the rows take gigabytes, and a copy would hold them twice for a while.
             self._held.resize((size, self._held.shape[1]), refcheck=False)
 
     def _evict(self, inst: _Instance) -> None:

@@ -86,6 +86,16 @@ def block_id(keys: I64, vals: I32, counts: I64, hashes: I64, free: I32, key: int
 
 
 @kernel
+def count_missing(keys: I64, vals: I32, many: I64) -> int:
+    """How many hashes of ``many`` have no id."""
+    missing = 0
+    for key in many:
+        if lookup(keys, vals, key) < 0:
+            missing += 1
+    return missing
+
+
+@kernel
 def block_ids(keys: I64, vals: I32, counts: I64, hashes: I64, free: I32, many: I64, out: I32) -> None:
     """``block_id`` of every hash of ``many``, in order, into ``out``."""
     for j in range(len(many)):

@@ -67,16 +67,19 @@ class PrefillQueues:
         if self.aligned_to(view):
             return
         self._save()
-        slots = self._slot_of_row = np.fromiter(
-            (self._slots.slot(i) for i in view.instance_ids), dtype=np.int64, count=len(view)
-        )
+        ids = () if self._view is None else self._view.instance_ids
+        if self._view is None or (view.instance_ids is not ids and view.instance_ids != ids):
+            self._slot_of_row = np.fromiter(
+                (self._slots.slot(i) for i in view.instance_ids), dtype=np.int64, count=len(view)
+            )
+            self._row_of_slot = np.full(self._slots.capacity, -1, dtype=np.int64)
+            self._row_of_slot[self._slot_of_row] = np.arange(len(view))
+        slots = self._slot_of_row  # (the same rows: the same slots)
         c = self._slots.columns
         self.tokens, self.pairs, self.as_of = c["state"][:, slots]
         self.recent = c["recent"][slots]
         self.tokens[idle] = 0.0
         self.pairs[idle] = 0.0
-        self._row_of_slot = np.full(self._slots.capacity, -1, dtype=np.int64)
-        self._row_of_slot[slots] = np.arange(len(view))
         head = c["head"]
         for slot in slots[idle & (head[0, slots] < np.inf)]:
             self._waiting.pop(int(slot), None)  # idle at its heartbeat: nothing is prefilling

@@ -66,6 +66,7 @@ class StepClock:
         self._profile: list[str] = []  # by slot
         self._version = -1  # the snapshot every row of which has a slot
         self._slot_of_row = np.zeros(0, dtype=np.int64)  # of that snapshot
+        self._instance_ids: tuple[str, ...] = ()  # its rows, all with a slot
         # By slot (every instance of a view gets one, in row order: slots are then its rows).
         self._slots = SlotRegistry(
             {
@@ -183,8 +184,11 @@ class StepClock:
         caller writes it, as ``wait`` records it for the gaps). Every row of ``view`` gets a slot."""
         n = len(view)
         if self._version != view.version:
-            for instance_id, profile in zip(view.instance_ids, view.profile.tolist(), strict=True):
-                self._slot(instance_id, profile)
+            ids = view.instance_ids
+            if ids is not self._instance_ids and ids != self._instance_ids:  # (else: all have slots)
+                for instance_id, profile in zip(ids, view.profile.tolist(), strict=True):
+                    self._slot(instance_id, profile)
+                self._instance_ids = ids
             slots, rows = self._slots.rows(view)
             if self._slots.identity:  # slot s is row s (the usual case)
                 self._slot_of_row = np.arange(n, dtype=np.int64)
