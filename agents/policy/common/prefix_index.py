@@ -63,7 +63,7 @@ class _Instance:
     """One instance's LRU: its ring of block ids, its epoch set and its counters (``state``,
     laid out as ``prefix_kernels`` reads it)."""
 
-    __slots__ = ("epoch", "instance_id", "ring", "slot", "state")
+    __slots__ = ("epoch", "epoch_room", "instance_id", "ring", "slot", "state")
 
     def __init__(self, instance_id: str, slot: int, capacity: int) -> None:
         self.instance_id = instance_id
@@ -76,6 +76,7 @@ class _Instance:
         # ring[epoch start:tail] are the current epoch's entries
         self.ring: npt.NDArray[np.int32] = np.empty(16, dtype=np.int32)
         self.epoch = np.full(16, _EMPTY, dtype=np.int32)  # ids appended in the current epoch
+        self.epoch_room = 0  # ids it can take without growing, at least (a Python int: cheap)
 
     @property
     def live(self) -> int:
@@ -91,11 +92,15 @@ class _Instance:
 
     def reserve_epoch(self, more: int) -> None:
         """Room in the epoch set for ``more`` ids (kept at most half full)."""
-        need = 2 * (int(self.state[k.EPOCH_SIZE]) + more)
-        if need > len(self.epoch):
-            cells = np.full(_power_of_two(2 * need), _EMPTY, dtype=np.int32)
+        if more <= self.epoch_room:
+            self.epoch_room -= more
+            return
+        size = int(self.state[k.EPOCH_SIZE])
+        if 2 * (size + more) > len(self.epoch):
+            cells = np.full(_power_of_two(4 * (size + more)), _EMPTY, dtype=np.int32)
             k.set_rehash(self.epoch, cells)
             self.epoch = cells
+        self.epoch_room = len(self.epoch) // 2 - size - more
 
 
 def _epoch_len(capacity: int) -> int:
@@ -119,6 +124,7 @@ class PrefixIndex:
         self._free = np.zeros(256, dtype=np.int32)
         self._held = np.zeros((256, 1), dtype=np.uint64)
         self._marks = np.zeros(257, dtype=bool)  # by block id, one spare (the -1 of a dropped entry)
+        self._room = 0  # new ids the arrays take without growing, at least (a Python int: cheap)
         self._instances: dict[str, _Instance] = {}
         self._by_slot: list[_Instance] = []
         self._default_capacity = default_capacity_blocks
@@ -329,6 +335,9 @@ class PrefixIndex:
     def _reserve(self, more: int) -> None:
         """Room for ``more`` new block ids: the table at most half full (a quarter after it
         grows), the arrays by id a quarter larger than needed when they grow."""
+        if more <= self._room:
+            self._room -= more
+            return
         keys = int(self._counts[k.KEYS]) + more
         if 2 * keys > len(self._vals):
             cells = _power_of_two(2 * keys + 1)
@@ -344,6 +353,7 @@ class PrefixIndex:
             # In place where the allocator can (a large block is remapped, not copied): at 4096
             # instances the rows take gigabytes, and a copy would hold them twice for a while.
             self._held.resize((size, self._held.shape[1]), refcheck=False)
+        self._room = min(len(self._vals) // 2 - keys, len(self._hashes) - ids)
 
     def _evict(self, inst: _Instance) -> None:
         k.evict(

@@ -92,7 +92,7 @@ x8.75 / x9.25 / x9.75: mean interactive SLO miss 2.04 % with it, 1.01 % without;
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -227,6 +227,29 @@ class _ViewRows:
     counts: IntArray  # 3 x n: requests running, tokens in flight, KV blocks free (heartbeat's)
 
 
+@dataclass(frozen=True, slots=True)
+class _Fixed:
+    """What every decision on one snapshot reads that only an observation changes (θ, the step
+    clock's scale, the decode horizon, the lateness): gathered once, not per request of a
+    batch. ``clock``: the step clock's slot of each row and its columns (``StepClock.columns``)."""
+
+    version: int
+    observed: int  # ``TokenPilot._observed`` when gathered
+    rows: _ViewRows
+    thetas: FloatArray
+    scales: FloatArray  # the step clock's, per profile
+    clock: tuple[IntArray, FloatArray, FloatArray, IntArray, BoolArray, FloatArray]
+    lateness: FloatArray  # ``PrefillLateness.ratio``
+    horizon_s: float  # H of the decode-harm term
+
+
+class _Scratch(NamedTuple):
+    features: FloatArray  # n x len(FEATURES)
+    rows: FloatArray  # 5 x n (``_Rows.rows``)
+    scores: FloatArray  # 3 x n: the first chunk joining, its own prefill seconds, the score
+    near: IntArray  # the rows near the lowest score
+
+
 class TokenPilot(InstanceSelector):
     name = "tokenpilot"
     wants_kv_events = True
@@ -260,6 +283,9 @@ class TokenPilot(InstanceSelector):
         self._batch_keys: set[tuple[str, int]] = set()  # the requests of the batch being decided
         self._revised: dict[tuple[str, int], float] = {}  # of those: seconds others' chunks add
         self._view_rows: _ViewRows | None = None  # of the last snapshot decided on
+        self._fixed: _Fixed | None = None
+        self._scratch: _Scratch | None = None
+        self._observed = 0  # observations so far (each may change what ``_Fixed`` holds)
         self._budget = float(prefill_budget)
         self.clock = StepClock(phase_steps, phase_lost_share)
         self._last_view: ClusterView | None = None  # the last snapshot decided on (for ``Placed``)
@@ -274,8 +300,10 @@ class TokenPilot(InstanceSelector):
         request of the batch joins (chunked prefill runs them together, so its first token also
         waits for the joining chunk): a burst is known as a whole."""
         revised, self._revised, self._batch_keys = self._revised, {}, set()
+        if not revised:
+            return placements
         return [
-            replace(p, predicted_ttft_s=p.predicted_ttft_s + revised[r.key])
+            Placement(p.instance, p.reason, p.predicted_ttft_s + revised[r.key])
             if p.predicted_ttft_s is not None and r.key in revised
             else p
             for r, p in zip(requests, placements, strict=True)
@@ -283,17 +311,18 @@ class TokenPilot(InstanceSelector):
 
     def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Placement:
         self.index.size_like(view)
-        rows = self._features(request, view, now_s)
+        fixed = self._fixed_for(view)
+        scratch = self._scratch_for(len(view))
+        rows = self._features(request, view, now_s, fixed, scratch)
         features, own_tokens, own_pairs = rows.features, rows.new, rows.pairs
         predicted = self._predict(features, view)
         # score = predicted + spare_others · delay + spare_decodes · harm (module docstring)
-        scores = np.empty((3, len(view)))  # the first chunk joining, own prefill s, the score
-        near = np.empty(len(view), dtype=np.int64)
+        scores, near = scratch.scores, scratch.near
         count = kernels.score_rows(
             self._budget,
             float(self.spare_others),
             float(self.spare_decodes),
-            float(self.queues.horizon_s),
+            fixed.horizon_s,
             float(self.tpot_s),
             1 + self.tie_tolerance,
             features,
@@ -301,9 +330,9 @@ class TokenPilot(InstanceSelector):
             rows.rows,
             self.queues.recent,
             mask,
-            self._rows_of(view).profiles.of_row,
-            rows.thetas,
-            self.lateness.ratio,
+            fixed.rows.profiles.of_row,
+            fixed.thetas,
+            fixed.lateness,
             scores,
             near,
         )
@@ -358,20 +387,31 @@ class TokenPilot(InstanceSelector):
         """The model's features of ``request`` on every row of ``view`` (n x len(FEATURES))."""
         return self._features(request, view, now_s).features
 
-    def _features(self, request: RequestView, view: ClusterView, now_s: float) -> _Rows:
+    def _features(
+        self,
+        request: RequestView,
+        view: ClusterView,
+        now_s: float,
+        fixed: _Fixed | None = None,
+        scratch: _Scratch | None = None,
+    ) -> _Rows:
         """Features, and per row the request's own uncached tokens and their attention pairs, and
         the decode batch and its context (formulas: ``kernels.row_features``; the queues are
-        drained to ``now_s`` first)."""
+        drained to ``now_s`` first). In ``scratch``'s arrays if given (they are overwritten by the
+        next decision), else in new ones."""
         self._last_view = view
-        at = self._rows_of(view)
-        thetas = self._thetas(at.profiles.names)
+        fixed = fixed or self._fixed_for(view)
+        at, thetas = fixed.rows, fixed.thetas
         matched = self.index.match_array(request.block_hashes, view)
         sent, sent_tokens = self.in_flight.since_heartbeat(view)
         queued, queued_pairs = self._queued(view, now_s, sent, sent_tokens, at, thetas)
         clock = self.clock
-        clock_slots, boundary_s, sent_s, awaiting, touched, step_by_slot = clock.columns(view)
-        features = np.empty((len(view), len(FEATURES)))
-        rows = np.empty((5, len(view)))
+        clock_slots, boundary_s, sent_s, awaiting, touched, step_by_slot = fixed.clock
+        open_requests = self.in_flight.per_instance(self.in_flight.requests, view)
+        if scratch is None:
+            features, rows = np.empty((len(view), len(FEATURES))), np.empty((5, len(view)))
+        else:
+            features, rows = scratch.features, scratch.rows
         kernels.row_features(
             float(request.input_tokens),
             # KV blocks short: what the request needs beyond what is free, less the reservations
@@ -391,10 +431,10 @@ class TokenPilot(InstanceSelector):
             sent_tokens,
             queued,
             queued_pairs,
-            self.in_flight.per_instance(self.in_flight.requests, view),
+            open_requests,
             at.profiles.of_row,
             thetas,
-            np.array([clock.scale(profile) for profile in at.profiles.names]),
+            fixed.scales,
             clock_slots,
             boundary_s,
             sent_s,
@@ -404,13 +444,45 @@ class TokenPilot(InstanceSelector):
             features,
             rows,
         )
+        if type(clock).wait is not StepClock.wait:  # a clock of its own (``bench.phase``'s oracle)
+            scale = fixed.scales[at.profiles.of_row]
+            features[:, _BOUNDARY_WAIT] = clock.wait(view, now_s, open_requests, rows[2], rows[4], scale)
         return _Rows(features, rows, thetas)
+
+    def _scratch_for(self, n: int) -> _Scratch:
+        """The arrays a decision on ``n`` rows computes into (one set, reused: nothing of a
+        decision's arrays is kept beyond it, ``_Chosen`` copies what it keeps)."""
+        if self._scratch is None or len(self._scratch.near) != n:
+            self._scratch = _Scratch(
+                np.empty((n, len(FEATURES))), np.empty((5, n)), np.empty((3, n)), np.empty(n, dtype=np.int64)
+            )
+        return self._scratch
+
+    def _fixed_for(self, view: ClusterView) -> _Fixed:
+        """``_Fixed`` for ``view`` as things stand (kept until the snapshot changes or something
+        is observed)."""
+        fixed = self._fixed
+        if fixed is not None and fixed.version == view.version and fixed.observed == self._observed:
+            return fixed
+        at = self._rows_of(view)
+        names = at.profiles.names
+        self._fixed = _Fixed(
+            view.version,
+            self._observed,
+            at,
+            self._thetas(names),
+            np.array([self.clock.scale(profile) for profile in names], dtype=np.float64),
+            self.clock.columns(view),
+            self.lateness.ratio,
+            float(self.queues.horizon_s),
+        )
+        return self._fixed
 
     def _queued_at(self, view: ClusterView, now_s: float) -> None:
         """Drain the queues to ``now_s`` on ``view`` (what ``_features`` does first)."""
         sent, sent_tokens = self.in_flight.since_heartbeat(view)
-        at = self._rows_of(view)
-        self._queued(view, now_s, sent, sent_tokens, at, self._thetas(at.profiles.names))
+        fixed = self._fixed_for(view)
+        self._queued(view, now_s, sent, sent_tokens, fixed.rows, fixed.thetas)
 
     def _queued(
         self,
@@ -568,6 +640,10 @@ class TokenPilot(InstanceSelector):
             self.index.remove(event.instance_id, event.block_hashes)
 
     def observe(self, event: Observation) -> None:
+        self._observe(event)
+        self._observed += 1  # (θ, the clock, the horizon, the lateness may have changed: ``_Fixed``)
+
+    def _observe(self, event: Observation) -> None:
         if isinstance(event, Placed):
             self._placed_elsewhere(event)  # (then in flight, as an own send is after ``pick``)
         super().observe(event)
