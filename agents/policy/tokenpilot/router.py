@@ -337,20 +337,21 @@ class TokenPilot(InstanceSelector):
             near,
         )
         row = self._pick_near(near[:count], view)
-        joined = float(scores[0, row])
-        cached = request.input_tokens - float(own_tokens[row])
+        # (Python floats from here on: the same IEEE doubles, cheaper to compute with)
+        joined, tokens, predicted_s = float(scores[0, row]), float(own_tokens[row]), float(predicted[row])
+        cached = request.input_tokens - tokens
         self._chosen = _Chosen(
             now_s,
-            features[row].copy(),  # a view would keep the whole n x features matrix alive
-            float(predicted[row]),
-            own_tokens[row],
-            own_pairs[row],
+            features[row].copy(),  # (a scratch array: the next decision overwrites it)
+            predicted_s,
+            tokens,
+            float(own_pairs[row]),
             joined,
             joined * (cached + joined / 2),
             float(scores[1, row]),
         )
         reason = f"min predicted TTFT ({cached:.0f} of {request.input_tokens} prompt tokens cached)"
-        return Placement(row, reason, float(predicted[row]))
+        return Placement(row, reason, predicted_s)
 
     def predict_rows(self, request: RequestView, view: ClusterView, now_s: float) -> RowPrediction:
         """The predicted TTFT of ``request`` on every row of ``view`` were it sent now, and of it
