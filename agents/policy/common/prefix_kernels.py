@@ -279,7 +279,8 @@ def add_blocks(
         if state[TAIL] + count > len(ring):
             ring = _make_room(state, ring, epoch, held, count)
         tail = state[TAIL]
-        ring[tail : tail + count] = appended[:count]
+        for j in range(count):
+            ring[tail + j] = appended[j]
         state[TAIL] = tail + count
     evict(state, ring, epoch, keys, vals, counts, hashes, free, held)
     if state[EPOCH_SIZE] >= state[EPOCH_LEN]:
@@ -291,7 +292,8 @@ def add_blocks(
 def _make_room(state: I64, ring: I32, epoch: I32, held: U64, count: int) -> I32:
     """A ring with room for ``count`` more entries: the live part compacted to the front
     (dropped entries gone; where those are most of it, also entries no longer held or touched
-    again this epoch), in a larger array if it would still be over three quarters full."""
+    again this epoch), in a larger array if it would still be over three quarters full.
+    (Loops, not slices: they compile several times faster.)"""
     head, start, tail = state[HEAD], state[START], state[TAIL]
     word = state[SLOT] >> 6
     bit = np.uint64(1) << np.uint64(state[SLOT] & 63)
@@ -300,7 +302,17 @@ def _make_room(state: I64, ring: I32, epoch: I32, held: U64, count: int) -> I32:
         if ring[j] >= 0:
             kept += 1
     mostly_removed = kept > 2 * state[LIVE] + 16
-    old = np.empty(kept, dtype=np.int32)
+    if mostly_removed:
+        kept = 0
+        for j in range(head, start):
+            bid = ring[j]
+            if bid >= 0 and held[bid, word] & bit and not set_contains(epoch, bid):
+                kept += 1
+    n = kept + (tail - start)
+    size = len(ring)
+    if n + count > size * 3 // 4:
+        size = max(n + count + (n + count) // 4 + 16, 16)
+    fresh = np.empty(size, dtype=np.int32)
     kept = 0
     for j in range(head, start):
         bid = ring[j]
@@ -308,15 +320,12 @@ def _make_room(state: I64, ring: I32, epoch: I32, held: U64, count: int) -> I32:
             continue
         if mostly_removed and (not held[bid, word] & bit or set_contains(epoch, bid)):
             continue
-        old[kept] = bid
+        fresh[kept] = bid
         kept += 1
-    n = kept + (tail - start)
-    size = len(ring)
-    if n + count > size * 3 // 4:
-        size = max(n + count + (n + count) // 4 + 16, 16)
-    fresh = np.empty(size, dtype=np.int32)
-    fresh[:kept] = old[:kept]
-    fresh[kept:n] = ring[start:tail]
+    n = kept
+    for j in range(start, tail):
+        fresh[n] = ring[j]
+        n += 1
     state[HEAD], state[START], state[TAIL] = 0, kept, n
     return fresh
 
@@ -368,7 +377,8 @@ def end_epoch(state: I64, ring: I32, epoch: I32, marks: Bools) -> None:
                 ring[j] = -1
         for j in range(start, tail):
             marks[ring[j]] = False
-    epoch[:] = _EMPTY
+    for j in range(len(epoch)):
+        epoch[j] = _EMPTY
     state[EPOCH_SIZE] = 0
     state[START] = tail
 
@@ -404,9 +414,12 @@ def match_depths(blocks: I64, keys: I64, vals: I32, held: U64, depth_out: I64) -
     bid = lookup(keys, vals, blocks[0])
     if bid < 0 or _row_empty(held, bid):
         return False
-    depth_out[:] = 0
+    for slot in range(len(depth_out)):
+        depth_out[slot] = 0
     words = held.shape[1]
-    live = held[bid].copy()
+    live = np.empty(words, dtype=np.uint64)
+    for w in range(words):
+        live[w] = held[bid, w]
     depth = 1
     for i in range(1, len(blocks)):
         bid = lookup(keys, vals, blocks[i])

@@ -289,6 +289,7 @@ class TokenPilot(InstanceSelector):
         self._budget = float(prefill_budget)
         self.clock = StepClock(phase_steps, phase_lost_share)
         self._last_view: ClusterView | None = None  # the last snapshot decided on (for ``Placed``)
+        warm_up()
 
     # --- deciding -----------------------------------------------------------------------------
 
@@ -688,3 +689,29 @@ class TokenPilot(InstanceSelector):
     def prediction_error(self) -> dict[str, float | None]:
         """Rolling TTFT MAPE per engine profile."""
         return {profile: model.mape() for profile, model in self.models.items()}
+
+
+_warmed_up = False
+
+
+def warm_up() -> None:
+    """Have numba compile, or load from its cache, the kernels a decision runs, with the
+    argument types a decision passes them, by deciding once on a throwaway pool of two
+    instances: the first TokenPilot of a process does, so that its first real decision (a
+    worker's first request) does not pay for it (about 4 s on a cold cache, 0.2 s on a warm one)."""
+    global _warmed_up
+    if _warmed_up:
+        return
+    _warmed_up = True
+    pilot = TokenPilot()
+    counts, names = np.zeros(2, dtype=np.int64), np.array(["-", "-"])
+    view = ClusterView(
+        0, ("a", "b"), names, names, names, names, np.ones(2, dtype=bool),
+        counts, counts, counts, counts, np.full(2, 64, dtype=np.int64), np.zeros(2),
+    )  # fmt: skip
+    request = RequestView("warm-up", 1, "-", "-", "-", 2 * BLOCK_TOKENS, 16, (1, 2), 0.0)
+    row = pilot.place([request], [np.ones(2, dtype=bool)], view, 0.0)[0].instance
+    pilot.predict_rows(request, view, 1.0)
+    instance_id = view.instance_ids[row]
+    pilot.observe(BlocksChanged(instance_id, "removed", (2,), 1.0))
+    pilot.observe(Finished("warm-up", 1, instance_id, "ok", 1024, 0, 16, 0.5, 0.01, 1.5))
