@@ -285,15 +285,33 @@ def test_a_kernel_is_cached_elsewhere_when_numba_has_nowhere_to_write(
 ) -> None:
     """numba refuses ``cache=True`` where it can write neither beside the source nor in the
     user's cache directory: the kernel is then cached in a directory of ours."""
+    import numba
+    from numba.core import config
+
     calls: list[str] = []
 
     def njit(cache: bool) -> object:
-        calls.append(compiled.numba_config.CACHE_DIR)
-        if cache and not compiled.numba_config.CACHE_DIR:
+        calls.append(config.CACHE_DIR)
+        if cache and not config.CACHE_DIR:
             raise RuntimeError("cannot cache function 'f': no locator available for file 'f.py'")
         return lambda func: func
 
-    monkeypatch.setattr(compiled.numba_config, "CACHE_DIR", "")
-    monkeypatch.setattr(compiled.numba, "njit", njit)
-    compiled.kernel(lambda: None)
+    monkeypatch.setattr(config, "CACHE_DIR", "")
+    monkeypatch.setattr(numba, "njit", njit)
+    compiled._njit(lambda: None)
     assert calls == ["", compiled.fallback_cache_dir()]
+
+
+def test_numba_is_loaded_by_the_first_kernel_call_not_by_importing_the_policy() -> None:
+    script = (
+        "import sys\n"
+        "import agents.policy, agents.policy.common.prefix_index, agents.policy.tokenpilot.kernels\n"
+        "print('numba' in sys.modules)\n"
+        "from tests.unit.policy.test_tokenpilot_kernels import test_ties_and_a_single_candidate\n"
+        "test_ties_and_a_single_candidate()\n"
+        "from agents.policy.tokenpilot import kernels\n"
+        "print('numba' in sys.modules, type(kernels.score_rows).__name__, type(kernels._max).__name__)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert run.stdout.split() == ["False", "True", "CPUDispatcher", "CPUDispatcher"]
