@@ -15,7 +15,8 @@ the C library's in the last bit) and the ``features @ θ`` product (OpenBLAS's s
 
 Arguments are 1-d arrays of one value per row of the view (``n``) unless said otherwise;
 ``profile_of_row[i]`` indexes ``thetas`` (one row of θ per engine profile, in ``FEATURES``
-order: T0, c, d, a, b, ...). ``out`` arguments are written, never read. Nothing is allocated.
+order: T0, c, d, a, b, ...). ``out`` arguments are written (and read back only where the kernel
+wrote them). Nothing is allocated.
 """
 
 from __future__ import annotations

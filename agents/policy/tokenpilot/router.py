@@ -87,6 +87,11 @@ and counts it in flight. Its end calibrates nothing here (θ, lateness, horizon)
 another decider's sends was measured to hurt (synthetic mix, 4 deciders, seeds 0 and 1 at
 x8.75 / x9.25 / x9.75: mean interactive SLO miss 2.04 % with it, 1.01 % without; one decider
 1.22 %).
+
+The per-row arithmetic of these formulas runs in compiled loops (``kernels.py``: the features
+with the boundary wait, the queue drain, the score and the rows near its minimum), the prefix
+walk and the credit in the prefix index's (``common/prefix_kernels.py``); a decision is a few
+such calls, numpy's ``features · θ`` and the Python that records it.
 """
 
 from __future__ import annotations
