@@ -88,7 +88,7 @@ class EngineClock(StepClock):
         view: ClusterView,
         now_s: float,
         open_requests: IntArray,
-        batch: IntArray,
+        batch: IntArray | FloatArray,
         step_s: FloatArray,
         scale: FloatArray,
     ) -> FloatArray:

@@ -1,10 +1,14 @@
 """Streaming benchmark: requests routed per second by one worker, end to end through the broker.
 
-``python -m bench.stream [--requests N] [--policy NAME] [--feedback] [--repeat K] [--fresh-broker]``
+``python -m bench.stream [--requests N] [--policy NAME[,NAME...]] [--feedback] [--repeat K] [--fresh-broker]``
 
 Starts the embedded broker, a ``tokenfleet worker`` subprocess (feedback sink off unless
 ``--feedback``), heartbeats for 8 ``llama3-8b`` instances, and a counting consumer of its own
-that has joined and fixed its offsets before anything is published. Then, per run:
+that has joined and fixed its offsets before anything is published. Each policy of ``--policy``
+(default ``round-robin,tokenpilot``) gets its own worker and broker, one after the other (with
+``--fresh-broker``, run by run in turn, so the policies share the machine's good and bad
+moments); the last lines give each later policy's routed rate as a share of the first's. Then,
+per run:
 
 (a) throughput: N pre-encoded requests (about 8k input tokens, 15-20 prompt blocks sharing
     prefixes) published as fast as aiokafka batches them; routed/s = N / (last decision
@@ -136,7 +140,25 @@ def format_run(index: int, f: RunFigures) -> str:
     )
 
 
-def format_summary(args: argparse.Namespace, results: Sequence[RunFigures]) -> str:
+def format_comparison(results: dict[str, list[RunFigures]]) -> str:
+    """Each policy's median routed rate and worker CPU per request against the first policy's."""
+    (first, base), *others = results.items()
+
+    def med(runs: Sequence[RunFigures], name: str) -> float:
+        return float(statistics.median(_figure(r, name) for r in runs))
+
+    lines = []
+    rate, cpu = med(base, "routed_per_s"), med(base, "worker_cpu_us_per_request")
+    for policy, runs in others:
+        lines.append(
+            f"{policy} routed {med(runs, 'routed_per_s'):,.0f} req/s = "
+            f"{med(runs, 'routed_per_s') / rate:.0%} of {first}'s {rate:,.0f} req/s (worker CPU per "
+            f"request {med(runs, 'worker_cpu_us_per_request'):.0f} against {cpu:.0f} us)"
+        )
+    return "\n".join(lines)
+
+
+def format_summary(args: argparse.Namespace, policy: str, results: Sequence[RunFigures]) -> str:
     def med(name: str) -> float:
         return float(statistics.median(_figure(r, name) for r in results))
 
@@ -187,7 +209,7 @@ def format_summary(args: argparse.Namespace, results: Sequence[RunFigures]) -> s
     ]
     lines = [
         "",
-        f"streaming benchmark: policy {args.policy}, {args.requests} requests per run, "
+        f"streaming benchmark: policy {policy}, {args.requests} requests per run, "
         f"feedback {'on' if args.feedback else 'off'}, publisher batches every {args.publisher_linger_ms} ms "
         f"in the latency phase, {'a new' if args.fresh_broker else 'one'} broker and worker "
         f"{'per run' if args.fresh_broker else 'for all runs'}, {os.cpu_count()} CPUs",
@@ -206,17 +228,24 @@ def _figure(figures: RunFigures, name: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    """All runs on one broker and worker, or (``--fresh-broker``) each run on new ones."""
+    """All runs of a policy on one broker and worker, or (``--fresh-broker``) each run on new
+    ones, the policies taking turns."""
     data_dir = Path(tempfile.mkdtemp(prefix="tokenfleet-bench-"))
-    sessions = [range(i, i + 1) for i in range(args.repeat)] if args.fresh_broker else [range(args.repeat)]
-    results: list[RunFigures] = []
+    if args.fresh_broker:
+        sessions = [(policy, range(i, i + 1)) for i in range(args.repeat) for policy in args.policies]
+    else:
+        sessions = [(policy, range(args.repeat)) for policy in args.policies]
+    results: dict[str, list[RunFigures]] = {policy: [] for policy in args.policies}
     try:
-        for runs in sessions:
-            figures = session(args, data_dir, runs)
+        for policy, runs in sessions:
+            figures = session(args, policy, data_dir, runs)
             if figures is None:
                 return 1
-            results += figures
-        print(format_summary(args, results))
+            results[policy] += figures
+        for policy, figures in results.items():
+            print(format_summary(args, policy, figures))
+        if len(results) > 1:
+            print("\n" + format_comparison(results))
         return 0
     finally:
         if args.keep:
@@ -225,11 +254,12 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(data_dir, ignore_errors=True)
 
 
-def session(args: argparse.Namespace, data_dir: Path, runs: range) -> list[RunFigures] | None:
-    """Start a broker and a worker, measure ``runs`` on them, stop both; None if it failed."""
+def session(args: argparse.Namespace, policy: str, data_dir: Path, runs: range) -> list[RunFigures] | None:
+    """Start a broker and a worker for ``policy``, measure ``runs`` on them, stop both; None if
+    it failed."""
     settings = Settings(
         data_dir=data_dir,
-        policy=args.policy,
+        policy=policy,
         app_id=f"bench-{os.getpid()}-{time.time_ns()}",
         worker_web_port=free_port(),
         clickhouse_dsn="" if args.feedback else "off",
@@ -248,12 +278,15 @@ async def _session(args: argparse.Namespace, settings: Settings, runs: range) ->
     )
     async with Stack(settings.data_dir, partitions=settings.topic_partitions, worker=worker_options) as stack:
         bootstrap = await stack.start_broker()
-        log(f"broker {bootstrap}; worker {settings.app_id} (policy {args.policy}), data {settings.data_dir}")
+        log(
+            f"broker {bootstrap}; worker {settings.app_id} (policy {settings.policy}), "
+            f"data {settings.data_dir}"
+        )
         worker = stack.start_worker(log_path=settings.data_dir / "worker.log")
         profiler = None
         try:
             if args.profile:
-                profiler = start_profiler(worker.pid, args.profile)
+                profiler = start_profiler(worker.pid, profile_path(args, settings.policy))
             return await orchestrate(args, bootstrap, settings, worker, runs)
         except Exception as exc:
             log(f"failed: {exc}")
@@ -264,6 +297,14 @@ async def _session(args: argparse.Namespace, settings: Settings, runs: range) ->
             if profiler is not None:
                 await asyncio.to_thread(profiler.wait, 30)
             log(f"worker stopped (exit code {code})")
+
+
+def profile_path(args: argparse.Namespace, policy: str) -> str:
+    """``--profile``'s file, or with several policies one per policy (``out-tokenpilot.svg``)."""
+    if len(args.policies) == 1:
+        return str(args.profile)
+    path = Path(args.profile)
+    return str(path.with_name(f"{path.stem}-{policy.replace('+', '_')}{path.suffix}"))
 
 
 def start_profiler(pid: int, out: str) -> subprocess.Popen[bytes]:
@@ -293,7 +334,12 @@ def start_profiler(pid: int, out: str) -> subprocess.Popen[bytes]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.stream", description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=50_000, help="requests in the throughput phase")
-    parser.add_argument("--policy", default="round-robin", help="routing policy of the worker")
+    parser.add_argument(
+        "--policy",
+        default="round-robin,tokenpilot",
+        help="routing policies, comma-separated: each on its own worker; the later ones' routed rate "
+        "is compared with the first's",
+    )
     parser.add_argument("--feedback", action="store_true", help="ClickHouse feedback sink on (tmp dir)")
     parser.add_argument("--repeat", type=int, default=1, help="runs; figures are their median")
     parser.add_argument(
@@ -313,7 +359,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stall", type=float, default=15.0, help="give up after this long with no decision")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--profile", metavar="SVG", help="py-spy the (last) worker into SVG (.txt: raw stacks)"
+        "--profile",
+        metavar="SVG",
+        help="py-spy the (last) worker into SVG (.txt: raw stacks); with several policies, one file each",
     )
     parser.add_argument(
         "--worker-env",
@@ -330,6 +378,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--publisher-linger-ms must be >= 0")
     if any("=" not in item for item in args.worker_env):
         parser.error("--worker-env takes KEY=VALUE")
+    args.policies = list(dict.fromkeys(p.strip() for p in args.policy.split(",") if p.strip()))
+    if not args.policies:
+        parser.error("--policy names at least one policy")
     return run(args)
 
 

@@ -52,6 +52,7 @@ class InFlight:
         # the slots sent to since it was computed.
         self._memo_version = -1
         self._memo: tuple[IntArray, IntArray] = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+        self._memo_arrays = self._memo
         self._dirty: set[int] = set()
 
     def add(self, request: RequestView, instance_id: str, now_s: float) -> None:
@@ -63,7 +64,9 @@ class InFlight:
         c = self._slots.columns
         c["requests"][slot] += 1
         c["blocks"][slot] += blocks
-        c["last_sent"][slot] = max(c["last_sent"][slot], now_s)
+        last_sent = c["last_sent"]
+        if now_s > last_sent[slot]:
+            last_sent[slot] = now_s
         self._dirty.add(slot)
         if now_s <= c["applied"][slot]:
             return  # already older than the instance's last heartbeat: nothing to add
@@ -89,12 +92,15 @@ class InFlight:
 
     def per_instance(self, counts: dict[str, int], view: ClusterView) -> IntArray:
         """``counts`` aligned with the rows of ``view``."""
-        out = np.zeros(len(view), dtype=np.int64)
         mirror = "requests" if counts is self.requests else "blocks" if counts is self.blocks else None
         if mirror is not None:
             slots, rows = self._slots.rows(view)
+            if self._slots.identity:  # slot s is row s: a copy of the column, no scatter
+                return self._slots.columns[mirror][: len(view)].copy()
+            out = np.zeros(len(view), dtype=np.int64)
             out[rows] = self._slots.columns[mirror][slots]
             return out
+        out = np.zeros(len(view), dtype=np.int64)
         for instance_id, count in counts.items():
             row = view.index_of.get(instance_id)
             if row is not None:
@@ -121,15 +127,17 @@ class InFlight:
             c["applied"][slots] = np.maximum(c["applied"][slots], cutoff)
             requests[rows] = c["recent_requests"][slots]
             tokens[rows] = c["recent_tokens"][slots]
-        requests.flags.writeable = tokens.flags.writeable = False
-        self._memo_version, self._memo, self._dirty = view.version, (requests, tokens), set()
+        # Answered as read-only views; ``_refresh_dirty`` writes through the arrays themselves.
+        self._memo_arrays = (requests, tokens)
+        answer = requests.view(), tokens.view()
+        answer[0].flags.writeable = answer[1].flags.writeable = False
+        self._memo_version, self._memo, self._dirty = view.version, answer, set()
         return self._memo
 
     def _refresh_dirty(self, view: ClusterView) -> None:
         """Bring the memo's rows of the slots sent to since up to date: the same cut-off and
         trim as a full pass (every other row's inputs are unchanged)."""
-        requests, tokens = self._memo
-        requests.flags.writeable = tokens.flags.writeable = True
+        requests, tokens = self._memo_arrays
         c = self._slots.columns
         for slot in self._dirty:
             row = view.index_of.get(self._slots.ids[slot])
@@ -142,7 +150,6 @@ class InFlight:
                 c["applied"][slot] = cut
             requests[row] = c["recent_requests"][slot]
             tokens[row] = c["recent_tokens"][slot]
-        requests.flags.writeable = tokens.flags.writeable = False
         self._dirty = set()
 
     def _forget_until(self, slot: int, cut: float) -> None:

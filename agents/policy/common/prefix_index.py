@@ -4,29 +4,28 @@ Fed either by the router's own decisions ("this instance has just been sent thes
 the instances' KV events (stored / removed). Each instance keeps an (approximate, see below) LRU
 of at most ``capacity`` blocks, so the index forgets roughly when the instance's own cache would.
 
-Structure (sized for thousands of instances x 10^5 blocks each):
+Structure (sized for thousands of instances x 10^5 blocks each), all numpy arrays walked by
+compiled loops (``prefix_kernels.py``, which states each array's layout):
 
-- every instance id gets a small integer *slot* (bit ``slot`` of a holder mask);
-- every distinct block hash gets a dense integer *block id* (``dict`` hash -> id, ids of blocks
-  nobody holds any more are recycled);
-- ``held[id]`` is a Python ``int`` bitmask of the slots holding the block: one membership costs
-  one bit, and intersecting the holders of two blocks is one word-parallel ``&`` (64 machine
-  words at 4096 instances, about 0.1 us);
-- per instance, a numpy ``int32`` ring of block ids in order of (epoch-granular) last touch, plus
+- every instance id gets a small integer *slot* (bit ``slot`` of a holder row);
+- every distinct block hash gets a dense integer *block id* (an open-addressing table hash ->
+  id; ids of blocks nobody holds any more are recycled, the last freed first);
+- ``held[id]`` is the row of holder bits of the block: one membership costs one bit, and
+  intersecting the holders of two blocks is one ``&`` per 64 slots (64 words at 4096 instances);
+- per instance, an ``int32`` ring of block ids in order of (epoch-granular) last touch, plus
   the set of ids touched in its current *epoch*. A membership costs 4 bytes of ring.
 
-Memory: about 4 bytes per membership (+ up to ~1/4 ring slack) plus, per distinct block, a dict
-entry and its holder mask (~70 B + highest holder slot / 8 B). Nothing is per (block, instance)
-in Python objects.
+Memory: about 4 bytes per membership (+ up to ~1/4 ring slack) plus, per distinct block, 8 bytes
+per 64 instances of holder row, 8 of hash and ~24 of table cell. Nothing is per (block,
+instance) but the ring entry.
 
 Costs:
-- ``match`` / ``match_array``: one dict lookup and one mask ``&`` per prompt block until no
-  holder is left (a prompt whose first block nobody holds costs one lookup, whatever the pool
-  size); the per-instance depths are then written holder by holder when there are few, or
-  decoded in one vectorised step (``log2(depth)`` bit planes, O(instances / 8) bytes).
-- ``add``: O(1) amortised per block (dict lookup, mask ``|``, set lookup, ring append; evicting
-  pops the ring head). ``remove``: O(1) per block. At each epoch end a few vectorised passes over
-  the instance's ring (marks by block id) drop entries superseded during that epoch.
+- ``match`` / ``match_array``: one table probe and one row ``&`` per prompt block until no
+  holder is left (a prompt whose first block nobody holds costs one probe, whatever the pool
+  size); each instance's depth is written when it drops out.
+- ``add``: O(1) amortised per block (probe, bit ``|``, epoch-set probe, ring append; evicting
+  pops the ring head). ``remove``: O(1) per block. At each epoch end one pass over the
+  instance's ring (marks by block id) drops entries superseded during that epoch.
 
 Approximation (the LRU): an instance's touches are grouped in epochs of
 ``W = ceil(capacity / 64)`` appends. Blocks are evicted in order of the epoch of their last
@@ -35,19 +34,20 @@ block again in the same epoch does not move it). So an evicted block was never t
 than any block kept, except for blocks touched in the same epoch: the error is at most one
 epoch, 1/64 of the capacity (exact LRU for capacity < 65 when each ``add`` touches one block).
 
-Lookups never touch instances that do not hold the first block, beyond the fixed-width mask
-words, and the per-instance decode is one numpy pass.
+The compiled loops do what the previous pure-Python index did, operation for operation (the
+same ids handed out and freed in the same order, the same ring contents), so the index evolves
+exactly as it did: only faster (a prompt block cost ~1.5 us to walk and ~1 us to add there).
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
+from agents.policy.common import prefix_kernels as k
 from agents.policy.common.slots import SlotRegistry
 from agents.policy.types import ClusterView
 
@@ -56,114 +56,128 @@ IntT = TypeVar("IntT", bound=np.integer)
 EPOCHS_PER_CAPACITY = 64
 """An instance's epoch is ``ceil(capacity / EPOCHS_PER_CAPACITY)`` ring appends long."""
 
-_BULK_CHUNK_BYTES = 1 << 27
-"""Scratch bit matrix size used by ``add_many`` (128 MiB)."""
+_EMPTY = -1
 
 
 class _Instance:
-    """One instance's LRU: a ring of block ids, its epoch and its counters."""
+    """One instance's LRU: its ring of block ids, its epoch set and its counters (``state``,
+    laid out as ``prefix_kernels`` reads it)."""
 
-    __slots__ = (
-        "bit",
-        "capacity",
-        "epoch",
-        "epoch_len",
-        "epoch_start",
-        "head",
-        "instance_id",
-        "live",
-        "ring",
-        "slot",
-        "tail",
-    )
+    __slots__ = ("epoch", "epoch_room", "instance_id", "ring", "slot", "state")
 
     def __init__(self, instance_id: str, slot: int, capacity: int) -> None:
         self.instance_id = instance_id
         self.slot = slot
-        self.bit = 1 << slot
-        self.live = 0
+        self.state = np.zeros(8, dtype=np.int64)  # head, tail, epoch start, live, capacity, ...
+        self.state[k.CAPACITY] = capacity
+        self.state[k.EPOCH_LEN] = _epoch_len(capacity)
+        self.state[k.SLOT] = slot
+        # ring[head:tail] are the entries, oldest first; -1 marks a dropped entry;
+        # ring[epoch start:tail] are the current epoch's entries
         self.ring: npt.NDArray[np.int32] = np.empty(16, dtype=np.int32)
-        self.head = 0  # ring[head:tail] are the entries, oldest first; -1 marks a dropped entry
-        self.tail = 0
-        self.epoch_start = 0  # ring[epoch_start:tail] are the current epoch's entries
-        self.epoch: set[int] = set()  # block ids appended in the current epoch
-        self.capacity = capacity
-        self.epoch_len = _epoch_len(capacity)
+        self.epoch = np.full(16, _EMPTY, dtype=np.int32)  # ids appended in the current epoch
+        self.epoch_room = 0  # ids it can take without growing, at least (a Python int: cheap)
+
+    @property
+    def live(self) -> int:
+        return int(self.state[k.LIVE])
+
+    @property
+    def capacity(self) -> int:
+        return int(self.state[k.CAPACITY])
+
+    def set_capacity(self, blocks: int) -> None:
+        self.state[k.CAPACITY] = blocks
+        self.state[k.EPOCH_LEN] = _epoch_len(blocks)
+
+    def reserve_epoch(self, more: int) -> None:
+        """Room in the epoch set for ``more`` ids (kept at most half full)."""
+        if more <= self.epoch_room:
+            self.epoch_room -= more
+            return
+        size = int(self.state[k.EPOCH_SIZE])
+        if 2 * (size + more) > len(self.epoch):
+            cells = np.full(_power_of_two(4 * (size + more)), _EMPTY, dtype=np.int32)
+            k.set_rehash(self.epoch, cells)
+            self.epoch = cells
+        self.epoch_room = len(self.epoch) // 2 - size - more
 
 
 def _epoch_len(capacity: int) -> int:
     return max(1, -(-capacity // EPOCHS_PER_CAPACITY))
 
 
-class _BlockIds(dict[int, int]):
-    """hash -> block id; a missing hash gets a fresh (or recycled) id with no holders."""
-
-    __slots__ = ("free", "hashes", "held")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.hashes: list[int] = []  # id -> hash (meaningless for a free id)
-        self.held: list[int] = []  # id -> holder bitmask
-        self.free: list[int] = []
-
-    def __missing__(self, block: int) -> int:
-        if self.free:
-            bid = self.free.pop()
-            self.hashes[bid] = block
-        else:
-            bid = len(self.hashes)
-            self.hashes.append(block)
-            self.held.append(0)
-        self[block] = bid
-        return bid
-
-    def release(self, bid: int) -> None:
-        """``bid`` has no holder left: forget its hash and recycle the id."""
-        del self[self.hashes[bid]]
-        self.free.append(bid)
+def _power_of_two(n: int) -> int:
+    return 1 << max(n - 1, 1).bit_length()
 
 
 class PrefixIndex:
-    """block hash -> holder bitmask over instance slots, with a per-instance approximate LRU."""
+    """block hash -> holder bits over instance slots, with a per-instance approximate LRU."""
 
     def __init__(self, default_capacity_blocks: int = 1 << 20) -> None:
-        self._ids = _BlockIds()
-        self._held = self._ids.held
+        # The table (hash -> id), the ids' hashes, the free ids, the holder rows, the marks
+        # scratch (``prefix_kernels``); grown before any call that could overflow them.
+        self._keys = np.zeros(1024, dtype=np.int64)
+        self._vals = np.full(1024, _EMPTY, dtype=np.int32)
+        self._counts = np.zeros(3, dtype=np.int64)  # keys in the table, ids handed out, ids free
+        self._hashes = np.zeros(256, dtype=np.int64)
+        self._free = np.zeros(256, dtype=np.int32)
+        self._held = np.zeros((256, 1), dtype=np.uint64)
+        self._marks = np.zeros(257, dtype=bool)  # by block id, one spare (the -1 of a dropped entry)
+        self._room = 0  # new ids the arrays take without growing, at least (a Python int: cheap)
         self._instances: dict[str, _Instance] = {}
         self._by_slot: list[_Instance] = []
         self._default_capacity = default_capacity_blocks
         self._sized_for = -1  # view version the capacities were last set from
+        # and its instances and capacities (None: a capacity was set otherwise since)
+        self._sized: tuple[tuple[str, ...], npt.NDArray[np.int64]] | None = None
         # Bulk loads whose holder bits are not set yet: (slot, view of its ring), blocks dropped.
         self._pending: list[tuple[int, npt.NDArray[np.int32]]] = []
         self._pending_dropped: list[npt.NDArray[np.int32]] = []
         self._slots = SlotRegistry()  # instance id by slot, for aligning slots with view rows
-        self._marks = np.zeros(1, dtype=bool)  # scratch of ``_end_epoch``, by block id; all False
+        self._blocks: tuple[Sequence[int], npt.NDArray[np.int64]] = ((), np.zeros(0, dtype=np.int64))
+
+    @property
+    def distinct_blocks(self) -> int:
+        """Distinct blocks held by some instance (each has an id)."""
+        return int(self._counts[k.KEYS])
 
     # --- sizing -------------------------------------------------------------------------------
 
     def size_like(self, view: ClusterView) -> None:
-        """Bound every instance of ``view`` to its reported KV capacity (once per snapshot)."""
+        """Bound every instance of ``view`` to its reported KV capacity (once per snapshot; a
+        snapshot of the same instances reporting the same capacities changes nothing)."""
         if self._sized_for == view.version:
             return
-        instances = self._instances
-        kv_total = view.kv_total.tolist()
-        for row, instance_id in enumerate(view.instance_ids):
-            blocks = max(int(kv_total[row]), 1)
-            inst = instances.get(instance_id)
-            if inst is None or inst.capacity != blocks:
-                self.set_capacity(instance_id, blocks)
+        ids, sized = view.instance_ids, self._sized
+        if (
+            sized is None
+            or (ids is not sized[0] and ids != sized[0])
+            or not np.array_equal(view.kv_total, sized[1])
+        ):
+            instances = self._instances
+            kv_total = view.kv_total.tolist()
+            for row, instance_id in enumerate(ids):
+                blocks = max(int(kv_total[row]), 1)
+                inst = instances.get(instance_id)
+                if inst is None or inst.capacity != blocks:
+                    self._set_capacity(instance_id, blocks)
+            self._sized = (ids, view.kv_total.copy())
         self._sized_for = view.version
 
     def set_capacity(self, instance_id: str, blocks: int) -> None:
         """Bound an instance's entry count (e.g. its reported KV capacity); evicts if shrunk."""
+        self._sized = None  # (the next snapshot sizes every instance again)
+        self._set_capacity(instance_id, blocks)
+
+    def _set_capacity(self, instance_id: str, blocks: int) -> None:
         inst = self._instance(instance_id)
         if inst.live > max(int(blocks), 1):
             self._flush()
-        inst.capacity = max(int(blocks), 1)
-        inst.epoch_len = _epoch_len(inst.capacity)
+        inst.set_capacity(max(int(blocks), 1))
         self._evict(inst)
-        if len(inst.epoch) >= inst.epoch_len:
-            self._end_epoch(inst)
+        if inst.state[k.EPOCH_SIZE] >= inst.state[k.EPOCH_LEN]:
+            k.end_epoch(inst.state, inst.ring, inst.epoch, self._marks)
 
     # --- updates ------------------------------------------------------------------------------
 
@@ -171,26 +185,13 @@ class PrefixIndex:
         """Record that ``instance_id`` holds ``blocks`` now (insert or refresh as most recent)."""
         self._flush()
         inst = self._instance(instance_id)
-        ids = self._ids
-        held = self._held
-        bit = inst.bit
-        epoch = inst.epoch
-        appended: list[int] = []
-        live = inst.live
-        for bid in map(ids.__getitem__, blocks):  # (a missing hash gets a fresh id)
-            mask = held[bid]
-            if not mask & bit:
-                held[bid] = mask | bit
-                live += 1
-            if bid not in epoch:
-                epoch.add(bid)
-                appended.append(bid)
-        inst.live = live
-        if appended:
-            self._append(inst, appended)
-        self._evict(inst)
-        if len(epoch) >= inst.epoch_len:
-            self._end_epoch(inst)
+        hashes = self._as_array(blocks)
+        self._reserve(len(hashes))
+        inst.reserve_epoch(len(hashes))
+        inst.ring = k.add_blocks(
+            hashes, inst.state, inst.ring, inst.epoch, self._keys, self._vals, self._counts,
+            self._hashes, self._free, self._held, self._marks,
+        )  # fmt: skip
 
     def add_many(self, contents: Mapping[str, Sequence[int] | npt.NDArray[np.int64]]) -> None:
         """``add(instance_id, blocks)`` for every item, in bulk (e.g. loading the instances'
@@ -203,7 +204,7 @@ class PrefixIndex:
         empty: list[tuple[_Instance, npt.NDArray[np.int64]]] = []
         for instance_id, blocks in contents.items():
             inst = self._instance(instance_id)
-            if inst.live or inst.tail > inst.head:
+            if inst.live or inst.state[k.TAIL] > inst.state[k.HEAD]:
                 self.add(instance_id, blocks.tolist() if isinstance(blocks, np.ndarray) else blocks)
             else:
                 empty.append((inst, np.asarray(blocks, dtype=np.int64)))
@@ -224,31 +225,22 @@ class PrefixIndex:
                 dropped.append(arr[: -inst.capacity])
                 arr = arr[-inst.capacity :]
             n = len(arr)
-            inst.ring = np.empty(n + n // 32 + 2 * inst.epoch_len + 16, dtype=np.int32)
+            inst.ring = np.empty(n + n // 32 + 2 * int(inst.state[k.EPOCH_LEN]) + 16, dtype=np.int32)
             inst.ring[:n] = arr
-            inst.head, inst.tail, inst.epoch_start, inst.live = 0, n, n, n
+            inst.state[[k.HEAD, k.TAIL, k.START, k.LIVE]] = (0, n, n, n)
             loaded.append((inst.slot, inst.ring[:n]))
-        # Holder bits are set in one pass over all pending loads, at the next update or lookup:
-        # each mask is then built once, at its final size (not once per add_many call).
+        # Holder bits are set in one pass over all pending loads, at the next update or lookup
+        # (and ids nobody holds freed then, in order): the ids handed out meanwhile are those of
+        # the index this one replaces, which is what keeps every later id the same.
         self._pending.extend(loaded)
         self._pending_dropped.extend(dropped)
 
     def _bulk_ids(self, hashes: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]:
-        """Block ids of many hashes (creating missing ones), through a sorted numpy mirror of
-        the hash -> id dict (random dict probes cost ~0.5 us each at millions of blocks)."""
-        ids = self._ids
+        """Block ids of many hashes (creating missing ones, in ascending hash order)."""
         uniq, inverse = np.unique(hashes, return_inverse=True)
-        keys = np.fromiter(ids.keys(), dtype=np.int64, count=len(ids))
-        values = np.fromiter(ids.values(), dtype=np.int32, count=len(ids))
-        order = np.argsort(keys)
-        keys, values = keys[order], values[order]
-        pos = np.minimum(np.searchsorted(keys, uniq), max(len(keys) - 1, 0))
-        found = keys[pos] == uniq if len(keys) else np.zeros(len(uniq), dtype=bool)
+        self._reserve(k.count_missing(self._keys, self._vals, uniq))
         uid = np.empty(len(uniq), dtype=np.int32)
-        uid[found] = values[pos[found]]
-        getitem = ids.__getitem__
-        missing = uniq[~found].tolist()
-        uid[~found] = np.fromiter(map(getitem, missing), dtype=np.int32, count=len(missing))
+        k.block_ids(self._keys, self._vals, self._counts, self._hashes, self._free, uniq, uid)
         out: npt.NDArray[np.int32] = uid[inverse.reshape(-1)]
         return out
 
@@ -258,20 +250,10 @@ class PrefixIndex:
         inst = self._instances.get(instance_id)
         if inst is None:
             return
-        ids = self._ids
-        held = self._held
-        bit = inst.bit
-        for block in blocks:
-            bid = ids.get(block)
-            if bid is None:
-                continue
-            mask = held[bid]
-            if mask & bit:
-                mask ^= bit
-                held[bid] = mask
-                inst.live -= 1
-                if not mask:
-                    ids.release(bid)
+        k.remove_blocks(
+            self._as_array(blocks), inst.state, self._keys, self._vals, self._counts, self._hashes,
+            self._free, self._held,
+        )  # fmt: skip
         # The ring entries stay; they are skipped (holder bit clear) and compacted later.
 
     # --- lookups ------------------------------------------------------------------------------
@@ -294,14 +276,7 @@ class PrefixIndex:
         if inst is None:
             return 0
         self._flush()
-        ids, held, bit = self._ids, self._held, inst.bit
-        depth = 0
-        for block in blocks:
-            bid = ids.get(block)
-            if bid is None or not held[bid] & bit:
-                break
-            depth += 1
-        return depth
+        return int(k.leading_held(self._as_array(blocks), self._keys, self._vals, self._held, inst.slot))
 
     def match_array(self, blocks: Sequence[int], view: ClusterView) -> npt.NDArray[np.int64]:
         """``match`` as an array aligned with the rows of ``view`` (instances not in it skipped)."""
@@ -311,168 +286,95 @@ class PrefixIndex:
         slots, rows = self._slots.rows(view)
         if len(depth) == len(view) and self._slots.identity:
             # Slot s is row s (the usual case: the router sized the index from the view, so
-            # slots were handed out in row order): the decoded array is the answer, no scatter.
+            # slots were handed out in row order): the depths are the answer, no scatter.
             return depth
         out = np.zeros(len(view), dtype=np.int64)
         out[rows] = depth[slots]
         return out
 
     def _depth_by_slot(self, blocks: Sequence[int]) -> npt.NDArray[np.int64] | None:
-        """Matched depth per slot (None if nobody holds the first block).
-
-        Walks the prompt with a mask of the holders still matching and notes each depth at
-        which some drop out (mask, depth); those are decoded once at the end.
-        """
-        if not blocks:
+        """Matched depth per slot (None if nobody holds the first block)."""
+        if not len(blocks):
             return None
         self._flush()
-        ids = self._ids
-        held = self._held
-        bid = ids.get(blocks[0])
-        live = 0 if bid is None else held[bid]
-        if not live:
+        depth = np.empty(len(self._by_slot), dtype=np.int64)
+        if not k.match_depths(self._as_array(blocks), self._keys, self._vals, self._held, depth):
             return None
-        holders = live.bit_count()
-        dropped: list[tuple[int, int]] = []
-        depth = 1
-        for i in range(1, len(blocks)):
-            bid = ids.get(blocks[i])
-            still = live & held[bid] if bid is not None else 0
-            if still != live:
-                dropped.append((live ^ still, depth))
-                live = still
-                if not live:
-                    break
-            depth += 1
-        if live:
-            dropped.append((live, depth))
-        decode = _decode_few if holders <= _FEW_HOLDERS else _decode
-        return decode(dropped, len(self._by_slot))
+        return depth
 
     # --- internals ----------------------------------------------------------------------------
+
+    def _as_array(self, blocks: Iterable[int]) -> npt.NDArray[np.int64]:
+        """``blocks`` as int64; the last tuple converted is kept (a decision looks its prompt up,
+        then adds it: one conversion). A tuple is immutable, so the array stays right for as long
+        as the tuple is kept here."""
+        if blocks is self._blocks[0]:
+            return self._blocks[1]
+        if type(blocks) is tuple:  # (an isinstance test against an ABC costs more than this)
+            hashes = np.array(blocks, dtype=np.int64).reshape(len(blocks))
+            self._blocks = (blocks, hashes)
+            return hashes
+        if isinstance(blocks, np.ndarray):
+            return np.ascontiguousarray(blocks, dtype=np.int64)
+        return np.fromiter(blocks, dtype=np.int64)
 
     def _instance(self, instance_id: str) -> _Instance:
         inst = self._instances.get(instance_id)
         if inst is None:
-            inst = _Instance(instance_id, self._slots.slot(instance_id), self._default_capacity)
+            slot = self._slots.slot(instance_id)
+            inst = _Instance(instance_id, slot, self._default_capacity)
             self._instances[instance_id] = inst
             self._by_slot.append(inst)
+            words = (slot >> 6) + 1
+            if words > self._held.shape[1]:
+                held = np.zeros((len(self._held), words), dtype=np.uint64)
+                held[:, : self._held.shape[1]] = self._held
+                self._held = held
         return inst
 
-    def _append(self, inst: _Instance, bids: list[int]) -> None:
-        k = len(bids)
-        if inst.tail + k > len(inst.ring):
-            self._make_room(inst, k)
-        inst.ring[inst.tail : inst.tail + k] = bids
-        inst.tail += k
-
-    def _make_room(self, inst: _Instance, k: int) -> None:
-        """Compact the ring to its front (dropping dead entries), growing it if still too full."""
-        ring, head, start, tail = inst.ring, inst.head, inst.epoch_start, inst.tail
-        old = ring[head:start]
-        old = old[old >= 0]
-        if len(old) > 2 * inst.live + 16:
-            # Mostly removed blocks: keep only entries still held and not superseded this epoch.
-            held, bit, epoch = self._held, inst.bit, inst.epoch
-            old = np.array(
-                [b for b in old.tolist() if held[b] & bit and b not in epoch],
-                dtype=np.int32,
-            )
-        cur = ring[start:tail]
-        n = len(old) + len(cur)
-        size = len(ring)
-        if n + k > size * 3 // 4:
-            size = max(n + k + (n + k) // 4 + 16, 16)
-        fresh = np.empty(size, dtype=np.int32)
-        fresh[: len(old)] = old
-        fresh[len(old) : n] = cur
-        inst.ring, inst.head, inst.epoch_start, inst.tail = fresh, 0, len(old), n
+    def _reserve(self, more: int) -> None:
+        """Room for ``more`` new block ids: the table at most half full (a quarter after it
+        grows), the arrays by id a quarter larger than needed when they grow."""
+        if more <= self._room:
+            self._room -= more
+            return
+        keys = int(self._counts[k.KEYS]) + more
+        if 2 * keys > len(self._vals):
+            cells = _power_of_two(2 * keys + 1)
+            new_keys, new_vals = np.zeros(cells, dtype=np.int64), np.full(cells, _EMPTY, dtype=np.int32)
+            k.rehash(self._keys, self._vals, new_keys, new_vals)
+            self._keys, self._vals = new_keys, new_vals
+        ids = int(self._counts[k.IDS]) + more
+        if ids > len(self._hashes):
+            size = max(ids, len(self._hashes) * 5 // 4)
+            self._hashes = np.resize(self._hashes, size)
+            self._free = np.resize(self._free, size)
+            self._marks = np.zeros(size + 1, dtype=bool)  # (all False between calls)
+            # In place where the allocator can (a large block is remapped, not copied): at 4096
+            # instances the rows take gigabytes, and a copy would hold them twice for a while.
+            self._held.resize((size, self._held.shape[1]), refcheck=False)
+        self._room = min(len(self._vals) // 2 - keys, len(self._hashes) - ids)
 
     def _evict(self, inst: _Instance) -> None:
-        """Pop the ring head until the instance holds at most ``capacity`` blocks."""
-        excess = inst.live - inst.capacity
-        if excess <= 0:
-            return
-        ids = self._ids
-        held = self._held
-        ring, bit, epoch, start = inst.ring, inst.bit, inst.epoch, inst.epoch_start
-        head, tail = inst.head, inst.tail
-        while excess > 0 and head < tail:
-            for bid in ring[head : min(tail, head + excess + 16)].tolist():
-                head += 1  # past this entry, at ring position head - 1
-                if bid < 0:
-                    continue
-                mask = held[bid]
-                if not mask & bit:
-                    continue  # removed (or evicted) since this entry was written
-                if head <= start:
-                    if bid in epoch:
-                        continue  # touched again this epoch: this entry is stale
-                else:
-                    epoch.discard(bid)
-                mask ^= bit
-                held[bid] = mask
-                if not mask:
-                    ids.release(bid)
-                excess -= 1
-                if not excess:
-                    break
-        inst.live = inst.capacity + excess
-        inst.head = head
-        if inst.epoch_start < head:
-            inst.epoch_start = head
-
-    def _end_epoch(self, inst: _Instance) -> None:
-        """Drop the entries the ending epoch superseded, then start a new epoch."""
-        head, start, tail = inst.head, inst.epoch_start, inst.tail
-        if start > head and tail > start:
-            old = inst.ring[head:start]
-            current = inst.ring[start:tail]
-            # A mark per block id (one spare, never set, for the -1 of dropped entries): three
-            # array passes, where np.isin builds and clears a table over the id range each time.
-            if len(self._marks) <= len(self._held):
-                self._marks = np.zeros(2 * len(self._held) + 1, dtype=bool)
-            marks = self._marks
-            marks[current] = True
-            old[marks[old]] = -1
-            marks[current] = False
-        inst.epoch = set()
-        inst.epoch_start = tail
+        k.evict(
+            inst.state, inst.ring, inst.epoch, self._keys, self._vals, self._counts, self._hashes,
+            self._free, self._held,
+        )  # fmt: skip
 
     def _flush(self) -> None:
-        """Set the holder bits of pending bulk loads (before anything reads or changes masks)."""
-        if self._pending:
-            loaded, dropped = self._pending, self._pending_dropped
-            self._pending, self._pending_dropped = [], []
-            self._or_holders(loaded, dropped)
-
-    def _or_holders(
-        self, loaded: list[tuple[int, npt.NDArray[np.int32]]], dropped: list[npt.NDArray[np.int32]]
-    ) -> None:
-        """OR each (slot, block ids) membership list into the holder masks, through a scratch
-        bit matrix over the ids touched (a range of them at a time); then release the ids
-        ``dropped`` (blocks beyond an instance's capacity) that nobody holds."""
-        held = self._held
-        nbytes = (len(self._by_slot) + 7) // 8
-        n_ids = len(held)
-        chunk = max(1, _BULK_CHUNK_BYTES // nbytes)
-        for lo in range(0, n_ids, chunk):
-            hi = min(n_ids, lo + chunk)
-            bits = np.zeros((hi - lo, nbytes), dtype=np.uint8)
-            for slot, arr in loaded:
-                rows = arr[(arr >= lo) & (arr < hi)] - lo
-                bits[rows, slot >> 3] |= np.uint8(1 << (slot & 7))
-            raw = memoryview(bits.tobytes())
-            for r in np.flatnonzero(bits.any(axis=1)).tolist():
-                mask = int.from_bytes(raw[r * nbytes : (r + 1) * nbytes], "little")
-                old = held[lo + r]
-                held[lo + r] = old | mask if old else mask
+        """Set the holder bits of pending bulk loads (before anything reads or changes them),
+        then free the ids of blocks dropped beyond a capacity that nobody holds, in id order."""
+        if not self._pending:
+            return
+        loaded, dropped = self._pending, self._pending_dropped
+        self._pending, self._pending_dropped = [], []
+        for slot, bids in loaded:
+            k.set_holders(self._held, slot, bids)
         if dropped:
-            ids_map = self._ids
-            free = set(ids_map.free)
-            for bid in sorted_distinct(np.concatenate(dropped)).tolist():
-                if not held[bid] and bid not in free:
-                    ids_map.release(bid)
+            k.release_unheld(
+                self._keys, self._vals, self._counts, self._hashes, self._free, self._held,
+                sorted_distinct(np.concatenate(dropped)).astype(np.int64),
+            )  # fmt: skip
 
 
 def sorted_distinct(values: npt.NDArray[IntT]) -> npt.NDArray[IntT]:
@@ -484,66 +386,3 @@ def sorted_distinct(values: npt.NDArray[IntT]) -> npt.NDArray[IntT]:
     keep[:1] = True
     np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
     return ordered[keep]
-
-
-_FEW_HOLDERS = 24
-"""Up to this many holders, depths are written one holder at a time (~0.3 us each), which is
-cheaper than decoding bit planes (a dozen array operations whatever the pool size)."""
-
-
-def _decode_few(dropped: list[tuple[int, int]], n_slots: int) -> npt.NDArray[np.int64]:
-    """(holders mask, depth) pairs -> depth per slot, one set bit at a time."""
-    depth = np.zeros(n_slots, dtype=np.int64)
-    for mask, at in dropped:
-        while mask:
-            low = mask & -mask
-            depth[low.bit_length() - 1] = at
-            mask ^= low
-    return depth
-
-
-def _deposit(planes: list[int], mask: int, depth: int) -> None:
-    """Add ``mask``'s slots at ``depth`` to the bit-sliced depth planes."""
-    j = 0
-    while depth:
-        if depth & 1:
-            if j >= len(planes):
-                planes.extend([0] * (j + 1 - len(planes)))
-            planes[j] |= mask
-        depth >>= 1
-        j += 1
-
-
-def _decode(dropped: list[tuple[int, int]], n_slots: int) -> npt.NDArray[np.int64]:
-    """(holders mask, depth) pairs -> depth per slot, through bit planes (plane j = slots whose
-    depth has bit j).
-
-    Through a table that spreads the 8 bits of a byte over the 8 bytes of a uint64 (bit i ->
-    byte i): plane j's bytes, spread and shifted by j (mod 8), OR-ed over 8 planes at a time,
-    are directly 8 bits of each slot's depth, one byte per slot. That is O(planes x slots / 8)
-    uint64 work; unpacking each plane to one byte per slot first cost 8 times as much.
-    """
-    planes: list[int] = []
-    for mask, at in dropped:
-        _deposit(planes, mask, at)
-    nbytes = (n_slots + 7) // 8
-    raw = b"".join(plane.to_bytes(nbytes, "little") for plane in planes)
-    spread = _SPREAD[np.frombuffer(raw, dtype=np.uint8).reshape(len(planes), nbytes)]
-    spread <<= _SHIFTS[: len(planes)] & 7
-    depth: npt.NDArray[np.int64] | None = None
-    for lo in range(0, len(planes), 8):  # planes 8k .. 8k+7 are bits 8k .. 8k+7 of the depth
-        part = np.bitwise_or.reduce(spread[lo : lo + 8], axis=0).view(np.uint8)[:n_slots]
-        if depth is None:
-            depth = part.astype(np.int64)
-        else:
-            depth |= part.astype(np.int64) << lo
-    assert depth is not None
-    return depth
-
-
-_BYTE_AT = list(range(8)) if sys.byteorder == "little" else list(range(7, -1, -1))
-_SPREAD = np.array(
-    [sum(((b >> i) & 1) << (8 * _BYTE_AT[i]) for i in range(8)) for b in range(256)], dtype=np.uint64
-)
-"""Byte b -> the uint64 whose i-th byte in memory is bit i of b (as ``view(np.uint8)`` reads it)."""
-_SHIFTS = np.arange(64, dtype=np.uint64).reshape(-1, 1)

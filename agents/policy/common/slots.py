@@ -17,12 +17,14 @@ from agents.policy.types import ClusterView
 class SlotRows:
     """(slots, rows) of the instances that have a slot and are present in a view.
 
-    Rebuilt when a new snapshot arrives (a different ``view.version``), extended (not rebuilt)
-    when slots were added since: O(new slots) per call, one numpy pass each.
+    Rebuilt when a new snapshot arrives (a different ``view.version``) with other rows (instance
+    ids), kept when only its counts changed; extended (not rebuilt) when slots were added since:
+    O(new slots) per call, one numpy pass each.
     """
 
     def __init__(self) -> None:
         self._version = -1
+        self._instance_ids: tuple[str, ...] = ()  # the rows of the snapshots ``_version`` stands for
         self._done = 0  # slots already looked up in the view
         self._slots: IntArray = np.zeros(0, dtype=np.int64)
         self._rows: IntArray = np.zeros(0, dtype=np.int64)
@@ -31,9 +33,11 @@ class SlotRows:
     def of(self, view: ClusterView, slot_ids: Sequence[str]) -> tuple[IntArray, IntArray]:
         """``slot_ids[s]`` is the instance id of slot ``s`` (slots only ever get appended)."""
         if view.version != self._version:
-            self._version, self._done = view.version, 0
-            self._slots = self._rows = np.zeros(0, dtype=np.int64)
-            self.identity = False
+            if view.instance_ids is not self._instance_ids and view.instance_ids != self._instance_ids:
+                self._done, self._instance_ids = 0, view.instance_ids
+                self._slots = self._rows = np.zeros(0, dtype=np.int64)
+                self.identity = False
+            self._version = view.version
         if self._done != len(slot_ids):
             get = view.index_of.get
             new = slot_ids[self._done :]

@@ -9,6 +9,7 @@ import numpy as np
 
 from agents.policy.common.numeric import BoolArray, FloatArray
 from agents.policy.common.slots import SlotRegistry
+from agents.policy.tokenpilot import kernels
 from agents.policy.types import ClusterView
 
 
@@ -66,16 +67,19 @@ class PrefillQueues:
         if self.aligned_to(view):
             return
         self._save()
-        slots = self._slot_of_row = np.fromiter(
-            (self._slots.slot(i) for i in view.instance_ids), dtype=np.int64, count=len(view)
-        )
+        ids = () if self._view is None else self._view.instance_ids
+        if self._view is None or (view.instance_ids is not ids and view.instance_ids != ids):
+            self._slot_of_row = np.fromiter(
+                (self._slots.slot(i) for i in view.instance_ids), dtype=np.int64, count=len(view)
+            )
+            self._row_of_slot = np.full(self._slots.capacity, -1, dtype=np.int64)
+            self._row_of_slot[self._slot_of_row] = np.arange(len(view))
+        slots = self._slot_of_row  # (the same rows: the same slots)
         c = self._slots.columns
         self.tokens, self.pairs, self.as_of = c["state"][:, slots]
         self.recent = c["recent"][slots]
         self.tokens[idle] = 0.0
         self.pairs[idle] = 0.0
-        self._row_of_slot = np.full(self._slots.capacity, -1, dtype=np.int64)
-        self._row_of_slot[slots] = np.arange(len(view))
         head = c["head"]
         for slot in slots[idle & (head[0, slots] < np.inf)]:
             self._waiting.pop(int(slot), None)  # idle at its heartbeat: nothing is prefilling
@@ -90,21 +94,25 @@ class PrefillQueues:
         return now_s <= self._drained_to
 
     def drain(self, now_s: float, step_s: FloatArray, budget: int) -> None:
-        """Advance every row to ``now_s``: ``budget`` tokens prefilled per ``step_s`` seconds."""
-        elapsed = np.maximum(now_s - self.as_of, 0.0)
-        done = elapsed * budget / np.maximum(step_s, 1e-6)
-        self.recent *= np.exp(-elapsed / self.horizon_s)
-        left = np.maximum(1.0 - done / np.maximum(self.tokens, 1e-9), 0.0)
-        np.minimum(left, 1.0, out=left)  # (np.clip costs as much as both)
-        self.tokens *= left
-        self.pairs *= left
-        late = self.head_due + step_s < now_s  # (within a step of it: the step in progress)
-        if np.count_nonzero(late):  # still prefilling a send past its predicted first token (class docstring)
-            # Its last chunk is the one in progress: ``floor`` tokens at the end of its prompt.
-            floor = np.where(late, np.minimum(self.head_tokens, budget), 0.0)
-            np.maximum(self.pairs, floor * (self.head_depth - floor * 0.5), out=self.pairs)
-            np.maximum(self.tokens, floor, out=self.tokens)
-        np.maximum(self.as_of, now_s, out=self.as_of)
+        """Advance every row to ``now_s``: ``budget`` tokens prefilled per ``step_s`` seconds.
+        A send still prefilling past its predicted first token keeps its last chunk queued (class
+        docstring): that chunk is the step in progress. Formulas: ``kernels.drain``."""
+        decay = np.empty(len(self.tokens))
+        kernels.decay_exponent(now_s, self.horizon_s, self.as_of, decay)
+        np.exp(decay, out=decay)
+        kernels.drain(
+            now_s,
+            float(budget),
+            step_s,
+            decay,
+            self.tokens,
+            self.pairs,
+            self.as_of,
+            self.recent,
+            self.head_due,
+            self.head_tokens,
+            self.head_depth,
+        )
         self._drained_to = now_s
 
     def add(

@@ -87,21 +87,28 @@ and counts it in flight. Its end calibrates nothing here (θ, lateness, horizon)
 another decider's sends was measured to hurt (synthetic mix, 4 deciders, seeds 0 and 1 at
 x8.75 / x9.25 / x9.75: mean interactive SLO miss 2.04 % with it, 1.01 % without; one decider
 1.22 %).
+
+The per-row arithmetic of these formulas runs in compiled loops (``kernels.py``: the features
+with the boundary wait, the queue drain, the score and the rows near its minimum), the prefix
+walk and the credit in the prefix index's (``common/prefix_kernels.py``); a decision is a few
+such calls, numpy's ``features · θ`` and the Python that records it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from agents.policy.common.numeric import BoolArray, FloatArray, IntArray, blocks_for
 from agents.policy.common.prefix_index import PrefixIndex
 from agents.policy.common.selector import InstanceSelector
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES
 from agents.policy.common.timing import decode_s
+from agents.policy.tokenpilot import kernels
 from agents.policy.tokenpilot.horizon import DecodeHorizon
 from agents.policy.tokenpilot.lateness import PrefillLateness
 from agents.policy.tokenpilot.predictor import OnlineLinearModel
@@ -136,7 +143,6 @@ _STEPS_X_BATCH = FEATURES.index("steps_x_batch")
 _PREFILL_TOKENS = FEATURES.index("prefill_tokens")
 _PREFILL_PAIRS = FEATURES.index("prefill_pairs")
 _BOUNDARY_WAIT = FEATURES.index("boundary_wait_s")
-_BLOCK_TOKENS = np.float64(BLOCK_TOKENS)
 _NO_FEATURES = np.zeros(len(FEATURES))  # of another decider's send: it calibrates nothing here
 _NO_FEATURES.flags.writeable = False
 INTERACTIVE_TPOT_S = DEFAULT_SLO_CLASSES["interactive"].tpot_s or 0.1
@@ -172,14 +178,81 @@ class _Chosen:
 
 
 class _Rows(NamedTuple):
-    """What ``_features`` computes per row of the view for one request."""
+    """What ``_features`` computes per row of the view for one request (``kernels.row_features``)."""
 
     features: FloatArray  # n x len(FEATURES)
-    new: FloatArray  # its own uncached prompt tokens
-    pairs: FloatArray  # and their attention token pairs
-    batch: IntArray  # B_i: requests running (heartbeat + own sends since)
-    context: IntArray  # C_i: their context tokens
-    step: FloatArray  # s_i: a decode step there, θ_T0 + θ_c·B_i + θ_d·C_i
+    # 5 x n: its own uncached prompt tokens P_i and their attention token pairs; B_i, requests
+    # running (heartbeat + own sends since); C_i, their context tokens; s_i, a decode step there
+    rows: FloatArray
+    thetas: FloatArray  # θ of each profile of the view (``_ViewRows.names``), one row each
+
+    @property
+    def new(self) -> FloatArray:
+        new: FloatArray = self.rows[0]
+        return new
+
+    @property
+    def pairs(self) -> FloatArray:
+        pairs: FloatArray = self.rows[1]
+        return pairs
+
+
+@dataclass(frozen=True, slots=True)
+class _Profiles:
+    """The engine profiles of a view's rows: ``names`` (sorted; the rows of the θ matrix a
+    kernel reads), each row's index into them, the rows of each (one slice if uniform) and each
+    row's name."""
+
+    column: npt.NDArray[np.str_]  # the view's profile column they were read from
+    names: tuple[str, ...]
+    of_row: IntArray
+    groups: list[tuple[str, slice | IntArray]]
+    by_row: list[str]
+
+    @classmethod
+    def of(cls, column: npt.NDArray[np.str_]) -> _Profiles:
+        unique, inverse = np.unique(column, return_inverse=True)
+        names = tuple(str(name) for name in unique)
+        of_row = np.array(inverse, dtype=np.int64).reshape(len(column))
+        if len(names) == 1:
+            groups: list[tuple[str, slice | IntArray]] = [(names[0], slice(None))]
+        else:
+            groups = [(name, np.flatnonzero(of_row == k)) for k, name in enumerate(names)]
+        return cls(column, names, of_row, groups, [names[k] for k in of_row.tolist()])
+
+
+@dataclass(frozen=True, slots=True)
+class _ViewRows:
+    """What the kernels read of one snapshot, prepared once per ``view.version``: its counts as
+    contiguous int64 arrays (one compiled kernel for every way a view is built) and its rows'
+    engine profiles."""
+
+    version: int
+    profiles: _Profiles
+    counts: IntArray  # 3 x n: requests running, tokens in flight, KV blocks free (heartbeat's)
+
+
+@dataclass(frozen=True, slots=True)
+class _Fixed:
+    """What every decision on one snapshot reads that only an observation changes (θ, the step
+    clock's scale, the decode horizon, the lateness): gathered once, not per request of a
+    batch. ``clock``: the step clock's slot of each row and its columns (``StepClock.columns``)."""
+
+    version: int
+    observed: int  # ``TokenPilot._observed`` when gathered
+    rows: _ViewRows
+    thetas: FloatArray
+    scales: FloatArray  # the step clock's, per profile
+    clock: tuple[IntArray, FloatArray, FloatArray, IntArray, BoolArray, FloatArray]
+    lateness: FloatArray  # ``PrefillLateness.ratio``
+    horizon_s: float  # H of the decode-harm term
+
+
+class _Scratch(NamedTuple):
+    features: FloatArray  # n x len(FEATURES)
+    rows: FloatArray  # 5 x n (``_Rows.rows``)
+    scores: FloatArray  # 3 x n: the first chunk joining, its own prefill seconds, the score
+    near: IntArray  # the rows near the lowest score
 
 
 class TokenPilot(InstanceSelector):
@@ -214,13 +287,14 @@ class TokenPilot(InstanceSelector):
         self._last_queued: dict[str, tuple[str, int]] = {}  # instance id -> last request sent there
         self._batch_keys: set[tuple[str, int]] = set()  # the requests of the batch being decided
         self._revised: dict[tuple[str, int], float] = {}  # of those: seconds others' chunks add
-        self._groups_version = -1  # snapshot version ``_groups`` was computed for
-        self._groups: list[tuple[str, slice | IntArray]] = []
-        self._free_version = -1
-        self._free: IntArray = np.zeros(0, dtype=np.int64)
-        self._budget = np.float64(prefill_budget)
+        self._view_rows: _ViewRows | None = None  # of the last snapshot decided on
+        self._fixed: _Fixed | None = None
+        self._scratch: _Scratch | None = None
+        self._observed = 0  # observations so far (each may change what ``_Fixed`` holds)
+        self._budget = float(prefill_budget)
         self.clock = StepClock(phase_steps, phase_lost_share)
         self._last_view: ClusterView | None = None  # the last snapshot decided on (for ``Placed``)
+        warm_up()
 
     # --- deciding -----------------------------------------------------------------------------
 
@@ -232,8 +306,10 @@ class TokenPilot(InstanceSelector):
         request of the batch joins (chunked prefill runs them together, so its first token also
         waits for the joining chunk): a burst is known as a whole."""
         revised, self._revised, self._batch_keys = self._revised, {}, set()
+        if not revised:
+            return placements
         return [
-            replace(p, predicted_ttft_s=p.predicted_ttft_s + revised[r.key])
+            Placement(p.instance, p.reason, p.predicted_ttft_s + revised[r.key])
             if p.predicted_ttft_s is not None and r.key in revised
             else p
             for r, p in zip(requests, placements, strict=True)
@@ -241,29 +317,47 @@ class TokenPilot(InstanceSelector):
 
     def pick(self, request: RequestView, view: ClusterView, mask: BoolArray, now_s: float) -> Placement:
         self.index.size_like(view)
-        rows = self._features(request, view, now_s)
+        fixed = self._fixed_for(view)
+        scratch = self._scratch_for(len(view))
+        rows = self._features(request, view, now_s, fixed, scratch)
         features, own_tokens, own_pairs = rows.features, rows.new, rows.pairs
         predicted = self._predict(features, view)
-        chunk = self._first_chunk_joining(features, own_tokens)
-        delay = chunk * self._per_token_s(view)
-        score = predicted + self.spare_others * delay
-        harm, own_s = self._decode_harm(view, rows)
-        score += self.spare_decodes * harm
-        row = self._pick_near_min(score, mask, view)
-        joined = float(chunk[row])
-        cached = request.input_tokens - float(own_tokens[row])
+        # score = predicted + spare_others · delay + spare_decodes · harm (module docstring)
+        scores, near = scratch.scores, scratch.near
+        count = kernels.score_rows(
+            self._budget,
+            float(self.spare_others),
+            float(self.spare_decodes),
+            fixed.horizon_s,
+            float(self.tpot_s),
+            1 + self.tie_tolerance,
+            features,
+            predicted,
+            rows.rows,
+            self.queues.recent,
+            mask,
+            fixed.rows.profiles.of_row,
+            fixed.thetas,
+            fixed.lateness,
+            scores,
+            near,
+        )
+        row = self._pick_near(near[:count], view)
+        # (Python floats from here on: the same IEEE doubles, cheaper to compute with)
+        joined, tokens, predicted_s = float(scores[0, row]), float(own_tokens[row]), float(predicted[row])
+        cached = request.input_tokens - tokens
         self._chosen = _Chosen(
             now_s,
-            features[row].copy(),  # a view would keep the whole n x features matrix alive
-            float(predicted[row]),
-            own_tokens[row],
-            own_pairs[row],
+            features[row].copy(),  # (a scratch array: the next decision overwrites it)
+            predicted_s,
+            tokens,
+            float(own_pairs[row]),
             joined,
             joined * (cached + joined / 2),
-            float(own_s[row]),
+            float(scores[1, row]),
         )
         reason = f"min predicted TTFT ({cached:.0f} of {request.input_tokens} prompt tokens cached)"
-        return Placement(row, reason, float(predicted[row]))
+        return Placement(row, reason, predicted_s)
 
     def predict_rows(self, request: RequestView, view: ClusterView, now_s: float) -> RowPrediction:
         """The predicted TTFT of ``request`` on every row of ``view`` were it sent now, and of it
@@ -286,164 +380,182 @@ class TokenPilot(InstanceSelector):
         return self._predict(rows.features, view), rows.new, rows.pairs
 
     def _predict(self, features: FloatArray, view: ClusterView) -> FloatArray:
-        """``features @ θ`` per row, θ of the row's engine profile."""
-        groups = self._profile_rows(view)
+        """``features @ θ`` per row, θ of the row's engine profile (numpy's product: see
+        ``kernels``)."""
+        groups = self._rows_of(view).profiles.groups
         if len(groups) == 1:  # a uniform pool (the usual case): no gather or scatter
-            return features @ self.model_for(groups[0][0]).theta
+            # (``ndarray.dot``: the same BLAS product as ``@`` for a matrix and a vector, called
+            # with less overhead)
+            uniform: FloatArray = features.dot(self.model_for(groups[0][0]).theta)
+            return uniform
         predicted = np.empty(len(view))
         for profile, rows in groups:
-            predicted[rows] = features[rows] @ self.model_for(profile).theta
+            predicted[rows] = features[rows].dot(self.model_for(profile).theta)
         return predicted
-
-    def _decode_harm(self, view: ClusterView, rows: _Rows) -> tuple[FloatArray, FloatArray]:
-        """``harm_i`` (module docstring) per row, and ``own_i``: the request's prefill seconds."""
-        own_tokens, own_pairs, batch, step_s = rows.new, rows.pairs, rows.batch, rows.step
-        own_s = np.empty(len(view))
-        for profile, group in self._profile_rows(view):
-            per_token, per_pair = self.model_for(profile).theta[3:5]
-            own_s[group] = own_tokens[group] * per_token + own_pairs[group] * per_pair
-        if self.lateness.ratio[-1] > 1.0:
-            own_s *= self.lateness.of_rows(own_tokens)
-        room = self.queues.horizon_s * np.maximum(1.0 - step_s / self.tpot_s, 0.0)
-        recent = self.queues.recent
-        harm = batch * (np.maximum(recent + own_s - room, 0.0) - np.maximum(recent - room, 0.0))
-        return harm, own_s
-
-    def _per_token_s(self, view: ClusterView) -> float | FloatArray:
-        """Calibrated prefill seconds per token, per row (one number for a uniform pool)."""
-        groups = self._profile_rows(view)
-        if len(groups) == 1:
-            return float(self.model_for(groups[0][0]).theta[_PREFILL_TOKENS])
-        per_token = np.empty(len(view))
-        for profile, rows in groups:
-            per_token[rows] = self.model_for(profile).theta[_PREFILL_TOKENS]
-        return per_token
 
     def features(self, request: RequestView, view: ClusterView, now_s: float) -> FloatArray:
         """The model's features of ``request`` on every row of ``view`` (n x len(FEATURES))."""
         return self._features(request, view, now_s).features
 
-    def _features(self, request: RequestView, view: ClusterView, now_s: float) -> _Rows:
+    def _features(
+        self,
+        request: RequestView,
+        view: ClusterView,
+        now_s: float,
+        fixed: _Fixed | None = None,
+        scratch: _Scratch | None = None,
+    ) -> _Rows:
         """Features, and per row the request's own uncached tokens and their attention pairs, and
-        the decode batch and its context."""
+        the decode batch and its context (formulas: ``kernels.row_features``; the queues are
+        drained to ``now_s`` first). In ``scratch``'s arrays if given (they are overwritten by the
+        next decision), else in new ones."""
         self._last_view = view
+        fixed = fixed or self._fixed_for(view)
+        at, thetas = fixed.rows, fixed.thetas
         matched = self.index.match_array(request.block_hashes, view)
-        # Request scalars as numpy float64: an operation with a Python number converts it first,
-        # which costs as much as the operation itself on a small pool. All values are exact.
-        input_tokens = np.float64(request.input_tokens)
-        cached = np.multiply(matched, _BLOCK_TOKENS)
-        np.minimum(cached, input_tokens - 1, out=cached)
-        new = input_tokens - cached
-        own_pairs = new * (cached + new * 0.5)
         sent, sent_tokens = self.in_flight.since_heartbeat(view)
-        batch = view.running + sent
-        context = view.tokens_in_flight + sent_tokens
-        queued, queued_pairs = self._queued(view, now_s, sent, batch, context)
-        features = np.empty((len(view), len(FEATURES)))
-        total = np.add(queued, new, out=features[:, 3])
-        steps = np.divide(total, self._budget, out=features[:, 0])
-        np.ceil(steps, out=steps)
-        np.multiply(steps, batch, out=features[:, 1])
-        np.multiply(steps, context, out=features[:, 2])
-        np.add(queued_pairs, own_pairs, out=features[:, 4])
-        # KV blocks short: what the request needs beyond what is free, less the reservations of
-        # own sends the heartbeat does not show yet (their budgets taken as ours).
-        short = np.float64(blocks_for(request.input_tokens + request.output_budget)) - matched
-        short -= self._free_blocks(view)
-        unseen = sent * np.float64(request.output_budget)
-        unseen += sent_tokens
-        unseen /= _BLOCK_TOKENS
-        short += unseen
-        np.maximum(short, 0.0, out=features[:, 5])
-        step_s = self._decode_step(view, batch, context)
-        features[:, _BOUNDARY_WAIT] = self._boundary_wait(view, now_s, batch, step_s)
-        return _Rows(features, new, own_pairs, batch, context, step_s)
-
-    def _decode_step(self, view: ClusterView, batch: IntArray, context: IntArray) -> FloatArray:
-        """θ's decode step per row, ``T0 + c·B_i + d·C_i`` (the step clock and the decode-harm
-        term both read it)."""
-        step_s = np.empty(len(view))
-        for profile, rows in self._profile_rows(view):
-            t0, per_seq, per_context = self.model_for(profile).theta[:3]
-            step_s[rows] = t0 + per_seq * batch[rows] + per_context * context[rows]
-        return step_s
-
-    def _boundary_wait(
-        self, view: ClusterView, now_s: float, batch: IntArray, step_s: FloatArray
-    ) -> FloatArray:
-        """Seconds until the step in progress ends per row (``stepclock.py``); 0 if idle."""
+        queued, queued_pairs = self._queued(view, now_s, sent, sent_tokens, at, thetas)
+        clock = self.clock
+        clock_slots, boundary_s, sent_s, awaiting, touched, step_by_slot = fixed.clock
         open_requests = self.in_flight.per_instance(self.in_flight.requests, view)
-        scale = np.empty(len(view))
-        for profile, rows in self._profile_rows(view):
-            scale[rows] = self.clock.scale(profile)
-        return self.clock.wait(view, now_s, open_requests, batch, step_s, scale)
+        if scratch is None:
+            features, rows = np.empty((len(view), len(FEATURES))), np.empty((5, len(view)))
+        else:
+            features, rows = scratch.features, scratch.rows
+        kernels.row_features(
+            float(request.input_tokens),
+            # KV blocks short: what the request needs beyond what is free, less the reservations
+            # of own sends the heartbeat does not show yet (their budgets taken as ours).
+            float(blocks_for(request.input_tokens + request.output_budget)),
+            float(request.output_budget),
+            self._budget,
+            float(now_s),
+            # the boundary wait: ``stepclock.py``; busy where own requests are open (exact where
+            # it sends all of an instance's traffic: a stale heartbeat would call an instance busy
+            # that has drained since), or, on one never sent to, where the heartbeat says so
+            float(clock.phase_steps),
+            float(clock.lost_share),
+            matched,
+            at.counts,
+            sent,
+            sent_tokens,
+            queued,
+            queued_pairs,
+            open_requests,
+            at.profiles.of_row,
+            thetas,
+            fixed.scales,
+            clock_slots,
+            boundary_s,
+            sent_s,
+            awaiting,
+            touched,
+            step_by_slot,
+            features,
+            rows,
+        )
+        if type(clock).wait is not StepClock.wait:  # a clock of its own (``bench.phase``'s oracle)
+            scale = fixed.scales[at.profiles.of_row]
+            features[:, _BOUNDARY_WAIT] = clock.wait(view, now_s, open_requests, rows[2], rows[4], scale)
+        return _Rows(features, rows, thetas)
+
+    def _scratch_for(self, n: int) -> _Scratch:
+        """The arrays a decision on ``n`` rows computes into (one set, reused: nothing of a
+        decision's arrays is kept beyond it, ``_Chosen`` copies what it keeps)."""
+        if self._scratch is None or len(self._scratch.near) != n:
+            self._scratch = _Scratch(
+                np.empty((n, len(FEATURES))), np.empty((5, n)), np.empty((3, n)), np.empty(n, dtype=np.int64)
+            )
+        return self._scratch
+
+    def _fixed_for(self, view: ClusterView) -> _Fixed:
+        """``_Fixed`` for ``view`` as things stand (kept until the snapshot changes or something
+        is observed)."""
+        fixed = self._fixed
+        if fixed is not None and fixed.version == view.version and fixed.observed == self._observed:
+            return fixed
+        at = self._rows_of(view)
+        names = at.profiles.names
+        self._fixed = _Fixed(
+            view.version,
+            self._observed,
+            at,
+            self._thetas(names),
+            np.array([self.clock.scale(profile) for profile in names], dtype=np.float64),
+            self.clock.columns(view),
+            self.lateness.ratio,
+            float(self.queues.horizon_s),
+        )
+        return self._fixed
 
     def _queued_at(self, view: ClusterView, now_s: float) -> None:
         """Drain the queues to ``now_s`` on ``view`` (what ``_features`` does first)."""
         sent, sent_tokens = self.in_flight.since_heartbeat(view)
-        self._queued(view, now_s, sent, view.running + sent, view.tokens_in_flight + sent_tokens)
+        fixed = self._fixed_for(view)
+        self._queued(view, now_s, sent, sent_tokens, fixed.rows, fixed.thetas)
 
     def _queued(
-        self, view: ClusterView, now_s: float, sent: IntArray, batch: IntArray, context: IntArray
+        self,
+        view: ClusterView,
+        now_s: float,
+        sent: IntArray,
+        sent_tokens: IntArray,
+        at: _ViewRows,
+        thetas: FloatArray,
     ) -> tuple[FloatArray, FloatArray]:
         """Prefill tokens and pairs queued ahead per row, drained to ``now_s`` at the predicted
-        rate: one full step, ``T0 + c·B + d·C + a·budget + b·budget·(R/Q)``, per ``budget``."""
+        rate: one full step, ``T0 + c·B + d·C + a·budget + b·budget·(R/Q)``, per ``budget``,
+        stretched by the lateness of the prompt at the queue's head (FCFS: the queue drains at
+        its pace; ``kernels.queue_pace``)."""
         queues = self.queues
         if not queues.aligned_to(view):
             queues.align(view, (view.running == 0) & (view.waiting == 0) & (sent == 0))
         if queues.drained_to(now_s):
             return queues.tokens, queues.pairs
-        budget = self.prefill_budget
-        pairs_per_step = budget * queues.pairs / np.maximum(queues.tokens, 1.0)
         step_s = np.empty(len(view))
-        for profile, rows in self._profile_rows(view):
-            t0, per_seq, per_context, per_token, per_pair = self.model_for(profile).theta[:5]
-            step_s[rows] = (
-                (t0 + per_token * budget)
-                + per_seq * batch[rows]
-                + per_context * context[rows]
-                + per_pair * pairs_per_step[rows]
-            )
-        if self.lateness.ratio[-1] > 1.0:  # FCFS: the queue drains at the pace of its head
-            step_s *= self.lateness.of_rows(queues.head_tokens)
-        queues.drain(now_s, step_s, budget)
+        kernels.queue_pace(
+            self._budget,
+            queues.tokens,
+            queues.pairs,
+            queues.head_tokens,
+            at.counts,
+            sent,
+            sent_tokens,
+            at.profiles.of_row,
+            thetas,
+            self.lateness.ratio,
+            step_s,
+        )
+        queues.drain(now_s, step_s, self.prefill_budget)
         return queues.tokens, queues.pairs
 
-    def _first_chunk_joining(self, features: FloatArray, own_tokens: FloatArray) -> FloatArray:
-        """Tokens of the request's first chunk that would run in the step ending the prefill
-        queued last on each row (chunked prefill runs both in one step, so that first token
-        waits for ours): 0 where nothing is queued or the queue ends on a full step."""
-        steps_queued = features[:, 3] - own_tokens
-        steps_queued /= self._budget
-        filled = steps_queued - np.floor(steps_queued)  # share of the last queued step used
-        room = np.subtract(1.0, filled)
-        room *= self._budget
-        room[filled <= 0] = 0.0
-        return np.minimum(own_tokens, room, out=room)  # (np.mod is ~6x slower on float arrays)
+    def _rows_of(self, view: ClusterView) -> _ViewRows:
+        """What the kernels read of ``view`` (``_ViewRows``), once per snapshot; the profiles
+        are read again only when the profile column changes (the streaming worker's snapshots
+        share it until the pool's membership changes)."""
+        cached = self._view_rows
+        if cached is not None and cached.version == view.version:
+            return cached
+        if cached is not None and cached.profiles.column is view.profile:
+            profiles = cached.profiles
+        else:
+            profiles = _Profiles.of(view.profile)
+        counts = np.array([view.running, view.tokens_in_flight, view.kv_total - view.kv_used], dtype=np.int64)
+        self._view_rows = _ViewRows(view.version, profiles, counts.reshape(3, len(view)))
+        return self._view_rows
 
-    def _free_blocks(self, view: ClusterView) -> IntArray:
-        """KV blocks free at each row's heartbeat (once per snapshot)."""
-        if self._free_version != view.version:
-            self._free, self._free_version = view.kv_total - view.kv_used, view.version
-        return self._free
+    def _thetas(self, profiles: tuple[str, ...]) -> FloatArray:
+        """θ of each profile, one row each (what the kernels index by ``profile_of_row``)."""
+        if len(profiles) == 1:
+            return self.model_for(profiles[0]).theta.reshape(1, len(FEATURES))
+        thetas = np.empty((len(profiles), len(FEATURES)))
+        for k, profile in enumerate(profiles):
+            thetas[k] = self.model_for(profile).theta
+        return thetas
 
-    def _profile_rows(self, view: ClusterView) -> list[tuple[str, slice | IntArray]]:
-        """Rows of each engine profile in ``view``, once per snapshot (one slice if uniform)."""
-        if self._groups_version != view.version:
-            names, inverse = np.unique(view.profile, return_inverse=True)
-            if len(names) == 1:
-                self._groups = [(str(names[0]), slice(None))]
-            else:
-                self._groups = [(str(name), np.flatnonzero(inverse == k)) for k, name in enumerate(names)]
-            self._groups_version = view.version
-        return self._groups
-
-    def _pick_near_min(self, score: FloatArray, mask: BoolArray, view: ClusterView) -> int:
-        """Lowest score; rows within ``tie_tolerance`` of it are equally good (random pick, in
-        this decider's lane where it has some: ``InstanceSelector.lane``)."""
-        masked = np.where(mask, score, np.inf)
-        best = masked[masked.argmin()]  # (argmin and nonzero are ~5x cheaper than min, flatnonzero)
-        near = (masked <= best * (1 + self.tie_tolerance) + 1e-9).nonzero()[0]
+    def _pick_near(self, near: IntArray, view: ClusterView) -> int:
+        """One of the rows within ``tie_tolerance`` of the lowest score (they are equally good):
+        at random, in this decider's lane where it has some (``InstanceSelector.lane``)."""
         if len(near) == 1:
             return int(near[0])
         if self.lane[1] > 1:
@@ -453,16 +565,17 @@ class TokenPilot(InstanceSelector):
 
     def on_routed(self, request: RequestView, view: ClusterView, row: int) -> None:
         instance_id = view.instance_ids[row]
+        profile = self._rows_of(view).profiles.by_row[row]
         chosen = self._chosen
         key = (request.request_id, request.attempt)
-        self.clock.sent(instance_id, str(view.profile[row]), key, chosen.now_s)
+        self.clock.sent(instance_id, profile, key, chosen.now_s)
         due_s = chosen.now_s + chosen.predicted_s * self.lateness.of(chosen.tokens)
         mark = self.queues.add(row, chosen.tokens, chosen.pairs, chosen.prefill_s, key, due_s)
         # Busy (a decode batch, or prefill queued ahead of it): it starts at the next step boundary.
         busy = chosen.features[_STEPS_X_BATCH] > 0 or chosen.features[_PREFILL_TOKENS] > chosen.tokens
         self._sent[key] = _Sent(
             instance_id,
-            str(view.profile[row]),
+            profile,
             chosen.features,
             chosen.tokens,
             chosen.pairs,
@@ -537,6 +650,10 @@ class TokenPilot(InstanceSelector):
             self.index.remove(event.instance_id, event.block_hashes)
 
     def observe(self, event: Observation) -> None:
+        self._observe(event)
+        self._observed += 1  # (θ, the clock, the horizon, the lateness may have changed: ``_Fixed``)
+
+    def _observe(self, event: Observation) -> None:
         if isinstance(event, Placed):
             self._placed_elsewhere(event)  # (then in flight, as an own send is after ``pick``)
         super().observe(event)
@@ -577,3 +694,29 @@ class TokenPilot(InstanceSelector):
     def prediction_error(self) -> dict[str, float | None]:
         """Rolling TTFT MAPE per engine profile."""
         return {profile: model.mape() for profile, model in self.models.items()}
+
+
+_warmed_up = False
+
+
+def warm_up() -> None:
+    """Have numba compile, or load from its cache, the kernels a decision runs, with the
+    argument types a decision passes them, by deciding once on a throwaway pool of two
+    instances: the first TokenPilot of a process does, so that its first real decision (a
+    worker's first request) does not pay for it (about 4 s on a cold cache, 0.2 s on a warm one)."""
+    global _warmed_up
+    if _warmed_up:
+        return
+    _warmed_up = True
+    pilot = TokenPilot()
+    counts, names = np.zeros(2, dtype=np.int64), np.array(["-", "-"])
+    view = ClusterView(
+        0, ("a", "b"), names, names, names, names, np.ones(2, dtype=bool),
+        counts, counts, counts, counts, np.full(2, 64, dtype=np.int64), np.zeros(2),
+    )  # fmt: skip
+    request = RequestView("warm-up", 1, "-", "-", "-", 2 * BLOCK_TOKENS, 16, (1, 2), 0.0)
+    row = pilot.place([request], [np.ones(2, dtype=bool)], view, 0.0)[0].instance
+    pilot.predict_rows(request, view, 1.0)
+    instance_id = view.instance_ids[row]
+    pilot.observe(BlocksChanged(instance_id, "removed", (2,), 1.0))
+    pilot.observe(Finished("warm-up", 1, instance_id, "ok", 1024, 0, 16, 0.5, 0.01, 1.5))

@@ -41,8 +41,9 @@ from collections import deque
 
 import numpy as np
 
-from agents.policy.common.numeric import FloatArray, IntArray
+from agents.policy.common.numeric import BoolArray, FloatArray, IntArray
 from agents.policy.common.slots import SlotRegistry
+from agents.policy.tokenpilot import kernels
 from agents.policy.types import ClusterView
 
 _SAME_STEP_S = 1e-9  # boundaries closer than this are the same step end
@@ -64,6 +65,8 @@ class StepClock:
         self._window = window
         self._profile: list[str] = []  # by slot
         self._version = -1  # the snapshot every row of which has a slot
+        self._slot_of_row = np.zeros(0, dtype=np.int64)  # of that snapshot
+        self._instance_ids: tuple[str, ...] = ()  # its rows, all with a slot
         # By slot (every instance of a view gets one, in row order: slots are then its rows).
         self._slots = SlotRegistry(
             {
@@ -88,7 +91,9 @@ class StepClock:
     def sent(self, instance_id: str, profile: str, key: tuple[str, int], now_s: float) -> None:
         slot = self._slot(instance_id, profile)
         c = self._slots.columns
-        c["sent_s"][slot] = max(c["sent_s"][slot], now_s)
+        sent = c["sent_s"]
+        if now_s > sent[slot]:
+            sent[slot] = now_s
         c["awaiting"][slot] += 1
         c["touched"][slot] = True
         self._pending[key] = slot
@@ -141,7 +146,7 @@ class StepClock:
         view: ClusterView,
         now_s: float,
         open_requests: IntArray,
-        batch: IntArray,
+        batch: IntArray | FloatArray,
         step_s: FloatArray,
         scale: FloatArray,
     ) -> FloatArray:
@@ -149,38 +154,50 @@ class StepClock:
         open there (exact where it sends all of an instance's traffic: a stale heartbeat would
         call an instance busy that has drained since), or the heartbeat's ``batch`` on one it
         never sent to. ``step_s``: the unscaled predicted decode step per row (recorded for the
-        gaps), ``scale`` its per-row scale."""
+        gaps), ``scale`` its per-row scale. The formula per row: ``kernels.boundary_wait``."""
+        slot_of_row, boundary_s, sent_s, awaiting, touched, step_by_slot = self.columns(view)
+        wait = np.empty(len(view))
+        kernels.boundary_wait(
+            float(now_s),
+            float(self.phase_steps),
+            float(self.lost_share),
+            np.asarray(open_requests, dtype=np.int64),
+            np.asarray(batch, dtype=np.float64),
+            np.asarray(step_s, dtype=np.float64),
+            np.asarray(scale, dtype=np.float64),
+            slot_of_row,
+            boundary_s,
+            sent_s,
+            awaiting,
+            touched,
+            step_by_slot,
+            wait,
+        )
+        return wait
+
+    def columns(
+        self, view: ClusterView
+    ) -> tuple[IntArray, FloatArray, FloatArray, IntArray, BoolArray, FloatArray]:
+        """What ``wait`` reads, for a caller that computes it in its own kernel
+        (``kernels.row_features``): each row's slot, and by slot the last boundary, the last
+        send, the sends awaiting a first token, whether ever sent to, and the decode step (the
+        caller writes it, as ``wait`` records it for the gaps). Every row of ``view`` gets a slot."""
         n = len(view)
         if self._version != view.version:
-            for instance_id, profile in zip(view.instance_ids, view.profile.tolist(), strict=True):
-                self._slot(instance_id, profile)
+            ids = view.instance_ids
+            if ids is not self._instance_ids and ids != self._instance_ids:  # (else: all have slots)
+                for instance_id, profile in zip(ids, view.profile.tolist(), strict=True):
+                    self._slot(instance_id, profile)
+                self._instance_ids = ids
+            slots, rows = self._slots.rows(view)
+            if self._slots.identity:  # slot s is row s (the usual case)
+                self._slot_of_row = np.arange(n, dtype=np.int64)
+            else:
+                self._slot_of_row = np.empty(n, dtype=np.int64)
+                self._slot_of_row[rows] = slots
             self._version = view.version
-        slots, rows = self._slots.rows(view)
         c = self._slots.columns
-        if self._slots.identity:  # slot s is row s (the usual case): no gather
-            boundary, sent = c["boundary_s"][:n], c["sent_s"][:n]
-            awaiting, touched = c["awaiting"][:n], c["touched"][:n]
-            c["step_s"][:n] = step_s
-        else:
-            slot_of_row = np.empty(n, dtype=np.int64)
-            slot_of_row[rows] = slots
-            boundary, sent = c["boundary_s"][slot_of_row], c["sent_s"][slot_of_row]
-            awaiting, touched = c["awaiting"][slot_of_row], c["touched"][slot_of_row]
-            c["step_s"][slot_of_row] = step_s
-        busy = open_requests > 0
-        busy |= (batch > 0) & ~touched
-        if not np.count_nonzero(busy):  # (ndarray.any goes through a Python wrapper: ~3 us)
-            return np.zeros(n)
-        step = np.maximum(step_s * scale, 1e-6)
-        wait = np.where(busy, self.lost_share * step, 0.0)
-        age = now_s - boundary
-        known = age <= self.phase_steps * step
-        known &= busy
-        known &= awaiting == 0
-        known &= sent <= boundary
-        if np.count_nonzero(known):
-            wait[known] = step[known] - np.fmod(age[known], step[known])
-        return wait
+        return self._slot_of_row, c["boundary_s"], c["sent_s"], c["awaiting"], c["touched"], c["step_s"]
 
     def _slot(self, instance_id: str, profile: str) -> int:
         slot = self._slots.get(instance_id)

@@ -7,13 +7,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from agents.policy.common.prefix_index import (
-    EPOCHS_PER_CAPACITY,
-    PrefixIndex,
-    _decode,
-    _decode_few,
-    sorted_distinct,
-)
+from agents.policy.common import prefix_kernels
+from agents.policy.common.prefix_index import EPOCHS_PER_CAPACITY, PrefixIndex, sorted_distinct
 from tests.unit.policy.helpers import cluster_view
 
 
@@ -223,7 +218,7 @@ def test_blocks_nobody_holds_are_forgotten() -> None:
     index.add("b", [1, 2])
     index.remove("b", [1, 2])
     assert index.blocks_held("a") == 4
-    assert len(index._ids) == 4  # only what "a" still holds has an id
+    assert index.distinct_blocks == 4  # only what "a" still holds has an id
     assert index.match([396, 397, 398, 399]) == {"a": 4}
 
 
@@ -268,17 +263,31 @@ def test_match_array_equals_plain_sets_on_random_data() -> None:
             assert index.match_array(prompt, view).tolist() == expected, step
 
 
-def test_both_depth_decoders_agree() -> None:
-    # A few holders are written one by one, many through bit planes: the same depths either
-    # way, over multi-word masks and depths beyond 8 bit planes.
-    rng = random.Random(3)
-    for _ in range(200):
-        n_slots = rng.choice([1, 8, 64, 70, 300])
-        slots = rng.sample(range(n_slots), rng.randint(1, n_slots))
-        depth_of = {s: rng.choice([1, 2, rng.randint(1, 40), rng.randint(1, 900)]) for s in slots}
-        dropped: list[tuple[int, int]] = []
-        for at in sorted(set(depth_of.values())):
-            dropped.append((sum(1 << s for s, d in depth_of.items() if d == at), at))
-        expected = [depth_of.get(s, 0) for s in range(n_slots)]
-        assert _decode_few(dropped, n_slots).tolist() == expected
-        assert _decode(dropped, n_slots).tolist() == expected
+def test_the_block_table_is_a_dict_that_recycles_the_last_freed_id_first() -> None:
+    # A table of 16 cells holding up to 8 keys: long probe runs that wrap around the end, and
+    # deletions in their middle, which must leave every other key reachable.
+    rng = random.Random(5)
+    keys, vals = np.zeros(16, dtype=np.int64), np.full(16, -1, dtype=np.int32)
+    counts = np.zeros(3, dtype=np.int64)
+    hashes, free = np.zeros(64, dtype=np.int64), np.zeros(64, dtype=np.int32)
+    reference: dict[int, int] = {}
+    freed: list[int] = []
+    handed_out = 0
+    pool = [rng.getrandbits(64) - 2**63 for _ in range(12)]
+    for _ in range(3000):
+        key = rng.choice(pool)
+        if key in reference and rng.random() < 0.5:
+            prefix_kernels.release(keys, vals, counts, hashes, free, reference[key])
+            freed.append(reference.pop(key))
+        elif key not in reference and len(reference) == 8:
+            continue
+        else:
+            bid = prefix_kernels.block_id(keys, vals, counts, hashes, free, key)
+            if key not in reference:
+                if freed:
+                    reference[key] = freed.pop()
+                else:
+                    reference[key], handed_out = handed_out, handed_out + 1
+            assert bid == reference[key]
+        assert [prefix_kernels.lookup(keys, vals, x) for x in pool] == [reference.get(x, -1) for x in pool]
+        assert counts.tolist() == [len(reference), handed_out, len(freed)]
