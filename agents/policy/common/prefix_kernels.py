@@ -104,11 +104,19 @@ def block_ids(keys: I64, vals: I32, counts: I64, hashes: I64, free: I32, many: I
 
 @kernel
 def _table_delete(keys: I64, vals: I32, key: int) -> None:
-    """Take ``key`` (present) out of the table, shifting back the entries probed past it."""
+    """Take ``key`` (present) out of the table."""
     mask = len(vals) - 1
     i = home(key, mask)
     while vals[i] == _EMPTY or keys[i] != key:
         i = (i + 1) & mask
+    _close_gap(keys, vals, i)
+
+
+@kernel
+def _close_gap(keys: I64 | I32, vals: I32, i: int) -> None:
+    """Empty cell ``i`` of an open-addressed table (keys ``keys``, -1 in ``vals`` = empty; a set
+    passes its cells as both), shifting back the entries probed past it: no tombstones."""
+    mask = len(vals) - 1
     j = i
     while True:
         j = (j + 1) & mask
@@ -217,17 +225,7 @@ def _set_discard(cells: I32, bid: int) -> bool:
         if cells[i] == _EMPTY:
             return False
         i = (i + 1) & mask
-    j = i
-    while True:
-        j = (j + 1) & mask
-        if cells[j] == _EMPTY:
-            break
-        k = home(cells[j], mask)
-        if (i < k <= j) if i <= j else (k > i or k <= j):
-            continue
-        cells[i] = cells[j]
-        i = j
-    cells[i] = _EMPTY
+    _close_gap(cells, cells, i)
     return True
 
 

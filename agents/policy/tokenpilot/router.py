@@ -239,7 +239,7 @@ class _Fixed:
     batch. ``clock``: the step clock's slot of each row and its columns (``StepClock.columns``)."""
 
     version: int
-    observed: int  # ``TokenPilot._observed`` when gathered
+    observed: int  # ``TokenPilot._observed`` when gathered (the ends learnt from)
     rows: _ViewRows
     thetas: FloatArray
     scales: FloatArray  # the step clock's, per profile
@@ -290,7 +290,7 @@ class TokenPilot(InstanceSelector):
         self._view_rows: _ViewRows | None = None  # of the last snapshot decided on
         self._fixed: _Fixed | None = None
         self._scratch: _Scratch | None = None
-        self._observed = 0  # observations so far (each may change what ``_Fixed`` holds)
+        self._observed = 0  # ends observed so far (each may change what ``_Fixed`` holds)
         self._budget = float(prefill_budget)
         self.clock = StepClock(phase_steps, phase_lost_share)
         self._last_view: ClusterView | None = None  # the last snapshot decided on (for ``Placed``)
@@ -490,6 +490,8 @@ class TokenPilot(InstanceSelector):
 
     def _queued_at(self, view: ClusterView, now_s: float) -> None:
         """Drain the queues to ``now_s`` on ``view`` (what ``_features`` does first)."""
+        if self.queues.aligned_to(view) and self.queues.drained_to(now_s):
+            return  # (another decider's placement read after this one's own decisions: usual)
         sent, sent_tokens = self.in_flight.since_heartbeat(view)
         fixed = self._fixed_for(view)
         self._queued(view, now_s, sent, sent_tokens, fixed.rows, fixed.thetas)
@@ -651,7 +653,8 @@ class TokenPilot(InstanceSelector):
 
     def observe(self, event: Observation) -> None:
         self._observe(event)
-        self._observed += 1  # (θ, the clock, the horizon, the lateness may have changed: ``_Fixed``)
+        if isinstance(event, Finished):  # θ, the clock's scale, the horizon, the lateness learn
+            self._observed += 1  # only from ends: what ``_Fixed`` holds may have changed
 
     def _observe(self, event: Observation) -> None:
         if isinstance(event, Placed):
