@@ -6,7 +6,7 @@ the prompt with the model's tokenizer (``infra/prompts.py``; a long prompt on a 
 calls go on), ask the decider that owns the request for its decision, directly
 (``deciders``: its counts and block hashes, ``reply="http"``: this gateway executes it; the
 prompt itself stays here; the decider records the request and its decision on the log), proxy
-the call to the chosen engine (always streamed from the engine, so the first token is
+the call to the chosen engine (``proxy``: always streamed from the engine, so the first token is
 seen), stream or return the answer, and publish what happened: a ``ResponseStarted`` at the
 first token and a ``Completion`` with TTFT / TPOT / E2E as measured here, from the moment the
 call arrived. An engine that fails before anything reached the client (it died, refused the
@@ -39,7 +39,6 @@ producer and its decisions reader run), ``/metrics`` is Prometheus.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import re
@@ -47,7 +46,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
@@ -58,7 +56,8 @@ from agents.handlers import Refused
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES, classify
 from gateway.auth import Authenticator, Caller
 from gateway.deciders import Asked, Deciders
-from gateway.openai_api import ApiError, ClientCall, Kind, assembled, parse_body, rejection
+from gateway.openai_api import ApiError, ClientCall, Kind, parse_body, rejection
+from gateway.proxy import CLIENT_CLOSED, ClientGone, EngineProxy, NothingSent, send_json
 from gateway.request_ids import HEADER as REQUEST_ID_HEADER
 from gateway.request_ids import RequestId, RequestIds
 from infra import metrics
@@ -68,24 +67,14 @@ from infra.kafka.connection import KafkaConnection
 from infra.prompts import PromptError, Prompts
 from infra.vllm import outcome
 from infra.vllm.inventory import Inventory
-from infra.vllm.openai_http import EngineHttpError, Generation, engine_call, stream_generation
+from infra.vllm.openai_http import Generation
 from infra.vllm.outcome import Status
 from schemas.events import Event, InferenceRequest, RoutingDecision
-from schemas.topics import COMPLETIONS, FIRST_TOKENS, TopicSpec
+from schemas.topics import COMPLETIONS, TopicSpec
 from streams.direct import Answer
 
 log = logging.getLogger(__name__)
 access = logging.getLogger("gateway.access")
-
-CLIENT_CLOSED = "client_closed"
-
-
-class _NothingSent(RuntimeError):
-    """The engine failed before any byte of the answer reached the client."""
-
-
-class _ClientGone(Exception):
-    """The client hung up: reading its body or writing to it failed."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +122,7 @@ class Gateway:
         self.deciders = Deciders(connection, deciders_group(self.options.app_id))
         self.ids = RequestIds()
         self.hot_prefixes = HotPrefixes()
+        self.proxy = EngineProxy(inventory, self.options.engine_timeout_s, self._publish_soon)
         self._producer: AIOKafkaProducer | None = None
         self._session: aiohttp.ClientSession | None = None
         self._background: set[asyncio.Task[Any]] = set()
@@ -219,8 +209,8 @@ class Gateway:
                 response = await self._serve(kind, http, call)
             except ApiError as err:
                 call.status, call.http_status = err.code or str(err.status), err.status
-                response = await self._send_json(http, call, err.body(), err.status, err.headers)
-            except _ClientGone:
+                response = await send_json(http, call, err.body(), err.status, err.headers)
+            except ClientGone:
                 call.status = CLIENT_CLOSED
         except asyncio.CancelledError:  # the client hung up (aiohttp cancels its handler)
             call.status = CLIENT_CLOSED
@@ -229,7 +219,7 @@ class Gateway:
             log.exception("request %s failed", call.rid.id)
             call.status, call.http_status = "500", 500
             error = ApiError(500, "the gateway failed on this call", type="server_error")
-            response = await self._send_json(http, call, error.body(), 500)
+            response = await send_json(http, call, error.body(), 500)
         finally:
             self._finish(call)
         return response
@@ -252,8 +242,9 @@ class Gateway:
                 request = request.model_copy(update={"attempt": request.attempt + 1})
             request, decision = await self._decide(request)
             try:
-                return await self._proxy(http, call, request, client, decision)
-            except _NothingSent as failed:
+                assert self._session is not None
+                return await self.proxy.run(self._session, http, call, request, client, decision)
+            except NothingSent as failed:
                 # The engine failed before anything reached the client: ask the scheduler again
                 # (a new attempt; by then the failed engine may be out of the candidates).
                 if attempt == self.options.attempts:
@@ -299,7 +290,7 @@ class Gateway:
                 code="request_too_large",
             ) from None
         except ConnectionError:
-            raise _ClientGone from None
+            raise ClientGone from None
         try:
             return json.loads(raw)
         except (ValueError, RecursionError):
@@ -362,141 +353,6 @@ class Gateway:
             )
             await self._publish(COMPLETIONS, outcome.completion(decision, Generation(), status, time.time()))
 
-    async def _proxy(
-        self,
-        http: web.Request,
-        call: _Call,
-        request: InferenceRequest,
-        client: ClientCall,
-        decision: RoutingDecision,
-    ) -> web.StreamResponse:
-        ended: Status = "error"  # the attempt, as the bus records it
-        generation = Generation()
-        stream: web.StreamResponse | None = None
-        response_id = call.rid.response_id(client.kind)
-        started = False
-        sent = 0.0  # monotonic: the call left for the engine
-
-        async def on_event(event: dict[str, Any], raw: bytes) -> None:
-            nonlocal stream, started
-            first = event.get("choices") and not started
-            if first:
-                started = True
-                engine_ttft = time.monotonic() - sent
-                self._spawn(self._publish(FIRST_TOKENS, outcome.first_token(decision, time.time())))
-            if not client.stream:
-                return
-            if not event.get("choices") and not client.include_usage:
-                return
-            event["id"] = response_id
-            event["model"] = client.client_model
-            if stream is None:
-                stream = await self._open_stream(http, call)
-            await _send(stream, b"data: " + json.dumps(event).encode() + b"\n\n")
-            if first:
-                metrics.gateway_added_seconds.observe(time.monotonic() - call.arrived - engine_ttft)
-
-        try:
-            entry = self.inventory.instance(decision.instance_id)
-            if entry is None:
-                log.error(
-                    "request %s: the scheduler chose %r, not in this gateway's inventory",
-                    request.request_id,
-                    decision.instance_id,
-                )
-                raise ApiError(
-                    502, "the scheduler chose an engine this gateway cannot reach", type="engine_error"
-                )
-            path, body = engine_call(request, entry.served_model_name or entry.model)
-            sent = time.monotonic()
-            try:
-                assert self._session is not None
-                await stream_generation(
-                    self._session,
-                    entry.url,
-                    path,
-                    body,
-                    on_event,
-                    self.options.engine_timeout_s,
-                    into=generation,
-                )
-            except (EngineHttpError, aiohttp.ClientError, TimeoutError, OSError) as exc:
-                log.warning(
-                    "request %s attempt %d on %s: %s",
-                    request.request_id,
-                    request.attempt,
-                    entry.instance_id,
-                    exc,
-                )
-                if stream is None:
-                    if isinstance(exc, EngineHttpError) and 400 <= exc.status < 500:
-                        # The engine refused the call itself (e.g. a prompt beyond its context): so
-                        # would any other; the client gets the engine's reason, not a retry.
-                        raise ApiError(
-                            exc.status, f"the engine refused the request: {_engine_reason(exc, entry.url)}"
-                        ) from None
-                    raise _NothingSent(f"the engine {entry.instance_id} failed: {exc}") from None
-                call.status = "error"
-                error = ApiError(502, "the engine failed during the answer", type="engine_error")
-                with contextlib.suppress(_ClientGone):
-                    await _send(stream, b"data: " + json.dumps(error.body()).encode() + b"\n\n")
-                    await _send(stream, None)
-                return stream
-            if client.stream:
-                if stream is None:
-                    stream = await self._open_stream(http, call)
-                await _send(stream, b"data: [DONE]\n\n")
-                await _send(stream, None)
-                response = stream
-            else:
-                response = await self._send_json(http, call, assembled(client, response_id, generation))
-            ended = "aborted" if call.status == CLIENT_CLOSED else "ok"
-            return response
-        except _ClientGone:  # a write to the client failed: it left
-            ended, call.status = "aborted", CLIENT_CLOSED
-            return web.Response(status=499) if stream is None else stream
-        except asyncio.CancelledError:  # the client left: leaving closes the engine connection
-            ended, call.status = "aborted", CLIENT_CLOSED
-            raise
-        finally:
-            self._spawn(
-                self._publish(COMPLETIONS, outcome.completion(decision, generation, ended, time.time()))
-            )
-
-    async def _open_stream(self, http: web.Request, call: _Call) -> web.StreamResponse:
-        stream = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                REQUEST_ID_HEADER: call.rid.id,
-            }
-        )
-        try:
-            await stream.prepare(http)
-        except ConnectionError:
-            raise _ClientGone from None
-        return stream
-
-    async def _send_json(
-        self,
-        http: web.Request,
-        call: _Call,
-        body: dict[str, Any],
-        status: int = 200,
-        headers: dict[str, str] | None = None,
-    ) -> web.StreamResponse:
-        """Send a JSON answer now (not when the handler returns), so a client that has left is
-        seen here: recorded ``client_closed``, not ``ok``."""
-        response = web.json_response(
-            body, status=status, headers={**(headers or {}), REQUEST_ID_HEADER: call.rid.id}
-        )
-        try:
-            await response.prepare(http)
-            await response.write_eof()
-        except ConnectionError:
-            call.status = CLIENT_CLOSED
-        return response
-
     def _finish(self, call: _Call) -> None:
         metrics.gateway_requests_total.labels(status=call.status).inc()
         rid = call.rid
@@ -526,6 +382,10 @@ class Gateway:
         else:
             self._spawn(delivery)
 
+    def _publish_soon(self, spec: TopicSpec, event: Event) -> None:
+        """Publish ``event`` without waiting, to its end even if the handler is cancelled."""
+        self._spawn(self._publish(spec, event))
+
     def _spawn(self, awaitable: Any) -> None:
         """Run ``awaitable`` to its end even if the handler is cancelled (a client that left)."""
         task = asyncio.ensure_future(awaitable)
@@ -546,47 +406,11 @@ async def serve(gateway: Gateway, host: str, port: int, stop: asyncio.Event) -> 
         await runner.cleanup()
 
 
-async def _send(stream: web.StreamResponse, data: bytes | None) -> None:
-    """Write ``data`` to the client (None: end the answer); ``_ClientGone`` if it has left."""
-    try:
-        if data is None:
-            await stream.write_eof()
-        else:
-            await stream.write(data)
-    except ConnectionError:
-        raise _ClientGone from None
-
-
 def _class_for(request: InferenceRequest, allowed: tuple[str, ...]) -> str:
     """The class of a call that declared none, for a caller limited to ``allowed``: the one the
     scheduler would give it, if allowed, else the first allowed."""
     natural = classify(request.input_tokens, None)
     return natural if natural in allowed else allowed[0]
-
-
-def _engine_reason(exc: EngineHttpError, url: str) -> str:
-    """Why an engine refused a call, for the client: the message of its error JSON, without its
-    address."""
-    text = str(exc)
-    detail = text.split(": ", 1)[1] if text.startswith(url) and ": " in text else ""
-    reason = ""
-    try:
-        parsed = json.loads(detail)
-    except ValueError:  # cut short (the first 300 characters): take the message's start
-        found = re.search(r'"message"\s*:\s*"((?:[^"\\]|\\.)*)', detail)
-        reason = found.group(1).replace('\\"', '"') if found else ""
-    else:
-        if isinstance(parsed, dict):
-            inner = parsed.get("error")
-            reason = str(
-                parsed.get("message") or (inner.get("message") if isinstance(inner, dict) else "") or ""
-            )
-    reason = reason or f"HTTP {exc.status}"
-    where = urlsplit(url)
-    for secret in (url, where.netloc, where.hostname or ""):
-        if secret:
-            reason = reason.replace(secret, "<engine>")
-    return reason[:500]
 
 
 @web.middleware

@@ -1,6 +1,6 @@
 """The events that report one attempt on a real engine, from what its stream showed.
 
-Shared by the dispatcher's adapter (``adapter.py``) and the gateway (``gateway/server.py``),
+Shared by the dispatcher's adapter (``adapter.py``) and the gateway (``gateway/proxy.py``),
 so both measure alike: TTFT = first token - the request's ``ts`` (its arrival at TokenFleet);
 TPOT = (last token - first token) / (output tokens - 1); E2E = end - ``ts``; durations clamped
 into the schema's range (a producer's clock slightly ahead gives 0, not a rejected event).
