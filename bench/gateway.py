@@ -271,12 +271,20 @@ def _client(url: str) -> AsyncOpenAI:
 
 
 async def run(
-    requests: int, concurrencies: list[int], max_tokens: int, policy: str, gateways: int, long_kb: int
+    requests: int,
+    concurrencies: list[int],
+    max_tokens: int,
+    policy: str,
+    gateways: int,
+    long_kb: int,
+    engine_nice: int = 0,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tokenfleet-gateway-bench-") as tmp:
         data = Path(tmp)
         model_dir = ensure_tiny_model(data / "model", MODEL)
-        servers = VllmServers(server_specs(2), model_dir, data / "servers", served_model_name=MODEL)
+        servers = VllmServers(
+            server_specs(2), model_dir, data / "servers", served_model_name=MODEL, nice=engine_nice
+        )
         print("bench: starting 2 vLLM servers", file=sys.stderr)
         with servers:
             async with Stack(data, partitions=4) as lab:
@@ -290,7 +298,8 @@ async def run(
                     print("bench: warm-up", file=sys.stderr)
                     await _phase(gateway, engines, 10, 2, max_tokens, "bench-warmup")
                     report: dict[str, Any] = {
-                        "requests_per_path": requests, "max_tokens": max_tokens, "policy": policy, "runs": {}
+                        "requests_per_path": requests, "max_tokens": max_tokens, "policy": policy,
+                        "engine_nice": engine_nice, "runs": {},
                     }  # fmt: skip
                     for concurrency in concurrencies:
                         tag = f"bench-c{concurrency}"
@@ -504,11 +513,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--long-prompt-kb", type=int, default=215, help="the long-prompt phase's prompt, KB (0: skip it)"
     )
+    parser.add_argument(
+        "--engine-nice",
+        type=int,
+        default=0,
+        choices=range(20),
+        metavar="0-19",
+        help="the vLLM servers' CPU niceness (they share this machine's cores with every service)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     concurrencies = [int(c) for c in args.concurrency.split(",") if c.strip()]
     report = asyncio.run(
-        run(args.requests, concurrencies, args.max_tokens, args.policy, args.gateways, args.long_prompt_kb)
+        run(
+            args.requests,
+            concurrencies,
+            args.max_tokens,
+            args.policy,
+            args.gateways,
+            args.long_prompt_kb,
+            args.engine_nice,
+        )
     )
     _print(report)
     if args.json is not None:

@@ -156,11 +156,14 @@ class VllmServers:
         worker_in_engine_process: bool = True,
         extra_args: Sequence[str] = (),
         extra_env: Mapping[str, str] | None = None,
+        nice: int = 0,
     ) -> None:
         """``num_blocks`` KV blocks of ``block_size`` tokens per server (a multiple of 32 on
         CPU): small, so prefix-cache eviction happens under test load. ``python`` defaults to
         ``engine_python_or_none()``. ``worker_in_engine_process=False`` keeps vLLM's default
-        process layout (a separate worker process; slower to start, more memory)."""
+        process layout (a separate worker process; slower to start, more memory). ``nice``: the
+        servers' CPU niceness (0-19; every thread of theirs inherits it): a benchmark that
+        shares its cores with the engines gives them way, as engines on accelerators would."""
         ids = [s.instance_id for s in specs]
         ports = [p for s in specs for p in (s.port, s.kv_events_port, s.kv_replay_port)]
         if not specs or len(set(ids)) != len(ids) or len(set(ports)) != len(ports):
@@ -179,6 +182,9 @@ class VllmServers:
         self.worker_in_engine_process = worker_in_engine_process
         self.extra_args = tuple(extra_args)
         self.extra_env = dict(extra_env or {})
+        if not 0 <= nice <= 19:
+            raise ValueError(f"nice must be in 0..19, got {nice}")
+        self.nice = nice
         self.startup_s: dict[str, float] = {}  # seconds from (re)launch to the first healthy answer
         self._python: str | None = None
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
@@ -427,6 +433,8 @@ class VllmServers:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: signals reach its engine core too
+            # (set before exec, so every thread and process the server starts inherits it)
+            preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None,
         )
         return time.monotonic()
 

@@ -110,6 +110,11 @@ async def stream_generation(
                 await on_event(event, raw)
         if not ended:
             raise EngineHttpError(f"{url} ended the stream before [DONE]")
+        # Read on to the response's end (it follows [DONE], often in a later write): a response
+        # read to its end gives its connection back to the session's pool; one left unread is
+        # closed, and the next call to that engine would connect anew (and the engine would see
+        # a client that hung up).
+        await response.content.read()
     return generation
 
 
