@@ -74,7 +74,7 @@ bench-broker: install
 # TokenFleet in front of two real vLLM servers: the gateway's added latency (~5 min).
 bench-gateway: install engine
 	mkdir -p out
-	$(PY) -m bench.gateway --requests 100 --concurrency 1,16 --json out/gateway.json
+	$(PY) -m bench.gateway --json out/gateway.json
 
 # The demo through two real vLLM servers, the gateway and the openai client (~5 min).
 demo-vllm: install engine

@@ -261,6 +261,20 @@ def _q(values: list[float], q: float) -> float:
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
 
 
+def _added_p50_interval(
+    through: list[float], direct: list[float], resamples: int = 1000, seed: int = 0
+) -> tuple[float, float]:
+    """95 % bootstrap interval of p50(through) - p50(direct): each path's calls resampled with
+    replacement, ``resamples`` times (how far the figure could move on another run of the same
+    size: TTFTs under load spread over hundreds of ms, so 100 calls a path move it by ~10 ms)."""
+    rng = random.Random(seed)
+    diffs = sorted(
+        _q(rng.choices(through, k=len(through)), 0.5) - _q(rng.choices(direct, k=len(direct)), 0.5)
+        for _ in range(resamples)
+    )
+    return diffs[int(0.025 * resamples)], diffs[int(0.975 * resamples) - 1]
+
+
 def _added_buckets(deployment: _Deployment) -> dict[float, float]:
     """The first gateway's histogram of what it adds to a call's TTFT (its own measure)."""
     return scrape_buckets(deployment.gateways[0][0] + "/metrics", "tokenfleet_gateway_added_seconds")
@@ -341,6 +355,7 @@ async def _summary(results: dict[str, list[tuple[float, float]]], bootstrap: str
         "gateway_ttft_p50_s": _q(through, 0.5),
         "gateway_ttft_p99_s": _q(through, 0.99),
         "added_p50_s": _q(through, 0.5) - _q(direct, 0.5),
+        "added_p50_interval_s": _added_p50_interval(through, direct),
         "added_p99_s": _q(through, 0.99) - _q(direct, 0.99),
         "to_decision_p50_s": _q(shares["to_decision_s"], 0.5),
         "policy_p50_s": _q(shares["policy_s"], 0.5),
@@ -466,12 +481,15 @@ def _print(report: dict[str, Any]) -> None:
         f" max_tokens {report['max_tokens']}"
     )
     print(f"{'conc':>4}  {'direct p50':>10} {'p99':>7}  {'gateway p50':>11} {'p99':>7}  {'added p50':>9}"
-          f" {'p99':>7}  {'own p50':>7}  {'to decision':>11} {'policy':>7}")  # fmt: skip
+          f" {'(95 % interval)':>15} {'p99':>7}  {'own p50':>7}  {'to decision':>11}"
+          f" {'policy':>7}")  # fmt: skip
     for concurrency, r in report["runs"].items():
+        low, high = r["added_p50_interval_s"]
         print(
             f"{concurrency:>4}  {r['direct_ttft_p50_s'] * ms:>8.1f}ms {r['direct_ttft_p99_s'] * ms:>5.1f}ms"
             f"  {r['gateway_ttft_p50_s'] * ms:>9.1f}ms {r['gateway_ttft_p99_s'] * ms:>5.1f}ms"
-            f"  {r['added_p50_s'] * ms:>7.1f}ms {r['added_p99_s'] * ms:>5.1f}ms"
+            f"  {r['added_p50_s'] * ms:>7.1f}ms {f'({low * ms:.1f} to {high * ms:.1f})':>15}"
+            f" {r['added_p99_s'] * ms:>5.1f}ms"
             f"  {r['gateway_own_added_p50_s'] * ms:>5.1f}ms"
             f"  {r['to_decision_p50_s'] * ms:>9.1f}ms"
             f" {r['policy_p50_s'] * ms:>5.2f}ms  routed {r['gateway_per_instance']}"
@@ -503,7 +521,12 @@ def _print(report: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.gateway", description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=100, help="requests per path per concurrency")
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=1000,
+        help="requests per path per concurrency (the added p50's 95 %% interval is printed beside it)",
+    )
     parser.add_argument("--concurrency", default="1,16", help="comma-separated client concurrencies")
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--policy", default="tokenpilot", help="the worker's routing policy")
