@@ -178,7 +178,12 @@ def report(one: Phase, pair: Phase) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.stream_pair", description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=8000)
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=30_000,
+        help="per phase (~4 s: what is still being read when it ends is little of it)",
+    )
     parser.add_argument("--warmup", type=int, default=500)
     parser.add_argument("--policy", default="tokenpilot")
     parser.add_argument("--partitions", type=int, default=8)
