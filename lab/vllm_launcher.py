@@ -162,8 +162,9 @@ class VllmServers:
         CPU): small, so prefix-cache eviction happens under test load. ``python`` defaults to
         ``engine_python_or_none()``. ``worker_in_engine_process=False`` keeps vLLM's default
         process layout (a separate worker process; slower to start, more memory). ``nice``: the
-        servers' CPU niceness (0-19; every thread of theirs inherits it): a benchmark that
-        shares its cores with the engines gives them way, as engines on accelerators would."""
+        servers' CPU niceness (0-19; every thread of theirs inherits it): on a machine where the
+        engines compute on the same cores as the services beside them, the services then run
+        first, as they would beside engines on accelerators."""
         ids = [s.instance_id for s in specs]
         ports = [p for s in specs for p in (s.port, s.kv_events_port, s.kv_replay_port)]
         if not specs or len(set(ids)) != len(ids) or len(set(ports)) != len(ports):
