@@ -75,7 +75,7 @@ hence their own, tighter gate and their share of the instances.
 
 ``ttft`` is the router's own prediction per row (``predict_rows``, TokenPilot's calibrated
 model) where the router has one, else, on every row alike, what the class's admitted requests
-recently got (``_ObservedTtft``) plus the request's prompt at ``prefill_tokens_per_s`` (no cache
+recently got (``timing.ObservedTtft``) plus the request's prompt at ``prefill_tokens_per_s`` (no cache
 knowledge); where one number is needed (the reject test, the batch gate) it is the lowest over
 the rows that serve the request's model. Within one offer, what was admitted before a request is
 added to its prediction the same way (the router places the admitted requests only after
@@ -109,6 +109,7 @@ from agents.policy.slomax.errors import PredictionErrors
 from agents.policy.slomax.fairness import VirtualTokenCounter
 from agents.policy.slomax.feedback import GoodputSource
 from agents.policy.slomax.placement import PrefillLoad, Rows
+from agents.policy.slomax.timing import ObservedTtft, ReofferGap
 from agents.policy.types import (
     BLOCK_TOKENS,
     Admission,
@@ -240,9 +241,9 @@ class SloMax:
         self._tenant_tokens: dict[str, int] = {}
         self._long_on: dict[str, int] = {}  # instance id -> long prompts placed there, prefilling
         self._held: set[tuple[str, int]] = set()
-        self._observed = _ObservedTtft()
+        self._observed = ObservedTtft()
         self.errors = PredictionErrors()
-        self._reoffer = _ReofferGap()
+        self._reoffer = ReofferGap()
         self._interactive_held_s = -np.inf  # when an interactive request was last held
         self._backlogged: set[str] = set()  # tenants with requests in the previous offer
         self._mask_key: tuple[int, str] = (-1, "")
@@ -577,40 +578,3 @@ class SloMax:
                     self._long_on[entry.instance_id] = left
                 else:
                     del self._long_on[entry.instance_id]
-
-
-class _ObservedTtft:
-    """The fallback prediction for a router that has none: per class, the recent TTFT its
-    admitted requests got (an exponential average, weight ``alpha`` per first token), decaying
-    by half every ``half_life_s`` without a new first token, so a loop that stopped admitting
-    because the average was high cannot stay stuck on it."""
-
-    def __init__(self, alpha: float = 0.1, half_life_s: float = 2.0) -> None:
-        self.alpha, self.half_life_s = alpha, half_life_s
-        self._mean: dict[str, tuple[float, float]] = {}  # class -> (average, when last updated)
-
-    def add(self, slo_class: str, ttft_s: float, time_s: float) -> None:
-        old = self.wait_s(slo_class, time_s)
-        self._mean[slo_class] = (old + self.alpha * (ttft_s - old), time_s)
-
-    def wait_s(self, slo_class: str, now_s: float) -> float:
-        mean, at = self._mean.get(slo_class, (0.0, now_s))
-        return float(mean * 0.5 ** (max(now_s - at, 0.0) / self.half_life_s))
-
-
-class _ReofferGap:
-    """How long until a held request is offered again: the mean time between new snapshots
-    (an exponential average, weight ``alpha`` per new version, starting at ``initial_s``)."""
-
-    def __init__(self, alpha: float = 0.1, initial_s: float = 0.25) -> None:
-        self.alpha = alpha
-        self.gap_s = initial_s
-        self._version = -1
-        self._at: float | None = None
-
-    def seen(self, version: int, now_s: float) -> None:
-        if version == self._version:
-            return
-        if self._at is not None:
-            self.gap_s += self.alpha * (now_s - self._at - self.gap_s)
-        self._version, self._at = version, now_s
