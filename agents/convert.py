@@ -9,9 +9,18 @@ from __future__ import annotations
 
 from agents.policy.common.slo import classify
 from agents.policy.fleetmind.notices import FleetNotice
-from agents.policy.types import BlocksChanged, Finished, FirstToken, OutcomeStatus, Placed, RequestView
+from agents.policy.types import (
+    BlocksChanged,
+    Finished,
+    FirstToken,
+    HeldElsewhere,
+    OutcomeStatus,
+    Placed,
+    RequestView,
+)
 from schemas.events import (
     MAX_REASON_LENGTH,
+    AdmissionDecision,
     Completion,
     FleetEvent,
     InferenceRequest,
@@ -69,6 +78,11 @@ def placed(decision: RoutingDecision) -> Placed:
     """Another decider's placement, as the core observes it (when it was decided, not read)."""
     request = request_view(decision.request)
     return Placed(request, decision.instance_id, decision.ts, decision.predicted_ttft_s)
+
+
+def held_elsewhere(decision: AdmissionDecision) -> HeldElsewhere:
+    """Another decider's new hold, as the core observes it (when it was decided, not read)."""
+    return HeldElsewhere(decision.request_id, decision.attempt, decision.slo_class, decision.ts)
 
 
 def fleet_event(notice: FleetNotice, worker: str = "") -> FleetEvent:

@@ -65,6 +65,7 @@ Position = tuple[int, int]
 _Key = tuple[str, str, int]  # (pool, request id, attempt)
 DirectKey = _Key
 log = logging.getLogger(__name__)
+_HOLD = b'"action":"queue"'  # a hold on tf.admission, as every scheduler encodes it (compact JSON)
 
 
 class Refused(ValueError):
@@ -282,6 +283,14 @@ class SchedulerAgents:
                 applied[decision.model] += 1
         for pool, count in applied.items():
             self.telemetry.placements_observed(pool, count)
+
+    async def on_admissions(self, messages: Sequence[RawMessage]) -> None:
+        """New holds on ``tf.admission``: the other deciders' are counted by an admission stage
+        that yields to the pool's waiting work (``RoutingService.observe_hold``); admits and
+        rejects are skipped before decoding (a placement comes on ``tf.decisions``)."""
+        holds = [m for m in messages if m[1] is not None and _HOLD in m[1]]
+        for decision in _quietly(AdmissionDecision, holds):
+            self.service.observe_hold(decision)
 
     async def on_batch_jobs(self, messages: Sequence[RawMessage]) -> None:
         """A job's requests onto ``tf.requests`` (a job's shared instructions are a hot prefix:

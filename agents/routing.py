@@ -30,7 +30,15 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.convert import blocks_changed, finished, first_token, fleet_event, placed, request_view
+from agents.convert import (
+    blocks_changed,
+    finished,
+    first_token,
+    fleet_event,
+    held_elsewhere,
+    placed,
+    request_view,
+)
 from agents.policy import Scheduler, build_scheduler
 from agents.policy.pipeline import HoldLimits
 from agents.policy.registry import StageParams
@@ -102,7 +110,8 @@ class RoutingService:
         with ``params`` and ``hold``); tests inject their own stages through it. ``scheduler``:
         the name every decision carries (the deciders' consumer group), so another scheduler on
         the same topics can tell it is not alone."""
-        build_scheduler(policy, seed, params)  # fail fast on an unknown name or parameter
+        probe = build_scheduler(policy, seed, params)  # fail fast on an unknown name or parameter
+        self.wants_holds = probe.wants_holds  # whether the other deciders' holds matter here
         self.make_scheduler = make_scheduler or (lambda _pool: build_scheduler(policy, seed, params, hold))
         self.policy_name = policy
         self.worker = worker
@@ -255,6 +264,19 @@ class RoutingService:
         if known:
             return False
         state.scheduler.observe(placed(decision))
+        return True
+
+    def observe_hold(self, decision: AdmissionDecision) -> bool:
+        """Another decider of the pool newly held a request (a ``queue`` answer read from
+        ``tf.admission``; one this worker holds or settled itself is skipped): its admission
+        stage counts the pool's holds (``HeldElsewhere``). Whether it was passed on."""
+        if decision.action != "queue" or not self._serves(decision.model, served=True):
+            return False
+        state = self._pool(decision.model)
+        key = (decision.request_id, decision.attempt)
+        if key in state.requests or key in state.decided:
+            return False
+        state.scheduler.observe(held_elsewhere(decision))
         return True
 
     def observe_kv(self, event: KvEvent) -> None:

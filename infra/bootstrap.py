@@ -187,15 +187,18 @@ def build_worker_app(
         telemetry,
         Prompts.from_dirs(settings.tokenizer_dirs()),
     )
+    shared_topics = {
+        topics.HEARTBEATS.name: agents.on_heartbeats,
+        topics.KV_EVENTS.name: agents.on_kv_events,
+        topics.FIRST_TOKENS.name: agents.on_first_tokens,
+        topics.COMPLETIONS.name: agents.on_completions,
+        topics.DECISIONS.name: agents.on_decisions,
+    }
+    if service.wants_holds:  # the other deciders' holds (SLOMax); not read where they change nothing
+        shared_topics[topics.ADMISSION.name] = agents.on_admissions
     shared = SharedLog(
         connection,
-        {
-            topics.HEARTBEATS.name: agents.on_heartbeats,
-            topics.KV_EVENTS.name: agents.on_kv_events,
-            topics.FIRST_TOKENS.name: agents.on_first_tokens,
-            topics.COMPLETIONS.name: agents.on_completions,
-            topics.DECISIONS.name: agents.on_decisions,
-        },
+        shared_topics,
         heartbeat_topic=topics.HEARTBEATS.name,
         fetch_max_wait_ms=settings.request_fetch_max_wait_ms,
     )

@@ -2,10 +2,11 @@
 
 Several deciders serve one pool, each owning some partitions of ``tf.requests``. What they
 decide with must be the same for all of them: the pool's heartbeats (``tf.heartbeats``), the
-engines' KV events, first tokens and completions, and each other's placements
-(``tf.decisions``). So every worker reads those topics whole, with a consumer of its own that
-belongs to no group (``assign``, never ``subscribe``), and hands each batch to the handler of its
-topic; the deciders' accounting then agrees up to how late each reads.
+engines' KV events, first tokens and completions, each other's placements (``tf.decisions``)
+and, where the admission stage counts the pool's holds (SLOMax), each other's holds
+(``tf.admission``). So every worker reads those topics whole, with a consumer of its own that
+belongs to no group (``assign``, never ``subscribe``), and hands each batch to the handler of
+its topic; the deciders' accounting then agrees up to how late each reads.
 
 Where it starts: heartbeats ``heartbeat_lookback_s`` back (the newest heartbeat of each instance
 is its state: a worker that starts or restarts knows the fleet at once); every other topic at

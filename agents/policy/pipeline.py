@@ -37,6 +37,7 @@ from agents.policy.stages import (
     Noticing,
     PlacementAware,
     RouterAware,
+    SharesHolds,
 )
 from agents.policy.types import (
     Admission,
@@ -44,6 +45,7 @@ from agents.policy.types import (
     BoolArray,
     ClusterView,
     DcChoice,
+    HeldElsewhere,
     Observation,
     Outcome,
     RequestView,
@@ -108,6 +110,7 @@ class Scheduler:
         # The optional capabilities, resolved once: a runtime Protocol check costs ~10 us.
         self._placement_aware = admission if isinstance(admission, PlacementAware) else None
         self._hold_aware = admission if isinstance(admission, HoldAware) else None
+        self._shares_holds = admission if isinstance(admission, SharesHolds) else None
         self._noticing = tuple(s for s in self._stages if isinstance(s, Noticing))
 
     def bind_feedback(self, source: GoodputSource, record: Callable[[Any], None] | None = None) -> bool:
@@ -129,6 +132,11 @@ class Scheduler:
     @property
     def wants_kv_events(self) -> bool:
         return bool(self._kv_stages)
+
+    @property
+    def wants_holds(self) -> bool:
+        """Whether the other deciders' holds (``HeldElsewhere``) change what this one decides."""
+        return self._shares_holds is not None
 
     # --- offers -------------------------------------------------------------------------------
 
@@ -187,6 +195,10 @@ class Scheduler:
             stage.refresh(view, now_s)
 
     def observe(self, event: Observation) -> None:
+        if isinstance(event, HeldElsewhere):  # the admission stage's business alone
+            if self._shares_holds is not None:
+                self._shares_holds.held_elsewhere(event)
+            return
         stages = self._kv_stages if isinstance(event, BlocksChanged) else self._stages
         for stage in stages:
             stage.observe(event)

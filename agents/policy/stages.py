@@ -29,6 +29,7 @@ from agents.policy.types import (
     BoolArray,
     ClusterView,
     DcChoice,
+    HeldElsewhere,
     Observation,
     Placement,
     RequestView,
@@ -114,6 +115,14 @@ class HoldAware(Protocol):
     client gave up), so it can forget it."""
 
     def withdrawn(self, key: tuple[str, int]) -> None: ...
+
+
+@runtime_checkable
+class SharesHolds(Protocol):
+    """An admission stage that counts the holds of the pool's other deciders
+    (``HeldElsewhere``, read from the admission log) as well as its own."""
+
+    def held_elsewhere(self, event: HeldElsewhere) -> None: ...
 
 
 @runtime_checkable

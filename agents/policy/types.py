@@ -290,4 +290,23 @@ class Placed:
     predicted_ttft_s: float | None = None  # its decider's prediction, if it made one
 
 
-Observation = FirstToken | Finished | BlocksChanged | Placed
+@dataclass(frozen=True, slots=True)
+class HeldElsewhere:
+    """Another decider of the same pool began holding a request of ``slo_class`` at ``time_s``
+    (read from the admission log, ``tf.admission``, a few milliseconds late; never one of this
+    decider's own holds). The hold ends with the request's ``Placed``, or at the latest once its
+    class's objective has passed since ``time_s`` (a held request is rejected when it can no
+    longer meet it). An admission stage that yields to waiting work (SLOMax's calm test) counts
+    the pool's holds, not only its own."""
+
+    request_id: str
+    attempt: int
+    slo_class: str
+    time_s: float
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.request_id, self.attempt)
+
+
+Observation = FirstToken | Finished | BlocksChanged | Placed | HeldElsewhere

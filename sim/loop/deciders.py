@@ -23,7 +23,9 @@ round trip: about 4.5 ms at the median). ``Deciders`` plays that in the simulato
   first token or end (a first token cannot come within a few milliseconds, but an engine may
   refuse a request at once).
 - held requests stay with the decider that holds them: each re-offers its own (``tick``), and
-  a client's give-up withdraws the request where it is held.
+  a client's give-up withdraws the request where it is held. A new hold is logged as a
+  placement is (``HeldElsewhere``, the admission log ``tf.admission`` in the service) for the
+  deciders whose admission counts the pool's holds (SLOMax).
 
 With one decider the runner drives the ``Scheduler`` itself: results are those of one decider.
 """
@@ -41,7 +43,16 @@ import numpy as np
 from agents.policy.common.hot_keys import HotKeys
 from agents.policy.fleetmind.notices import FleetNotice
 from agents.policy.pipeline import Scheduler
-from agents.policy.types import ClusterView, Finished, FirstToken, Observation, Outcome, Placed, RequestView
+from agents.policy.types import (
+    ClusterView,
+    Finished,
+    FirstToken,
+    HeldElsewhere,
+    Observation,
+    Outcome,
+    Placed,
+    RequestView,
+)
 from schemas.events import AFFINITY_BLOCKS  # the service's: prompt blocks the affinity key covers
 
 if TYPE_CHECKING:
@@ -93,11 +104,12 @@ def caption(document: Mapping[str, Any]) -> str:
 
 @dataclass(slots=True)
 class _Logged:
-    """A placement in the decision log: due to the other deciders at ``due_s``."""
+    """A placement (decision log) or a new hold (admission log): due to the other deciders at
+    ``due_s``."""
 
     due_s: float
     origin: int
-    placed: Placed
+    event: Placed | HeldElsewhere
     read: bool = False
 
 
@@ -127,6 +139,7 @@ class Deciders:
         self._hot = HotKeys()  # the publisher's: a hot prefix is spread over the deciders
         self._log: deque[_Logged] = deque()  # in due order: one delay, placements in time order
         self._unread: dict[tuple[str, int], _Logged] = {}
+        self._holds_shared = any(s.wants_holds for s in self.schedulers)  # (the service's too)
 
     @property
     def wants_kv_events(self) -> bool:
@@ -187,13 +200,18 @@ class Deciders:
     # --- the decision log -------------------------------------------------------------------------
 
     def _logged(self, origin: int, outcomes: list[Outcome], now_s: float) -> list[Outcome]:
-        """Write decider ``origin``'s placements into the log."""
+        """Write decider ``origin``'s placements and new holds into the log (a scheduler's
+        ``queue`` outcomes are the requests it newly held)."""
         for outcome in outcomes:
+            request, due_s = outcome.request, now_s + self.log_delay_s
             if outcome.action == "admit":
-                placed = Placed(outcome.request, outcome.instance_id, now_s, outcome.predicted_ttft_s)
-                entry = _Logged(now_s + self.log_delay_s, origin, placed)
+                placed = Placed(request, outcome.instance_id, now_s, outcome.predicted_ttft_s)
+                entry = _Logged(due_s, origin, placed)
                 self._log.append(entry)
-                self._unread[outcome.request.key] = entry
+                self._unread[request.key] = entry
+            elif outcome.action == "queue" and self._holds_shared:
+                held = HeldElsewhere(request.request_id, request.attempt, request.slo_class, now_s)
+                self._log.append(_Logged(due_s, origin, held))
         return outcomes
 
     def _read_log(self, now_s: float) -> None:
@@ -206,7 +224,8 @@ class Deciders:
 
     def _deliver(self, entry: _Logged) -> None:
         entry.read = True
-        del self._unread[entry.placed.request.key]
+        if isinstance(entry.event, Placed):
+            del self._unread[entry.event.request.key]
         for index, scheduler in enumerate(self.schedulers):
             if index != entry.origin:
-                scheduler.observe(entry.placed)
+                scheduler.observe(entry.event)

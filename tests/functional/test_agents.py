@@ -144,6 +144,36 @@ def test_a_decider_counts_the_other_deciders_placements_as_its_own(world: Any) -
     assert agents.service.scheduler_for("m").instance_selection.in_flight.requests == {"i-1": 0}  # type: ignore[attr-defined]
 
 
+def test_a_slomax_decider_counts_the_other_deciders_holds_and_skips_its_own() -> None:
+    """The other decider's new hold, read from ``tf.admission``, reaches this decider's SLOMax
+    (its long-prompt gates then see interactive work waiting in the pool); its own holds read
+    back and the admits and rejects on the topic are skipped; TokenPilot alone reads none."""
+    deciders = [
+        SchedulerAgents(
+            RoutingService("slomax+tokenpilot", worker=w),
+            MemoryState(),
+            MemoryPublisher(),
+            RecordingTelemetry(),
+        )
+        for w in ("a:1", "b:1")
+    ]
+    first, other = deciders
+    assert first.service.wants_holds and not RoutingService("tokenpilot").wants_holds
+    run(other.on_requests(raw(request("m", "x"))))  # no instance yet: x is held
+    run(first.on_requests(raw(request("m", "own"))))
+    (held,) = other.publisher.sent[topics.ADMISSION.name]
+    assert held.action == "queue"  # type: ignore[attr-defined]
+    run(first.on_admissions(raw(held, *first.publisher.sent[topics.ADMISSION.name])))
+    admission = first.service.scheduler_for("m").admission
+    assert set(admission._held_elsewhere) == {("x", 1)}  # type: ignore[attr-defined]
+    run(other.on_heartbeats(raw(beat("m", "i-1"))))  # x is placed, and admitted on the log
+    answers = other.publisher.sent[topics.ADMISSION.name][1:]
+    assert [a.action for a in answers] == ["admit"]  # type: ignore[attr-defined]
+    run(first.on_admissions(raw(*answers)))
+    run(first.on_decisions(raw(*other.publisher.sent[topics.DECISIONS.name])))
+    assert not admission._held_elsewhere  # type: ignore[attr-defined]
+
+
 def test_residency_narrows_the_data_centres(world: Any) -> None:
     agents, publisher, _ = world
     run(agents.on_heartbeats(raw(beat("m", "i-1"))))

@@ -100,7 +100,7 @@ class InstanceSelector:
                 return
             self.in_flight.add(event.request, event.instance_id, event.time_s)
             self.on_placed_elsewhere(event)
-        else:
+        elif isinstance(event, FirstToken):
             self.on_first_token(event)
 
     def on_placed_elsewhere(self, event: Placed) -> None:

@@ -56,7 +56,8 @@ holding it costs nothing, to it or to the others.
   of it in serving order waits in the same offer (that room is then theirs: fair shares hold).
   The long-prompt gates (the share of instances, ``long_headroom``) guard interactive work, so
   they yield to a long prompt while no interactive request has been held in the last
-  ``prefill_window_s`` (nothing waits that it could cost).
+  ``prefill_window_s`` (nothing waits that it could cost), here or by another decider of the
+  pool (below).
 - A request let past a gate still goes only to rows where waited + high x ttft meets its
   objective; with none it stays held, and is rejected only once even the low end misses.
 
@@ -88,7 +89,10 @@ its instance (prefill room; the router's own-prefill prediction on that row from
 snapshot, before the router credits its prefix there, else its prompt at
 ``prefill_tokens_per_s``) and, for a long prompt, its place in the long-prompt share; its first
 token and its end release them as for an own request. So every decider's quotas, shares and
-fairness are the pool's, not its partition's.
+fairness are the pool's, not its partition's. And the pool's waiting work is every decider's:
+a hold another decider begins (``HeldElsewhere``, read from the admission log) of an interactive
+request counts for the calm test as an own hold until its placement is read, or, if none is, until
+its objective has passed (a held request is rejected once it can no longer meet it).
 
 Tenants inside a tier are served by token-weighted fair queuing (``fairness.py``). ``headroom``
 and ``batch_share`` are moved by the control loop (``controller.py``) from measured goodput
@@ -117,6 +121,7 @@ from agents.policy.types import (
     ClusterView,
     Finished,
     FirstToken,
+    HeldElsewhere,
     Observation,
     Placed,
     RequestView,
@@ -245,6 +250,9 @@ class SloMax:
         self.errors = PredictionErrors()
         self._reoffer = ReofferGap()
         self._interactive_held_s = -np.inf  # when an interactive request was last held
+        # Interactive requests other deciders of the pool hold -> when that hold ends at the
+        # latest (it began + the objective); a placement read from the log ends it sooner.
+        self._held_elsewhere: dict[tuple[str, int], float] = {}
         self._backlogged: set[str] = set()  # tenants with requests in the previous offer
         self._mask_key: tuple[int, str] = (-1, "")
         self._view: ClusterView | None = None  # the last snapshot offered (for others' placements)
@@ -415,8 +423,25 @@ class SloMax:
         return self._admit(f"slomax: {name} within headroom", ttft, fits)
 
     def _calm(self, now_s: float) -> bool:
-        """No interactive request was held within the last ``prefill.tau_s`` seconds."""
+        """No interactive request was held within the last ``prefill.tau_s`` seconds, here or
+        by another decider of the pool (``held_elsewhere``)."""
+        if self._held_elsewhere:
+            ended = [key for key, until in self._held_elsewhere.items() if until <= now_s]
+            for key in ended:
+                self._end_hold_elsewhere(key, self._held_elsewhere[key])
+            if self._held_elsewhere:
+                return False
         return now_s - self._interactive_held_s > self.prefill.tau_s
+
+    def held_elsewhere(self, event: HeldElsewhere) -> None:
+        """Another decider holds an interactive request: the pool is not calm while it waits
+        (module docstring)."""
+        if event.slo_class == INTERACTIVE and event.key not in self._in_flight:
+            self._held_elsewhere[event.key] = event.time_s + self._objective_of(INTERACTIVE)
+
+    def _end_hold_elsewhere(self, key: tuple[str, int], at_s: float) -> None:
+        del self._held_elsewhere[key]
+        self._interactive_held_s = max(self._interactive_held_s, at_s)
 
     def _past(
         self, request: RequestView, past: _PastGate, gate: str, where: BoolArray | None, ttft: float
@@ -550,6 +575,8 @@ class SloMax:
     def _placed_elsewhere(self, event: Placed) -> None:
         """Another decider admitted and placed ``event.request`` (module docstring)."""
         request = event.request
+        if request.key in self._held_elsewhere:  # its hold ended: it waited until now
+            self._end_hold_elsewhere(request.key, event.time_s)
         cls = self.rules.classify(request)
         prefill_s = self._prefill_on(request, event.instance_id, event.time_s)
         entry = self._admitted(request, cls, prefill_s, None, event.time_s)

@@ -16,7 +16,15 @@ from agents.policy.slomax.controller import Controller, Knobs
 from agents.policy.slomax.fairness import VirtualTokenCounter
 from agents.policy.slomax.feedback import ClassWindow, InMemoryGoodput
 from agents.policy.slomax.placement import PrefillLoad
-from agents.policy.types import ClusterView, Finished, FirstToken, Placed, RequestView, RowPrediction
+from agents.policy.types import (
+    ClusterView,
+    Finished,
+    FirstToken,
+    HeldElsewhere,
+    Placed,
+    RequestView,
+    RowPrediction,
+)
 from tests.unit.policy.helpers import cluster_view
 
 
@@ -443,6 +451,31 @@ def test_another_deciders_placement_takes_prefill_room_and_the_long_prompt_share
     assert (placed.action, placed.instance_id) == ("admit", "i0")
     s.observe(FirstToken("a", 1, "i1", 2.0, 2.4))  # its prefill is done: it leaves the share
     assert not admission._long_on
+
+
+def test_an_interactive_request_another_decider_holds_keeps_the_long_prompt_gates_shut() -> None:
+    """The long-prompt headroom yields only while no interactive request waits anywhere in the
+    pool: one held by another decider counts until its placement is read (then for the calm
+    window, as an own hold), or, its end never read, until its objective has passed."""
+
+    def long_prompt(rid: str, now_s: float) -> str:
+        long = req(rid, slo_class="long_context", input_tokens=40_000)
+        (answer,) = s.submit([long], cluster_view(2), now_s)
+        return answer.action
+
+    s, admission, _ = slomax(predicted=1.4, long_headroom=0.05)
+    measured_exactly(admission, "long_context", 40_000)
+    assert s.wants_holds
+    assert long_prompt("a", 0.0) == "admit"  # nothing waits: the headroom yields
+    s.observe(HeldElsewhere("x", 1, "interactive", 0.1))  # another decider holds x
+    s.observe(HeldElsewhere("y", 1, "long_context", 0.1))  # (only interactive holds count)
+    assert long_prompt("b", 0.2) == "queue"
+    s.observe(Placed(req("x", arrival=0.1), "i0", 0.6))  # x placed at 0.6: waited until then
+    assert long_prompt("c", 4.5) == "queue"  # within the 4 s calm window of its end
+    assert long_prompt("d", 4.7) == "admit"
+    s.observe(HeldElsewhere("z", 1, "interactive", 5.0))  # its placement never read
+    assert long_prompt("e", 6.9) == "queue"
+    assert long_prompt("f", 11.1) == "admit"  # 5 + 2 s objective + 4 s window
 
 
 def test_a_placement_read_late_adds_its_prefill_without_rewinding_the_load() -> None:

@@ -102,6 +102,22 @@ def test_a_placement_is_read_before_its_request_ends_and_never_by_its_decider() 
     assert [type(e) for e in other.seen] == [Placed, Finished]
 
 
+def test_a_new_hold_reaches_the_other_slomax_deciders_after_the_log_delay() -> None:
+    schedulers = [build_scheduler("slomax+tokenpilot", seed=k) for k in range(2)]
+    pool = Deciders(schedulers, 0.005, "affinity", seed=0)
+    a = view_of("a", (0, 1))
+    holder = pool.decider_of(a, 0.0)
+    (held,) = pool.submit([a], cluster_view(0), 1.0)  # no instance serves it yet: held
+    assert held.action == "queue"
+    other = schedulers[1 - holder].admission
+    pool.tick(cluster_view(0), 1.004)
+    assert not other._held_elsewhere  # type: ignore[attr-defined]
+    pool.tick(cluster_view(0), 1.005)
+    assert set(other._held_elsewhere) == {("a", 1)}  # type: ignore[attr-defined]
+    assert not schedulers[holder].admission._held_elsewhere  # type: ignore[attr-defined]
+    assert not deciders(2)[0]._holds_shared  # a policy without SLOMax logs no hold
+
+
 def test_every_decider_sees_first_tokens_and_ends_and_the_holder_withdraws() -> None:
     pool, routers = deciders(3)
     pool.observe(FirstToken("x", 1, "i0", 0.2, 0.2))
