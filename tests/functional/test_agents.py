@@ -165,13 +165,13 @@ def test_a_slomax_decider_counts_the_other_deciders_holds_and_skips_its_own() ->
     assert held.action == "queue"  # type: ignore[attr-defined]
     run(first.on_admissions(raw(held, *first.publisher.sent[topics.ADMISSION.name])))
     admission = first.service.scheduler_for("m").admission
-    assert set(admission._held_elsewhere) == {("x", 1)}  # type: ignore[attr-defined]
+    assert set(admission.waiting.elsewhere) == {("x", 1)}  # type: ignore[attr-defined]
     run(other.on_heartbeats(raw(beat("m", "i-1"))))  # x is placed, and admitted on the log
     answers = other.publisher.sent[topics.ADMISSION.name][1:]
     assert [a.action for a in answers] == ["admit"]  # type: ignore[attr-defined]
     run(first.on_admissions(raw(*answers)))
     run(first.on_decisions(raw(*other.publisher.sent[topics.DECISIONS.name])))
-    assert not admission._held_elsewhere  # type: ignore[attr-defined]
+    assert not admission.waiting.elsewhere  # type: ignore[attr-defined]
 
 
 def test_residency_narrows_the_data_centres(world: Any) -> None:

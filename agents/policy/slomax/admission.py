@@ -113,7 +113,7 @@ from agents.policy.slomax.errors import PredictionErrors
 from agents.policy.slomax.fairness import VirtualTokenCounter
 from agents.policy.slomax.feedback import GoodputSource
 from agents.policy.slomax.placement import PrefillLoad, Rows
-from agents.policy.slomax.timing import ObservedTtft, ReofferGap
+from agents.policy.slomax.timing import ObservedTtft, ReofferGap, WaitingWork
 from agents.policy.types import (
     BLOCK_TOKENS,
     Admission,
@@ -249,10 +249,7 @@ class SloMax:
         self._observed = ObservedTtft()
         self.errors = PredictionErrors()
         self._reoffer = ReofferGap()
-        self._interactive_held_s = -np.inf  # when an interactive request was last held
-        # Interactive requests other deciders of the pool hold -> when that hold ends at the
-        # latest (it began + the objective); a placement read from the log ends it sooner.
-        self._held_elsewhere: dict[tuple[str, int], float] = {}
+        self.waiting = WaitingWork()  # when interactive work last waited, here or elsewhere
         self._backlogged: set[str] = set()  # tenants with requests in the previous offer
         self._mask_key: tuple[int, str] = (-1, "")
         self._view: ClusterView | None = None  # the last snapshot offered (for others' placements)
@@ -312,6 +309,7 @@ class SloMax:
         batch_closed = False  # a batch request was refused its gate: later ones are too
         for offer in offers:
             request, cls = offer.request, offer.cls
+            self.waiting.offered_here(request.key)  # (its partition changed hands: ours now)
             if batch_closed and cls.slo_class == BATCH and offer.rank == _RANK[BATCH]:
                 answers[offer.index] = self._queue(request, BATCH, "batch gate closed: the pool is saturated")
                 continue
@@ -324,7 +322,8 @@ class SloMax:
                 self._admitted(request, cls, own, answer.predicted_ttft_s, now_s)
             elif answer.action == "queue":
                 if cls.slo_class == INTERACTIVE:
-                    interactive_waits, self._interactive_held_s = True, now_s
+                    interactive_waits = True
+                    self.waiting.held(now_s)
                 batch_closed |= cls.slo_class == BATCH
             answers[offer.index] = answer
             self._count(answer)
@@ -424,24 +423,13 @@ class SloMax:
 
     def _calm(self, now_s: float) -> bool:
         """No interactive request was held within the last ``prefill.tau_s`` seconds, here or
-        by another decider of the pool (``held_elsewhere``)."""
-        if self._held_elsewhere:
-            ended = [key for key, until in self._held_elsewhere.items() if until <= now_s]
-            for key in ended:
-                self._end_hold_elsewhere(key, self._held_elsewhere[key])
-            if self._held_elsewhere:
-                return False
-        return now_s - self._interactive_held_s > self.prefill.tau_s
+        by another decider of the pool."""
+        return self.waiting.calm(now_s, self.prefill.tau_s)
 
     def held_elsewhere(self, event: HeldElsewhere) -> None:
-        """Another decider holds an interactive request: the pool is not calm while it waits
-        (module docstring)."""
+        """Another decider holds an interactive request: it waits (module docstring)."""
         if event.slo_class == INTERACTIVE and event.key not in self._in_flight:
-            self._held_elsewhere[event.key] = event.time_s + self._objective_of(INTERACTIVE)
-
-    def _end_hold_elsewhere(self, key: tuple[str, int], at_s: float) -> None:
-        del self._held_elsewhere[key]
-        self._interactive_held_s = max(self._interactive_held_s, at_s)
+            self.waiting.held_elsewhere(event.key, event.time_s + self._objective_of(INTERACTIVE))
 
     def _past(
         self, request: RequestView, past: _PastGate, gate: str, where: BoolArray | None, ttft: float
@@ -575,8 +563,7 @@ class SloMax:
     def _placed_elsewhere(self, event: Placed) -> None:
         """Another decider admitted and placed ``event.request`` (module docstring)."""
         request = event.request
-        if request.key in self._held_elsewhere:  # its hold ended: it waited until now
-            self._end_hold_elsewhere(request.key, event.time_s)
+        self.waiting.placed(request.key, event.time_s)  # (if another's hold: it ended now)
         cls = self.rules.classify(request)
         prefill_s = self._prefill_on(request, event.instance_id, event.time_s)
         entry = self._admitted(request, cls, prefill_s, None, event.time_s)

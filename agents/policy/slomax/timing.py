@@ -1,7 +1,10 @@
 """What SLOMax measures of time itself: the TTFT its admitted requests recently got (the
-prediction of a router that makes none) and how long a held request waits to be offered again."""
+prediction of a router that makes none), how long a held request waits to be offered again, and
+when interactive work last waited in the pool."""
 
 from __future__ import annotations
+
+import math
 
 
 class ObservedTtft:
@@ -39,3 +42,38 @@ class ReofferGap:
         if self._at is not None:
             self.gap_s += self.alpha * (now_s - self._at - self.gap_s)
         self._version, self._at = version, now_s
+
+
+class WaitingWork:
+    """When interactive work last waited in the pool: this decider's own holds (``held``, at
+    every offer that holds one) and the other deciders' (``held_elsewhere``, read from the
+    admission log). Another decider's hold counts as waiting until its placement is read
+    (``placed``), or, if none is, until ``until_s`` (its objective after it began: a held request
+    is rejected once it can no longer meet it); one offered here is this decider's own now
+    (``offered_here``). ``calm``: none waited within the last ``window_s`` seconds."""
+
+    def __init__(self) -> None:
+        self.last_s = -math.inf  # when interactive work was last seen waiting
+        self.elsewhere: dict[tuple[str, int], float] = {}  # the others' holds -> until when, at most
+
+    def held(self, now_s: float) -> None:
+        self.last_s = max(self.last_s, now_s)
+
+    def held_elsewhere(self, key: tuple[str, int], until_s: float) -> None:
+        self.elsewhere[key] = until_s
+
+    def offered_here(self, key: tuple[str, int]) -> None:
+        if self.elsewhere:
+            self.elsewhere.pop(key, None)
+
+    def placed(self, key: tuple[str, int], at_s: float) -> None:
+        """Another decider placed ``key`` at ``at_s``: if it held it, it waited until then."""
+        if self.elsewhere and self.elsewhere.pop(key, None) is not None:
+            self.held(at_s)
+
+    def calm(self, now_s: float, window_s: float) -> bool:
+        for key, until_s in list(self.elsewhere.items()):
+            if until_s <= now_s:
+                del self.elsewhere[key]
+                self.held(until_s)
+        return not self.elsewhere and now_s - self.last_s > window_s

@@ -476,6 +476,9 @@ def test_an_interactive_request_another_decider_holds_keeps_the_long_prompt_gate
     s.observe(HeldElsewhere("z", 1, "interactive", 5.0))  # its placement never read
     assert long_prompt("e", 6.9) == "queue"
     assert long_prompt("f", 11.1) == "admit"  # 5 + 2 s objective + 4 s window
+    s.observe(HeldElsewhere("w", 1, "interactive", 12.0))
+    s.submit([req("w", arrival=12.0)], cluster_view(2), 12.1)  # its partition changed hands
+    assert not admission.waiting.elsewhere  # offered here: this decider's own hold or admit now
 
 
 def test_a_placement_read_late_adds_its_prefill_without_rewinding_the_load() -> None:

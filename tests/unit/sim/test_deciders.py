@@ -111,10 +111,10 @@ def test_a_new_hold_reaches_the_other_slomax_deciders_after_the_log_delay() -> N
     assert held.action == "queue"
     other = schedulers[1 - holder].admission
     pool.tick(cluster_view(0), 1.004)
-    assert not other._held_elsewhere  # type: ignore[attr-defined]
+    assert not other.waiting.elsewhere  # type: ignore[attr-defined]
     pool.tick(cluster_view(0), 1.005)
-    assert set(other._held_elsewhere) == {("a", 1)}  # type: ignore[attr-defined]
-    assert not schedulers[holder].admission._held_elsewhere  # type: ignore[attr-defined]
+    assert set(other.waiting.elsewhere) == {("a", 1)}  # type: ignore[attr-defined]
+    assert not schedulers[holder].admission.waiting.elsewhere  # type: ignore[attr-defined]
     assert not deciders(2)[0]._holds_shared  # a policy without SLOMax logs no hold
 
 
