@@ -96,6 +96,8 @@ class SchedulerAgents:
         self._held_at: dict[_Key, Position] = {}  # held requests: where the lane read them
         self._direct: dict[_Key, asyncio.Future[Event]] = {}  # asked directly, answer not final yet
         self._recording: set[asyncio.Future[None]] = set()  # direct requests' records on their way
+        self._wakes: dict[str, float] = {}  # pool -> when a timer offers its deferred requests
+        self._waking: set[asyncio.Future[None]] = set()
 
     # --- handlers, one per input topic --------------------------------------------------------
 
@@ -372,6 +374,31 @@ class SchedulerAgents:
         await self._dead_letter(spec, dead)
         return good
 
+    def _wake_later(self, pool: str) -> None:
+        """Offer ``pool``'s deferred requests when they are due (``Scheduler.next_wake_s``:
+        with several deciders a long prompt waits a few milliseconds for the log)."""
+        due = self.service.next_wake(pool)
+        armed = self._wakes.get(pool)
+        if due is None or (armed is not None and armed <= due):
+            return
+        self._wakes[pool] = due
+        asyncio.get_running_loop().call_later(max(due - time.time(), 0.0), self._spawn_wake, pool)
+
+    def _spawn_wake(self, pool: str) -> None:
+        task = asyncio.ensure_future(self._wake(pool))
+        self._waking.add(task)
+        task.add_done_callback(partial(_woken, self._waking, pool))
+
+    async def _wake(self, pool: str) -> None:
+        self._wakes.pop(pool, None)
+        view = self.state.view(pool)
+        if view is not None:
+            routed = self.service.tick(pool, view, time.time())
+            self.telemetry.queue_depth(pool, self.service.held(pool))
+            if routed:
+                await self._settle_held(routed, 0.0)
+        self._wake_later(pool)
+
     async def _dead_letter(self, spec: topics.TopicSpec, dead: Sequence[tuple[RawMessage, str]]) -> None:
         """Send each (message, reason) to ``tf.dlq`` and wait until the broker has them."""
         await send_dead_letters(self.publisher, self.telemetry, spec, dead)
@@ -387,7 +414,9 @@ class SchedulerAgents:
         cannot be scheduled fails (dead-lettered with the error), never its whole batch."""
         view = self.state.view(pool)
         try:
-            return self.service.route(pool, [request for request, _ in group], view, now)
+            routed = self.service.route(pool, [request for request, _ in group], view, now)
+            self._wake_later(pool)
+            return routed
         except Exception:
             log.exception(
                 "a batch of %d requests of pool %.64r failed; routing them one by one", len(group), pool
@@ -444,6 +473,13 @@ def _recorded(recording: set[asyncio.Future[None]], request_id: str, task: async
     recording.discard(task)
     if not task.cancelled() and task.exception() is not None:
         log.warning("request %.256s: its record did not reach the log: %s", request_id, task.exception())
+
+
+def _woken(waking: set[asyncio.Future[None]], pool: str, task: asyncio.Future[None]) -> None:
+    """Log (not raise) an offer of deferred requests that failed (their hold expires as any)."""
+    waking.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.error("pool %.64r: offering its deferred requests failed: %r", pool, task.exception())
 
 
 def _quietly(kind: type[E], messages: Sequence[RawMessage]) -> list[E]:

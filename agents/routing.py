@@ -181,7 +181,7 @@ class RoutingService:
 
     def tick(self, pool: str, view: ClusterView, now: float) -> list[Routed]:
         """Offer ``pool``'s held requests again on ``view`` (nothing if none is held or the view
-        is one they were already offered on)."""
+        is one they were already offered on), and its deferred requests that are due."""
         state = self._pools.get(pool)
         if state is None or not state.scheduler.held_total:
             return []
@@ -189,6 +189,12 @@ class RoutingService:
         started = time.perf_counter()
         outcomes = state.scheduler.tick(view, now)
         return self._events(state, outcomes, (time.perf_counter() - started) / max(len(outcomes), 1))
+
+    def next_wake(self, pool: str) -> float | None:
+        """When ``pool``'s earliest deferred request is due (``Scheduler.next_wake_s``): call
+        ``tick`` then."""
+        state = self._pools.get(pool)
+        return None if state is None else state.scheduler.next_wake_s()
 
     def withdraw(self, pool: str, request_id: str, attempt: int) -> bool:
         """Stop holding a request (another worker takes it over); False if it was not held."""

@@ -15,6 +15,13 @@ a statement about the shipped code. It owns the queue pools:
   default (the simulator's clients give up by themselves); the service sets them.
 - ``observe(event)`` forwards first tokens, completions and (to stages that want them) KV events
   to every stage.
+- Several deciders per pool (``decide_in_lane(k, n)``, n > 1): a long-context arrival is held
+  (pool ``deferred``) until (k + 1) x ``log_delay_s`` after it arrived, then offered
+  (``next_wake_s`` says when; the driver calls ``tick`` then). By that time the decision log
+  shows what the other deciders placed at the same instant (a burst's short prompts, and the
+  long prompts of the lower lanes), so a long prefill is not put, unseen, ahead of the short
+  prompts another decider sent to the same idle instance. It costs a long prompt a few
+  milliseconds of its 15 s objective; one decider defers nothing.
 
 Each offer returns one ``Outcome`` per request that was settled (admitted and placed, or
 rejected), plus one for a request held for the first time; a request that stays held on a
@@ -55,6 +62,12 @@ if TYPE_CHECKING:  # slomax imports this module
     from agents.policy.slomax.feedback import GoodputSource
 
 NO_CAPACITY_POOL = "no_capacity"
+DEFERRED_POOL = "deferred"
+LONG_CONTEXT = "long_context"  # the class a long prompt is in (``agents.policy.common.slo``)
+LOG_DELAY_S = 0.005
+"""How late a decider reads the other deciders' placements: the embedded broker's round trip
+(``Scheduler.log_delay_s``; the simulator's ``--decision-log-delay`` sets it)."""
+_DEFERRED = "deferred: decided once the log shows the other deciders' placements of this instant"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +84,7 @@ class _Held:
     pool: str
     reason: str
     since_s: float
+    due_s: float | None = None  # deferred until then (``DEFERRED_POOL``), not offered before
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +117,9 @@ class Scheduler:
         self._kv_stages = tuple(s for s in self._stages if s.wants_kv_events)
         self._held: dict[tuple[str, int], _Held] = {}  # insertion order = FIFO across pools
         self._pool_sizes: dict[str, int] = {}
+        self._deferred = 0  # held entries with a due time
+        self.lane = (0, 1)  # decider k of the pool's n (``decide_in_lane``)
+        self.log_delay_s = LOG_DELAY_S
         self._offered_version = -1
         for stage in (admission, dc_selection):
             if isinstance(stage, RouterAware):
@@ -126,6 +143,7 @@ class Scheduler:
         near-ties towards its own lane of instances (``InstanceSelector.lane``), if it has lanes."""
         if not 0 <= k < n:
             raise ValueError(f"decider {k} of {n}: need 0 <= k < n")
+        self.lane = (k, n)
         if hasattr(self.instance_selection, "lane"):
             self.instance_selection.lane = (k, n)
 
@@ -141,16 +159,39 @@ class Scheduler:
     # --- offers -------------------------------------------------------------------------------
 
     def submit(self, requests: Sequence[RequestView], view: ClusterView, now_s: float) -> list[Outcome]:
-        """Decide new arrivals on ``view`` (see the module docstring for what is returned)."""
-        return self._offer(list(requests), view, now_s)
+        """Decide new arrivals on ``view`` (see the module docstring for what is returned);
+        with several deciders, long-context arrivals are deferred first (module docstring)."""
+        k, n = self.lane
+        if n == 1 or self.log_delay_s <= 0 or all(r.slo_class != LONG_CONTEXT for r in requests):
+            return self._offer(list(requests), view, now_s)
+        due_s = now_s + (k + 1) * self.log_delay_s
+        deferred: list[Outcome] = []
+        now = []
+        for request in requests:
+            if request.slo_class == LONG_CONTEXT:
+                deferred += self._hold(request, DEFERRED_POOL, _DEFERRED, now_s, due_s)
+            else:
+                now.append(request)
+        return deferred + (self._offer(now, view, now_s) if now else [])
 
     def tick(self, view: ClusterView, now_s: float) -> list[Outcome]:
-        """Offer the held requests again if ``view`` is a snapshot they have not been offered on."""
+        """Offer the held requests again if ``view`` is a snapshot they have not been offered on,
+        and the deferred ones that are due (``next_wake_s``) in any case."""
         expired = self.expire(now_s)
-        if not self._held or view.version == self._offered_version:
+        if not self._held:
             return expired
-        held = [h.request for h in self._held.values()]
+        due = self._due(now_s)
+        if view.version == self._offered_version:
+            return expired + (self._offer(due, view, now_s) if due else [])
+        held = [h.request for h in self._held.values() if h.due_s is None]
         return expired + self._offer(held, view, now_s)
+
+    def next_wake_s(self) -> float | None:
+        """When the earliest deferred request is due: the driver calls ``tick`` then (None:
+        nothing is deferred)."""
+        if not self._deferred:
+            return None
+        return min(h.due_s for h in self._held.values() if h.due_s is not None)
 
     def expire(self, now_s: float) -> list[Outcome]:
         """Reject (reason ``expired``) every request held longer than ``hold.timeout_s``."""
@@ -270,9 +311,11 @@ class Scheduler:
             )
         return outcomes
 
-    def _hold(self, request: RequestView, pool: str, reason: str, now_s: float) -> list[Outcome]:
+    def _hold(
+        self, request: RequestView, pool: str, reason: str, now_s: float, due_s: float | None = None
+    ) -> list[Outcome]:
         """Keep ``request`` in ``pool`` (an outcome only the first time), or reject it when the
-        pool is full."""
+        pool is full; ``due_s``: deferred until then."""
         held = self._held.get(request.key)
         if held is not None:  # stays held, keeps its place and its age
             self._pool_sizes[held.pool] -= 1
@@ -282,8 +325,9 @@ class Scheduler:
         limit = self.hold.max_per_pool
         if limit is not None and self._pool_sizes.get(pool, 0) >= limit:
             return [_rejected(request, f"queue_full: {pool} holds {limit} requests ({reason})")]
-        self._held[request.key] = _Held(request, pool, reason, now_s)
+        self._held[request.key] = _Held(request, pool, reason, now_s, due_s)
         self._pool_sizes[pool] = self._pool_sizes.get(pool, 0) + 1
+        self._deferred += due_s is not None
         return [Outcome(request, "queue", reason, reason, pool=pool)]
 
     def _release(self, key: tuple[str, int]) -> bool:
@@ -292,7 +336,20 @@ class Scheduler:
         if entry is None:
             return False
         self._pool_sizes[entry.pool] -= 1
+        self._deferred -= entry.due_s is not None
         return True
+
+    def _due(self, now_s: float) -> list[RequestView]:
+        """The deferred requests due by ``now_s``, held as any other from now on."""
+        if not self._deferred:
+            return []
+        due = []
+        for entry in self._held.values():
+            if entry.due_s is not None and entry.due_s <= now_s:
+                entry.due_s = None
+                self._deferred -= 1
+                due.append(entry.request)
+        return due
 
 
 def _within(choice: DcChoice, answer: Admission) -> BoolArray:

@@ -22,6 +22,9 @@ round trip: about 4.5 ms at the median). ``Deciders`` plays that in the simulato
   changes nothing a stage computes from it); a placement is always read before its request's
   first token or end (a first token cannot come within a few milliseconds, but an engine may
   refuse a request at once).
+- a long-context arrival waits (k + 1) log delays at decider k before it is decided
+  (``Scheduler.submit``, as in the service; the runner wakes the deciders then,
+  ``next_wake_s``), so it is decided once the log shows the placements of its instant.
 - held requests stay with the decider that holds them: each re-offers its own (``tick``), and
   a client's give-up withdraws the request where it is held. A new hold is logged as a
   placement is (``HeldElsewhere``, the admission log ``tf.admission`` in the service) for the
@@ -75,6 +78,8 @@ class PoolDecider(Protocol):
     def submit(self, requests: Sequence[RequestView], view: ClusterView, now_s: float) -> list[Outcome]: ...
 
     def tick(self, view: ClusterView, now_s: float) -> list[Outcome]: ...
+
+    def next_wake_s(self) -> float | None: ...
 
     def withdraw(self, request_id: str, attempt: int) -> bool: ...
 
@@ -132,6 +137,7 @@ class Deciders:
         self.schedulers = tuple(schedulers)
         for k, scheduler in enumerate(self.schedulers):  # near-ties broken in lanes of their own
             scheduler.decide_in_lane(k, len(self.schedulers))
+            scheduler.log_delay_s = log_delay_s
         self.name = schedulers[0].name
         self.log_delay_s = log_delay_s
         self.split = split
@@ -174,6 +180,11 @@ class Deciders:
             self._read_log(now_s)
             outcomes += self._logged(index, scheduler.tick(view, now_s), now_s)
         return outcomes
+
+    def next_wake_s(self) -> float | None:
+        """When a decider's earliest deferred request is due (``Scheduler.next_wake_s``)."""
+        wakes = [w for w in (s.next_wake_s() for s in self.schedulers) if w is not None]
+        return min(wakes, default=None)
 
     def withdraw(self, request_id: str, attempt: int) -> bool:
         """Drop the request from the decider that holds it; False if none does."""

@@ -69,7 +69,7 @@ from sim.loop.feedback import EndedAttempt, MemoryOutcomes, OutcomeSink, bind_fe
 from sim.loop.lifecycle import AttemptLifecycle, Measures
 from sim.workloads.trace import DEFAULT_OUTPUT_BUDGET, TraceRequest, Workload
 
-_STEP_END, _WINDOW_END, _ARRIVAL, _TIMEOUT, _HEARTBEAT, _SIGNAL, _DISPATCH, _OUTAGE = range(8)
+_STEP_END, _WINDOW_END, _ARRIVAL, _TIMEOUT, _HEARTBEAT, _SIGNAL, _DISPATCH, _OUTAGE, _WAKE = range(9)
 MAX_FAILURE_RETRIES = 2
 """Attempts a client adds after its request failed with its DC (a gateway retries at once)."""
 
@@ -198,6 +198,7 @@ class Simulation(AttemptLifecycle):
         self._index_of = {instance: index for index, instance in enumerate(self.instances)}
         self._heap: list[tuple[float, int, int, object]] = []
         self._seq = count()
+        self._wake_s: float | None = None  # when the scheduler was last asked to be woken
         self._attempts: list[Attempt] = []
         self._open = 0
         self._arrivals_left = 0
@@ -258,6 +259,9 @@ class Simulation(AttemptLifecycle):
                 self._reach(*cast(tuple[Attempt, int, Instance], payload), now)
             elif kind == _OUTAGE:
                 self._outage(*cast(tuple[str, bool], payload), now)
+            elif kind == _WAKE:  # a deferred request is due (several deciders)
+                self._wake_s = None
+                self._apply(self.scheduler.tick(self._view, now), now)
             else:
                 self._deliver(cast(ClusterView | list[BlocksChanged], payload), now)
         if progress is not None:
@@ -291,6 +295,10 @@ class Simulation(AttemptLifecycle):
             if outcome.action != "queue":
                 self._settle(self._offered.pop(outcome.request.key), outcome, now)
         self.notices += self.scheduler.notices()
+        wake = self.scheduler.next_wake_s()
+        if wake is not None and (self._wake_s is None or wake < self._wake_s):
+            self._wake_s = wake
+            self._push(wake, _WAKE, None)
 
     def _settle(self, attempt: Attempt, outcome: Outcome, now: float) -> None:
         attempt.predicted_ttft_s = outcome.predicted_ttft_s

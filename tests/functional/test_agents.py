@@ -9,6 +9,7 @@ import pytest
 
 from agents.handlers import SchedulerAgents
 from agents.keeping import LogKeeper
+from agents.policy.pipeline import DEFERRED_POOL
 from agents.routing import RoutingService
 from schemas import topics
 from schemas.codec import encode
@@ -172,6 +173,29 @@ def test_a_slomax_decider_counts_the_other_deciders_holds_and_skips_its_own() ->
     run(first.on_admissions(raw(*answers)))
     run(first.on_decisions(raw(*other.publisher.sent[topics.DECISIONS.name])))
     assert not admission.waiting.elsewhere  # type: ignore[attr-defined]
+
+
+def test_with_another_decider_a_long_prompt_is_decided_a_few_milliseconds_later(world: Any) -> None:
+    """A decider that knows of another defers a long-context request by its lane's log delays
+    (``Scheduler.next_wake_s``) and a timer decides it then, with no heartbeat or request after it."""
+    agents, publisher, _ = world
+    service = RoutingService("tokenpilot", worker="b:1")
+    other = SchedulerAgents(service, MemoryState(), MemoryPublisher(), RecordingTelemetry())
+
+    async def scenario() -> None:
+        for decider in (agents, other):
+            await decider.on_heartbeats(raw(beat("m", "i-1"), beat("m", "i-2")))
+        await other.on_requests(raw(request("m", "s")))
+        await agents.on_decisions(raw(*other.publisher.sent[topics.DECISIONS.name]))  # two deciders now
+        await agents.on_requests(raw(request("m", "long", slo_class="long_context")))
+        (held,) = publisher.sent[topics.ADMISSION.name]
+        assert (held.action, held.queue_pool) == ("queue", DEFERRED_POOL)  # type: ignore[attr-defined]
+        assert not publisher.sent[topics.DECISIONS.name]
+        await asyncio.sleep(0.1)
+        (decided,) = publisher.sent[topics.DECISIONS.name]
+        assert decided.request_id == "long"  # type: ignore[attr-defined]
+
+    run(scenario())
 
 
 def test_residency_narrows_the_data_centres(world: Any) -> None:

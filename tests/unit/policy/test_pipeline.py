@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from agents.policy.baselines import LeastTokens, RoundRobin
 from agents.policy.defaults import HomeDc, PassThrough
-from agents.policy.pipeline import NO_CAPACITY_POOL, Scheduler
+from agents.policy.pipeline import DEFERRED_POOL, NO_CAPACITY_POOL, Scheduler
 from agents.policy.types import Admission, ClusterView, Observation, RequestView, empty_view
 from tests.unit.policy.helpers import cluster_view
 
@@ -37,6 +38,28 @@ def test_held_requests_leave_in_arrival_order() -> None:
     s.submit([req("a"), req("b")], empty_view(), 0.0)
     s.submit([req("c")], empty_view(), 0.1)
     assert [o.request.request_id for o in s.tick(cluster_view(3), 1.0)] == ["a", "b", "c"]
+
+
+def test_with_several_deciders_a_long_prompt_waits_for_the_log_by_its_lane() -> None:
+    """Decider k of n defers a long-context arrival (k + 1) log delays, then offers it, even on
+    the same snapshot; short ones are decided at once; one decider defers nothing."""
+    alone = scheduler()
+    (now,) = alone.submit([replace(req("x"), slo_class="long_context")], cluster_view(2), 0.0)
+    assert now.action == "admit" and alone.next_wake_s() is None
+    s = scheduler()
+    s.decide_in_lane(1, 2)
+    s.log_delay_s = 0.005
+    view = cluster_view(2)
+    long_prompt, short = replace(req("a"), slo_class="long_context"), req("b")
+    held, placed = s.submit([long_prompt, short], view, 1.0)
+    assert (held.action, held.pool, held.request.request_id) == ("queue", DEFERRED_POOL, "a")
+    assert (placed.action, placed.request.request_id) == ("admit", "b")
+    assert s.next_wake_s() == 1.0 + 2 * 0.005
+    newer = cluster_view(2)
+    assert s.tick(newer, 1.009) == []  # a new snapshot: not yet due
+    (routed,) = s.tick(newer, 1.010)  # the same snapshot: offered, now due
+    assert (routed.action, routed.request.request_id) == ("admit", "a")
+    assert s.held_total == 0 and s.next_wake_s() is None
 
 
 def test_withdraw_drops_a_held_request() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zlib
+from dataclasses import replace
 
 import pytest
 
@@ -100,6 +101,20 @@ def test_a_placement_is_read_before_its_request_ends_and_never_by_its_decider() 
     assert other.in_flight.requests == {outcome.instance_id: 0}
     pool.tick(cluster_view(2), 2.0)  # read once only
     assert [type(e) for e in other.seen] == [Placed, Finished]
+
+
+def test_a_long_prompt_is_decided_once_the_log_shows_the_others_placements_of_its_instant() -> None:
+    pool, routers = deciders(2)
+    v = cluster_view(2)
+    short, long_prompt = view_of("s", (0, 1)), replace(view_of("l", (1, 2)), slo_class="long_context")
+    assert pool.decider_of(short, 0.0) != pool.decider_of(long_prompt, 0.0)
+    outcomes = {o.request.request_id: o for o in pool.submit([short, long_prompt], v, 1.0)}
+    assert (outcomes["s"].action, outcomes["l"].action) == ("admit", "queue")
+    k = pool.decider_of(long_prompt, 0.0)
+    assert pool.next_wake_s() == pytest.approx(1.0 + (k + 1) * 0.005)
+    (decided,) = pool.tick(v, 1.0 + (k + 1) * 0.005)
+    assert decided.request.request_id == "l" and ("s", 1.0) in placed(routers[k])  # seen first
+    assert decided.instance_id != outcomes["s"].instance_id and pool.next_wake_s() is None
 
 
 def test_a_new_hold_reaches_the_other_slomax_deciders_after_the_log_delay() -> None:
