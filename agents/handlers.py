@@ -415,19 +415,18 @@ class SchedulerAgents:
         view = self.state.view(pool)
         try:
             routed = self.service.route(pool, [request for request, _ in group], view, now)
-            self._wake_later(pool)
-            return routed
         except Exception:
             log.exception(
                 "a batch of %d requests of pool %.64r failed; routing them one by one", len(group), pool
             )
-        routed = []
-        for request, raw in group:
-            try:
-                routed += self.service.route(pool, [request], view, now)
-            except Exception as exc:
-                log.exception("request %.256r could not be scheduled", request.request_id)
-                failed.append((raw, f"not schedulable: {exc!r}"[:1024]))
+            routed = []
+            for request, raw in group:
+                try:
+                    routed += self.service.route(pool, [request], view, now)
+                except Exception as exc:
+                    log.exception("request %.256r could not be scheduled", request.request_id)
+                    failed.append((raw, f"not schedulable: {exc!r}"[:1024]))
+        self._wake_later(pool)
         return routed
 
     async def _send(self, routed: Sequence[Routed], again: Sequence[Answer] = ()) -> Awaitable[object]:
