@@ -4,6 +4,7 @@ when interactive work last waited in the pool."""
 
 from __future__ import annotations
 
+import heapq
 import math
 
 
@@ -55,12 +56,14 @@ class WaitingWork:
     def __init__(self) -> None:
         self.last_s = -math.inf  # when interactive work was last seen waiting
         self.elsewhere: dict[tuple[str, int], float] = {}  # the others' holds -> until when, at most
+        self._ends: list[tuple[float, tuple[str, int]]] = []  # heap of (until, key): when each ends
 
     def held(self, now_s: float) -> None:
         self.last_s = max(self.last_s, now_s)
 
     def held_elsewhere(self, key: tuple[str, int], until_s: float) -> None:
         self.elsewhere[key] = until_s
+        heapq.heappush(self._ends, (until_s, key))
 
     def offered_here(self, key: tuple[str, int]) -> None:
         if self.elsewhere:
@@ -72,8 +75,10 @@ class WaitingWork:
             self.held(at_s)
 
     def calm(self, now_s: float, window_s: float) -> bool:
-        for key, until_s in list(self.elsewhere.items()):
-            if until_s <= now_s:
+        ends = self._ends
+        while ends and ends[0][0] <= now_s:  # the others' holds that ended by now
+            until_s, key = heapq.heappop(ends)
+            if self.elsewhere.get(key) == until_s:  # (not placed or offered here meanwhile)
                 del self.elsewhere[key]
                 self.held(until_s)
         return not self.elsewhere and now_s - self.last_s > window_s
