@@ -139,13 +139,16 @@ class Scheduler:
         return False
 
     def decide_in_lane(self, k: int, n: int) -> None:
-        """This scheduler is decider ``k`` of its pool's ``n``: its instance selection breaks
-        near-ties towards its own lane of instances (``InstanceSelector.lane``), if it has lanes."""
+        """This scheduler is decider ``k`` of its pool's ``n``, and so are its stages that have a
+        lane: instance selection breaks near-ties towards its own lane of instances
+        (``InstanceSelector.lane``), SLOMax knows its measured error includes the others'
+        unseen placements (``SloMax`` docstring)."""
         if not 0 <= k < n:
             raise ValueError(f"decider {k} of {n}: need 0 <= k < n")
         self.lane = (k, n)
-        if hasattr(self.instance_selection, "lane"):
-            self.instance_selection.lane = (k, n)
+        for stage in (self.admission, self.instance_selection):
+            if hasattr(stage, "lane"):
+                stage.lane = (k, n)
 
     @property
     def wants_kv_events(self) -> bool:

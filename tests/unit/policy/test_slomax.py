@@ -383,6 +383,20 @@ def test_a_request_the_headroom_would_hold_past_its_objective_is_admitted_when_d
     assert due.action == "admit" and "miss its objective" in due.admission_reason
 
 
+def test_with_several_deciders_a_due_request_no_row_can_meet_at_the_high_end_goes_on_its_prediction() -> None:
+    def offered(lane: tuple[int, int]) -> str:
+        s, admission, router = slomax(predicted=1.4)  # over the 1.3 s headroom gate, within 2 s
+        router.own_s = 0.8  # its own prefill: at 3x, 2.4 s even on an idle instance
+        for _ in range(admission.errors.min_samples):  # observed 3x what was predicted
+            admission.errors.add("interactive", 1000, 1.0, 3.0)
+        s.decide_in_lane(*lane)
+        (answer,) = s.submit([req("a")], cluster_view(2), 0.0)
+        return answer.action
+
+    assert offered((0, 1)) == "queue"  # one decider: held by the high end (it expires)
+    assert offered((1, 2)) == "admit"  # that hold could only expire: its point prediction meets 2 s
+
+
 def test_a_request_with_the_same_prediction_but_slack_to_spare_is_held_by_the_headroom() -> None:
     s, admission, _ = slomax(predicted=1.4, long_headroom=0.05)
     measured_exactly(admission, "long_context", 40_000)
