@@ -61,14 +61,10 @@ holding it costs nothing, to it or to the others.
 - A request let past a gate still goes only to rows where waited + high x ttft meets its
   objective; with none it stays held, and is rejected only once even the low end misses.
   With several deciders, when no row would meet it at the high end even for its own prefill
-  alone (the hold could only end in ``expired``), it goes to the rows where its point
-  prediction meets its objective: a decider's measured error then includes the other
-  deciders' placements of the same instant that it could not see, so its high end bounds
-  collisions, not its predictions (Mooncake as shipped, 2 deciders, x1: the 90th percentile
-  of observed / predicted TTFT of prompts under 4k tokens 1.64 on one decider, 7.86 on the
-  other; held by it, 65 interactive requests expired, 63 of which the router alone served in
-  time). One decider keeps the high-end test: there the same rule raised the regret at
-  0.5 x L67 on Mooncake from 170 to 308.
+  alone (a hold that could only end in ``expired``), it goes where its point prediction meets
+  its objective: a decider's measured error then mostly counts the other deciders' unseen
+  placements of the same instant (``waiver.py``). One decider keeps the high-end test (there
+  the same rule raised the regret at 0.5 x L67).
 
 So at normal load every gate opens before a request's objective is gone, and a reject means the
 request would most likely have missed anyway; under overload (interactive work waiting, no room below the
@@ -123,6 +119,7 @@ from agents.policy.slomax.fairness import VirtualTokenCounter
 from agents.policy.slomax.feedback import GoodputSource
 from agents.policy.slomax.placement import PrefillLoad, Rows
 from agents.policy.slomax.timing import ObservedTtft, ReofferGap, WaitingWork
+from agents.policy.slomax.waiver import Waiver, at_best
 from agents.policy.types import (
     BLOCK_TOKENS,
     Admission,
@@ -142,36 +139,7 @@ _RANK = {INTERACTIVE: 0, LONG_CONTEXT: 1, BATCH: 2}
 _NO_ROOM = "no instance has prefill room: more would slow its decodes past the TPOT objective"
 
 
-def _out_of_reach(past: _PastGate, allowed: BoolArray) -> bool:
-    """Whether no row of ``allowed`` meets the high end even for the request's own prefill
-    alone (as on an idle instance): a hold by that test could only end in ``expired``."""
-    return not (allowed & (past.waited + past.high * past.predicted.own_s <= past.objective)).any()
-
-
-def _at_best(predicted: RowPrediction, rows: BoolArray | None = None) -> tuple[float, float]:
-    """(TTFT, own prefill) on the row of ``rows`` (None: any) with the lowest predicted TTFT:
-    where the router most likely sends the request."""
-    ttft = predicted.ttft_s if rows is None else np.where(rows, predicted.ttft_s, np.inf)
-    if not len(ttft):
-        return np.inf, 0.0
-    row = int(np.argmin(ttft))
-    return float(ttft[row]), float(predicted.own_s[row])
-
-
 _CALM = "no interactive work waits"
-
-
-@dataclass(frozen=True, slots=True)
-class _PastGate:
-    """What letting a request past a gate needs: its class, prediction, wait, objective, the
-    high end of its prediction's error, and why it may pass (it is due, or nothing waits)."""
-
-    slo_class: str
-    predicted: RowPrediction
-    waited: float
-    objective: float
-    high: float
-    why: str
 
 
 @dataclass(slots=True)
@@ -332,7 +300,7 @@ class SloMax:
             predicted = self._predict(offer, view, now_s, ready, pending)
             answer = self._decide(offer, predicted, now_s, capacity, interactive_waits, rows)
             if answer.action == "admit":
-                _, own = _at_best(predicted, answer.candidates)  # its prefill where it likely runs
+                _, own = at_best(predicted, answer.candidates)  # its prefill where it likely runs
                 pending += request.input_tokens
                 rows.taken(cls.slo_class, answer.candidates, own)
                 self._admitted(request, cls, own, answer.predicted_ttft_s, now_s)
@@ -367,7 +335,7 @@ class SloMax:
     ) -> Admission:
         request, cls = offer.request, offer.cls
         name = cls.slo_class
-        ttft, _ = _at_best(predicted)
+        ttft, _ = at_best(predicted)
         if ttft == np.inf:  # no ready instance serves its model (yet): wait for one
             return self._queue(request, name, f"no ready instance serves {request.model}")
         held = request.key in self._held
@@ -391,7 +359,7 @@ class SloMax:
                 where = rows.for_request(name, predicted.own_s, urgent)
                 if where is None:
                     return self._queue(request, BATCH, _NO_ROOM, ttft)
-                ttft, _ = _at_best(predicted, where)
+                ttft, _ = at_best(predicted, where)
                 return self._admit(f"slomax: batch {why}", ttft, where)
             return self._queue(request, BATCH, f"batch gate closed: predicted TTFT {ttft:.2f} s", ttft)
         objective = self._objective_of(name)
@@ -408,7 +376,7 @@ class SloMax:
         due = waited + self._reoffer.gap_s + high * ttft > objective
         calm = not interactive_waits and self._calm(now_s)
         why = "a hold would miss its objective" if due else _CALM
-        past = _PastGate(name, predicted, waited, objective, high, why)
+        past = Waiver(name, predicted, waited, objective, high, why)
         if name == LONG_CONTEXT and not rows.long_room():
             reason = "every instance is prefilling its share of long prompts"
             return (
@@ -429,12 +397,12 @@ class SloMax:
         limit = min(headroom * objective, (objective - waited) / (1.0 + self.ttft_margin))
         fits = where & (predicted.ttft_s <= limit)
         if not fits.any():
-            ttft, _ = _at_best(predicted, where)
+            ttft, _ = at_best(predicted, where)
             reason = f"predicted TTFT {ttft:.2f} s over {limit:.2f} s (headroom and margin)"
             if due or (name == LONG_CONTEXT and calm):
                 return self._past(request, past, reason, where, ttft)
             return self._queue(request, name, reason, ttft)
-        ttft, _ = _at_best(predicted, fits)
+        ttft, _ = at_best(predicted, fits)
         return self._admit(f"slomax: {name} within headroom", ttft, fits)
 
     def _calm(self, now_s: float) -> bool:
@@ -448,19 +416,16 @@ class SloMax:
             self.waiting.held_elsewhere(event.key, event.time_s + self._objective_of(INTERACTIVE))
 
     def _past(
-        self, request: RequestView, past: _PastGate, gate: str, where: BoolArray | None, ttft: float
+        self, request: RequestView, past: Waiver, gate: str, where: BoolArray | None, ttft: float
     ) -> Admission:
         """A request let past the ``gate`` that would hold it: admitted onto the rows of ``where``
-        (None: any that serves it) where even the high end of its prediction meets its objective;
+        (None: any that serves it) where it most likely meets its objective (``Waiver.rows``);
         held if there are none (it expires once even the low end misses)."""
         predicted = past.predicted
-        allowed = np.isfinite(predicted.ttft_s) if where is None else where
-        rows = allowed & (past.waited + past.high * predicted.ttft_s <= past.objective)
-        if not rows.any() and self.lane[1] > 1 and _out_of_reach(past, allowed):
-            rows = allowed & (past.waited + predicted.ttft_s <= past.objective)  # (module docstring)
+        rows = past.rows(np.isfinite(predicted.ttft_s) if where is None else where, self.lane[1] > 1)
         if not rows.any():
             return self._queue(request, past.slo_class, gate, ttft)
-        ttft, _ = _at_best(predicted, rows)
+        ttft, _ = at_best(predicted, rows)
         return self._admit(f"slomax: gate waived, {past.why} ({gate})", ttft, rows)
 
     def _predict(
