@@ -31,7 +31,11 @@ from tests.integration.streaming import Collector, heartbeat, publish, unique
 from tests.integration.streaming import worker as worker_process
 
 POOL = "llama3-8b"  # the emulated fleet's model: this broker is ours alone
-RECOVERY_BUDGET_S = 10.0
+# Routing again after the broker's return: the child exits at once when the broker goes away and a
+# fresh one starts and joins once it answers. Measured 9.30-10.79 s on 2 cores (2026-12-03, on this
+# and the previous commit alike), so 10 s failed one run in two; 15 s is the bound issue 26 sets
+# for a dead worker's partitions to be routed again. A worker that stalls (37 s before) still fails.
+RECOVERY_BUDGET_S = 15.0
 FLEET_RECOVERY_BUDGET_S = 15.0  # the fleet executes again (measured: 5.65 and 6.21 s)
 
 
