@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from agents.policy.common.slo import LONG_CONTEXT
 from agents.policy.fleetmind.notices import FleetNotice
 from agents.policy.stages import (
     AdmissionStage,
@@ -63,7 +64,6 @@ if TYPE_CHECKING:  # slomax imports this module
 
 NO_CAPACITY_POOL = "no_capacity"
 DEFERRED_POOL = "deferred"
-LONG_CONTEXT = "long_context"  # the class a long prompt is in (``agents.policy.common.slo``)
 LOG_DELAY_S = 0.005
 """How late a decider reads the other deciders' placements: the embedded broker's round trip
 (``Scheduler.log_delay_s``; the simulator's ``--decision-log-delay`` sets it)."""

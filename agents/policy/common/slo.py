@@ -28,10 +28,13 @@ class SloClass:
         return None if self.client_timeout_s is None else arrival_s + self.client_timeout_s
 
 
+INTERACTIVE, LONG_CONTEXT, BATCH = "interactive", "long_context", "batch"
+"""The default classes' names (every stage that treats a class apart names it by these)."""
+
 DEFAULT_SLO_CLASSES: dict[str, SloClass] = {
-    "interactive": SloClass("interactive", ttft_s=2.0, tpot_s=0.1, client_timeout_s=10.0),
-    "long_context": SloClass("long_context", ttft_s=15.0, tpot_s=0.15, client_timeout_s=60.0),
-    "batch": SloClass("batch", ttft_s=None, tpot_s=None, deadline=True),
+    INTERACTIVE: SloClass(INTERACTIVE, ttft_s=2.0, tpot_s=0.1, client_timeout_s=10.0),
+    LONG_CONTEXT: SloClass(LONG_CONTEXT, ttft_s=15.0, tpot_s=0.15, client_timeout_s=60.0),
+    BATCH: SloClass(BATCH, ttft_s=None, tpot_s=None, deadline=True),
 }
 
 LONG_CONTEXT_INPUT_TOKENS = 32_768
@@ -42,7 +45,7 @@ def classify(input_tokens: int, declared: str | None) -> str:
     """SLO class of a request: the declared one if any, else by input length."""
     if declared:
         return declared
-    return "long_context" if input_tokens > LONG_CONTEXT_INPUT_TOKENS else "interactive"
+    return LONG_CONTEXT if input_tokens > LONG_CONTEXT_INPUT_TOKENS else INTERACTIVE
 
 
 def meets_slo(

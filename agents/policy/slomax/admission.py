@@ -111,8 +111,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agents.policy.common.slo import DEFAULT_SLO_CLASSES, LONG_CONTEXT_INPUT_TOKENS, SloClass
-from agents.policy.slomax.classes import BATCH, INTERACTIVE, LONG_CONTEXT, Classified, ClassRules
+from agents.policy.common.slo import (
+    BATCH,
+    DEFAULT_SLO_CLASSES,
+    INTERACTIVE,
+    LONG_CONTEXT,
+    LONG_CONTEXT_INPUT_TOKENS,
+    SloClass,
+)
+from agents.policy.slomax.classes import Classified, ClassRules
 from agents.policy.slomax.controller import Controller, Knobs, Step
 from agents.policy.slomax.errors import PredictionErrors
 from agents.policy.slomax.fairness import VirtualTokenCounter

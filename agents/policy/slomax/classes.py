@@ -15,10 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from agents.policy.common.slo import LONG_CONTEXT_INPUT_TOKENS
+from agents.policy.common.slo import BATCH, INTERACTIVE, LONG_CONTEXT, LONG_CONTEXT_INPUT_TOKENS
 from agents.policy.types import RequestView
 
-INTERACTIVE, LONG_CONTEXT, BATCH = "interactive", "long_context", "batch"
 CLASSES = (INTERACTIVE, LONG_CONTEXT, BATCH)
 """The classes SLOMax keeps a queue pool for, in the order it serves them within a tier."""
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from agents.policy.slomax.classes import BATCH, INTERACTIVE
+from agents.policy.common.slo import BATCH, INTERACTIVE
 from agents.policy.slomax.feedback import ClassWindow
 
 

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from agents.policy.common.numeric import FloatArray
-from agents.policy.slomax.classes import LONG_CONTEXT
+from agents.policy.common.slo import LONG_CONTEXT
 from agents.policy.types import BoolArray, ClusterView
 
 DECODE_LAW = (0.01, 4e-5, 8e-8)
