@@ -3,7 +3,7 @@
 For each offer (new arrivals, and the held requests again at every new snapshot) the requests
 are considered in serving order:
 
-    (tier, class rank, tenant's virtual token counter, slack)
+    (tier, its tenant not crowded out, class rank, tenant's virtual token counter, slack)
 
 class rank: interactive 0, long_context 1, batch 2 (a batch request whose deadline is near,
 ``urgent`` below, ranks 0); slack = objective - waited (interactive, long_context) or deadline -
@@ -99,7 +99,13 @@ a hold another decider begins (``HeldElsewhere``, read from the admission log) o
 request counts for the calm test as an own hold until its placement is read, or, if none is, until
 its objective has passed (a held request is rejected once it can no longer meet it).
 
-Tenants inside a tier are served by token-weighted fair queuing (``fairness.py``). ``headroom``
+Tenants inside a tier are served by token-weighted fair queuing (``fairness.py``), and no tenant
+is crowded out by another's flood: while a tenant holds more than its weighted part of the
+pool's tokens in flight, the tenants below their own part (``fairness.under_share``) are served
+first, whatever their class, and a batch request that keeps its tenant within its part passes
+the saturated batch gate. With one tenant, or every tenant near its part, nothing changes.
+(Letting them take the prefill room below the TPOT objective itself, as a due request does, too
+cost 10 % of the goodput at L67 on a held-out mix: ``docs/results/slomax.md``.) ``headroom``
 and ``batch_share`` are moved by the control loop (``controller.py``) from measured goodput
 read through a ``GoodputSource`` (``bind_feedback``); without one they keep their defaults.
 """
@@ -122,7 +128,7 @@ from agents.policy.common.slo import (
 from agents.policy.slomax.classes import Classified, ClassRules
 from agents.policy.slomax.controller import Controller, Knobs, Step
 from agents.policy.slomax.errors import PredictionErrors
-from agents.policy.slomax.fairness import VirtualTokenCounter
+from agents.policy.slomax.fairness import VirtualTokenCounter, under_share
 from agents.policy.slomax.feedback import GoodputSource
 from agents.policy.slomax.placement import PrefillLoad, Rows
 from agents.policy.slomax.timing import ObservedTtft, ReofferGap, WaitingWork
@@ -242,6 +248,7 @@ class SloMax:
         self.waiting = WaitingWork()  # when interactive work last waited, here or elsewhere
         self.lane = (0, 1)  # decider k of the pool's n (``Scheduler.decide_in_lane``)
         self._backlogged: set[str] = set()  # tenants with requests in the previous offer
+        self._under: dict[str, int] = {}  # tenants below their fair part (fairness.under_share)
         self._mask_key: tuple[int, str] = (-1, "")
         self._view: ClusterView | None = None  # the last snapshot offered (for others' placements)
         self._mask: BoolArray = np.zeros(0, dtype=bool)
@@ -289,9 +296,18 @@ class SloMax:
         for tenant in active - self._backlogged:  # back after a gap: no credit for idleness
             self.fair.lift(tenant, self._backlogged & active)
         self._backlogged = active
-        offers.sort(key=lambda o: (o.cls.tier, o.rank, self.fair.counter(o.request.tenant), o.slack_hint))
         ready = max(int(view.ready.sum()), 1)
         capacity = int(view.kv_total[view.ready].sum()) * BLOCK_TOKENS
+        self._under = under_share(self._tenant_tokens, active, self.rules.tenant_weights)
+        offers.sort(
+            key=lambda o: (
+                o.cls.tier,
+                o.request.tenant not in self._under,
+                o.rank,
+                self.fair.counter(o.request.tenant),
+                o.slack_hint,
+            )
+        )
         pending = 0  # prefill tokens admitted in this offer, not yet seen by the router
         tpot = self._tpot_objective()
         room, due_room = self.prefill.room(view, now_s, self.tpot_headroom * tpot, tpot)
@@ -361,8 +377,18 @@ class SloMax:
             saturated = interactive_waits or ttft > self.saturation * self._objective_of(INTERACTIVE)
             share = self.knobs.batch_share * capacity
             tokens = self._class_tokens.get(BATCH, 0) + request.input_tokens + request.output_budget
-            if urgent or not saturated or tokens <= share:
-                why = "urgent" if urgent else "idle capacity" if not saturated else "within batch share"
+            part = self._under.get(request.tenant, -1)  # its tenant's fair part, if crowded out
+            claim = holds + request.input_tokens + request.output_budget <= part
+            if urgent or not saturated or tokens <= share or claim:
+                why = (
+                    "urgent"
+                    if urgent
+                    else "idle capacity"
+                    if not saturated
+                    else "within batch share"
+                    if tokens <= share
+                    else "within its tenant's fair share"
+                )
                 where = rows.for_request(name, predicted.own_s, urgent)
                 if where is None:
                     return self._queue(request, BATCH, _NO_ROOM, ttft)

@@ -13,7 +13,7 @@ from agents.policy.pipeline import Scheduler
 from agents.policy.slomax import SloMax
 from agents.policy.slomax.classes import ClassRules
 from agents.policy.slomax.controller import Controller, Knobs
-from agents.policy.slomax.fairness import VirtualTokenCounter
+from agents.policy.slomax.fairness import VirtualTokenCounter, under_share
 from agents.policy.slomax.feedback import ClassWindow, InMemoryGoodput
 from agents.policy.slomax.placement import PrefillLoad
 from agents.policy.types import (
@@ -266,6 +266,31 @@ def test_a_flooding_tenant_cannot_take_the_other_tenants_share() -> None:
         admission.observe(Finished(done.request_id, 1, "i0", "ok", 400, 0, 100, 0.1, 0.01, k + 0.5))
         waiting = [r for r in waiting if r is not done]
     assert served["quiet"] >= 9  # about half of the 20 rounds, though it offers 1/6 of the requests
+
+
+def test_under_share_names_the_tenants_crowded_out_by_weight() -> None:
+    assert under_share({"a": 900, "b": 100}, [], {}) == {"b": 500}  # a holds 900 of its 500
+    assert under_share({"a": 900, "b": 100}, [], {"a": 9.0}) == {}  # 900 is a's part at weight 9
+    assert under_share({"a": 900}, ["b"], {}) == {"b": 450}  # b waits with nothing in flight
+    assert under_share({"a": 900}, ["a"], {}) == {}  # one tenant: nobody is crowded out
+    assert under_share({"a": 550, "b": 450}, [], {}) == {}  # b is below its part, not crowded out
+
+
+def test_a_crowded_out_tenants_batch_request_goes_first_and_passes_the_saturated_gate() -> None:
+    """The pool is saturated (predicted TTFT 1.5 s) and its batch share full: a batch request
+    waits, unless its tenant holds less than its part while another holds more."""
+    s, _, router = slomax(predicted=0.1, batch_share=0.0001)
+    (big,) = s.submit([req("h0", tenant="heavy", input_tokens=5000)], cluster_view(2), 0.0)
+    assert big.action == "admit"  # heavy holds 5 100 tokens in flight, light none
+    router.ttft_s = 1.5
+    batch = {"task_type": "batch", "deadline": 1e6, "input_tokens": 400}
+    offer = [req("h1", tenant="heavy", **batch), req("l1", tenant="light", **batch)]  # type: ignore[arg-type]
+    outcomes = {o.request.request_id: o for o in s.submit(offer, cluster_view(2), 1.0)}
+    assert outcomes["l1"].action == "admit" and "fair share" in outcomes["l1"].admission_reason
+    assert outcomes["h1"].action == "queue"
+    # The same offer with nobody above its part: both wait for the pool.
+    s, _, _ = slomax(predicted=1.5, batch_share=0.0001)
+    assert [o.action for o in s.submit(offer, cluster_view(2), 1.0)] == ["queue", "queue"]
 
 
 # --- feedback and the controller ------------------------------------------------------------------
