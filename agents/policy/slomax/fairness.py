@@ -54,9 +54,9 @@ class VirtualTokenCounter:
 
 CROWDED_OUT = 0.5
 """How far below its part a tenant must be to count as crowded out. Tenants of equal demand
-drift around their parts all the time; at 1.0 (any tenant below its part) the rule reordered the
-synthetic mix's six equal tenants constantly and cost 13 % of its goodput at L67 (9 205 -> 7 996
-tokens/s, ``python -m bench.slomax --l67 4.172``); at 0.5 it leaves them alone."""
+drift around their parts all the time, and at 1.0 (any tenant below its part) the rule reorders
+the synthetic mix's six equal tenants constantly: 8 992 tokens/s of goodput at L67 against 9 154
+at 0.5 (``python -m bench.slomax --l67 4.172``, one run each)."""
 
 
 def under_share(
