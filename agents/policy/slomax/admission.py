@@ -105,7 +105,7 @@ pool's tokens in flight, the tenants below their own part (``fairness.under_shar
 first, whatever their class, and a batch request that keeps its tenant within its part passes
 the saturated batch gate. With one tenant, or every tenant near its part, nothing changes.
 (Letting them take the prefill room below the TPOT objective itself, as a due request does, too
-cost 10 % of the goodput at L67 on a held-out mix: ``docs/results/slomax.md``.) ``headroom``
+cost 13 % of the goodput at L67 on a held-out mix: ``docs/results/slomax.md``.) ``headroom``
 and ``batch_share`` are moved by the control loop (``controller.py``) from measured goodput
 read through a ``GoodputSource`` (``bind_feedback``); without one they keep their defaults.
 """
