@@ -364,7 +364,8 @@ class SloMax:
         held = request.key in self._held
         quota = self.tenant_quota_tokens
         holds = self._tenant_tokens.get(request.tenant, 0)
-        if quota is not None and holds and holds + request.input_tokens + request.output_budget > quota:
+        need = request.input_tokens + request.output_budget  # what it would hold in flight
+        if quota is not None and holds and holds + need > quota:
             detail = f"tenant {request.tenant} holds {holds} of its {quota} tokens in flight"
             return self._reject(request, "over_quota", detail, 1.0)
         if name == BATCH:
@@ -376,19 +377,15 @@ class SloMax:
             urgent = slack < self.deadline_margin_s
             saturated = interactive_waits or ttft > self.saturation * self._objective_of(INTERACTIVE)
             share = self.knobs.batch_share * capacity
-            tokens = self._class_tokens.get(BATCH, 0) + request.input_tokens + request.output_budget
             part = self._under.get(request.tenant, -1)  # its tenant's fair part, if crowded out
-            claim = holds + request.input_tokens + request.output_budget <= part
-            if urgent or not saturated or tokens <= share or claim:
-                why = (
-                    "urgent"
-                    if urgent
-                    else "idle capacity"
-                    if not saturated
-                    else "within batch share"
-                    if tokens <= share
-                    else "within its tenant's fair share"
-                )
+            gates = (
+                (urgent, "urgent"),
+                (not saturated, "idle capacity"),
+                (self._class_tokens.get(BATCH, 0) + need <= share, "within batch share"),
+                (holds + need <= part, "within its tenant's fair share"),
+            )
+            why = next((reason for opened, reason in gates if opened), "")
+            if why:
                 where = rows.for_request(name, predicted.own_s, urgent)
                 if where is None:
                     return self._queue(request, BATCH, _NO_ROOM, ttft)
@@ -561,7 +558,11 @@ class SloMax:
                 return
             self._prefilled(entry)
             self._class_tokens[entry.slo_class] -= entry.tokens
-            self._tenant_tokens[entry.tenant] -= entry.tokens
+            left = self._tenant_tokens[entry.tenant] - entry.tokens
+            if left:
+                self._tenant_tokens[entry.tenant] = left
+            else:  # (a tenant with nothing in flight leaves the tally the fair part scans)
+                del self._tenant_tokens[entry.tenant]
             self.fair.settle(key, event.output_tokens)
 
     def placed(self, request: RequestView, instance_id: str) -> None:
