@@ -15,7 +15,9 @@
 
 3. Fairness (``--fairness``): two equal-weight tenants on the same mix, one offering 5x the
    other's load (tenant-0's requests are ``light``, tenant-1..5's are ``heavy``), at L67: the
-   light tenant's goodput with the heavy one present / its goodput alone, per policy.
+   light tenant's goodput with the heavy one present / its goodput alone, per policy; and the
+   same for its met output (requests of the window that met their objective, counted wherever
+   they ended: goodput drops those still decoding when the window closes).
 
 "admitted": the request's last attempt was not rejected by the scheduler. Every batch job of
 these workloads is feasible at submission (its whole work, alone on the fleet, takes minutes
@@ -113,26 +115,38 @@ def tenants_of(workload: Workload) -> Workload:
 
 def tenant_goodput(
     workload: Workload, fleet: FleetSpec, policy: str, config: SimConfig, tenant: str
-) -> float:
-    """Goodput (tokens/s over the run's window) of ``tenant``'s requests."""
+) -> tuple[float, float]:
+    """``tenant``'s goodput (tokens/s over the run's window), and its met output: the output
+    tokens of its requests of the window that met their objective, wherever they ended, over
+    the same window (goodput counts only those that ended inside it)."""
     result = simulate(workload, fleet, policy, config)
     own = [a for a in result.attempts if a.request.tenant == tenant]
-    good = sum(r.good_tokens for r in outcomes(own, result.window, config.slo_classes))
-    return good / max(result.window[1] - result.window[0], 1e-9)
+    last = {a.request.request_id: a for a in sorted(own, key=lambda a: a.attempt)}
+    requests = outcomes(own, result.window, config.slo_classes)
+    window_s = max(result.window[1] - result.window[0], 1e-9)
+    good = sum(r.good_tokens for r in requests)
+    met = sum(last[r.request_id].generated for r in requests if r.good)
+    return good / window_s, met / window_s
 
 
 def fairness(workload: Workload, fleet: FleetSpec, config: SimConfig, scale: float) -> dict[str, Any]:
+    """The light tenant's goodput with the heavy one / alone (``kept``), and the same for its
+    met output (``kept_met``): what it loses beyond the requests that met their objective but
+    ended after the window closed, which sharing busy engines (slower decode steps) makes more."""
     both = tenants_of(workload).scaled(scale)
     alone = Workload(f"{both.name}-light-alone", tuple(r for r in both.requests if r.tenant == "light"))
     heavy = sum(r.tenant == "heavy" for r in both.requests)
     figures: dict[str, Any] = {"light_requests": len(alone.requests), "heavy_requests": heavy}
     for policy in POLICIES[:2]:
-        with_heavy = tenant_goodput(both, fleet, policy, config, "light")
-        by_itself = tenant_goodput(alone, fleet, policy, config, "light")
+        with_heavy, met_with_heavy = tenant_goodput(both, fleet, policy, config, "light")
+        by_itself, met_by_itself = tenant_goodput(alone, fleet, policy, config, "light")
         figures[policy] = {
             "light_goodput_with_heavy": round(with_heavy, 1),
             "light_goodput_alone": round(by_itself, 1),
             "kept": round(with_heavy / by_itself, 4) if by_itself else None,
+            "light_met_output_with_heavy": round(met_with_heavy, 1),
+            "light_met_output_alone": round(met_by_itself, 1),
+            "kept_met": round(met_with_heavy / met_by_itself, 4) if met_by_itself else None,
         }
     return figures
 
@@ -216,7 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"fairness at L67 ({fair['light_requests']} light vs {fair['heavy_requests']} heavy requests): "
             + "; ".join(
                 f"{p}: light keeps {fair[p]['kept']:.1%} of its goodput alone "
-                f"({fair[p]['light_goodput_with_heavy']} vs {fair[p]['light_goodput_alone']} tokens/s)"
+                f"({fair[p]['light_goodput_with_heavy']} vs {fair[p]['light_goodput_alone']} tokens/s), "
+                f"{fair[p]['kept_met']:.1%} of its met output"
                 for p in POLICIES[:2]
             ),
             flush=True,
