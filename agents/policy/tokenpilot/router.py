@@ -35,8 +35,12 @@ enter the queue, never predicted seconds, so a prediction error cannot compound 
 decision to the next.
 
 θ is not hand-tuned: one ``OnlineLinearModel`` per engine profile is calibrated online from
-completions (the features recorded at decision time against the TTFT the completion reports),
-so a heterogeneous pool is compared in seconds, not counts.
+completions (the features recorded at decision time against the first token's time after the
+send: the TTFT the completion reports, counted from the request's arrival, less what it waited
+before it was sent), so a heterogeneous pool is compared in seconds, not counts. A request an
+admission stage held learns no hold time: the features describe the instance from the send on
+(learning batch requests held for minutes as TTFT once set the prefill cost 200-fold, and a
+3k-token prompt's own prefill to 20 s, on an idle pool).
 
 The pick minimises ``TTFT_i + spare_others · delay_i``: ``delay_i`` is what the request does to
 the request queued last on i when its first chunk lands in the same engine step as that one's
@@ -160,6 +164,7 @@ class _Sent:
     due_s: float  # predicted first token (the prediction stretched by the lateness of its size)
     waits_for_step: bool  # sent to a busy instance: it starts at the next step boundary
     mark: tuple[float, float]  # its instance's tokens and pairs ever sent, it included
+    waited_s: float = 0.0  # from its arrival to its send (a hold): not the instance's doing
     own: bool = True  # False: another decider's placement (it calibrates nothing here)
 
 
@@ -585,6 +590,7 @@ class TokenPilot(InstanceSelector):
             due_s,
             bool(busy),
             mark,
+            max(chosen.now_s - request.arrival_s, 0.0),
         )
         if chosen.joined_tokens > 0:
             self._joined(self._last_queued.get(instance_id), chosen)
@@ -676,9 +682,10 @@ class TokenPilot(InstanceSelector):
         if event.ttft_s is not None:  # it had its first token (the event may have been missed)
             self.queues.first_token(sent.instance_id, sent.mark, key)
         if sent.own and event.status == "ok" and event.ttft_s is not None:
-            self.model_for(sent.profile).update(sent.features, event.ttft_s)
+            after_send = event.ttft_s - sent.waited_s  # what the features at the send predicted
+            self.model_for(sent.profile).update(sent.features, after_send)
             if sent.tokens >= 0.5 * sent.features[_PREFILL_TOKENS]:  # mostly its own prefill
-                self.lateness.add(sent.tokens, sent.predicted_s, event.ttft_s)
+                self.lateness.add(sent.tokens, sent.predicted_s, after_send)
             if event.tpot_s is not None and event.output_tokens > 1:
                 self.horizon.add(decode_s(event.tpot_s, event.output_tokens))
                 self.queues.horizon_s = self.horizon.value_s

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -72,8 +73,9 @@ def test_completions_calibrate_the_model() -> None:
     v = view([2, 2], [10_000, 10_000])
     before = dict(pilot.model_for("p").coefficients)
     for k in range(200):
-        (d,) = decide(pilot, [request(f"r{k}", blocks=8 + k % 24)], v, float(k))
-        features = pilot.features(request(f"r{k}", blocks=8 + k % 24), v, float(k))[d.instance]
+        arrived = replace(request(f"r{k}", blocks=8 + k % 24), arrival_s=float(k))  # sent at once
+        (d,) = decide(pilot, [arrived], v, float(k))
+        features = pilot.features(arrived, v, float(k))[d.instance]
         truth = 3.0 * reference.predict_one(features)  # the real fleet is three times slower
         done = Finished(f"r{k}", 1, v.instance_ids[d.instance], "ok", 4096, 0, 10, truth, 0.02, k + 5.0)
         pilot.observe(done)
@@ -81,6 +83,20 @@ def test_completions_calibrate_the_model() -> None:
     assert pilot.models["p"].count == 200
     error = pilot.prediction_error()["p"]
     assert error is not None and error < 0.2  # from 67 % off to within a few percent
+
+
+def test_a_held_request_calibrates_on_its_first_token_after_the_send_not_its_hold() -> None:
+    """An admission stage held it 100 s: the completion's TTFT (from its arrival) is 100.2 s,
+    but the features were recorded at the send, so the model learns the 0.2 s after it."""
+    pilot = TokenPilot(seed=0)
+    learnt: list[float] = []
+    model = pilot.model_for("p")
+    update = model.update
+    model.update = lambda x, y: (learnt.append(y), update(x, y))[1]  # type: ignore[method-assign]
+    held = RequestView("held", 1, "t", "m", "batch", 4096, 64, (), 0.0)  # arrived at 0 s
+    (d,) = decide(pilot, [held], view([0, 0], [0, 0]), 100.0)  # sent at 100 s
+    pilot.observe(Finished("held", 1, f"i{d.instance}", "ok", 4096, 0, 64, 100.2, 0.02, 101.5))
+    assert learnt == [pytest.approx(0.2)]
 
 
 def cold(rid: str, tokens: int) -> RequestView:
@@ -224,7 +240,7 @@ def test_long_prompts_measured_late_slow_the_drain_of_their_size() -> None:
     learnt = TokenPilot(seed=0)
     idle = view([0, 0], [0, 0])
     for k in range(5):
-        (d,) = decide(learnt, [cold(f"long{k}", 65_536)], idle, float(k))
+        (d,) = decide(learnt, [replace(cold(f"long{k}", 65_536), arrival_s=float(k))], idle, float(k))
         assert d.predicted_ttft_s is not None and d.instance is not None
         ttft = 2 * d.predicted_ttft_s
         learnt.observe(
