@@ -13,6 +13,7 @@ from agents.policy.pipeline import Scheduler
 from agents.policy.slomax import SloMax
 from agents.policy.slomax.classes import ClassRules
 from agents.policy.slomax.controller import Controller, Knobs
+from agents.policy.slomax.errors import ErrorBounds
 from agents.policy.slomax.fairness import VirtualTokenCounter, under_share
 from agents.policy.slomax.feedback import ClassWindow, InMemoryGoodput
 from agents.policy.slomax.placement import PrefillLoad
@@ -121,11 +122,14 @@ def test_with_no_ready_instance_a_request_waits_in_its_pool() -> None:
     assert admitted.action == "admit"
 
 
-def test_a_request_that_waited_keeps_a_margin_of_its_remaining_slack() -> None:
-    s, _, router = slomax(predicted=0.45)  # waited 1.5 s of 2: admit by 0.5 / 1.25 = 0.4 s
+def test_a_request_that_waited_keeps_a_margin_and_its_measured_lateness_from_its_slack() -> None:
+    s, admission, router = slomax(predicted=0.45)  # waited 1.5 s of 2: admit by 0.5 / 1.25 = 0.4 s
+    admission.errors.prior = ErrorBounds(0.5, 1.0, late_s=0.2)  # first tokens come 0.2 s late
     (held,) = s.submit([req("a")], cluster_view(2), 1.5)
     assert held.action == "queue"
-    router.ttft_s = 0.35
+    router.ttft_s = 0.35  # within the margin, but 1.5 + 0.35 + 0.2 (late) > 2 s
+    assert not s.tick(cluster_view(2), 1.5)  # still held
+    router.ttft_s = 0.25
     (admitted,) = s.tick(cluster_view(2), 1.5)
     assert admitted.action == "admit"
 
