@@ -403,9 +403,9 @@ class SloMax:
         objective = self._objective_of(name)
         waited = now_s - request.arrival_s
         error = self.errors.bounds(name, request.input_tokens)
-        if waited + error.at_least(ttft) > objective:
+        least = error.at_least(ttft)
+        if waited + least > objective:
             code = "expired" if held else "cannot_meet_slo"
-            least = error.at_least(ttft)
             detail = (
                 f"waited {waited:.2f} s + predicted TTFT {ttft:.2f} s (at least {least:.2f} s) "
                 f"> {objective:g} s objective"
