@@ -138,6 +138,7 @@ from agents.policy.slomax.controller import Controller, Knobs, Step
 from agents.policy.slomax.errors import PredictionErrors
 from agents.policy.slomax.fairness import VirtualTokenCounter, under_share
 from agents.policy.slomax.feedback import GoodputSource
+from agents.policy.slomax.in_flight import InFlight
 from agents.policy.slomax.placement import PrefillLoad, Rows
 from agents.policy.slomax.timing import ObservedTtft, ReofferGap, WaitingWork
 from agents.policy.slomax.waiver import Waiver, at_best
@@ -161,19 +162,6 @@ _NO_ROOM = "no instance has prefill room: more would slow its decodes past the T
 
 
 _CALM = "no interactive work waits"
-
-
-@dataclass(slots=True)
-class _InFlight:
-    slo_class: str
-    tenant: str
-    tokens: int  # input + output budget: what it may hold of the pool's capacity
-    prefilling: bool
-    prefill_s: float  # its own predicted prefill time
-    input_tokens: int
-    predicted_s: float | None  # the TTFT admission predicted were it sent then
-    waited_s: float  # how long it had waited when admitted
-    instance_id: str = ""  # where it was placed (once known)
 
 
 @dataclass(slots=True)
@@ -245,10 +233,7 @@ class SloMax:
         self._source: GoodputSource | None = None
         self._record: Callable[[Step], None] | None = None
         self._next_control_s: float | None = None
-        self._in_flight: dict[tuple[str, int], _InFlight] = {}
-        self._class_tokens: dict[str, int] = {}
-        self._tenant_tokens: dict[str, int] = {}
-        self._long_on: dict[str, int] = {}  # instance id -> long prompts placed there, prefilling
+        self.in_flight = InFlight(self.fair, self.prefill)
         self._held: set[tuple[str, int]] = set()
         self._observed = ObservedTtft()
         self.errors = PredictionErrors()
@@ -306,7 +291,7 @@ class SloMax:
         self._backlogged = active
         ready = max(int(view.ready.sum()), 1)
         capacity = int(view.kv_total[view.ready].sum()) * BLOCK_TOKENS
-        self._under = under_share(self._tenant_tokens, active, self.rules.tenant_weights)
+        self._under = under_share(self.in_flight.tenant_tokens, active, self.rules.tenant_weights)
         offers.sort(
             key=lambda o: (
                 o.cls.tier,
@@ -319,7 +304,8 @@ class SloMax:
         pending = 0  # prefill tokens admitted in this offer, not yet seen by the router
         tpot = self._tpot_objective()
         room, due_room = self.prefill.room(view, now_s, self.tpot_headroom * tpot, tpot)
-        rows = Rows(view, self._long_on, self.long_prefills_per_instance, self.long_share, room, due_room)
+        long_on = self.in_flight.long_on
+        rows = Rows(view, long_on, self.long_prefills_per_instance, self.long_share, room, due_room)
         interactive_waits = False
         batch_closed = False  # a batch request was refused its gate: later ones are too
         for offer in offers:
@@ -371,7 +357,7 @@ class SloMax:
             return self._queue(request, name, f"no ready instance serves {request.model}")
         held = request.key in self._held
         quota = self.tenant_quota_tokens
-        holds = self._tenant_tokens.get(request.tenant, 0)
+        holds = self.in_flight.tenant_tokens.get(request.tenant, 0)
         need = request.input_tokens + request.output_budget  # what it would hold in flight
         if quota is not None and holds and holds + need > quota:
             detail = f"tenant {request.tenant} holds {holds} of its {quota} tokens in flight"
@@ -389,7 +375,7 @@ class SloMax:
             gates = (
                 (urgent, "urgent"),
                 (not saturated, "idle capacity"),
-                (self._class_tokens.get(BATCH, 0) + need <= share, "within batch share"),
+                (self.in_flight.class_tokens.get(BATCH, 0) + need <= share, "within batch share"),
                 (holds + need <= part, "within its tenant's fair share"),
             )
             why = next((reason for opened, reason in gates if opened), "")
@@ -453,7 +439,7 @@ class SloMax:
 
     def held_elsewhere(self, event: HeldElsewhere) -> None:
         """Another decider holds an interactive request: it waits (module docstring)."""
-        if event.slo_class == INTERACTIVE and event.key not in self._in_flight:
+        if event.slo_class == INTERACTIVE and event.key not in self.in_flight:
             self.waiting.held_elsewhere(event.key, event.time_s + self._objective_of(INTERACTIVE))
 
     def _past(
@@ -531,20 +517,11 @@ class SloMax:
 
     def _admitted(
         self, request: RequestView, cls: Classified, prefill_s: float, predicted: float | None, now_s: float
-    ) -> _InFlight | None:
-        """Count an admitted request in flight (None: it already was)."""
+    ) -> bool:
+        """Count an admitted request in flight (False: it already was)."""
         self._held.discard(request.key)
-        if request.key in self._in_flight:
-            return None  # offered again (held for capacity by the pipeline): counted once
-        tokens = request.input_tokens + request.output_budget
-        waited = now_s - request.arrival_s
-        entry = self._in_flight[request.key] = _InFlight(
-            cls.slo_class, request.tenant, tokens, True, prefill_s, request.input_tokens, predicted, waited
-        )
-        self._class_tokens[cls.slo_class] = self._class_tokens.get(cls.slo_class, 0) + tokens
-        self._tenant_tokens[request.tenant] = self._tenant_tokens.get(request.tenant, 0) + tokens
-        self.fair.charge(request.key, request.tenant, cls.weight, request.input_tokens, request.output_budget)
-        return entry
+        entry = self.in_flight.admit(request, cls.slo_class, cls.weight, prefill_s, predicted, now_s)
+        return entry is not None
 
     def _count(self, answer: Admission) -> None:
         code = answer.reason.split(":", 1)[0] if answer.action == "reject" else answer.action
@@ -554,39 +531,19 @@ class SloMax:
         if isinstance(event, Placed):
             self._placed_elsewhere(event)
         elif isinstance(event, FirstToken):
-            entry = self._in_flight.get((event.request_id, event.attempt))
+            entry = self.in_flight.first_token((event.request_id, event.attempt))
             if entry is not None:
                 self._observed.add(entry.slo_class, event.ttft_s, event.time_s)
                 if entry.predicted_s is not None:
                     got = event.ttft_s - entry.waited_s  # from the admission it predicted for
                     self.errors.add(entry.slo_class, entry.input_tokens, entry.predicted_s, got)
-                self._prefilled(entry)
         elif isinstance(event, Finished):
             key = (event.request_id, event.attempt)
             self._held.discard(key)
-            entry = self._in_flight.pop(key, None)
-            if entry is None:
-                return
-            self._prefilled(entry)
-            self._class_tokens[entry.slo_class] -= entry.tokens
-            left = self._tenant_tokens[entry.tenant] - entry.tokens
-            if left:
-                self._tenant_tokens[entry.tenant] = left
-            else:  # (a tenant with nothing in flight leaves the tally the fair part scans)
-                del self._tenant_tokens[entry.tenant]
-            self.fair.settle(key, event.output_tokens)
+            self.in_flight.finish(key, event.output_tokens)
 
     def placed(self, request: RequestView, instance_id: str) -> None:
-        entry = self._in_flight.get(request.key)
-        if entry is not None:
-            self._place(entry, instance_id, self._now)
-
-    def _place(self, entry: _InFlight, instance_id: str, now_s: float) -> None:
-        if entry.prefilling and not entry.instance_id:
-            entry.instance_id = instance_id
-            self.prefill.add(instance_id, entry.prefill_s, now_s)
-            if entry.slo_class == LONG_CONTEXT:
-                self._long_on[instance_id] = self._long_on.get(instance_id, 0) + 1
+        self.in_flight.place(request.key, instance_id, self._now)
 
     def _placed_elsewhere(self, event: Placed) -> None:
         """Another decider admitted and placed ``event.request`` (module docstring)."""
@@ -594,9 +551,8 @@ class SloMax:
         self.waiting.placed(request.key, event.time_s)  # (if another's hold: it ended now)
         cls = self.rules.classify(request)
         prefill_s = self._prefill_on(request, event.instance_id, event.time_s)
-        entry = self._admitted(request, cls, prefill_s, None, event.time_s)
-        if entry is not None:
-            self._place(entry, event.instance_id, event.time_s)
+        if self._admitted(request, cls, prefill_s, None, event.time_s):
+            self.in_flight.place(request.key, event.instance_id, event.time_s)
 
     def _prefill_on(self, request: RequestView, instance_id: str, now_s: float) -> float:
         """The request's own prefill seconds on ``instance_id``: the router's prediction on the
@@ -610,13 +566,3 @@ class SloMax:
     def withdrawn(self, key: tuple[str, int]) -> None:
         """A held request left its pool without an answer (its client gave up)."""
         self._held.discard(key)
-
-    def _prefilled(self, entry: _InFlight) -> None:
-        if entry.prefilling:
-            entry.prefilling = False
-            if entry.slo_class == LONG_CONTEXT and entry.instance_id:
-                left = self._long_on[entry.instance_id] - 1
-                if left:
-                    self._long_on[entry.instance_id] = left
-                else:
-                    del self._long_on[entry.instance_id]

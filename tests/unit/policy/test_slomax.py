@@ -493,7 +493,7 @@ def test_another_deciders_placement_takes_prefill_room_and_the_long_prompt_share
     (placed,) = s.submit([req("b")], cluster_view(2), 0.5)
     assert (placed.action, placed.instance_id) == ("admit", "i0")
     s.observe(FirstToken("a", 1, "i1", 2.0, 2.4))  # its prefill is done: it leaves the share
-    assert not admission._long_on
+    assert not admission.in_flight.long_on
 
 
 def test_an_interactive_request_another_decider_holds_keeps_the_long_prompt_gates_shut() -> None:
