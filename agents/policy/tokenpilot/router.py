@@ -101,11 +101,8 @@ such calls, numpy's ``features · θ`` and the Python that records it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
-import numpy.typing as npt
 
 from agents.policy.common.numeric import BoolArray, FloatArray, IntArray, blocks_for
 from agents.policy.common.prefix_index import PrefixIndex
@@ -117,6 +114,8 @@ from agents.policy.tokenpilot.horizon import DecodeHorizon
 from agents.policy.tokenpilot.lateness import PrefillLateness
 from agents.policy.tokenpilot.predictor import OnlineLinearModel
 from agents.policy.tokenpilot.queues import PrefillQueues
+from agents.policy.tokenpilot.sends import Chosen, Sent
+from agents.policy.tokenpilot.snapshot import Fixed, Profiles, RowFeatures, Scratch, ViewRows
 from agents.policy.tokenpilot.stepclock import StepClock
 from agents.policy.types import (
     BLOCK_TOKENS,
@@ -153,113 +152,6 @@ INTERACTIVE_TPOT_S = DEFAULT_SLO_CLASSES["interactive"].tpot_s or 0.1
 """The TPOT the decode-harm term protects by default: the interactive class's objective."""
 
 
-@dataclass(slots=True)
-class _Sent:
-    instance_id: str
-    profile: str
-    features: FloatArray
-    tokens: float  # its uncached prompt tokens and their pairs, as added to the queue
-    pairs: float
-    predicted_s: float  # its predicted TTFT, as the model gave it
-    due_s: float  # predicted first token (the prediction stretched by the lateness of its size)
-    waits_for_step: bool  # sent to a busy instance: it starts at the next step boundary
-    mark: tuple[float, float]  # its instance's tokens and pairs ever sent, it included
-    waited_s: float = 0.0  # from its arrival to its send (a hold): not the instance's doing
-    own: bool = True  # False: another decider's placement (it calibrates nothing here)
-
-
-@dataclass(slots=True)
-class _Chosen:
-    """What ``pick`` decided, for ``on_routed`` to record (computed once, used twice)."""
-
-    now_s: float
-    features: FloatArray
-    predicted_s: float
-    tokens: float
-    pairs: float
-    joined_tokens: float  # of its first chunk, run in the step that ends the last queued request
-    joined_pairs: float
-    prefill_s: float  # its own predicted prefill seconds there (what the decodes' harm counts)
-
-
-class _Rows(NamedTuple):
-    """What ``_features`` computes per row of the view for one request (``kernels.row_features``)."""
-
-    features: FloatArray  # n x len(FEATURES)
-    # 5 x n: its own uncached prompt tokens P_i and their attention token pairs; B_i, requests
-    # running (heartbeat + own sends since); C_i, their context tokens; s_i, a decode step there
-    rows: FloatArray
-    thetas: FloatArray  # θ of each profile of the view (``_ViewRows.names``), one row each
-
-    @property
-    def new(self) -> FloatArray:
-        new: FloatArray = self.rows[0]
-        return new
-
-    @property
-    def pairs(self) -> FloatArray:
-        pairs: FloatArray = self.rows[1]
-        return pairs
-
-
-@dataclass(frozen=True, slots=True)
-class _Profiles:
-    """The engine profiles of a view's rows: ``names`` (sorted; the rows of the θ matrix a
-    kernel reads), each row's index into them, the rows of each (one slice if uniform) and each
-    row's name."""
-
-    column: npt.NDArray[np.str_]  # the view's profile column they were read from
-    names: tuple[str, ...]
-    of_row: IntArray
-    groups: list[tuple[str, slice | IntArray]]
-    by_row: list[str]
-
-    @classmethod
-    def of(cls, column: npt.NDArray[np.str_]) -> _Profiles:
-        unique, inverse = np.unique(column, return_inverse=True)
-        names = tuple(str(name) for name in unique)
-        of_row = np.array(inverse, dtype=np.int64).reshape(len(column))
-        if len(names) == 1:
-            groups: list[tuple[str, slice | IntArray]] = [(names[0], slice(None))]
-        else:
-            groups = [(name, np.flatnonzero(of_row == k)) for k, name in enumerate(names)]
-        return cls(column, names, of_row, groups, [names[k] for k in of_row.tolist()])
-
-
-@dataclass(frozen=True, slots=True)
-class _ViewRows:
-    """What the kernels read of one snapshot, prepared once per ``view.version``: its counts as
-    contiguous int64 arrays (one compiled kernel for every way a view is built) and its rows'
-    engine profiles."""
-
-    version: int
-    profiles: _Profiles
-    counts: IntArray  # 3 x n: requests running, tokens in flight, KV blocks free (heartbeat's)
-
-
-@dataclass(frozen=True, slots=True)
-class _Fixed:
-    """What every decision on one snapshot reads that only an observation changes (θ, the step
-    clock's scale, the decode horizon, the lateness): gathered once, not per request of a
-    batch. ``clock``: the step clock's slot of each row and its columns (``StepClock.columns``)."""
-
-    version: int
-    observed: int  # ``TokenPilot._observed`` when gathered (the ends learnt from)
-    rows: _ViewRows
-    thetas: FloatArray
-    scales: FloatArray  # the step clock's, per profile
-    clock: tuple[IntArray, FloatArray, FloatArray, IntArray, BoolArray, FloatArray]
-    lateness: FloatArray  # ``PrefillLateness.ratio``
-    horizon_s: float  # H of the decode-harm term
-
-
-class _Scratch(NamedTuple):
-    features: FloatArray  # n x len(FEATURES)
-    rows: FloatArray  # 5 x n (``_Rows.rows``)
-    scores: FloatArray  # 3 x n: the first chunk joining, its own prefill seconds, the score
-    near: IntArray  # the rows near the lowest score
-
-
 class TokenPilot(InstanceSelector):
     name = "tokenpilot"
     wants_kv_events = True
@@ -287,15 +179,15 @@ class TokenPilot(InstanceSelector):
         self.queues = PrefillQueues(tpot_horizon_s)
         self.horizon = DecodeHorizon(tpot_horizon_s)  # H: learned from completions, at most this
         self.lateness = PrefillLateness()
-        self._sent: dict[tuple[str, int], _Sent] = {}
-        self._chosen = _Chosen(0.0, np.zeros(len(FEATURES)), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        self._sent: dict[tuple[str, int], Sent] = {}
+        self._chosen = Chosen(0.0, np.zeros(len(FEATURES)), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         self._last_queued: dict[str, tuple[str, int]] = {}  # instance id -> last request sent there
         self._batch_keys: set[tuple[str, int]] = set()  # the requests of the batch being decided
         self._revised: dict[tuple[str, int], float] = {}  # of those: seconds others' chunks add
-        self._view_rows: _ViewRows | None = None  # of the last snapshot decided on
-        self._fixed: _Fixed | None = None
-        self._scratch: _Scratch | None = None
-        self._observed = 0  # ends observed so far (each may change what ``_Fixed`` holds)
+        self._view_rows: ViewRows | None = None  # of the last snapshot decided on
+        self._fixed: Fixed | None = None
+        self._scratch: Scratch | None = None
+        self._observed = 0  # ends observed so far (each may change what ``Fixed`` holds)
         self._budget = float(prefill_budget)
         self.clock = StepClock(phase_steps, phase_lost_share)
         self._last_view: ClusterView | None = None  # the last snapshot decided on (for ``Placed``)
@@ -351,7 +243,7 @@ class TokenPilot(InstanceSelector):
         # (Python floats from here on: the same IEEE doubles, cheaper to compute with)
         joined, tokens, predicted_s = float(scores[0, row]), float(own_tokens[row]), float(predicted[row])
         cached = request.input_tokens - tokens
-        self._chosen = _Chosen(
+        self._chosen = Chosen(
             now_s,
             features[row].copy(),  # (a scratch array: the next decision overwrites it)
             predicted_s,
@@ -407,9 +299,9 @@ class TokenPilot(InstanceSelector):
         request: RequestView,
         view: ClusterView,
         now_s: float,
-        fixed: _Fixed | None = None,
-        scratch: _Scratch | None = None,
-    ) -> _Rows:
+        fixed: Fixed | None = None,
+        scratch: Scratch | None = None,
+    ) -> RowFeatures:
         """Features, and per row the request's own uncached tokens and their attention pairs, and
         the decode batch and its context (formulas: ``kernels.row_features``; the queues are
         drained to ``now_s`` first). In ``scratch``'s arrays if given (they are overwritten by the
@@ -462,26 +354,26 @@ class TokenPilot(InstanceSelector):
         if type(clock).wait is not StepClock.wait:  # a clock of its own (``bench.phase``'s oracle)
             scale = fixed.scales[at.profiles.of_row]
             features[:, _BOUNDARY_WAIT] = clock.wait(view, now_s, open_requests, rows[2], rows[4], scale)
-        return _Rows(features, rows, thetas)
+        return RowFeatures(features, rows, thetas)
 
-    def _scratch_for(self, n: int) -> _Scratch:
+    def _scratch_for(self, n: int) -> Scratch:
         """The arrays a decision on ``n`` rows computes into (one set, reused: nothing of a
-        decision's arrays is kept beyond it, ``_Chosen`` copies what it keeps)."""
+        decision's arrays is kept beyond it, ``Chosen`` copies what it keeps)."""
         if self._scratch is None or len(self._scratch.near) != n:
-            self._scratch = _Scratch(
+            self._scratch = Scratch(
                 np.empty((n, len(FEATURES))), np.empty((5, n)), np.empty((3, n)), np.empty(n, dtype=np.int64)
             )
         return self._scratch
 
-    def _fixed_for(self, view: ClusterView) -> _Fixed:
-        """``_Fixed`` for ``view`` as things stand (kept until the snapshot changes or something
+    def _fixed_for(self, view: ClusterView) -> Fixed:
+        """``Fixed`` for ``view`` as things stand (kept until the snapshot changes or something
         is observed)."""
         fixed = self._fixed
         if fixed is not None and fixed.version == view.version and fixed.observed == self._observed:
             return fixed
         at = self._rows_of(view)
         names = at.profiles.names
-        self._fixed = _Fixed(
+        self._fixed = Fixed(
             view.version,
             self._observed,
             at,
@@ -507,7 +399,7 @@ class TokenPilot(InstanceSelector):
         now_s: float,
         sent: IntArray,
         sent_tokens: IntArray,
-        at: _ViewRows,
+        at: ViewRows,
         thetas: FloatArray,
     ) -> tuple[FloatArray, FloatArray]:
         """Prefill tokens and pairs queued ahead per row, drained to ``now_s`` at the predicted
@@ -536,8 +428,8 @@ class TokenPilot(InstanceSelector):
         queues.drain(now_s, step_s, self.prefill_budget)
         return queues.tokens, queues.pairs
 
-    def _rows_of(self, view: ClusterView) -> _ViewRows:
-        """What the kernels read of ``view`` (``_ViewRows``), once per snapshot; the profiles
+    def _rows_of(self, view: ClusterView) -> ViewRows:
+        """What the kernels read of ``view`` (``ViewRows``), once per snapshot; the profiles
         are read again only when the profile column changes (the streaming worker's snapshots
         share it until the pool's membership changes)."""
         cached = self._view_rows
@@ -546,9 +438,9 @@ class TokenPilot(InstanceSelector):
         if cached is not None and cached.profiles.column is view.profile:
             profiles = cached.profiles
         else:
-            profiles = _Profiles.of(view.profile)
+            profiles = Profiles.of(view.profile)
         counts = np.array([view.running, view.tokens_in_flight, view.kv_total - view.kv_used], dtype=np.int64)
-        self._view_rows = _ViewRows(view.version, profiles, counts.reshape(3, len(view)))
+        self._view_rows = ViewRows(view.version, profiles, counts.reshape(3, len(view)))
         return self._view_rows
 
     def _thetas(self, profiles: tuple[str, ...]) -> FloatArray:
@@ -580,7 +472,7 @@ class TokenPilot(InstanceSelector):
         mark = self.queues.add(row, chosen.tokens, chosen.pairs, chosen.prefill_s, key, due_s)
         # Busy (a decode batch, or prefill queued ahead of it): it starts at the next step boundary.
         busy = chosen.features[_STEPS_X_BATCH] > 0 or chosen.features[_PREFILL_TOKENS] > chosen.tokens
-        self._sent[key] = _Sent(
+        self._sent[key] = Sent(
             instance_id,
             profile,
             chosen.features,
@@ -598,7 +490,7 @@ class TokenPilot(InstanceSelector):
         # Credit: the instance will hold these blocks once it prefills them (KV events confirm).
         self.index.add(instance_id, request.block_hashes)
 
-    def _joined(self, key: tuple[str, int] | None, chosen: _Chosen) -> None:
+    def _joined(self, key: tuple[str, int] | None, chosen: Chosen) -> None:
         """``chosen``'s first chunk runs in the step that ends the prefill of ``key``, the
         request queued last on that instance. If that request is in the batch being decided
         and waits for a step boundary (an idle instance starts it at once, alone), its first
@@ -643,7 +535,7 @@ class TokenPilot(InstanceSelector):
             key = request.key
             self.clock.sent(instance_id, profile, key, event.time_s)
             mark = self.queues.add(row, tokens, pairs, prefill_s, key, due_s)
-            self._sent[key] = _Sent(
+            self._sent[key] = Sent(
                 instance_id, profile, _NO_FEATURES, tokens, pairs, predicted, due_s, False, mark, own=False
             )
             self._last_queued[instance_id] = key
@@ -660,7 +552,7 @@ class TokenPilot(InstanceSelector):
     def observe(self, event: Observation) -> None:
         self._observe(event)
         if isinstance(event, Finished):  # θ, the clock's scale, the horizon, the lateness learn
-            self._observed += 1  # only from ends: what ``_Fixed`` holds may have changed
+            self._observed += 1  # only from ends: what ``Fixed`` holds may have changed
 
     def _observe(self, event: Observation) -> None:
         if isinstance(event, Placed):
