@@ -161,10 +161,12 @@ class Admission:
 class RowPrediction:
     """A router's prediction for a request were it sent now, per row of the view: ``ttft_s``
     its time to first token on that row, of which ``own_s`` its own prefill (what it would take
-    on an idle instance; the rest waits for work queued ahead). Seconds; read-only."""
+    on an idle instance; the rest waits for work queued ahead). Seconds; read-only. ``per_row``
+    False: a pool estimate, not a router's, the same on every row that serves the model."""
 
     ttft_s: FloatArray
     own_s: FloatArray
+    per_row: bool = True
 
 
 @runtime_checkable

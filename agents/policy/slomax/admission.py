@@ -421,7 +421,7 @@ class SloMax:
         headroom = self.knobs.headroom if name == INTERACTIVE else self.long_headroom
         limit = min(headroom * objective, (objective - waited) / (1.0 + self.ttft_margin))
         fits = where & (predicted.ttft_s <= limit)
-        if self._router is not None:  # (the pool estimate: see the module docstring)
+        if predicted.per_row:  # (not the pool estimate: see the module docstring)
             fits &= past.meets(predicted.ttft_s)
         if not fits.any():
             ttft, _ = at_best(predicted, where)
@@ -468,7 +468,7 @@ class SloMax:
             return RowPrediction(np.where(serves, predicted.ttft_s + queued_s, np.inf), predicted.own_s)
         own_s = request.input_tokens / self.prefill_tokens_per_s
         wait = self._observed.wait_s(offer.cls.slo_class, now_s) + queued_s
-        return RowPrediction(np.where(serves, wait + own_s, np.inf), np.full(len(view), own_s))
+        return RowPrediction(np.where(serves, wait + own_s, np.inf), np.full(len(view), own_s), per_row=False)
 
     def _model_mask(self, request: RequestView, view: ClusterView) -> BoolArray:
         key = (view.version, request.model)
