@@ -25,8 +25,8 @@ from typing import Any, cast
 
 from sim.engine.fleet import parse_fleet
 from sim.evaluation.capacity import capacities
+from sim.loop.config import SimConfig
 from sim.loop.deciders import DECISION_LOG_DELAY_S, SPLITS, DeciderSplit
-from sim.loop.runner import SimConfig
 from sim.workloads.sources import open_workload
 
 FLEET = "8xllama3-8b-h100"

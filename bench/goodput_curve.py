@@ -28,7 +28,7 @@ from typing import Any, cast
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES
 from sim.engine.fleet import parse_fleet
 from sim.evaluation.compare import compare
-from sim.loop.runner import SimConfig
+from sim.loop.config import SimConfig
 from sim.workloads.sources import open_workload
 
 POLICIES = ("round-robin", "tokenpilot", "slomax+tokenpilot", "slomax+least-tokens")

@@ -38,7 +38,8 @@ from sim.engine.instance import Instance
 from sim.evaluation.capacity import interactive_share
 from sim.evaluation.metrics import report
 from sim.evaluation.scoreboard import ENGINES, WORKLOADS, ScoredWorkload
-from sim.loop.runner import SimConfig, Simulation, scheduler_for
+from sim.loop.config import SimConfig
+from sim.loop.runner import Simulation, scheduler_for
 from sim.workloads.sources import open_workload
 
 MODES = ("clock", "stream", "exact")

@@ -12,7 +12,8 @@ import statistics
 import time
 
 from sim.engine.fleet import parse_fleet
-from sim.loop.runner import SimConfig, simulate
+from sim.loop.config import SimConfig
+from sim.loop.runner import simulate
 from sim.workloads import MOONCAKE
 from sim.workloads.trace import load_workload
 

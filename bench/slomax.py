@@ -41,7 +41,8 @@ from agents.policy.slomax import SloMax
 from sim.engine.fleet import FleetSpec, parse_fleet
 from sim.evaluation.cost import costs
 from sim.evaluation.metrics import outcomes, percentile, report
-from sim.loop.runner import SimConfig, Simulation, simulate
+from sim.loop.config import SimConfig
+from sim.loop.runner import Simulation, simulate
 from sim.workloads.sources import open_workload
 from sim.workloads.trace import Workload
 

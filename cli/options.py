@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
-    from sim.loop.runner import SimConfig
+    from sim.loop.config import SimConfig
 
 DEFAULT_FLEET = "8xllama3-8b-h100"
 
@@ -182,7 +182,7 @@ def sim_config(
 ) -> SimConfig:
     """The simulator's configuration from the options its commands share: ``deciders`` per pool
     read each other's placements ``log_delay`` s late, requests split by ``split``."""
-    from sim.loop.runner import SimConfig
+    from sim.loop.config import SimConfig
 
     return SimConfig(
         seed=seed,

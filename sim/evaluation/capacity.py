@@ -30,8 +30,9 @@ from sim.evaluation.compare import check_policies
 from sim.evaluation.cost import costs
 from sim.evaluation.metrics import judged, measurement_window, outcomes, report
 from sim.evaluation.violations import judge_run
+from sim.loop.config import SimConfig
 from sim.loop.deciders import caption
-from sim.loop.runner import SimConfig, simulate
+from sim.loop.runner import simulate
 from sim.workloads.trace import Workload
 
 INTERACTIVE = "interactive"

@@ -14,7 +14,8 @@ from sim.evaluation.ideal import ideal_attempts
 from sim.evaluation.metrics import RequestOutcome, judged, report
 from sim.evaluation.regret import pass_through_twin, rejected_met_without_admission
 from sim.evaluation.violations import judge_run
-from sim.loop.runner import SimConfig, simulate
+from sim.loop.config import SimConfig
+from sim.loop.runner import simulate
 from sim.workloads.trace import Workload
 
 IDEAL = "ideal"

@@ -30,8 +30,9 @@ from sim.engine.instance import Attempt
 from sim.evaluation.compare import check_policies
 from sim.evaluation.metrics import outcomes, percentile, report, summarize
 from sim.evaluation.violations import judge_run
+from sim.loop.config import SimConfig
 from sim.loop.deciders import caption
-from sim.loop.runner import RunResult, SimConfig, simulate
+from sim.loop.runner import RunResult, simulate
 from sim.scenarios import Scenario
 
 BIN_S = 5.0

@@ -31,7 +31,7 @@ from typing import Any
 
 from sim.engine.fleet import parse_fleet
 from sim.evaluation.capacity import capacities, format_capacity
-from sim.loop.runner import SimConfig
+from sim.loop.config import SimConfig
 from sim.workloads import AZURE_CODE, MOONCAKE
 from sim.workloads.sources import open_workload
 

@@ -33,7 +33,8 @@ from sim.engine.fleet import FleetSpec
 from sim.engine.instance import Attempt
 from sim.evaluation.ideal import ideal_attempts
 from sim.evaluation.metrics import measurement_window, percentile
-from sim.loop.runner import SimConfig, Simulation, scheduler_for
+from sim.loop.config import SimConfig
+from sim.loop.runner import Simulation, scheduler_for
 from sim.workloads.trace import Workload
 
 LOST_TOKENS = 8192

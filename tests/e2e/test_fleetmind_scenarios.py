@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from sim.evaluation.scenario import run_scenario
-from sim.loop.runner import SimConfig
+from sim.loop.config import SimConfig
 from sim.scenarios import load_scenario
 
 

@@ -17,7 +17,8 @@ from infra.clickhouse.goodput import ClickHouseGoodput, ClickHouseOutcomes
 from infra.clickhouse.sink import met_slo
 from schemas.events import AdmissionDecision, Completion
 from sim.engine.fleet import parse_fleet
-from sim.loop.runner import SimConfig, simulate
+from sim.loop.config import SimConfig
+from sim.loop.runner import simulate
 from sim.workloads.sources import open_workload
 
 T0 = 1_700_000_000.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bench.slomax import fairness, run, table
 from sim.engine.fleet import parse_fleet
-from sim.loop.runner import SimConfig
+from sim.loop.config import SimConfig
 from sim.workloads.sources import open_workload
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from sim.engine.fleet import parse_fleet
-from sim.loop.runner import SimConfig, simulate
+from sim.loop.config import SimConfig
+from sim.loop.runner import simulate
 from sim.workloads.sources import open_workload
 
 PINNED = Path(__file__).with_name("data") / "tokenpilot_pinned.json"

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from sim.evaluation.capacity import MAX_SCALE, MIN_SCALE, Probe, bisect_capacity, capacities
-from sim.loop.runner import SimConfig
+from sim.loop.config import SimConfig
 from sim.workloads.sources import open_workload
 from tests.unit.sim.helpers import fleet_of
 

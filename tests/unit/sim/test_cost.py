@@ -11,7 +11,8 @@ from agents.policy.common.slo import DEFAULT_SLO_CLASSES
 from sim.engine.fleet import fleet_from_doc
 from sim.evaluation.cost import costs
 from sim.evaluation.metrics import judged
-from sim.loop.runner import SimConfig, simulate
+from sim.loop.config import SimConfig
+from sim.loop.runner import simulate
 from tests.unit.sim.helpers import fleet_of, request, workload
 
 SLO = dict(DEFAULT_SLO_CLASSES)

@@ -13,7 +13,8 @@ from agents.policy.pipeline import Scheduler
 from agents.policy.types import BLOCK_TOKENS, BoolArray, ClusterView, Placement, RequestView
 from sim.engine.instance import Attempt, Instance
 from sim.engine.profiles import EngineOptions, KvAllocation
-from sim.loop.runner import SimConfig, Simulation, simulate
+from sim.loop.config import SimConfig
+from sim.loop.runner import Simulation, simulate
 from tests.unit.sim.helpers import LLAMA, fleet_of, request, with_budget, workload
 
 

@@ -20,7 +20,8 @@ from agents.policy.types import (
     Placement,
     RequestView,
 )
-from sim.loop.runner import SimConfig, Simulation
+from sim.loop.config import SimConfig
+from sim.loop.runner import Simulation
 from sim.workloads.sources import open_workload
 from sim.workloads.trace import Workload
 from tests.unit.sim.helpers import fleet_of, request, workload

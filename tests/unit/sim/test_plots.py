@@ -11,7 +11,7 @@ from cli.main import main
 from sim.engine.fleet import parse_fleet
 from sim.evaluation.capacity import capacities
 from sim.evaluation.compare import compare
-from sim.loop.runner import SimConfig
+from sim.loop.config import SimConfig
 from sim.workloads.sources import open_workload
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -11,7 +11,8 @@ import yaml
 from cli.main import main
 from sim.engine.fleet import fleet_from_doc
 from sim.evaluation.scenario import run_scenario
-from sim.loop.runner import MAX_FAILURE_RETRIES, SimConfig, simulate
+from sim.loop.config import SimConfig
+from sim.loop.runner import MAX_FAILURE_RETRIES, simulate
 from sim.scenarios import SCENARIO_DIR, load_scenario, scenario_names
 from sim.workloads.trace import load_records
 

@@ -10,7 +10,8 @@ import pytest
 from agents.policy import Scheduler
 from agents.policy.defaults import HomeDc, PassThrough
 from agents.policy.types import BlocksChanged, BoolArray, ClusterView, Observation, Placement, RequestView
-from sim.loop.runner import SimConfig, Simulation
+from sim.loop.config import SimConfig
+from sim.loop.runner import Simulation
 from sim.workloads.trace import Workload
 from tests.unit.sim.helpers import fleet_of, request, workload
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from sim.evaluation.tail import LOST_TOKENS, analyse
-from sim.loop.runner import SimConfig
+from sim.loop.config import SimConfig
 from tests.unit.sim.helpers import LLAMA, fleet_of, request, workload
 
 BLOCKS = LOST_TOKENS // 512  # a prompt this long, once lost, counts

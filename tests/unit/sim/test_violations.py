@@ -19,7 +19,8 @@ from agents.policy.types import RequestView
 from sim.engine.fleet import fleet_from_doc
 from sim.evaluation import violations
 from sim.evaluation.violations import KINDS, FleetFile, count_violations, judge_run, placement_breaches
-from sim.loop.runner import Send, SimConfig, simulate
+from sim.loop.config import SimConfig
+from sim.loop.runner import Send, simulate
 from sim.scenarios import SCENARIO_DIR, load_scenario
 from sim.workloads.trace import TraceRequest, load_records
 

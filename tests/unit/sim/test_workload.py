@@ -192,7 +192,8 @@ def test_arrivals_at_one_instant_are_measured_until_the_last_completion(tmp_path
     from agents.policy.common.slo import DEFAULT_SLO_CLASSES
     from sim.engine.fleet import parse_fleet
     from sim.evaluation.metrics import measurement_window, report
-    from sim.loop.runner import SimConfig, simulate
+    from sim.loop.config import SimConfig
+    from sim.loop.runner import simulate
 
     trace = tmp_path / "instant.jsonl"
     trace.write_text(
@@ -213,7 +214,8 @@ def test_arrivals_at_one_instant_are_measured_until_the_last_completion(tmp_path
 
 def test_a_record_with_an_unknown_field_or_slo_class_is_one_clear_error(tmp_path: Path) -> None:
     from sim.engine.fleet import parse_fleet
-    from sim.loop.runner import SimConfig, simulate
+    from sim.loop.config import SimConfig
+    from sim.loop.runner import simulate
 
     typo = tmp_path / "typo.jsonl"
     typo.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5, "slo_clas": "batch"}\n')
