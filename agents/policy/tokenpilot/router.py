@@ -110,6 +110,15 @@ from agents.policy.common.selector import InstanceSelector
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES
 from agents.policy.common.timing import decode_s
 from agents.policy.tokenpilot import kernels
+from agents.policy.tokenpilot.features import (
+    BOUNDARY_WAIT,
+    FEATURES,
+    PREFILL_PAIRS,
+    PREFILL_TOKENS,
+    PRIOR,
+    STEPS,
+    STEPS_X_BATCH,
+)
 from agents.policy.tokenpilot.horizon import DecodeHorizon
 from agents.policy.tokenpilot.lateness import PrefillLateness
 from agents.policy.tokenpilot.predictor import OnlineLinearModel
@@ -130,22 +139,6 @@ from agents.policy.types import (
     RowPrediction,
 )
 
-FEATURES = (
-    "steps",
-    "steps_x_batch",
-    "steps_x_context",
-    "prefill_tokens",
-    "prefill_pairs",
-    "kv_shortfall_blocks",
-    "boundary_wait_s",
-)
-PRIOR = (0.01, 4e-5, 8e-8, 3e-5, 1.5e-9, 0.01, 1.0)
-"""A generic H100 7-8B engine, as a soft starting point; calibration replaces it within minutes."""
-_STEPS = FEATURES.index("steps")
-_STEPS_X_BATCH = FEATURES.index("steps_x_batch")
-_PREFILL_TOKENS = FEATURES.index("prefill_tokens")
-_PREFILL_PAIRS = FEATURES.index("prefill_pairs")
-_BOUNDARY_WAIT = FEATURES.index("boundary_wait_s")
 _NO_FEATURES = np.zeros(len(FEATURES))  # of another decider's send: it calibrates nothing here
 _NO_FEATURES.flags.writeable = False
 INTERACTIVE_TPOT_S = DEFAULT_SLO_CLASSES["interactive"].tpot_s or 0.1
@@ -263,9 +256,9 @@ class TokenPilot(InstanceSelector):
         and FleetMind compares DCs by; nothing is recorded (the queues only drain to ``now_s``)."""
         predicted, own_tokens, own_pairs = self._predicted(request, view, now_s)
         alone = np.zeros((len(view), len(FEATURES)))
-        alone[:, _STEPS] = np.ceil(own_tokens / self._budget)
-        alone[:, _PREFILL_TOKENS] = own_tokens
-        alone[:, _PREFILL_PAIRS] = own_pairs
+        alone[:, STEPS] = np.ceil(own_tokens / self._budget)
+        alone[:, PREFILL_TOKENS] = own_tokens
+        alone[:, PREFILL_PAIRS] = own_pairs
         return RowPrediction(predicted, self._predict(alone, view))
 
     def _predicted(
@@ -353,7 +346,7 @@ class TokenPilot(InstanceSelector):
         )
         if type(clock).wait is not StepClock.wait:  # a clock of its own (``bench.phase``'s oracle)
             scale = fixed.scales[at.profiles.of_row]
-            features[:, _BOUNDARY_WAIT] = clock.wait(view, now_s, open_requests, rows[2], rows[4], scale)
+            features[:, BOUNDARY_WAIT] = clock.wait(view, now_s, open_requests, rows[2], rows[4], scale)
         return RowFeatures(features, rows, thetas)
 
     def _scratch_for(self, n: int) -> Scratch:
@@ -471,7 +464,7 @@ class TokenPilot(InstanceSelector):
         due_s = chosen.now_s + chosen.predicted_s * self.lateness.of(chosen.tokens)
         mark = self.queues.add(row, chosen.tokens, chosen.pairs, chosen.prefill_s, key, due_s)
         # Busy (a decode batch, or prefill queued ahead of it): it starts at the next step boundary.
-        busy = chosen.features[_STEPS_X_BATCH] > 0 or chosen.features[_PREFILL_TOKENS] > chosen.tokens
+        busy = chosen.features[STEPS_X_BATCH] > 0 or chosen.features[PREFILL_TOKENS] > chosen.tokens
         self._sent[key] = Sent(
             instance_id,
             profile,
@@ -503,9 +496,9 @@ class TokenPilot(InstanceSelector):
         if sent is None or not sent.waits_for_step:
             return
         theta = self.model_for(sent.profile).theta
-        extra = chosen.joined_tokens * theta[_PREFILL_TOKENS] + chosen.joined_pairs * theta[_PREFILL_PAIRS]
-        sent.features[_PREFILL_TOKENS] += chosen.joined_tokens
-        sent.features[_PREFILL_PAIRS] += chosen.joined_pairs
+        extra = chosen.joined_tokens * theta[PREFILL_TOKENS] + chosen.joined_pairs * theta[PREFILL_PAIRS]
+        sent.features[PREFILL_TOKENS] += chosen.joined_tokens
+        sent.features[PREFILL_PAIRS] += chosen.joined_pairs
         sent.due_s += extra
         self._revised[key] = self._revised.get(key, 0.0) + extra
 
@@ -531,7 +524,7 @@ class TokenPilot(InstanceSelector):
                 predicted = event.predicted_ttft_s
             lateness = self.lateness.of(tokens)
             due_s = event.time_s + predicted * lateness
-            prefill_s = (tokens * theta[_PREFILL_TOKENS] + pairs * theta[_PREFILL_PAIRS]) * lateness
+            prefill_s = (tokens * theta[PREFILL_TOKENS] + pairs * theta[PREFILL_PAIRS]) * lateness
             key = request.key
             self.clock.sent(instance_id, profile, key, event.time_s)
             mark = self.queues.add(row, tokens, pairs, prefill_s, key, due_s)
@@ -576,7 +569,7 @@ class TokenPilot(InstanceSelector):
         if sent.own and event.status == "ok" and event.ttft_s is not None:
             after_send = event.ttft_s - sent.waited_s  # what the features at the send predicted
             self.model_for(sent.profile).update(sent.features, after_send)
-            if sent.tokens >= 0.5 * sent.features[_PREFILL_TOKENS]:  # mostly its own prefill
+            if sent.tokens >= 0.5 * sent.features[PREFILL_TOKENS]:  # mostly its own prefill
                 self.lateness.add(sent.tokens, sent.predicted_s, after_send)
             if event.tpot_s is not None and event.output_tokens > 1:
                 self.horizon.add(decode_s(event.tpot_s, event.output_tokens))

@@ -8,10 +8,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from agents.policy.tokenpilot.features import FEATURES, PRIOR
 from agents.policy.tokenpilot.horizon import DecodeHorizon
 from agents.policy.tokenpilot.lateness import PrefillLateness
 from agents.policy.tokenpilot.predictor import OnlineLinearModel
-from agents.policy.tokenpilot.router import FEATURES, PRIOR, TokenPilot
+from agents.policy.tokenpilot.router import TokenPilot
 from agents.policy.types import (
     BLOCK_TOKENS,
     BlocksChanged,
