@@ -529,8 +529,7 @@ class SloMax:
     ) -> bool:
         """Count an admitted request in flight (False: it already was)."""
         self._held.discard(request.key)
-        entry = self.in_flight.admit(request, cls.slo_class, cls.weight, prefill_s, predicted, now_s)
-        return entry is not None
+        return self.in_flight.admit(request, cls.slo_class, cls.weight, prefill_s, predicted, now_s)
 
     def _count(self, answer: Admission) -> None:
         code = answer.reason.split(":", 1)[0] if answer.action == "reject" else answer.action

@@ -62,19 +62,19 @@ class InFlight:
         prefill_s: float,
         predicted_s: float | None,
         now_s: float,
-    ) -> Entry | None:
-        """Count an admitted request in flight (None: it already was)."""
+    ) -> bool:
+        """Count an admitted request in flight (False: it already was)."""
         if request.key in self._entries:
-            return None
+            return False
         tokens = request.input_tokens + request.output_budget
         waited = now_s - request.arrival_s
-        entry = self._entries[request.key] = Entry(
+        self._entries[request.key] = Entry(
             slo_class, request.tenant, tokens, prefill_s, request.input_tokens, predicted_s, waited
         )
         self.class_tokens[slo_class] = self.class_tokens.get(slo_class, 0) + tokens
         self.tenant_tokens[request.tenant] = self.tenant_tokens.get(request.tenant, 0) + tokens
         self._fair.charge(request.key, request.tenant, weight, request.input_tokens, request.output_budget)
-        return entry
+        return True
 
     def place(self, key: Key, instance_id: str, now_s: float) -> None:
         """The request runs on ``instance_id`` from ``now_s``: its prefill counts there."""
