@@ -26,7 +26,8 @@ instance), each request gets one answer:
                   measured error (``errors.py``, below) for its class and prompt size, not
                   one margin for all (with a fixed 25 % margin of what is left beside it,
                   Mooncake at 0.5 x L67 let 409 requests expire that ``tokenpilot`` served,
-                  343 without; the synthetic and held-out mixes were unchanged). The pool
+                  343 without, on seed 0; 252 and 253 on seed 1; the synthetic and held-out
+                  mixes were unchanged). The pool
                   estimate (below) has no per-row error: there the bound is
                   (objective - waited) / (1 + ``ttft_margin``), 25 % of what is left
     long_context: the same with long_headroom (4.5 s of 15 s), and an instance prefills
