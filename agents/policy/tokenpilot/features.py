@@ -17,6 +17,8 @@ PRIOR = (0.01, 4e-5, 8e-8, 3e-5, 1.5e-9, 0.01, 1.0)
 """A generic H100 7-8B engine, as a soft starting point; calibration replaces it within minutes."""
 STEPS = FEATURES.index("steps")
 STEPS_X_BATCH = FEATURES.index("steps_x_batch")
+STEPS_X_CONTEXT = FEATURES.index("steps_x_context")
 PREFILL_TOKENS = FEATURES.index("prefill_tokens")
 PREFILL_PAIRS = FEATURES.index("prefill_pairs")
+KV_SHORTFALL = FEATURES.index("kv_shortfall_blocks")
 BOUNDARY_WAIT = FEATURES.index("boundary_wait_s")

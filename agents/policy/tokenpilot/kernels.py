@@ -15,8 +15,9 @@ the C library's in the last bit) and the ``features @ θ`` product (OpenBLAS's s
 
 Arguments are 1-d arrays of one value per row of the view (``n``) unless said otherwise;
 ``profile_of_row[i]`` indexes ``thetas`` (one row of θ per engine profile, in ``FEATURES``
-order: T0, c, d, a, b, ...). ``out`` arguments are written (and read back only where the kernel
-wrote them). Nothing is allocated.
+order: T0, c, d, a, b, ...); features and θ are indexed by the names of ``features.py``.
+``out`` arguments are written (and read back only where the kernel wrote them). Nothing is
+allocated.
 """
 
 from __future__ import annotations
@@ -25,6 +26,15 @@ import numpy as np
 
 from agents.policy.common.compiled import kernel
 from agents.policy.common.numeric import BoolArray, FloatArray, IntArray
+from agents.policy.tokenpilot.features import (
+    BOUNDARY_WAIT,
+    KV_SHORTFALL,
+    PREFILL_PAIRS,
+    PREFILL_TOKENS,
+    STEPS,
+    STEPS_X_BATCH,
+    STEPS_X_CONTEXT,
+)
 from agents.policy.tokenpilot.lateness import BUCKETS, MIN_TOKENS
 from agents.policy.types import BLOCK_TOKENS
 
@@ -90,8 +100,12 @@ def queue_pace(
         batch = float(counts[0, i] + sent[i])
         context = float(counts[1, i] + sent_tokens[i])
         pairs_per_step = budget * pairs[i] / _max(tokens[i], 1.0)
-        step = (theta[0] + theta[3] * budget) + theta[1] * batch + theta[2] * context
-        step = step + theta[4] * pairs_per_step
+        step = (
+            (theta[STEPS] + theta[PREFILL_TOKENS] * budget)
+            + theta[STEPS_X_BATCH] * batch
+            + theta[STEPS_X_CONTEXT] * context
+        )
+        step = step + theta[PREFILL_PAIRS] * pairs_per_step
         if late_on:
             step *= _lateness_of(head_tokens[i], lateness)
         step_out[i] = step
@@ -201,24 +215,24 @@ def row_features(
         context = float(counts[1, i] + sent_tokens[i])
         total = queued[i] + new
         steps = np.ceil(total / budget)
-        features_out[i, 0] = steps
-        features_out[i, 1] = steps * batch
-        features_out[i, 2] = steps * context
-        features_out[i, 3] = total
-        features_out[i, 4] = queued_pairs[i] + own_pairs
+        features_out[i, STEPS] = steps
+        features_out[i, STEPS_X_BATCH] = steps * batch
+        features_out[i, STEPS_X_CONTEXT] = steps * context
+        features_out[i, PREFILL_TOKENS] = total
+        features_out[i, PREFILL_PAIRS] = queued_pairs[i] + own_pairs
         short = blocks_needed - float(matched[i])
         short -= float(counts[2, i])
         unseen = float(sent[i]) * output_budget
         unseen += float(sent_tokens[i])
         unseen /= _BLOCK
         short += unseen
-        features_out[i, 5] = _max(short, 0.0)
+        features_out[i, KV_SHORTFALL] = _max(short, 0.0)
         profile = profile_of_row[i]
         theta = thetas[profile]
-        step = theta[0] + theta[1] * batch + theta[2] * context
+        step = theta[STEPS] + theta[STEPS_X_BATCH] * batch + theta[STEPS_X_CONTEXT] * context
         slot = clock_slot_of_row[i]
         step_by_slot[slot] = step
-        features_out[i, 6] = _wait(
+        features_out[i, BOUNDARY_WAIT] = _wait(
             now_s, phase_steps, lost_share, open_requests[i], 0.0 if touched[slot] else batch, step,
             scales[profile], boundary_s[slot], sent_s[slot], awaiting[slot],
         )  # fmt: skip
@@ -306,7 +320,7 @@ def score_rows(
     """TokenPilot's score per row and the rows near its minimum (``TokenPilot.pick``). With
     ``rows`` as ``row_features`` wrote them (P, pairs, B, C, s) and ``recent`` = E:
 
-        q      = (features[:, 3] - P) / budget;  filled = q - floor(q)
+        q      = (features[:, PREFILL_TOKENS] - P) / budget;  filled = q - floor(q)
         chunk  = min(P, (1 - filled) · budget if filled > 0 else 0)   first chunk joining the last queued step
         own    = (P·a + pairs·b) · lateness(P)                          its own prefill seconds
         room   = horizon_s · max(1 - s / tpot_s, 0)
@@ -323,14 +337,14 @@ def score_rows(
     for i in range(n):
         theta = thetas[profile_of_row[i]]
         new = rows[0, i]
-        steps_queued = (features[i, 3] - new) / budget
+        steps_queued = (features[i, PREFILL_TOKENS] - new) / budget
         filled = steps_queued - np.floor(steps_queued)
         room = (1.0 - filled) * budget
         if filled <= 0:
             room = 0.0
         chunk = _min(new, room)
-        score = predicted[i] + spare_others * (chunk * theta[3])
-        own = new * theta[3] + rows[1, i] * theta[4]
+        score = predicted[i] + spare_others * (chunk * theta[PREFILL_TOKENS])
+        own = new * theta[PREFILL_TOKENS] + rows[1, i] * theta[PREFILL_PAIRS]
         if late_on:
             own *= _lateness_of(new, lateness)
         absorbed = horizon_s * _max(1.0 - rows[4, i] / tpot_s, 0.0)
