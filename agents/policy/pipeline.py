@@ -43,6 +43,7 @@ from agents.policy.stages import (
     HoldAware,
     InstanceSelectionStage,
     Noticing,
+    OrdersBatch,
     PlacementAware,
     RouterAware,
     SharesHolds,
@@ -126,6 +127,7 @@ class Scheduler:
                 stage.bind_router(instance_selection)
         # The optional capabilities, resolved once: a runtime Protocol check costs ~10 us.
         self._placement_aware = admission if isinstance(admission, PlacementAware) else None
+        self._orders_batch = instance_selection if isinstance(instance_selection, OrdersBatch) else None
         self._hold_aware = admission if isinstance(admission, HoldAware) else None
         self._shares_holds = admission if isinstance(admission, SharesHolds) else None
         self._noticing = tuple(s for s in self._stages if isinstance(s, Noticing))
@@ -290,7 +292,12 @@ class Scheduler:
         return outcomes, admitted
 
     def _place(self, admitted: list[_Admitted], view: ClusterView, now_s: float) -> list[Outcome]:
-        """Instance selection for the admitted requests, as one batch."""
+        """Instance selection for the admitted requests, as one batch (in the stage's order if
+        it has one, ``OrdersBatch``; the outcomes in the same order)."""
+        if self._orders_batch is not None and len(admitted) > 1:
+            requests = [a.request for a in admitted]
+            order = self._orders_batch.order(requests, [a.candidates for a in admitted], view)
+            admitted = [admitted[i] for i in order]
         requests = [a.request for a in admitted]
         placements = self.instance_selection.place(requests, [a.candidates for a in admitted], view, now_s)
         outcomes = []

@@ -134,6 +134,18 @@ class PlacementAware(Protocol):
 
 
 @runtime_checkable
+class OrdersBatch(Protocol):
+    """An instance-selection stage that decides a batch in an order of its own: ``order``
+    returns a permutation of the batch's indices. The ``Scheduler`` places the batch and
+    reports its outcomes in that order, so the engines receive the requests in the order they
+    were decided (a stage's predictions assume that queue order)."""
+
+    def order(
+        self, requests: Sequence[RequestView], candidates: Sequence[BoolArray], view: ClusterView
+    ) -> list[int]: ...
+
+
+@runtime_checkable
 class Noticing(Protocol):
     """A stage with something to tell operators (FleetMind's DC state changes, reservation
     moves, replica advice): ``drain_notices`` returns what happened since the last call."""

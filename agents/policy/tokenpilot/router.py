@@ -70,6 +70,17 @@ simultaneous arrivals) is predicted as a whole: when a later request's first chu
 step that ends an earlier one's prefill on a busy instance, the earlier prediction (and the
 features calibration records for it) includes that chunk.
 
+The order a batch is decided in (``order``): largest prompt first while the KV cache of the
+batch's candidate instances is less than ``largest_first_below_kv`` used (0.6), else as it came.
+Decided in arrival order, a burst's short prompt often goes first to an idle instance and a
+long prompt of the same instant then lands there too: its prefill chunks ride in every step of
+the short answer's decode, and an answer of a few tokens misses its TPOT (on Mooncake's trace
+every interactive miss at x1 was that). Decided largest first, the long prompt's queue is known
+when the short ones are placed, and they go around it. Once the cache fills, the order goes back
+to arrival: vLLM preempts the request it scheduled last when KV runs out, and a short prompt
+decided after a long one on the same instance would be that request (largest first at any KV
+use doubled the preemptions on Mooncake at x3.375 and lost 7-10 % of goodput there).
+
 A cache-warm but busy instance wins only when the prefill it saves outweighs the queue ahead;
 a burst cannot pile onto one instance because each decision immediately adds its work to that
 instance's queue and in-flight counts, and near-ties are broken at random.
@@ -160,8 +171,10 @@ class TokenPilot(InstanceSelector):
         tpot_s: float = INTERACTIVE_TPOT_S,
         phase_steps: float = 2.0,
         phase_lost_share: float = 0.5,
+        largest_first_below_kv: float = 0.6,
     ) -> None:
         super().__init__(seed)
+        self.largest_first_below_kv = largest_first_below_kv
         self.prefill_budget = prefill_budget
         self.tie_tolerance = tie_tolerance
         self.spare_others = spare_others
@@ -187,6 +200,19 @@ class TokenPilot(InstanceSelector):
         warm_up()
 
     # --- deciding -----------------------------------------------------------------------------
+
+    def order(
+        self, requests: Sequence[RequestView], candidates: Sequence[BoolArray], view: ClusterView
+    ) -> list[int]:
+        """The batch's indices, largest prompt first (ties as they came) while the candidates'
+        KV cache is less than ``largest_first_below_kv`` used, else as they came (module
+        docstring)."""
+        arrival = list(range(len(requests)))
+        rows = np.logical_or.reduce(np.asarray(candidates), axis=0)
+        total = float(view.kv_total[rows].sum())
+        if total <= 0 or float(view.kv_used[rows].sum()) >= self.largest_first_below_kv * total:
+            return arrival
+        return sorted(arrival, key=lambda i: -requests[i].input_tokens)
 
     def start_batch(self, requests: Sequence[RequestView]) -> None:
         self._revised, self._batch_keys = {}, {r.key for r in requests}

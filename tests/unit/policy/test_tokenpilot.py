@@ -149,10 +149,11 @@ def test_a_burst_raises_the_prediction_of_a_request_whose_step_a_later_one_joins
     # for the next step boundary; chunked prefill then runs the short prompt and the long one's
     # first chunk (the rest of the 8192-token budget) in one step, so the short prompt's first
     # token waits for that chunk too. An idle instance starts the short prompt at once, alone.
+    # (Decided as they came: ``largest_first_below_kv=0``.)
     for running, joins in ((4, True), (0, False)):
         v = view([running], [running * 1000])
         alone = decide(TokenPilot(seed=0), [cold("short", 512)], v, 1.0)[0].predicted_ttft_s
-        pilot = TokenPilot(seed=0)
+        pilot = TokenPilot(seed=0, largest_first_below_kv=0.0)
         short, long = decide(pilot, [cold("short", 512), cold("long", 20_000)], v, 1.0)
         assert alone is not None and short.predicted_ttft_s is not None and long.predicted_ttft_s is not None
         theta = pilot.model_for("p").theta
@@ -164,6 +165,31 @@ def test_a_burst_raises_the_prediction_of_a_request_whose_step_a_later_one_joins
         expected = alone + extra if joins else alone
         assert abs(short.predicted_ttft_s - expected) < 1e-9
         assert long.predicted_ttft_s > short.predicted_ttft_s
+
+
+def test_a_burst_is_decided_largest_prompt_first_while_the_cache_has_room() -> None:
+    # Two idle instances, a short prompt and a long one arriving together. Largest first, the
+    # long prompt is placed first and the short one goes around its queue: the short answer
+    # does not decode beside the long prefill. The outcomes come in the order decided (the
+    # order the engines receive them).
+    pilot = TokenPilot(seed=0)
+    first, second = decide(pilot, [cold("short", 512), cold("long", 40_000)], view([0, 0], [0, 0]), 1.0)
+    assert (first.request.request_id, second.request.request_id) == ("long", "short")
+    assert first.instance != second.instance
+
+
+def test_a_burst_is_decided_as_it_came_once_the_cache_is_mostly_used() -> None:
+    # The same burst with the candidates' KV cache 60 % used: vLLM preempts the request it
+    # scheduled last when KV runs out, so a short prompt is not put behind a long one.
+    pilot = TokenPilot(seed=0)
+    full = cluster_view(2, profile="p", kv_total=10_000, kv_used=[6_000, 6_000])
+    first, second = decide(pilot, [cold("short", 512), cold("long", 40_000)], full, 1.0)
+    assert (first.request.request_id, second.request.request_id) == ("short", "long")
+    below = cluster_view(2, profile="p", kv_total=10_000, kv_used=[5_999, 6_000])
+    order = TokenPilot(seed=0).order(
+        [cold("short", 512), cold("long", 40_000)], [np.ones(2, bool)] * 2, below
+    )
+    assert order == [1, 0]
 
 
 def test_a_prefill_goes_where_the_decodes_have_tpot_room() -> None:
