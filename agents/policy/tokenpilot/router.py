@@ -70,16 +70,21 @@ simultaneous arrivals) is predicted as a whole: when a later request's first chu
 step that ends an earlier one's prefill on a busy instance, the earlier prediction (and the
 features calibration records for it) includes that chunk.
 
-The order a batch is decided in (``order``): largest prompt first while the KV cache of the
-batch's candidate instances is less than ``largest_first_below_kv`` used (0.6), else as it came.
-Decided in arrival order, a burst's short prompt often goes first to an idle instance and a
-long prompt of the same instant then lands there too: its prefill chunks ride in every step of
-the short answer's decode, and an answer of a few tokens misses its TPOT (on Mooncake's trace
-every interactive miss at x1 was that). Decided largest first, the long prompt's queue is known
-when the short ones are placed, and they go around it. Once the cache fills, the order goes back
-to arrival: vLLM preempts the request it scheduled last when KV runs out, and a short prompt
-decided after a long one on the same instance would be that request (largest first at any KV
-use doubled the preemptions on Mooncake at x3.375 and lost 7-10 % of goodput there).
+The order a batch is decided in (``order``), while the KV cache of the batch's candidate
+instances is less than ``largest_first_below_kv`` used (0.6): first the requests with a home (at
+least half the prompt cached on a candidate), then the others, each **largest prompt first**;
+once the cache is fuller, as it came. Decided in arrival order, a burst's short prompt
+often goes first to an idle instance and a long prompt of the same instant then lands there
+too (an instance with one fresh decode has the fewest decodes to harm): its prefill chunks ride
+in every step of the short answer's decode, and an answer of a few tokens misses its TPOT (on
+Mooncake's trace every interactive miss at x1 was that). Decided largest first, the long
+prompt's queue is known when the short ones are placed, and they go around it. A request with a
+home goes first because its place is where its cache is: placed after a long prompt, it would
+leave its cache to avoid the long prefill (largest first for all cost Mooncake's median TTFT at
+x0.67 14 %). Once the cache fills, the order goes back to arrival: vLLM preempts the request it
+scheduled last when KV runs out, and a short prompt decided after a long one on the same
+instance would be that request (largest first at any KV use doubled the preemptions on Mooncake
+at x3.375 and lost 7-10 % of goodput there).
 
 A cache-warm but busy instance wins only when the prefill it saves outweighs the queue ahead;
 a burst cannot pile onto one instance because each decision immediately adds its work to that
@@ -156,6 +161,11 @@ INTERACTIVE_TPOT_S = DEFAULT_SLO_CLASSES["interactive"].tpot_s or 0.1
 """The TPOT the decode-harm term protects by default: the interactive class's objective."""
 
 
+HOME_SHARE = 0.5
+"""A request with at least this share of its prompt cached on a candidate has a home there: it
+is decided before the batch's other requests (``TokenPilot.order``)."""
+
+
 class TokenPilot(InstanceSelector):
     name = "tokenpilot"
     wants_kv_events = True
@@ -204,15 +214,28 @@ class TokenPilot(InstanceSelector):
     def order(
         self, requests: Sequence[RequestView], candidates: Sequence[BoolArray], view: ClusterView
     ) -> list[int]:
-        """The batch's indices, largest prompt first (ties as they came) while the candidates'
-        KV cache is less than ``largest_first_below_kv`` used, else as they came (module
-        docstring)."""
+        """The batch's indices in the order it is decided (module docstring): while the
+        candidates' KV cache is less than ``largest_first_below_kv`` used, first the requests
+        with a home (at least ``HOME_SHARE`` of the prompt cached on one of its candidates, by
+        this router's prefix index), then the others, each group largest prompt first (ties as
+        they came); otherwise as they came."""
         arrival = list(range(len(requests)))
-        rows = np.logical_or.reduce(np.asarray(candidates), axis=0)
+        masks = np.asarray(candidates)
+        rows = np.logical_or.reduce(masks, axis=0)
         total = float(view.kv_total[rows].sum())
         if total <= 0 or float(view.kv_used[rows].sum()) >= self.largest_first_below_kv * total:
             return arrival
-        return sorted(arrival, key=lambda i: -requests[i].input_tokens)
+        self.index.size_like(view)
+
+        def key(i: int) -> tuple[bool, int]:
+            request = requests[i]
+            homed = False
+            if request.block_hashes:
+                blocks = int(self.index.match_array(request.block_hashes, view)[masks[i]].max())
+                homed = blocks * BLOCK_TOKENS >= HOME_SHARE * request.input_tokens
+            return (not homed, -request.input_tokens)
+
+        return sorted(arrival, key=key)
 
     def start_batch(self, requests: Sequence[RequestView]) -> None:
         self._revised, self._batch_keys = {}, {r.key for r in requests}

@@ -192,6 +192,21 @@ def test_a_burst_is_decided_as_it_came_once_the_cache_is_mostly_used() -> None:
     assert order == [1, 0]
 
 
+def test_a_request_with_its_prompt_cached_is_decided_before_the_largest() -> None:
+    # i1 holds the whole 16k-token prompt of "a" (a KV event said so): "a" has a home there and
+    # goes first, where its cache is, before a longer cold prompt; cold ones go largest first.
+    pilot = warm_pilot()
+    batch = [cold("small", 512), cold("long", 40_000), request("a")]
+    assert pilot.order(batch, [np.ones(2, bool)] * 3, view([0, 0], [0, 0])) == [2, 1, 0]
+    # Not a candidate of "a": no home, so by size.
+    only_i0 = np.array([True, False])
+    assert pilot.order(batch, [np.ones(2, bool), np.ones(2, bool), only_i0], view([0, 0], [0, 0])) == [
+        1,
+        2,
+        0,
+    ]
+
+
 def test_a_prefill_goes_where_the_decodes_have_tpot_room() -> None:
     # Four long prompts went to i0 5 s ago; its queue has drained, so a cold prompt predicts
     # the same TTFT on both rows. But i0's 60 decodes spent most of the last seconds behind
