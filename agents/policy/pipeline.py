@@ -168,7 +168,7 @@ class Scheduler:
         with several deciders, long-context arrivals are deferred first (module docstring)."""
         k, n = self.lane
         if n == 1 or self.log_delay_s <= 0 or all(r.slo_class != LONG_CONTEXT for r in requests):
-            return self._offer(list(requests), view, now_s)
+            return self._offer(list(requests), view, now_s, arrivals=True)
         due_s = now_s + (k + 1) * self.log_delay_s
         deferred: list[Outcome] = []
         now = []
@@ -177,7 +177,7 @@ class Scheduler:
                 deferred += self._hold(request, DEFERRED_POOL, _DEFERRED, now_s, due_s)
             else:
                 now.append(request)
-        return deferred + (self._offer(now, view, now_s) if now else [])
+        return deferred + (self._offer(now, view, now_s, arrivals=True) if now else [])
 
     def tick(self, view: ClusterView, now_s: float) -> list[Outcome]:
         """Offer the held requests again if ``view`` is a snapshot they have not been offered on,
@@ -251,11 +251,15 @@ class Scheduler:
 
     # --- the pipeline ---------------------------------------------------------------------------
 
-    def _offer(self, requests: list[RequestView], view: ClusterView, now_s: float) -> list[Outcome]:
+    def _offer(
+        self, requests: list[RequestView], view: ClusterView, now_s: float, arrivals: bool = False
+    ) -> list[Outcome]:
+        """Admit, then place, ``requests``: new ``arrivals`` (``submit``) or held requests offered
+        again (``tick``)."""
         self._offered_version = view.version
         outcomes, admitted = self._admit(requests, view, now_s)
         if admitted:
-            outcomes += self._place(admitted, view, now_s)
+            outcomes += self._place(admitted, view, now_s, arrivals)
         return outcomes
 
     def _admit(
@@ -291,10 +295,15 @@ class Scheduler:
                     outcomes += self._hold(request, NO_CAPACITY_POOL, choice.reason, now_s)
         return outcomes, admitted
 
-    def _place(self, admitted: list[_Admitted], view: ClusterView, now_s: float) -> list[Outcome]:
-        """Instance selection for the admitted requests, as one batch (in the stage's order if
-        it has one, ``OrdersBatch``; the outcomes in the same order)."""
-        if self._orders_batch is not None and len(admitted) > 1:
+    def _place(
+        self, admitted: list[_Admitted], view: ClusterView, now_s: float, arrivals: bool
+    ) -> list[Outcome]:
+        """Instance selection for the admitted requests, as one batch; the outcomes in the order
+        placed. A batch of new arrivals is placed in the stage's order if it has one
+        (``OrdersBatch``); held requests offered again keep the order the admission stage
+        released them in (its serving order: it judged each behind the ones before it; placing
+        them in another order cost SLOMax 4 % of its goodput on Azure's code trace at L67)."""
+        if arrivals and self._orders_batch is not None and len(admitted) > 1:
             requests = [a.request for a in admitted]
             order = self._orders_batch.order(requests, [a.candidates for a in admitted], view)
             admitted = [admitted[i] for i in order]

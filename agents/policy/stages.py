@@ -135,10 +135,11 @@ class PlacementAware(Protocol):
 
 @runtime_checkable
 class OrdersBatch(Protocol):
-    """An instance-selection stage that decides a batch in an order of its own: ``order``
-    returns a permutation of the batch's indices. The ``Scheduler`` places the batch and
-    reports its outcomes in that order, so the engines receive the requests in the order they
-    were decided (a stage's predictions assume that queue order)."""
+    """An instance-selection stage that decides a batch of new arrivals in an order of its own:
+    ``order`` returns a permutation of the batch's indices. The ``Scheduler`` places the batch
+    and reports its outcomes in that order, so the engines receive the requests in the order
+    they were decided (a stage's predictions assume that queue order). Held requests offered
+    again keep the admission stage's order."""
 
     def order(
         self, requests: Sequence[RequestView], candidates: Sequence[BoolArray], view: ClusterView

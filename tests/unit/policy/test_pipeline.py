@@ -62,6 +62,23 @@ def test_with_several_deciders_a_long_prompt_waits_for_the_log_by_its_lane() -> 
     assert s.held_total == 0 and s.next_wake_s() is None
 
 
+class Reversing(RoundRobin):
+    """Round-robin that decides a batch of arrivals last first (``OrdersBatch``)."""
+
+    def order(
+        self, requests: Sequence[RequestView], candidates: Sequence[object], view: ClusterView
+    ) -> list[int]:
+        return list(reversed(range(len(requests))))
+
+
+def test_arrivals_are_placed_in_the_routers_order_held_requests_in_the_admissions() -> None:
+    s = Scheduler("test", PassThrough(), HomeDc(), Reversing())
+    placed = s.submit([req("a"), req("b"), req("c")], cluster_view(3), 0.0)
+    assert [(o.request.request_id, o.instance_id) for o in placed] == [("c", "i0"), ("b", "i1"), ("a", "i2")]
+    s.submit([req("d"), req("e")], empty_view(), 1.0)  # held: no capacity
+    assert [o.request.request_id for o in s.tick(cluster_view(3), 2.0)] == ["d", "e"]
+
+
 def test_withdraw_drops_a_held_request() -> None:
     s = scheduler()
     s.submit([req("a")], empty_view(), 0.0)
