@@ -139,7 +139,9 @@ class OrdersBatch(Protocol):
     ``order`` returns a permutation of the batch's indices. The ``Scheduler`` places the batch
     and reports its outcomes in that order, so the engines receive the requests in the order
     they were decided (a stage's predictions assume that queue order). Held requests offered
-    again keep the admission stage's order."""
+    again keep their order, and only an admission that admits every request as offered
+    (``PassThrough``) lets the router order: an admission stage judges each request of an offer
+    behind the ones it admitted before it, in its own serving order."""
 
     def order(
         self, requests: Sequence[RequestView], candidates: Sequence[BoolArray], view: ClusterView

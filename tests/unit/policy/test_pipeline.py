@@ -77,6 +77,12 @@ def test_arrivals_are_placed_in_the_routers_order_held_requests_in_the_admission
     assert [(o.request.request_id, o.instance_id) for o in placed] == [("c", "i0"), ("b", "i1"), ("a", "i2")]
     s.submit([req("d"), req("e")], empty_view(), 1.0)  # held: no capacity
     assert [o.request.request_id for o in s.tick(cluster_view(3), 2.0)] == ["d", "e"]
+    # Behind an admission stage (it judged each request behind the ones before it): as offered.
+    gated = Scheduler("test", Gate(), HomeDc(), Reversing())
+    assert [o.request.request_id for o in gated.submit([req("a"), req("b")], cluster_view(3), 0.0)] == [
+        "a",
+        "b",
+    ]
 
 
 def test_withdraw_drops_a_held_request() -> None:
