@@ -15,13 +15,16 @@ a statement about the shipped code. It owns the queue pools:
   default (the simulator's clients give up by themselves); the service sets them.
 - ``observe(event)`` forwards first tokens, completions and (to stages that want them) KV events
   to every stage.
-- Several deciders per pool (``decide_in_lane(k, n)``, n > 1): a long-context arrival is held
-  (pool ``deferred``) until (k + 1) x ``log_delay_s`` after it arrived, then offered
-  (``next_wake_s`` says when; the driver calls ``tick`` then). By that time the decision log
-  shows what the other deciders placed at the same instant (a burst's short prompts, and the
-  long prompts of the lower lanes), so a long prefill is not put, unseen, ahead of the short
-  prompts another decider sent to the same idle instance. It costs a long prompt a few
-  milliseconds of its 15 s objective; one decider defers nothing.
+- Several deciders per pool (``decide_in_lane(k, n)``, n > 1): some arrivals are held (pool
+  ``deferred``) until (k + 1) x ``log_delay_s`` after they arrived, then offered (``next_wake_s``
+  says when; the driver calls ``tick`` then). By that time the decision log shows what the other
+  deciders placed at the same instant. Which ones wait (``_waits_for_log``): while the router
+  decides a burst largest first (``OrdersBatch.reorders``: TokenPilot with its cache gate open),
+  the short ones (not long-context), so that they go around the long prompts the others placed
+  at their instant, as they do around one decider's (it costs a short prompt 5-20 ms); otherwise
+  the long-context ones, so that a long prefill is not put, unseen, ahead of the short prompts
+  another decider sent to the same idle instance (a few milliseconds of a 15 s objective). One
+  decider defers nothing.
 
 Each offer returns one ``Outcome`` per request that was settled (admitted and placed, or
 rejected), plus one for a request held for the first time; a request that stays held on a
@@ -173,17 +176,26 @@ class Scheduler:
         """Decide new arrivals on ``view`` (see the module docstring for what is returned);
         with several deciders, long-context arrivals are deferred first (module docstring)."""
         k, n = self.lane
-        if n == 1 or self.log_delay_s <= 0 or all(r.slo_class != LONG_CONTEXT for r in requests):
+        waits = self._waits_for_log(view)
+        if n == 1 or self.log_delay_s <= 0 or not any(waits(r) for r in requests):
             return self._offer(list(requests), view, now_s, arrivals=True)
         due_s = now_s + (k + 1) * self.log_delay_s
         deferred: list[Outcome] = []
         now = []
         for request in requests:
-            if request.slo_class == LONG_CONTEXT:
+            if waits(request):
                 deferred += self._hold(request, DEFERRED_POOL, _DEFERRED, now_s, due_s)
             else:
                 now.append(request)
         return deferred + (self._offer(now, view, now_s, arrivals=True) if now else [])
+
+    def _waits_for_log(self, view: ClusterView) -> Callable[[RequestView], bool]:
+        """Which arrivals wait for the decision log with several deciders (module docstring):
+        the short ones while the router would decide a burst on ``view`` largest first, else the
+        long-context ones."""
+        if self._orders_batch is not None and self._orders_batch.reorders(view):
+            return lambda request: request.slo_class != LONG_CONTEXT
+        return lambda request: request.slo_class == LONG_CONTEXT
 
     def tick(self, view: ClusterView, now_s: float) -> list[Outcome]:
         """Offer the held requests again if ``view`` is a snapshot they have not been offered on,

@@ -147,6 +147,11 @@ class OrdersBatch(Protocol):
         self, requests: Sequence[RequestView], candidates: Sequence[BoolArray], view: ClusterView
     ) -> list[int]: ...
 
+    def reorders(self, view: ClusterView) -> bool:
+        """Whether ``order`` would reorder a burst on ``view`` now (its condition on the pool):
+        with several deciders the scheduler then defers the short arrivals, not the long ones."""
+        ...
+
 
 @runtime_checkable
 class Noticing(Protocol):

@@ -22,9 +22,10 @@ round trip: about 4.5 ms at the median). ``Deciders`` plays that in the simulato
   changes nothing a stage computes from it); a placement is always read before its request's
   first token or end (a first token cannot come within a few milliseconds, but an engine may
   refuse a request at once).
-- a long-context arrival waits (k + 1) log delays at decider k before it is decided
-  (``Scheduler.submit``, as in the service; the runner wakes the deciders then,
-  ``next_wake_s``), so it is decided once the log shows the placements of its instant.
+- some arrivals wait (k + 1) log delays at decider k before they are decided (the short ones
+  while the router decides bursts largest first, else the long-context ones:
+  ``Scheduler.submit``, as in the service; the runner wakes the deciders then, ``next_wake_s``),
+  so they are decided once the log shows the placements of their instant.
 - held requests stay with the decider that holds them: each re-offers its own (``tick``), and
   a client's give-up withdraws the request where it is held. A new hold is logged as a
   placement is (``HeldElsewhere``, the admission log ``tf.admission`` in the service) for the

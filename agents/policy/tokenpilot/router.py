@@ -221,9 +221,7 @@ class TokenPilot(InstanceSelector):
         they came); otherwise as they came."""
         arrival = list(range(len(requests)))
         masks = np.asarray(candidates)
-        rows = np.logical_or.reduce(masks, axis=0)
-        total = float(view.kv_total[rows].sum())
-        if total <= 0 or float(view.kv_used[rows].sum()) >= self.largest_first_below_kv * total:
+        if not self._cache_has_room(view, np.logical_or.reduce(masks, axis=0)):
             return arrival
         self.index.size_like(view)
 
@@ -236,6 +234,16 @@ class TokenPilot(InstanceSelector):
             return (not homed, -request.input_tokens)
 
         return sorted(arrival, key=key)
+
+    def reorders(self, view: ClusterView) -> bool:
+        """Whether a burst on ``view`` would be decided in this router's order (the pool's cache
+        under ``largest_first_below_kv`` used)."""
+        return self._cache_has_room(view, np.ones(len(view), dtype=bool))
+
+    def _cache_has_room(self, view: ClusterView, rows: BoolArray) -> bool:
+        """Whether the KV cache of ``rows`` is less than ``largest_first_below_kv`` used."""
+        total = float(view.kv_total[rows].sum())
+        return total > 0 and float(view.kv_used[rows].sum()) < self.largest_first_below_kv * total
 
     def start_batch(self, requests: Sequence[RequestView]) -> None:
         self._revised, self._batch_keys = {}, {r.key for r in requests}

@@ -63,12 +63,34 @@ def test_with_several_deciders_a_long_prompt_waits_for_the_log_by_its_lane() -> 
 
 
 class Reversing(RoundRobin):
-    """Round-robin that decides a batch of arrivals last first (``OrdersBatch``)."""
+    """Round-robin that decides a batch of arrivals last first (``OrdersBatch``) while
+    ``reordering``."""
+
+    reordering = True
 
     def order(
         self, requests: Sequence[RequestView], candidates: Sequence[object], view: ClusterView
     ) -> list[int]:
-        return list(reversed(range(len(requests))))
+        return list(reversed(range(len(requests)))) if self.reordering else list(range(len(requests)))
+
+    def reorders(self, view: ClusterView) -> bool:
+        return self.reordering
+
+
+def test_with_several_deciders_the_short_prompts_wait_while_the_router_orders_bursts() -> None:
+    """While the router decides bursts in its own order (largest first), decider k of n defers
+    the short arrivals (k + 1) log delays and decides the long ones at once; otherwise the long
+    ones wait (``test_with_several_deciders_a_long_prompt_waits_for_the_log_by_its_lane``)."""
+    for reordering, waiting, now in ((True, "b", "a"), (False, "a", "b")):
+        router = Reversing()
+        router.reordering = reordering
+        s = Scheduler("test", PassThrough(), HomeDc(), router)
+        s.decide_in_lane(0, 2)
+        s.log_delay_s = 0.005
+        held, placed = s.submit([replace(req("a"), slo_class="long_context"), req("b")], cluster_view(2), 1.0)
+        assert (held.action, held.pool, held.request.request_id) == ("queue", DEFERRED_POOL, waiting)
+        assert (placed.action, placed.request.request_id) == ("admit", now)
+        assert s.next_wake_s() == 1.0 + 0.005
 
 
 def test_arrivals_are_placed_in_the_routers_order_held_requests_in_the_admissions() -> None:
