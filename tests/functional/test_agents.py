@@ -175,9 +175,11 @@ def test_a_slomax_decider_counts_the_other_deciders_holds_and_skips_its_own() ->
     assert not admission.waiting.elsewhere  # type: ignore[attr-defined]
 
 
-def test_with_another_decider_a_long_prompt_is_decided_a_few_milliseconds_later(world: Any) -> None:
-    """A decider that knows of another defers a long-context request by its lane's log delays
-    (``Scheduler.next_wake_s``) and a timer decides it then, with no heartbeat or request after it."""
+def test_with_another_decider_a_short_prompt_is_decided_a_few_milliseconds_later(world: Any) -> None:
+    """A decider that knows of another, with TokenPilot deciding bursts largest first (its cache
+    empty), decides a long-context request at once and defers a short one by its lane's log
+    delays (``Scheduler.next_wake_s``); a timer decides it then, with no heartbeat or request
+    after it."""
     agents, publisher, _ = world
     service = RoutingService("tokenpilot", worker="b:1")
     other = SchedulerAgents(service, MemoryState(), MemoryPublisher(), RecordingTelemetry())
@@ -187,13 +189,12 @@ def test_with_another_decider_a_long_prompt_is_decided_a_few_milliseconds_later(
             await decider.on_heartbeats(raw(beat("m", "i-1"), beat("m", "i-2")))
         await other.on_requests(raw(request("m", "s")))
         await agents.on_decisions(raw(*other.publisher.sent[topics.DECISIONS.name]))  # two deciders now
-        await agents.on_requests(raw(request("m", "long", slo_class="long_context")))
-        (held,) = publisher.sent[topics.ADMISSION.name]
-        assert (held.action, held.queue_pool) == ("queue", DEFERRED_POOL)  # type: ignore[attr-defined]
-        assert not publisher.sent[topics.DECISIONS.name]
+        await agents.on_requests(raw(request("m", "long", slo_class="long_context"), request("m", "short")))
+        held = [a for a in publisher.sent[topics.ADMISSION.name] if a.action == "queue"]  # type: ignore[attr-defined]
+        assert [(a.request_id, a.queue_pool) for a in held] == [("short", DEFERRED_POOL)]  # type: ignore[attr-defined]
+        assert [d.request_id for d in publisher.sent[topics.DECISIONS.name]] == ["long"]  # type: ignore[attr-defined]
         await asyncio.sleep(0.1)
-        (decided,) = publisher.sent[topics.DECISIONS.name]
-        assert decided.request_id == "long"  # type: ignore[attr-defined]
+        assert [d.request_id for d in publisher.sent[topics.DECISIONS.name]] == ["long", "short"]  # type: ignore[attr-defined]
 
     run(scenario())
 
