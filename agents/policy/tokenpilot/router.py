@@ -70,21 +70,7 @@ simultaneous arrivals) is predicted as a whole: when a later request's first chu
 step that ends an earlier one's prefill on a busy instance, the earlier prediction (and the
 features calibration records for it) includes that chunk.
 
-The order a batch is decided in (``order``), while the KV cache of the batch's candidate
-instances is less than ``largest_first_below_kv`` used (0.6): first the requests with a home (at
-least half the prompt cached on a candidate), then the others, each **largest prompt first**;
-once the cache is fuller, as it came. Decided in arrival order, a burst's short prompt
-often goes first to an idle instance and a long prompt of the same instant then lands there
-too (an instance with one fresh decode has the fewest decodes to harm): its prefill chunks ride
-in every step of the short answer's decode, and an answer of a few tokens misses its TPOT (on
-Mooncake's trace every interactive miss at x1 was that). Decided largest first, the long
-prompt's queue is known when the short ones are placed, and they go around it. A request with a
-home goes first because its place is where its cache is: placed after a long prompt, it would
-leave its cache to avoid the long prefill (largest first for all cost Mooncake's median TTFT at
-x0.67 14 %). Once the cache fills, the order goes back to arrival: vLLM preempts the request it
-scheduled last when KV runs out, and a short prompt decided after a long one on the same
-instance would be that request (largest first at any KV use doubled the preemptions on Mooncake
-at x3.375 and lost 7-10 % of goodput there).
+The order a burst of arrivals is decided in (``order``): ``batch_order.py``.
 
 A cache-warm but busy instance wins only when the prefill it saves outweighs the queue ahead;
 a burst cannot pile onto one instance because each decision immediately adds its work to that
@@ -126,6 +112,7 @@ from agents.policy.common.selector import InstanceSelector
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES
 from agents.policy.common.timing import decode_s
 from agents.policy.tokenpilot import kernels
+from agents.policy.tokenpilot.batch_order import cache_has_room, decision_order
 from agents.policy.tokenpilot.features import (
     BOUNDARY_WAIT,
     FEATURES,
@@ -159,11 +146,6 @@ _NO_FEATURES = np.zeros(len(FEATURES))  # of another decider's send: it calibrat
 _NO_FEATURES.flags.writeable = False
 INTERACTIVE_TPOT_S = DEFAULT_SLO_CLASSES["interactive"].tpot_s or 0.1
 """The TPOT the decode-harm term protects by default: the interactive class's objective."""
-
-
-HOME_SHARE = 0.5
-"""A request with at least this share of its prompt cached on a candidate has a home there: it
-is decided before the batch's other requests (``TokenPilot.order``)."""
 
 
 class TokenPilot(InstanceSelector):
@@ -214,36 +196,12 @@ class TokenPilot(InstanceSelector):
     def order(
         self, requests: Sequence[RequestView], candidates: Sequence[BoolArray], view: ClusterView
     ) -> list[int]:
-        """The batch's indices in the order it is decided (module docstring): while the
-        candidates' KV cache is less than ``largest_first_below_kv`` used, first the requests
-        with a home (at least ``HOME_SHARE`` of the prompt cached on one of its candidates, by
-        this router's prefix index), then the others, each group largest prompt first (ties as
-        they came); otherwise as they came."""
-        arrival = list(range(len(requests)))
-        masks = np.asarray(candidates)
-        if not self._cache_has_room(view, np.logical_or.reduce(masks, axis=0)):
-            return arrival
-        self.index.size_like(view)
-
-        def key(i: int) -> tuple[bool, int]:
-            request = requests[i]
-            homed = False
-            if request.block_hashes:
-                blocks = int(self.index.match_array(request.block_hashes, view)[masks[i]].max())
-                homed = blocks * BLOCK_TOKENS >= HOME_SHARE * request.input_tokens
-            return (not homed, -request.input_tokens)
-
-        return sorted(arrival, key=key)
+        """The order a burst of arrivals is decided in (``batch_order.decision_order``)."""
+        return decision_order(requests, candidates, view, self.index, self.largest_first_below_kv)
 
     def reorders(self, view: ClusterView) -> bool:
-        """Whether a burst on ``view`` would be decided in this router's order (the pool's cache
-        under ``largest_first_below_kv`` used)."""
-        return self._cache_has_room(view, np.ones(len(view), dtype=bool))
-
-    def _cache_has_room(self, view: ClusterView, rows: BoolArray) -> bool:
-        """Whether the KV cache of ``rows`` is less than ``largest_first_below_kv`` used."""
-        total = float(view.kv_total[rows].sum())
-        return total > 0 and float(view.kv_used[rows].sum()) < self.largest_first_below_kv * total
+        """Whether a burst on ``view`` would be decided in this router's order."""
+        return cache_has_room(view, np.ones(len(view), dtype=bool), self.largest_first_below_kv)
 
     def start_batch(self, requests: Sequence[RequestView]) -> None:
         self._revised, self._batch_keys = {}, {r.key for r in requests}
