@@ -22,10 +22,11 @@ round trip: about 4.5 ms at the median). ``Deciders`` plays that in the simulato
   changes nothing a stage computes from it); a placement is always read before its request's
   first token or end (a first token cannot come within a few milliseconds, but an engine may
   refuse a request at once).
-- some arrivals wait (k + 1) log delays at decider k before they are decided (the short ones
-  while the router decides bursts largest first, else the long-context ones:
-  ``Scheduler.submit``, as in the service; the runner wakes the deciders then, ``next_wake_s``),
-  so they are decided once the log shows the placements of their instant.
+- some arrivals wait a few log delays at decider k before they are decided (while the router
+  decides bursts largest first the long-context ones k and the short ones n + k, else the
+  long-context ones k + 1: ``Scheduler.submit``, as in the service; the runner wakes the
+  deciders then, ``next_wake_s``), so they are decided once the log shows the placements of
+  their instant that they should go around.
 - held requests stay with the decider that holds them: each re-offers its own (``tick``), and
   a client's give-up withdraws the request where it is held. A new hold is logged as a
   placement is (``HeldElsewhere``, the admission log ``tf.admission`` in the service) for the
@@ -58,6 +59,12 @@ from agents.policy.types import (
     RequestView,
 )
 from schemas.events import AFFINITY_BLOCKS  # the service's: prompt blocks the affinity key covers
+
+# A placement due at the instant the log is read is read then: a decider that defers an arrival
+# j log delays must see what another placed i < j delays after the same arrival, and the two
+# sums of floats (arrival + i delays + one delay, arrival + (i + 1) delays) may differ in the
+# last bit.
+_SAME_INSTANT_S = 1e-9
 
 if TYPE_CHECKING:
     from agents.policy.slomax.feedback import GoodputSource
@@ -228,8 +235,8 @@ class Deciders:
 
     def _read_log(self, now_s: float) -> None:
         """Deliver every placement due by ``now_s`` to the deciders that did not make it."""
-        log = self._log
-        while log and log[0].due_s <= now_s:
+        log, due_by = self._log, now_s + _SAME_INSTANT_S
+        while log and log[0].due_s <= due_by:
             entry = log.popleft()
             if not entry.read:
                 self._deliver(entry)

@@ -77,20 +77,35 @@ class Reversing(RoundRobin):
         return self.reordering
 
 
-def test_with_several_deciders_the_short_prompts_wait_while_the_router_orders_bursts() -> None:
-    """While the router decides bursts in its own order (largest first), decider k of n defers
-    the short arrivals (k + 1) log delays and decides the long ones at once; otherwise the long
-    ones wait (``test_with_several_deciders_a_long_prompt_waits_for_the_log_by_its_lane``)."""
-    for reordering, waiting, now in ((True, "b", "a"), (False, "a", "b")):
+def test_with_several_deciders_a_burst_is_placed_long_prompts_first_one_decider_after_another() -> None:
+    """While the router decides bursts in its own order (largest first), decider k of n waits k
+    log delays before its long-context arrivals and n + k before its short ones; otherwise k + 1
+    before the long ones and none before the short ones. Deferred arrivals are placed in the
+    router's order when due, as arrivals are."""
+    delay = 0.005
+    cases = ((True, 0, 0, 2), (True, 1, 1, 3), (False, 0, 1, 0), (False, 1, 2, 0))
+    for reordering, k, long_waits, short_waits in cases:
         router = Reversing()
         router.reordering = reordering
         s = Scheduler("test", PassThrough(), HomeDc(), router)
-        s.decide_in_lane(0, 2)
-        s.log_delay_s = 0.005
-        held, placed = s.submit([replace(req("a"), slo_class="long_context"), req("b")], cluster_view(2), 1.0)
-        assert (held.action, held.pool, held.request.request_id) == ("queue", DEFERRED_POOL, waiting)
-        assert (placed.action, placed.request.request_id) == ("admit", now)
-        assert s.next_wake_s() == 1.0 + 0.005
+        s.decide_in_lane(k, 2)
+        s.log_delay_s = delay
+        burst = [replace(req("long"), slo_class="long_context"), req("short-1"), req("short-2")]
+        view = cluster_view(3)
+        placed_at: dict[str, int] = {}
+        order: list[str] = []
+        outcomes = s.submit(burst, view, 1.0)
+        for waits in range(4):
+            if waits:
+                outcomes = s.tick(view, 1.0 + waits * delay)
+            for o in outcomes:
+                if o.action == "admit":
+                    placed_at[o.request.request_id] = waits
+                    order.append(o.request.request_id)
+        assert placed_at == {"long": long_waits, "short-1": short_waits, "short-2": short_waits}
+        assert s.held_total == 0 and s.next_wake_s() is None
+        shorts = [rid for rid in order if rid != "long"]
+        assert shorts == (["short-2", "short-1"] if reordering else ["short-1", "short-2"])
 
 
 def test_arrivals_are_placed_in_the_routers_order_held_requests_in_the_admissions() -> None:
