@@ -15,22 +15,20 @@ a statement about the shipped code. It owns the queue pools:
   default (the simulator's clients give up by themselves); the service sets them.
 - ``observe(event)`` forwards first tokens, completions and (to stages that want them) KV events
   to every stage.
-- Several deciders per pool (``decide_in_lane(k, n)``, n > 1): some arrivals are held (pool
+- Several deciders per pool (``decide_in_lane(k, n)``, n > 1): arrivals are held (pool
   ``deferred``) a few ``log_delay_s`` after they arrived, then offered as arrivals still
-  (``next_wake_s`` says when; the driver calls ``tick`` then). By that time the decision log
-  shows what the other deciders placed at the same instant, and the pool's deciders place a
-  burst one after another as one decider places it in its own order (``_log_delays``). While the
-  router decides a burst largest first (``OrdersBatch.reorders``: TokenPilot with its cache gate
-  open), decider k waits k delays before its long-context arrivals and n + k before its short
-  ones: every long prompt of the instant is placed before any short one, each decider seeing the
-  earlier deciders' (placed unseen at the same instant, two long prompts landed on one idle
-  instance, and the first token of one made the other's decider drop the other from its queue:
-  Mooncake as shipped, 2 deciders, 171 interactive misses at x2.2 against one decider's 81;
-  85 with this order and the deferred arrivals placed in the router's order). It costs a short prompt n to 2n - 1 delays (10-15 ms with two deciders
-  on the embedded broker). Otherwise decider k waits k + 1 delays before its long-context
-  arrivals and none before the short ones, so that a long prefill is not put, unseen, ahead of
-  the short prompts another decider sent to the same idle instance (a few milliseconds of a
-  15 s objective). One decider defers nothing.
+  (``next_wake_s`` says when; the driver calls ``tick`` then), so that the pool's deciders place
+  a burst one after another, each seeing in the decision log what the earlier ones placed, as
+  one decider places it in its own order (``_log_delays``): decider k waits k delays before the
+  arrivals of the class placed first and n + k before the others. While the router decides a
+  burst largest first (``OrdersBatch.reorders``: TokenPilot with its cache gate open) the
+  long-context prompts go first, so that the short ones go around them; otherwise the short
+  ones, so that a long prefill is not put, unseen, ahead of the short prompts another decider
+  sent to the same idle instance. Placed unseen at the same instant, two long prompts landed on
+  one idle instance, and the first token of one made the other's decider drop the other from
+  its queue (Mooncake as shipped, `tokenpilot`, 2 deciders, x2.2: 171 interactive misses against
+  one decider's 81, 85 now). A burst's first class waits up to n - 1 delays, the other n to
+  2n - 1 (5-35 ms with four deciders on the embedded broker). One decider defers nothing.
 
 Each offer returns one ``Outcome`` per request that was settled (admitted and placed, or
 rejected), plus one for a request held for the first time; a request that stays held on a
@@ -197,13 +195,12 @@ class Scheduler:
         return deferred + (self._offer(now, view, now_s, arrivals=True) if now else [])
 
     def _log_delays(self, view: ClusterView) -> Callable[[RequestView], int]:
-        """How many log delays an arrival waits at decider k of n (module docstring): while the
-        router decides a burst on ``view`` largest first, long-context k and short n + k; else
-        long-context k + 1 and short 0."""
+        """How many log delays an arrival waits at decider k of n (module docstring): k for the
+        class placed first, n + k for the other; long-context first while the router decides a
+        burst on ``view`` largest first, else the short ones."""
         k, n = self.lane
-        if self._orders_batch is not None and self._orders_batch.reorders(view):
-            return lambda request: k if request.slo_class == LONG_CONTEXT else n + k
-        return lambda request: k + 1 if request.slo_class == LONG_CONTEXT else 0
+        long_first = self._orders_batch is not None and self._orders_batch.reorders(view)
+        return lambda request: k + n * ((request.slo_class == LONG_CONTEXT) != long_first)
 
     def tick(self, view: ClusterView, now_s: float) -> list[Outcome]:
         """Offer the held requests again if ``view`` is a snapshot they have not been offered on,

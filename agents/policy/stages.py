@@ -138,10 +138,11 @@ class OrdersBatch(Protocol):
     """An instance-selection stage that decides a batch of new arrivals in an order of its own:
     ``order`` returns a permutation of the batch's indices. The ``Scheduler`` places the batch
     and reports its outcomes in that order, so the engines receive the requests in the order
-    they were decided (a stage's predictions assume that queue order). Held requests offered
-    again keep their order, and only an admission that admits every request as offered
-    (``PassThrough``) lets the router order: an admission stage judges each request of an offer
-    behind the ones it admitted before it, in its own serving order."""
+    they were decided (a stage's predictions assume that queue order); so are arrivals deferred
+    for the decision log (several deciders), when due. Held requests offered again keep their
+    order, and only an admission that admits every request as offered (``PassThrough``) lets the
+    router order: an admission stage judges each request of an offer behind the ones it admitted
+    before it, in its own serving order."""
 
     def order(
         self, requests: Sequence[RequestView], candidates: Sequence[BoolArray], view: ClusterView
@@ -149,7 +150,8 @@ class OrdersBatch(Protocol):
 
     def reorders(self, view: ClusterView) -> bool:
         """Whether ``order`` would reorder a burst on ``view`` now (its condition on the pool):
-        with several deciders the scheduler then defers the short arrivals, not the long ones."""
+        with several deciders the scheduler then places a burst's long-context arrivals first,
+        decider after decider, and the short ones after them."""
         ...
 
 

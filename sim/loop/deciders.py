@@ -22,11 +22,10 @@ round trip: about 4.5 ms at the median). ``Deciders`` plays that in the simulato
   changes nothing a stage computes from it); a placement is always read before its request's
   first token or end (a first token cannot come within a few milliseconds, but an engine may
   refuse a request at once).
-- some arrivals wait a few log delays at decider k before they are decided (while the router
-  decides bursts largest first the long-context ones k and the short ones n + k, else the
-  long-context ones k + 1: ``Scheduler.submit``, as in the service; the runner wakes the
-  deciders then, ``next_wake_s``), so they are decided once the log shows the placements of
-  their instant that they should go around.
+- arrivals wait a few log delays at decider k before they are decided (k for the class a
+  burst places first, n + k for the other: ``Scheduler.submit``, as in the service; the runner
+  wakes the deciders then, ``next_wake_s``), so they are decided once the log shows the
+  placements of their instant that they should go around.
 - held requests stay with the decider that holds them: each re-offers its own (``tick``), and
   a client's give-up withdraws the request where it is held. A new hold is logged as a
   placement is (``HeldElsewhere``, the admission log ``tf.admission`` in the service) for the

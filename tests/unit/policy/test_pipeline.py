@@ -41,13 +41,14 @@ def test_held_requests_leave_in_arrival_order() -> None:
 
 
 def test_with_several_deciders_a_long_prompt_waits_for_the_log_by_its_lane() -> None:
-    """Decider k of n defers a long-context arrival (k + 1) log delays, then offers it, even on
-    the same snapshot; short ones are decided at once; one decider defers nothing."""
+    """Behind a router that keeps the arrival order, decider k of n defers a long-context arrival
+    n + k log delays, then offers it, even on the same snapshot; decider 0 decides the short
+    ones at once; one decider defers nothing."""
     alone = scheduler()
     (now,) = alone.submit([replace(req("x"), slo_class="long_context")], cluster_view(2), 0.0)
     assert now.action == "admit" and alone.next_wake_s() is None
     s = scheduler()
-    s.decide_in_lane(1, 2)
+    s.decide_in_lane(0, 2)
     s.log_delay_s = 0.005
     view = cluster_view(2)
     long_prompt, short = replace(req("a"), slo_class="long_context"), req("b")
@@ -79,11 +80,11 @@ class Reversing(RoundRobin):
 
 def test_with_several_deciders_a_burst_is_placed_long_prompts_first_one_decider_after_another() -> None:
     """While the router decides bursts in its own order (largest first), decider k of n waits k
-    log delays before its long-context arrivals and n + k before its short ones; otherwise k + 1
-    before the long ones and none before the short ones. Deferred arrivals are placed in the
+    log delays before its long-context arrivals and n + k before its short ones; otherwise k
+    before the short ones and n + k before the long ones. Deferred arrivals are placed in the
     router's order when due, as arrivals are."""
     delay = 0.005
-    cases = ((True, 0, 0, 2), (True, 1, 1, 3), (False, 0, 1, 0), (False, 1, 2, 0))
+    cases = ((True, 0, 0, 2), (True, 1, 1, 3), (False, 0, 2, 0), (False, 1, 3, 1))
     for reordering, k, long_waits, short_waits in cases:
         router = Reversing()
         router.reordering = reordering
