@@ -436,7 +436,7 @@ def test_with_several_deciders_a_due_request_no_row_can_meet_at_the_high_end_goe
         return answer.action
 
     assert offered((0, 1)) == "queue"  # one decider: held by the high end (it expires)
-    assert offered((1, 2)) == "admit"  # that hold could only expire: its point prediction meets 2 s
+    assert offered((0, 2)) == "admit"  # that hold could only expire: its point prediction meets 2 s
 
 
 def test_a_request_with_the_same_prediction_but_slack_to_spare_is_held_by_the_headroom() -> None:

@@ -75,28 +75,40 @@ def test_a_prefix_hotter_than_one_publisher_should_send_to_one_decider_is_spread
     assert len(set(later)) == 1 and later[0] == chosen[0]
 
 
+def in_lane(k: int, pool: Deciders, stem: str) -> RequestView:
+    """A short request that decider ``k`` of ``pool`` decides."""
+    return next(r for n in range(100) if pool.decider_of(r := view_of(f"{stem}{n}", (n, n + 1)), 0.0) == k)
+
+
 def test_a_decider_reads_the_others_placements_after_the_log_delay() -> None:
+    """Decider 0 decides its short arrival at once, decider 1 one log delay later, once the log
+    shows decider 0's placement; decider 0 reads decider 1's a log delay after that."""
     pool, routers = deciders(2)
     v = cluster_view(2)
-    a, b = view_of("a", (0, 1)), view_of("b", (1, 2))
-    first, second = pool.decider_of(a, 0.0), pool.decider_of(b, 0.0)
-    assert first != second
-    outcomes = pool.submit([a, b], v, 1.0)  # the same instant: neither sees the other's
-    assert {o.action for o in outcomes} == {"admit"}
-    assert placed(routers[0]) == placed(routers[1]) == []
+    a, b = in_lane(0, pool, "a"), in_lane(1, pool, "b")
+    outcomes = pool.submit([a, b], v, 1.0)
+    assert [(o.request.request_id, o.action) for o in outcomes] == [
+        (a.request_id, "admit"),
+        (b.request_id, "queue"),
+    ]
     pool.tick(v, 1.004)
     assert placed(routers[0]) == placed(routers[1]) == []
-    pool.tick(v, 1.005)
-    assert placed(routers[second]) == [("a", 1.0)] and placed(routers[first]) == [("b", 1.0)]
+    (decided,) = pool.tick(v, 1.005)
+    assert decided.request.request_id == b.request_id and decided.action == "admit"
+    assert placed(routers[1]) == [(a.request_id, 1.0)] and placed(routers[0]) == []
+    pool.tick(v, 1.0099)
+    assert placed(routers[0]) == []
+    pool.tick(v, 1.010)
+    assert placed(routers[0]) == [(b.request_id, 1.005)]
 
 
 def test_a_placement_is_read_before_its_request_ends_and_never_by_its_decider() -> None:
     pool, routers = deciders(2)
-    a = view_of("a", (0, 1))
+    a = in_lane(0, pool, "a")
     (outcome,) = pool.submit([a], cluster_view(2), 1.0)
-    end = Finished("a", 1, outcome.instance_id, "error", 1200, 0, 0, None, None, 1.0)
+    end = Finished(a.request_id, 1, outcome.instance_id, "error", 1200, 0, 0, None, None, 1.0)
     pool.observe(end)  # an engine refused it at once
-    mine, other = routers[pool.decider_of(a, 0.0)], routers[1 - pool.decider_of(a, 0.0)]
+    mine, other = routers[0], routers[1]
     assert [type(e) for e in other.seen] == [Placed, Finished]
     assert [type(e) for e in mine.seen] == [Finished]
     assert other.in_flight.requests == {outcome.instance_id: 0}
@@ -105,17 +117,28 @@ def test_a_placement_is_read_before_its_request_ends_and_never_by_its_decider() 
 
 
 def test_a_long_prompt_is_decided_once_the_log_shows_the_others_placements_of_its_instant() -> None:
-    pool, routers = deciders(2)
+    """Behind a router that keeps the arrival order, a burst's short prompts are placed first,
+    decider after decider (k log delays), and the long ones after every one of them (n + k)."""
     v = cluster_view(2)
-    short, long_prompt = view_of("s", (0, 1)), replace(view_of("l", (1, 2)), slo_class="long_context")
-    assert pool.decider_of(short, 0.0) != pool.decider_of(long_prompt, 0.0)
-    outcomes = {o.request.request_id: o for o in pool.submit([short, long_prompt], v, 1.0)}
-    assert (outcomes["s"].action, outcomes["l"].action) == ("admit", "queue")
-    k = pool.decider_of(long_prompt, 0.0)
-    assert pool.next_wake_s() == pytest.approx(1.0 + (k + 1) * 0.005)
-    (decided,) = pool.tick(v, 1.0 + (k + 1) * 0.005)
-    assert decided.request.request_id == "l" and ("s", 1.0) in placed(routers[k])  # seen first
-    assert decided.instance_id != outcomes["s"].instance_id and pool.next_wake_s() is None
+    for lane in (0, 1):
+        pool, routers = deciders(2)
+        short = in_lane(lane, pool, "s")
+        long_prompt = replace(in_lane(1 - lane, pool, "l"), slo_class="long_context")
+        placed_on = {
+            o.request.request_id: (0, o.instance_id)
+            for o in pool.submit([short, long_prompt], v, 1.0)
+            if o.action == "admit"
+        }
+        for delays in range(1, 4):
+            for o in pool.tick(v, 1.0 + delays * 0.005):
+                placed_on[o.request.request_id] = (delays, o.instance_id)
+        assert {rid: delays for rid, (delays, _) in placed_on.items()} == {
+            short.request_id: lane,
+            long_prompt.request_id: 3 - lane,
+        }
+        assert (short.request_id, 1.0 + lane * 0.005) in placed(routers[1 - lane])  # seen first
+        assert placed_on[short.request_id][1] != placed_on[long_prompt.request_id][1]
+        assert pool.next_wake_s() is None
 
 
 def test_a_new_hold_reaches_the_other_slomax_deciders_after_the_log_delay() -> None:
