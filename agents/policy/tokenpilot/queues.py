@@ -12,6 +12,16 @@ from agents.policy.common.slots import SlotRegistry
 from agents.policy.tokenpilot import kernels
 from agents.policy.types import ClusterView
 
+_Waiting = tuple[tuple[str, int], float, float, float, float, bool]
+"""A send without its first token: key, predicted first token, uncached tokens, prompt length,
+when it was placed, whether by this decider."""
+
+
+def _placed_after(entry: _Waiting, first: _Waiting) -> bool:
+    """Whether ``entry`` reached the engine after ``first`` (or may have: placed at the same
+    instant by different deciders)."""
+    return entry[4] > first[4] or (entry[4] == first[4] and entry[5] != first[5])
+
 
 class PrefillQueues:
     """Per instance: prefill tokens and token pairs queued ahead, draining with time.
@@ -51,9 +61,9 @@ class PrefillQueues:
         self.as_of = np.zeros(0)
         self.recent = np.zeros(0)
         self._drained_to = -np.inf  # every row's ``as_of`` is at least this
-        # By slot: the sends without a first token yet, oldest first (key, predicted first token,
-        # uncached tokens, prompt length).
-        self._waiting: dict[int, deque[tuple[tuple[str, int], float, float, float]]] = {}
+        # By slot: the sends without a first token yet, in the order recorded (key, predicted
+        # first token, uncached tokens, prompt length, when it was placed, whether here).
+        self._waiting: dict[int, deque[_Waiting]] = {}
         self._row_of_slot = np.zeros(0, dtype=np.int64)  # row of each slot in _view (-1: none)
         self.head_due = np.zeros(0)  # "head", by row of _view
         self.head_tokens = np.zeros(0)
@@ -123,9 +133,12 @@ class PrefillQueues:
         seconds: float = 0.0,
         key: tuple[str, int] = ("", 0),
         due_s: float = np.inf,
+        placed_s: float = -np.inf,
+        own: bool = True,
     ) -> tuple[float, float]:
         """Queue send ``key`` on ``row`` (``seconds``: its predicted prefill time; ``due_s``: its
-        predicted first token); returns the instance's tokens and pairs ever sent, this one
+        predicted first token; ``placed_s``: when it was placed, by this decider or, ``own``
+        false, by another); returns the instance's tokens and pairs ever sent, this one
         included (the mark ``first_token`` compares against)."""
         self.tokens[row] += tokens
         self.pairs[row] += pairs
@@ -133,7 +146,7 @@ class PrefillQueues:
         slot = int(self._slot_of_row[row])
         waiting = self._waiting.setdefault(slot, deque())
         depth = pairs / tokens + tokens * 0.5 if tokens > 0 else 0.0  # its prompt's length
-        waiting.append((key, due_s, tokens, depth))
+        waiting.append((key, due_s, tokens, depth, placed_s, own))
         if len(waiting) == 1:
             self._set_head(slot, due_s, tokens, depth)
         sent = self._slots.columns["sent"]
@@ -145,16 +158,28 @@ class PrefillQueues:
         self, instance_id: str, mark: tuple[float, float], key: tuple[str, int] = ("", 0)
     ) -> None:
         """Request ``key``, sent at ``mark``, has its first token: prefill is FCFS, so everything
-        sent there up to it is prefilled, and at most what was sent after it is still queued."""
+        sent there before it is prefilled, and at most what was sent after it is still queued.
+
+        "Before" is the engine's order, which the order recorded is not when several deciders
+        place: another decider's placement is recorded a log delay after it was made, behind
+        this decider's sends of that delay. So a send recorded before ``key`` but placed after it
+        (or at the same instant by another decider) is not taken as prefilled: it stays
+        waiting, and its tokens stay queued."""
         slot = self._slots.get(instance_id)
         if slot is None:
             return
+        later = np.zeros(2)  # tokens and pairs recorded before ``key``, placed after it
         waiting = self._waiting.get(slot)
         if waiting and any(entry[0] == key for entry in waiting):
-            while waiting and waiting.popleft()[0] != key:
-                pass
+            ahead: list[_Waiting] = []
+            while (entry := waiting.popleft())[0] != key:
+                ahead.append(entry)
+            kept = [e for e in ahead if _placed_after(e, entry)]
+            for e in reversed(kept):
+                waiting.appendleft(e)
+                later += (e[2], e[2] * (e[3] - e[2] * 0.5))
             self._new_head(slot)
-        after = np.maximum(self._slots.columns["sent"][:, slot] - mark, 0.0)
+        after = np.maximum(self._slots.columns["sent"][:, slot] - mark, 0.0) + later
         row = None if self._view is None else self._view.index_of.get(instance_id)
         if row is not None:
             self.tokens[row] = min(self.tokens[row], after[0])
@@ -174,7 +199,7 @@ class PrefillQueues:
 
     def _new_head(self, slot: int) -> None:
         waiting = self._waiting.get(slot)
-        self._set_head(slot, *(waiting[0][1:] if waiting else (np.inf, 0.0, 0.0)))
+        self._set_head(slot, *(waiting[0][1:4] if waiting else (np.inf, 0.0, 0.0)))
 
     def _set_head(self, slot: int, due_s: float, tokens: float, depth: float) -> None:
         self._slots.columns["head"][:, slot] = (due_s, tokens, depth)

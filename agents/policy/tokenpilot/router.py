@@ -477,7 +477,7 @@ class TokenPilot(InstanceSelector):
         key = (request.request_id, request.attempt)
         self.clock.sent(instance_id, profile, key, chosen.now_s)
         due_s = chosen.now_s + chosen.predicted_s * self.lateness.of(chosen.tokens)
-        mark = self.queues.add(row, chosen.tokens, chosen.pairs, chosen.prefill_s, key, due_s)
+        mark = self.queues.add(row, chosen.tokens, chosen.pairs, chosen.prefill_s, key, due_s, chosen.now_s)
         # Busy (a decode batch, or prefill queued ahead of it): it starts at the next step boundary.
         busy = chosen.features[STEPS_X_BATCH] > 0 or chosen.features[PREFILL_TOKENS] > chosen.tokens
         self._sent[key] = Sent(
@@ -542,7 +542,7 @@ class TokenPilot(InstanceSelector):
             prefill_s = (tokens * theta[PREFILL_TOKENS] + pairs * theta[PREFILL_PAIRS]) * lateness
             key = request.key
             self.clock.sent(instance_id, profile, key, event.time_s)
-            mark = self.queues.add(row, tokens, pairs, prefill_s, key, due_s)
+            mark = self.queues.add(row, tokens, pairs, prefill_s, key, due_s, event.time_s, own=False)
             self._sent[key] = Sent(
                 instance_id, profile, _NO_FEATURES, tokens, pairs, predicted, due_s, False, mark, own=False
             )

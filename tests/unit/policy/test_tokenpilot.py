@@ -12,6 +12,7 @@ from agents.policy.tokenpilot.features import FEATURES, PRIOR
 from agents.policy.tokenpilot.horizon import DecodeHorizon
 from agents.policy.tokenpilot.lateness import PrefillLateness
 from agents.policy.tokenpilot.predictor import OnlineLinearModel
+from agents.policy.tokenpilot.queues import PrefillQueues
 from agents.policy.tokenpilot.router import TokenPilot
 from agents.policy.types import (
     BLOCK_TOKENS,
@@ -385,3 +386,19 @@ def test_a_decider_breaks_near_ties_in_its_own_lane_and_a_clear_winner_anywhere(
         pilot.lane = (k, 2)
         [placed] = decide(pilot, [RequestView("c", 1, "t", "m", "interactive", 600, 64, (), 0.0)], busy, 0.0)
         assert placed.instance_id == "i0"
+
+
+def test_a_first_token_keeps_queued_what_was_recorded_before_it_but_placed_after_it() -> None:
+    """Prefill is FCFS, so a first token clears what reached the engine before it. Decider b
+    sends y at 1.005 and reads decider a's x, placed at 1.000, a log delay later: x is recorded
+    behind y but reached the engine first, so x's first token leaves y queued; b's own send
+    placed before x (w, at 0.990) is prefilled."""
+    for placed_s, still_queued in ((1.005, 1000.0), (0.990, 0.0)):
+        queues = PrefillQueues()
+        queues.align(cluster_view(1), np.zeros(1, dtype=bool))
+        queues.add(0, 1000.0, 1000.0 * 500.0, key=("y", 1), due_s=2.0, placed_s=placed_s)
+        mark = queues.add(0, 500.0, 500.0 * 250.0, key=("x", 1), due_s=1.5, placed_s=1.0, own=False)
+        queues.first_token("i0", mark, ("x", 1))
+        assert queues.tokens[0] == still_queued
+        assert queues.pairs[0] == pytest.approx(still_queued * still_queued / 2)
+        assert queues.head_tokens[0] == still_queued  # y, if queued, is the send it waits for
