@@ -33,10 +33,13 @@ HOME_SHARE = 0.5
 is decided before the batch's other requests."""
 
 
-def cache_has_room(view: ClusterView, rows: BoolArray, below_kv: float) -> bool:
-    """Whether the KV cache of ``rows`` is less than ``below_kv`` used."""
-    total = float(view.kv_total[rows].sum())
-    return total > 0 and float(view.kv_used[rows].sum()) < below_kv * total
+def cache_has_room(view: ClusterView, below_kv: float, rows: BoolArray | None = None) -> bool:
+    """Whether the KV cache of ``rows`` (None: every instance) is less than ``below_kv`` used."""
+    total_kv, used_kv = (
+        (view.kv_total, view.kv_used) if rows is None else (view.kv_total[rows], view.kv_used[rows])
+    )
+    total = float(total_kv.sum())
+    return total > 0 and float(used_kv.sum()) < below_kv * total
 
 
 def decision_order(
@@ -53,7 +56,7 @@ def decision_order(
     otherwise as they came."""
     arrival = list(range(len(requests)))
     masks = np.asarray(candidates)
-    if not cache_has_room(view, np.logical_or.reduce(masks, axis=0), below_kv):
+    if not cache_has_room(view, below_kv, np.logical_or.reduce(masks, axis=0)):
         return arrival
     index.size_like(view)
 

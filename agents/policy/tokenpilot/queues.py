@@ -4,6 +4,7 @@ the router's docstring): what it sent, drained at the predicted pace, clipped by
 from __future__ import annotations
 
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 
@@ -12,15 +13,25 @@ from agents.policy.common.slots import SlotRegistry
 from agents.policy.tokenpilot import kernels
 from agents.policy.types import ClusterView
 
-_Waiting = tuple[tuple[str, int], float, float, float, float, bool]
-"""A send without its first token: key, predicted first token, uncached tokens, prompt length,
-when it was placed, whether by this decider."""
 
+class _Waiting(NamedTuple):
+    """A send without its first token yet."""
 
-def _placed_after(entry: _Waiting, first: _Waiting) -> bool:
-    """Whether ``entry`` reached the engine after ``first`` (or may have: placed at the same
-    instant by different deciders)."""
-    return entry[4] > first[4] or (entry[4] == first[4] and entry[5] != first[5])
+    key: tuple[str, int]
+    due_s: float  # its predicted first token
+    tokens: float  # uncached tokens to prefill
+    depth: float  # its prompt's length
+    placed_s: float  # when it was placed
+    own: bool  # placed by this decider
+
+    @property
+    def pairs(self) -> float:
+        return self.tokens * (self.depth - self.tokens * 0.5)
+
+    def placed_after(self, first: _Waiting) -> bool:
+        """Whether it reached the engine after ``first`` (or may have: placed at the same
+        instant by different deciders)."""
+        return self.placed_s > first.placed_s or (self.placed_s == first.placed_s and self.own != first.own)
 
 
 class PrefillQueues:
@@ -61,8 +72,7 @@ class PrefillQueues:
         self.as_of = np.zeros(0)
         self.recent = np.zeros(0)
         self._drained_to = -np.inf  # every row's ``as_of`` is at least this
-        # By slot: the sends without a first token yet, in the order recorded (key, predicted
-        # first token, uncached tokens, prompt length, when it was placed, whether here).
+        # By slot: the sends without a first token yet, in the order recorded.
         self._waiting: dict[int, deque[_Waiting]] = {}
         self._row_of_slot = np.zeros(0, dtype=np.int64)  # row of each slot in _view (-1: none)
         self.head_due = np.zeros(0)  # "head", by row of _view
@@ -146,7 +156,7 @@ class PrefillQueues:
         slot = int(self._slot_of_row[row])
         waiting = self._waiting.setdefault(slot, deque())
         depth = pairs / tokens + tokens * 0.5 if tokens > 0 else 0.0  # its prompt's length
-        waiting.append((key, due_s, tokens, depth, placed_s, own))
+        waiting.append(_Waiting(key, due_s, tokens, depth, placed_s, own))
         if len(waiting) == 1:
             self._set_head(slot, due_s, tokens, depth)
         sent = self._slots.columns["sent"]
@@ -170,14 +180,13 @@ class PrefillQueues:
             return
         later = np.zeros(2)  # tokens and pairs recorded before ``key``, placed after it
         waiting = self._waiting.get(slot)
-        if waiting and any(entry[0] == key for entry in waiting):
+        if waiting and any(entry.key == key for entry in waiting):
             ahead: list[_Waiting] = []
-            while (entry := waiting.popleft())[0] != key:
+            while (entry := waiting.popleft()).key != key:
                 ahead.append(entry)
-            kept = [e for e in ahead if _placed_after(e, entry)]
-            for e in reversed(kept):
-                waiting.appendleft(e)
-                later += (e[2], e[2] * (e[3] - e[2] * 0.5))
+            for other in reversed([e for e in ahead if e.placed_after(entry)]):
+                waiting.appendleft(other)
+                later += (other.tokens, other.pairs)
             self._new_head(slot)
         after = np.maximum(self._slots.columns["sent"][:, slot] - mark, 0.0) + later
         row = None if self._view is None else self._view.index_of.get(instance_id)
@@ -193,13 +202,14 @@ class PrefillQueues:
         slot = self._slots.get(instance_id)
         waiting = None if slot is None else self._waiting.get(slot)
         if slot is not None and waiting:
-            kept = deque(entry for entry in waiting if entry[0] != key)
+            kept = deque(entry for entry in waiting if entry.key != key)
             self._waiting[slot] = kept
             self._new_head(slot)
 
     def _new_head(self, slot: int) -> None:
         waiting = self._waiting.get(slot)
-        self._set_head(slot, *(waiting[0][1:4] if waiting else (np.inf, 0.0, 0.0)))
+        head = waiting[0] if waiting else None
+        self._set_head(slot, *((head.due_s, head.tokens, head.depth) if head else (np.inf, 0.0, 0.0)))
 
     def _set_head(self, slot: int, due_s: float, tokens: float, depth: float) -> None:
         self._slots.columns["head"][:, slot] = (due_s, tokens, depth)

@@ -201,7 +201,7 @@ class TokenPilot(InstanceSelector):
 
     def reorders(self, view: ClusterView) -> bool:
         """Whether a burst on ``view`` would be decided in this router's order."""
-        return cache_has_room(view, np.ones(len(view), dtype=bool), self.largest_first_below_kv)
+        return cache_has_room(view, self.largest_first_below_kv)
 
     def start_batch(self, requests: Sequence[RequestView]) -> None:
         self._revised, self._batch_keys = {}, {r.key for r in requests}
