@@ -142,7 +142,8 @@ class OrdersBatch(Protocol):
     for the decision log (several deciders), when due. Held requests offered again keep their
     order, and only an admission that admits every request as offered (``PassThrough``) lets the
     router order: an admission stage judges each request of an offer behind the ones it admitted
-    before it, in its own serving order."""
+    before it, in its own serving order. Behind any admission, while ``reorders`` the scheduler
+    places an instant's long-context arrivals before its short ones."""
 
     def order(
         self, requests: Sequence[RequestView], candidates: Sequence[BoolArray], view: ClusterView
@@ -150,8 +151,8 @@ class OrdersBatch(Protocol):
 
     def reorders(self, view: ClusterView) -> bool:
         """Whether ``order`` would reorder a burst on ``view`` now (its condition on the pool):
-        with several deciders the scheduler then places a burst's long-context arrivals first,
-        decider after decider, and the short ones after them."""
+        the scheduler then places a burst's long-context arrivals first (with several deciders,
+        decider after decider) and the short ones after them, behind any admission stage."""
         ...
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -85,10 +86,10 @@ def test_with_several_deciders_a_burst_is_placed_long_prompts_first_one_decider_
     router's order when due, as arrivals are."""
     delay = 0.005
     cases = ((True, 0, 0, 2), (True, 1, 1, 3), (False, 0, 2, 0), (False, 1, 3, 1))
-    for reordering, k, long_waits, short_waits in cases:
+    for (reordering, k, long_waits, short_waits), admission in itertools.product(cases, (PassThrough, Gate)):
         router = Reversing()
         router.reordering = reordering
-        s = Scheduler("test", PassThrough(), HomeDc(), router)
+        s = Scheduler("test", admission(), HomeDc(), router)  # type: ignore[arg-type]
         s.decide_in_lane(k, 2)
         s.log_delay_s = delay
         burst = [replace(req("long"), slo_class="long_context"), req("short-1"), req("short-2")]
@@ -106,7 +107,8 @@ def test_with_several_deciders_a_burst_is_placed_long_prompts_first_one_decider_
         assert placed_at == {"long": long_waits, "short-1": short_waits, "short-2": short_waits}
         assert s.held_total == 0 and s.next_wake_s() is None
         shorts = [rid for rid in order if rid != "long"]
-        assert shorts == (["short-2", "short-1"] if reordering else ["short-1", "short-2"])
+        routers_order = reordering and admission is PassThrough  # else admission's
+        assert shorts == (["short-2", "short-1"] if routers_order else ["short-1", "short-2"])
 
 
 def test_arrivals_are_placed_in_the_routers_order_held_requests_in_the_admissions() -> None:
@@ -121,6 +123,22 @@ def test_arrivals_are_placed_in_the_routers_order_held_requests_in_the_admission
         "a",
         "b",
     ]
+
+
+def test_behind_an_admission_stage_an_instants_long_prompts_go_first_while_the_router_reorders() -> None:
+    """Admission's order within each class; the long-context arrivals before the short ones
+    while the router would decide the burst largest first, so the short ones go around them."""
+    for reordering, expected in (
+        (True, ["long-1", "long-2", "a", "b"]),
+        (False, ["a", "long-1", "b", "long-2"]),
+    ):
+        router = Reversing()
+        router.reordering = reordering
+        gated = Scheduler("test", Gate(), HomeDc(), router)
+        burst = [req("a"), replace(req("long-1"), slo_class="long_context"), req("b")]
+        burst.append(replace(req("long-2"), slo_class="long_context"))
+        placed = gated.submit(burst, cluster_view(4), 0.0)
+        assert [o.request.request_id for o in placed] == expected
 
 
 def test_withdraw_drops_a_held_request() -> None:
