@@ -212,6 +212,7 @@ class SchedulerAgents:
                 if view is not None:
                     routed += self.service.tick(pool, view, now)
                     self.telemetry.queue_depth(pool, self.service.held(pool))
+                    self._wake_later(pool)  # decider k of n offers them k log delays later
                     ticked = True
         if routed:
             await self._settle_held(routed, time.perf_counter() - arrived)
@@ -376,7 +377,8 @@ class SchedulerAgents:
 
     def _wake_later(self, pool: str) -> None:
         """Offer ``pool``'s deferred requests when they are due (``Scheduler.next_wake_s``:
-        with several deciders a long prompt waits a few milliseconds for the log)."""
+        with several deciders an arrival, or a held request on a new heartbeat, waits a few
+        milliseconds for the log)."""
         due = self.service.next_wake(pool)
         armed = self._wakes.get(pool)
         if due is None or (armed is not None and armed <= due):

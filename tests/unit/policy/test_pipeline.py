@@ -64,6 +64,26 @@ def test_with_several_deciders_a_long_prompt_waits_for_the_log_by_its_lane() -> 
     assert s.held_total == 0 and s.next_wake_s() is None
 
 
+def test_with_several_deciders_decider_k_offers_its_held_requests_k_log_delays_after_a_new_snapshot() -> None:
+    """So the pool's deciders take the room a snapshot shows one after another, each having
+    read the earlier ones' placements; decider 0 offers at once, as one decider does."""
+    delay = 0.005
+    for k in (0, 1, 2):
+        s = scheduler()
+        (held,) = s.submit([req("a")], empty_view(), 0.0)  # no capacity: held
+        s.decide_in_lane(k, 3)
+        s.log_delay_s = delay
+        assert held.pool == NO_CAPACITY_POOL and s.next_wake_s() is None
+        room = cluster_view(2)
+        offered = s.tick(room, 1.0)
+        if k:
+            assert offered == [] and s.next_wake_s() == 1.0 + k * delay
+            assert s.tick(cluster_view(2), 1.0 + k * delay / 2) == []  # a newer snapshot: still waits
+            offered = s.tick(room, 1.0 + k * delay)
+        assert [(o.action, o.request.request_id) for o in offered] == [("admit", "a")]
+        assert s.held_total == 0 and s.next_wake_s() is None
+
+
 class Reversing(RoundRobin):
     """Round-robin that decides a batch of arrivals last first (``OrdersBatch``) while
     ``reordering``."""
