@@ -28,7 +28,9 @@ a statement about the shipped code. It owns the queue pools:
   one idle instance, and the first token of one made the other's decider drop the other from
   its queue (Mooncake as shipped, `tokenpilot`, 2 deciders, x2.2: 171 interactive misses against
   one decider's 81, 85 now). A burst's first class waits up to n - 1 delays, the other n to
-  2n - 1 (5-35 ms with four deciders on the embedded broker). One decider defers nothing.
+  2n - 1 (5-35 ms with four deciders on the embedded broker). Held requests likewise: decider k
+  offers its own again k log delays after a new snapshot (``_reoffer_waits``), so the deciders
+  take the room it shows one after another. One decider defers nothing.
 
 Each offer returns one ``Outcome`` per request that was settled (admitted and placed, or
 rejected), plus one for a request held for the first time; a request that stays held on a
