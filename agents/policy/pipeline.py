@@ -244,7 +244,8 @@ class Scheduler:
         if view.version == self._offered_version:
             return True
         k = self.lane[0]
-        if k == 0 or self.log_delay_s <= 0 or len(self._held) == self._deferred:  # (only arrivals)
+        only_deferred_arrivals = len(self._held) == self._deferred  # they have their own due times
+        if k == 0 or self.log_delay_s <= 0 or only_deferred_arrivals:
             return False
         self._reoffer_s = now_s + k * self.log_delay_s
         return True
