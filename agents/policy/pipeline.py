@@ -244,8 +244,7 @@ class Scheduler:
         if view.version == self._offered_version:
             return True
         k = self.lane[0]
-        only_deferred_arrivals = len(self._held) == self._deferred  # they have their own due times
-        if k == 0 or self.log_delay_s <= 0 or only_deferred_arrivals:
+        if k == 0 or self.log_delay_s <= 0 or not self._holds_undeferred():  # (arrivals have their due times)
             return False
         self._reoffer_s = now_s + k * self.log_delay_s
         return True
@@ -253,10 +252,15 @@ class Scheduler:
     def next_wake_s(self) -> float | None:
         """When the earliest deferred request is due, or a held request is to be offered again
         (``_reoffer_waits``): the driver calls ``tick`` then (None: nothing waits)."""
-        wakes = [h.due_s for h in self._held.values() if h.due_s is not None]
-        if self._reoffer_s is not None and len(self._held) > self._deferred:
-            wakes.append(self._reoffer_s)
-        return min(wakes, default=None)
+        reoffer_s = self._reoffer_s if self._reoffer_s is not None and self._holds_undeferred() else None
+        if not self._deferred:  # no walk over the held requests (thousands under overload)
+            return reoffer_s
+        due_s = min(h.due_s for h in self._held.values() if h.due_s is not None)
+        return due_s if reoffer_s is None else min(due_s, reoffer_s)
+
+    def _holds_undeferred(self) -> bool:
+        """Whether a request is held other than a deferred arrival."""
+        return len(self._held) > self._deferred
 
     def expire(self, now_s: float) -> list[Outcome]:
         """Reject (reason ``expired``) every request held longer than ``hold.timeout_s``."""

@@ -26,7 +26,8 @@ round trip: about 4.5 ms at the median). ``Deciders`` plays that in the simulato
   burst places first, n + k for the other: ``Scheduler.submit``, as in the service; the runner
   wakes the deciders then, ``next_wake_s``), so they are decided once the log shows the
   placements of their instant that they should go around.
-- held requests stay with the decider that holds them: each re-offers its own (``tick``), and
+- held requests stay with the decider that holds them: each re-offers its own (``tick``; decider
+  k k log delays after a new snapshot, the runner waking it then), and
   a client's give-up withdraws the request where it is held. A new hold is logged as a
   placement is (``HeldElsewhere``, the admission log ``tf.admission`` in the service) for the
   deciders whose admission counts the pool's holds (SLOMax).
