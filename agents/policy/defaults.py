@@ -21,6 +21,7 @@ class PassThrough:
 
     name = "pass-through"
     wants_kv_events = False
+    admits_as_offered = True  # (``AdmitsAsOffered``: the router may order a batch)
 
     def __init__(self, seed: int = 0) -> None:
         del seed  # no randomness; the registry passes every stage its seed

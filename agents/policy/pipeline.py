@@ -44,10 +44,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agents.policy.common.slo import LONG_CONTEXT
-from agents.policy.defaults import PassThrough
 from agents.policy.fleetmind.notices import FleetNotice
 from agents.policy.stages import (
     AdmissionStage,
+    AdmitsAsOffered,
     ClosesLoop,
     DcSelectionStage,
     HoldAware,
@@ -138,14 +138,15 @@ class Scheduler:
                 stage.bind_router(instance_selection)
         # The optional capabilities, resolved once: a runtime Protocol check costs ~10 us.
         self._placement_aware = admission if isinstance(admission, PlacementAware) else None
-        # The router's batch order only behind an admission that admits every request as offered:
+        # The router's batch order only behind an admission that admits as offered (``AdmitsAsOffered``):
         # an admission stage judges each request of an offer behind those it admitted before, in
         # its own serving order (placed in another, SLOMax's regret on the held-out mix at
         # 0.5 x L67 went from 164 to 319; see ``OrdersBatch``). Behind any admission the router
         # says whether an instant's long-context arrivals go before its short ones (``_long_first``).
         router = instance_selection
         self._router_orders = router if isinstance(router, OrdersBatch) else None
-        self._orders_batch = self._router_orders if isinstance(admission, PassThrough) else None
+        as_offered = isinstance(admission, AdmitsAsOffered) and admission.admits_as_offered
+        self._orders_batch = self._router_orders if as_offered else None
         self._hold_aware = admission if isinstance(admission, HoldAware) else None
         self._shares_holds = admission if isinstance(admission, SharesHolds) else None
         self._noticing = tuple(s for s in self._stages if isinstance(s, Noticing))
@@ -364,8 +365,8 @@ class Scheduler:
     ) -> list[Outcome]:
         """Instance selection for the admitted requests, as one batch; the outcomes in the order
         placed. A batch of new arrivals is placed in the stage's order if it has one
-        (``OrdersBatch``, behind ``PassThrough``); behind another admission, in admission's
-        order with the long-context arrivals first while the router would reorder
+        (``OrdersBatch``, behind an admission that ``AdmitsAsOffered``); behind another
+        admission, in admission's order with the long-context arrivals first while the router would reorder
         (``_long_first``: Mooncake as shipped, `slomax+tokenpilot`, x1.6875, one decider: 92
         interactive TPOT misses -> 47). Held requests offered again keep the order they were
         held in (placing SLOMax's re-offers largest first cost it 4 % of its goodput on Azure's

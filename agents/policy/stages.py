@@ -134,15 +134,24 @@ class PlacementAware(Protocol):
 
 
 @runtime_checkable
+class AdmitsAsOffered(Protocol):
+    """An admission stage whose answers do not depend on the order of an offer's requests
+    (``PassThrough``: it admits every one), so the router may place a batch of arrivals in its
+    own order (``OrdersBatch``). Any other admission judges each request of an offer behind the
+    ones it admitted before it, in its own serving order, and the batch is placed in that order."""
+
+    admits_as_offered: bool
+
+
+@runtime_checkable
 class OrdersBatch(Protocol):
     """An instance-selection stage that decides a batch of new arrivals in an order of its own:
     ``order`` returns a permutation of the batch's indices. The ``Scheduler`` places the batch
     and reports its outcomes in that order, so the engines receive the requests in the order
     they were decided (a stage's predictions assume that queue order); so are arrivals deferred
     for the decision log (several deciders), when due. Held requests offered again keep their
-    order, and only an admission that admits every request as offered (``PassThrough``) lets the
-    router order: an admission stage judges each request of an offer behind the ones it admitted
-    before it, in its own serving order. Behind any admission, while ``reorders`` the scheduler
+    order, and only an admission stage that ``AdmitsAsOffered`` lets the router order. Behind any
+    admission, while ``reorders`` the scheduler
     places an instant's long-context arrivals before its short ones."""
 
     def order(
