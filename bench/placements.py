@@ -8,10 +8,14 @@ Two ``RoutingService``s (deciders ``a`` and ``b`` of one pool, the worker's own 
 They decide the requests in turn, a batch each (``--batch`` requests arriving together), and
 before each of its batches a decider applies the other's placements made at least
 ``--log-delay-ms`` earlier, decoded from the wire bytes as the worker decodes ``tf.decisions``
-(``RoutingDecision`` -> ``RoutingService.observe_placement``). Printed per repeat, then the
-medians: CPU µs per request decided (``route``) and per placement applied. Their ratio is what
-a second decider adds to a pool's CPU per request before Kafka's own costs
-(``bench.stream_pair`` measures the whole pair, Kafka included).
+(``RoutingDecision`` -> ``RoutingService.observe_placement``), then offers what it deferred
+that is due (``tick`` at ``next_wake``, as the worker's timer does: once a decider has read
+the other's placements it decides in lane 0 or 1 of 2 and defers arrivals a few log delays,
+``Scheduler.submit``). At the end both offer what they still hold until nothing is. Printed per
+repeat, then the medians: CPU µs per request decided (``route`` and ``tick``, per request
+placed) and per placement applied. Their ratio is what a second decider adds to a pool's CPU
+per request before Kafka's own costs (``bench.stream_pair`` measures the whole pair, Kafka
+included).
 """
 
 from __future__ import annotations
@@ -20,15 +24,23 @@ import argparse
 import statistics
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from agents.routing import RoutingService
 from bench.stream_run import RequestFactory, idle_instances
-from schemas.events import RoutingDecision
+from schemas.events import InferenceRequest, RoutingDecision
 from streams.snapshot import SnapshotCache
 
 
-def measure(requests: int, batch: int, log_delay_s: float, policy: str, seed: int) -> tuple[float, float]:
-    """(CPU µs per request decided, CPU µs per placement applied)."""
+class Costs(NamedTuple):
+    route_us: float  # CPU per request decided
+    apply_us: float  # CPU per placement of the other decider applied
+    placed: int  # requests placed by either decider
+    applied: int  # placements applied by the decider that did not make them
+
+
+def measure(requests: int, batch: int, log_delay_s: float, policy: str, seed: int) -> Costs:
+    """What deciding ``requests`` between two deciders cost (``Costs``)."""
     cache = SnapshotCache()
     start = time.time()
     for beat in idle_instances():
@@ -40,10 +52,26 @@ def measure(requests: int, batch: int, log_delay_s: float, policy: str, seed: in
         decider.route(pool, [factory.request(f"warm-{decider.worker}")], cache.view(pool), start)
     unread: list[list[tuple[float, bytes]]] = [[], []]  # per decider: (readable at, record)
     route_s = apply_s = 0.0
-    applied = 0
-    for first in range(0, requests, batch):
-        now = time.time()
-        k = (first // batch) % 2
+    applied = placed = 0
+
+    def decide(k: int, arrivals: list[InferenceRequest], now: float) -> None:
+        """Decider ``k``'s due deferred requests, then ``arrivals``; its placements go on the log."""
+        nonlocal route_s, placed
+        decider, view = deciders[k], cache.view(pool)
+        assert view is not None  # (every instance reported above)
+        began = time.process_time()
+        wake = decider.next_wake(pool)
+        routed = decider.tick(pool, view, now) if wake is not None and wake <= now else []
+        if arrivals:
+            routed += decider.route(pool, arrivals, view, now)
+        route_s += time.process_time() - began
+        decisions = [r.routing for r in routed if r.routing]
+        placed += len(decisions)
+        unread[1 - k] += [(d.ts + log_delay_s, d.model_dump_json().encode()) for d in decisions]
+
+    def apply(k: int, now: float) -> None:
+        """Decider ``k`` reads the other's placements that are due by ``now``."""
+        nonlocal apply_s, applied
         due = [raw for at, raw in unread[k] if at <= now]
         unread[k] = [(at, raw) for at, raw in unread[k] if at > now]
         began = time.process_time()
@@ -51,17 +79,22 @@ def measure(requests: int, batch: int, log_delay_s: float, policy: str, seed: in
             deciders[k].observe_placement(RoutingDecision.model_validate_json(raw))
         apply_s += time.process_time() - began
         applied += len(due)
+
+    for first in range(0, requests, batch):
+        now = time.time()
+        k = (first // batch) % 2
+        apply(k, now)
         arrivals = [
             factory.request(f"r-{i}").model_copy(update={"ts": now})
             for i in range(first, min(first + batch, requests))
         ]
-        began = time.process_time()
-        routed = deciders[k].route(pool, arrivals, cache.view(pool), now)
-        route_s += time.process_time() - began
-        unread[1 - k] += [
-            (r.routing.ts + log_delay_s, r.routing.model_dump_json().encode()) for r in routed if r.routing
-        ]
-    return 1e6 * route_s / requests, 1e6 * apply_s / max(applied, 1)
+        decide(k, arrivals, now)
+    while any(d.held(pool) for d in deciders) or any(unread):  # what is still deferred or unread
+        time.sleep(log_delay_s / 2 + 0.001)
+        for k in (0, 1):
+            apply(k, time.time())
+            decide(k, [], time.time())
+    return Costs(1e6 * route_s / max(placed, 1), 1e6 * apply_s / max(applied, 1), placed, applied)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -78,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = []
     for index in range(args.repeat):
         delay_s = args.log_delay_ms / 1000
-        route_us, apply_us = measure(args.requests, args.batch, delay_s, args.policy, args.seed)
+        route_us, apply_us, _, _ = measure(args.requests, args.batch, delay_s, args.policy, args.seed)
         runs.append((route_us, apply_us))
         print(f"run {index}: {route_us:.1f} µs per request decided, {apply_us:.1f} µs per placement applied")
     route_us = statistics.median(r for r, _ in runs)
