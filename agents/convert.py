@@ -80,9 +80,12 @@ def placed(decision: RoutingDecision) -> Placed:
     return Placed(request, decision.instance_id, decision.ts, decision.predicted_ttft_s)
 
 
-def held_elsewhere(decision: AdmissionDecision) -> HeldElsewhere:
-    """Another decider's new hold, as the core observes it (when it was decided, not read)."""
-    return HeldElsewhere(decision.request_id, decision.attempt, decision.slo_class, decision.ts)
+def held_elsewhere(decision: AdmissionDecision, lane: int | None) -> HeldElsewhere:
+    """Another decider's new hold, as the core observes it (when it was decided, not read);
+    ``lane``: its decider's lane among the pool's deciders."""
+    return HeldElsewhere(
+        decision.request_id, decision.attempt, decision.slo_class, decision.ts, decision.input_tokens, lane
+    )
 
 
 def fleet_event(notice: FleetNotice, worker: str = "") -> FleetEvent:

@@ -282,7 +282,11 @@ class RoutingService:
         key = (decision.request_id, decision.attempt)
         if key in state.requests or key in state.decided:
             return False
-        state.scheduler.observe(held_elsewhere(decision))
+        lane = None
+        if decision.worker and decision.worker != self.worker:
+            state.deciders[decision.worker] = decision.ts
+            lane = self._deciders(state).index(decision.worker)
+        state.scheduler.observe(held_elsewhere(decision, lane))
         return True
 
     def observe_kv(self, event: KvEvent) -> None:
@@ -333,14 +337,19 @@ class RoutingService:
 
     def _find_lane(self, state: _Pool, now: float) -> None:
         """This worker's lane among the pool's deciders (``InstanceSelector.lane``): its rank
-        among itself and the deciders whose placements it read in the last ``LANE_MEMORY_S``."""
+        among itself and the deciders whose placements or holds it read in the last
+        ``LANE_MEMORY_S``."""
         if not state.deciders:
             return
         for worker, seen in list(state.deciders.items()):
             if now - seen > LANE_MEMORY_S:
                 del state.deciders[worker]
-        deciders = sorted({self.worker, *state.deciders})
+        deciders = self._deciders(state)
         state.scheduler.decide_in_lane(deciders.index(self.worker), len(deciders))
+
+    def _deciders(self, state: _Pool) -> list[str]:
+        """The pool's deciders in lane order: this worker and those seen (``_find_lane``)."""
+        return sorted({self.worker, *state.deciders})
 
     def _decided(self, state: _Pool, key: tuple[str, int], answer: Answer | None) -> None:
         state.decided[key] = answer
@@ -353,13 +362,15 @@ class RoutingService:
             key = outcome.request.key
             request = state.requests[key] if outcome.action == "queue" else state.requests.pop(key)
             common = self._common(request, outcome.request.slo_class)
-            if outcome.action == "queue":
+            if outcome.action == "queue":  # (its size and decider: for the pool's other deciders)
                 admission = AdmissionDecision(
                     **common,
                     action="queue",
                     reason=outcome.reason,
                     queue_pool=outcome.pool,
                     affinity_key=request.affinity_key,
+                    worker=self.worker,
+                    input_tokens=outcome.request.input_tokens,
                 )
                 routed.append(Routed(request, admission, None))
                 continue

@@ -378,6 +378,8 @@ class AdmissionDecision(Event):
     retry_after_s: Prediction | None = None
     affinity_key: str = Field(default="", max_length=2 * MAX_NAME_LENGTH + 32)
     scheduler: Label = Field(default="", description="the scheduler that decided (its deciders' group)")
+    worker: Label = Field(default="", description="the scheduler worker that decided (host:pid)")
+    input_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS, description="the request's prompt tokens")
 
 
 class RoutingDecision(Event):

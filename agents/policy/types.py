@@ -299,12 +299,15 @@ class HeldElsewhere:
     decider's own holds). The hold ends with the request's ``Placed``, or at the latest once its
     class's objective has passed since ``time_s`` (a held request is rejected when it can no
     longer meet it). An admission stage that yields to waiting work (SLOMax's calm test) counts
-    the pool's holds, not only its own."""
+    the pool's holds, not only its own; one that keeps the pool's serving order (SLOMax) leaves
+    room for the older holds of the deciders that offer after it (a later ``lane``)."""
 
     request_id: str
     attempt: int
     slo_class: str
     time_s: float
+    input_tokens: int = 0  # its prompt's size (0: not said)
+    lane: int | None = None  # the holder's lane among the pool's deciders (None: not known)
 
     @property
     def key(self) -> tuple[str, int]:

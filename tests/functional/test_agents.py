@@ -167,6 +167,12 @@ def test_a_slomax_decider_counts_the_other_deciders_holds_and_skips_its_own() ->
     run(first.on_admissions(raw(held, *first.publisher.sent[topics.ADMISSION.name])))
     admission = first.service.scheduler_for("m").admission
     assert set(admission.waiting.elsewhere) == {("x", 1)}  # type: ignore[attr-defined]
+    # Its size and its decider's lane (b:1 after a:1) come with it: a:1 offers before b:1 and
+    # leaves room for b:1's older holds.
+    there = admission.waiting.elsewhere[("x", 1)]  # type: ignore[attr-defined]
+    assert held.worker == "b:1" and there.input_tokens == held.input_tokens > 0  # type: ignore[attr-defined]
+    waiting = admission.waiting  # type: ignore[attr-defined]
+    assert there.lane == 1 and waiting.behind(0, there.time_s) == [(there.time_s, there.input_tokens)]
     run(other.on_heartbeats(raw(beat("m", "i-1"))))  # x is placed, and admitted on the log
     answers = other.publisher.sent[topics.ADMISSION.name][1:]
     assert [a.action for a in answers] == ["admit"]  # type: ignore[attr-defined]

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import heapq
 import math
+from dataclasses import dataclass
+
+from agents.policy.types import HeldElsewhere
 
 
 class ObservedTtft:
@@ -45,25 +48,37 @@ class ReofferGap:
         self._version, self._at = version, now_s
 
 
+@dataclass(frozen=True, slots=True)
+class HeldThere:
+    """Another decider's hold: until when it counts at most, when it began, its prompt's size
+    and the holder's lane (``HeldElsewhere``)."""
+
+    until_s: float
+    time_s: float
+    input_tokens: int
+    lane: int | None
+
+
 class WaitingWork:
     """When interactive work last waited in the pool: this decider's own holds (``held``, at
     every offer that holds one) and the other deciders' (``held_elsewhere``, read from the
     admission log). Another decider's hold counts as waiting until its placement is read
     (``placed``), or, if none is, until ``until_s`` (its objective after it began: a held request
     is rejected once it can no longer meet it); one offered here is this decider's own now
-    (``offered_here``). ``calm``: none waited within the last ``window_s`` seconds."""
+    (``offered_here``). ``calm``: none waited within the last ``window_s`` seconds. ``behind``:
+    the holds of the deciders that offer after a lane, oldest first."""
 
     def __init__(self) -> None:
         self.last_s = -math.inf  # when interactive work was last seen waiting
-        self.elsewhere: dict[tuple[str, int], float] = {}  # the others' holds -> until when, at most
+        self.elsewhere: dict[tuple[str, int], HeldThere] = {}  # the others' holds
         self._ends: list[tuple[float, tuple[str, int]]] = []  # heap of (until, key): when each ends
 
     def held(self, now_s: float) -> None:
         self.last_s = max(self.last_s, now_s)
 
-    def held_elsewhere(self, key: tuple[str, int], until_s: float) -> None:
-        self.elsewhere[key] = until_s
-        heapq.heappush(self._ends, (until_s, key))
+    def held_elsewhere(self, event: HeldElsewhere, until_s: float) -> None:
+        self.elsewhere[event.key] = HeldThere(until_s, event.time_s, event.input_tokens, event.lane)
+        heapq.heappush(self._ends, (until_s, event.key))
 
     def offered_here(self, key: tuple[str, int]) -> None:
         if self.elsewhere:
@@ -75,10 +90,28 @@ class WaitingWork:
             self.held(at_s)
 
     def calm(self, now_s: float, window_s: float) -> bool:
+        self._drop_ended(now_s)
+        return not self.elsewhere and now_s - self.last_s > window_s
+
+    def behind(self, lane: int, now_s: float) -> list[tuple[float, int]]:
+        """The holds of the deciders in lanes after ``lane`` (they offer later on a snapshot)
+        whose size is known: (when each began, its prompt tokens), oldest first."""
+        if not self.elsewhere:
+            return []
+        self._drop_ended(now_s)
+        return sorted(
+            (h.time_s, h.input_tokens)
+            for h in self.elsewhere.values()
+            if h.lane is not None and h.lane > lane and h.input_tokens
+        )
+
+    def _drop_ended(self, now_s: float) -> None:
+        """Forget the others' holds whose objective passed by ``now_s`` (not placed, nor
+        offered here, meanwhile): they waited until then."""
         ends = self._ends
-        while ends and ends[0][0] <= now_s:  # the others' holds that ended by now
+        while ends and ends[0][0] <= now_s:
             until_s, key = heapq.heappop(ends)
-            if self.elsewhere.get(key) == until_s:  # (not placed or offered here meanwhile)
+            entry = self.elsewhere.get(key)
+            if entry is not None and entry.until_s == until_s:
                 del self.elsewhere[key]
                 self.held(until_s)
-        return not self.elsewhere and now_s - self.last_s > window_s

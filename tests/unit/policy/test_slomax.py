@@ -537,6 +537,37 @@ def test_an_interactive_request_another_decider_holds_keeps_the_long_prompt_gate
     assert not admission.waiting.elsewhere  # offered here: this decider's own hold or admit now
 
 
+def test_a_decider_leaves_room_for_the_older_holds_of_the_deciders_that_offer_after_it() -> None:
+    """Decider k takes a snapshot's room before the deciders of later lanes: a hold of theirs
+    that began before its request arrived goes ahead of it (its prompt charged to every row's
+    prefill room, as an admit of the same offer); a younger hold, one of an earlier lane, or
+    one whose decider is not known does not."""
+
+    def offered_after(lane: int, *held: HeldElsewhere) -> str:
+        s, admission, router = slomax(predicted=0.3, prefill_tokens_per_s=1000.0)
+        router.own_s = 1.0  # its own prefill: 1 s on either row
+        admission.prefill = PrefillLoad(tau_s=4.0, law=(0.01, 0.0, 0.0))  # 3.43 s of room a row
+        s.decide_in_lane(lane, 2)
+        s.log_delay_s = 0.0  # (decided at once: no deferral to step through)
+        for event in held:
+            s.observe(event)
+        (answer,) = s.submit([req("mine", arrival=1.0)], cluster_view(2), 1.0)
+        return answer.action
+
+    def hold(time_s: float, lane: int | None) -> HeldElsewhere:
+        return HeldElsewhere("x", 1, "interactive", time_s, 6000, lane)  # 6 s: 3 s on each row
+
+    assert offered_after(0) == "admit"
+    assert offered_after(0, hold(0.5, lane=1)) == "queue"  # older, offered after this decider
+    assert offered_after(0, hold(1.5, lane=1)) == "admit"  # younger
+    assert offered_after(1, hold(0.5, lane=0)) == "admit"  # offered before it: had its turn
+    assert offered_after(0, hold(0.5, lane=None)) == "admit"
+    s, admission, _ = slomax(predicted=0.3)
+    s.observe(hold(0.5, lane=1))
+    s.observe(Placed(req("x", arrival=0.5), "i0", 0.9))  # placed: no longer waits
+    assert not admission.waiting.behind(0, 1.0)
+
+
 def test_a_placement_read_late_adds_its_prefill_without_rewinding_the_load() -> None:
     load = PrefillLoad(tau_s=4.0, law=(0.01, 0.0, 0.0))
     load.add("i0", 1.0, 4.0)
