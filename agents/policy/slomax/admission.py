@@ -118,7 +118,8 @@ a request of its offer it counts each hold of a later lane's decider that began 
 request arrived as admitted ahead of it (its prompt at ``prefill_tokens_per_s``, charged to every
 ready row's prefill room and to the next predictions, as an admit of the same offer), so the
 pool's oldest work takes the room first, whichever decider holds it (Azure code at L67, 8
-seeds: two deciders 0.946 of one decider's goodput without it; ``docs/results/scoreboard.md``).
+seeds, goodput against one decider: two 0.946 -> 0.987, four 0.919 -> 0.974;
+``docs/results/scoreboard.md``).
 
 Tenants inside a tier are served by token-weighted fair queuing (``fairness.py``), and no tenant
 is crowded out by another's flood: while a tenant holds more than its weighted part of the
