@@ -84,7 +84,12 @@ def held_elsewhere(decision: AdmissionDecision, lane: int | None) -> HeldElsewhe
     """Another decider's new hold, as the core observes it (when it was decided, not read);
     ``lane``: its decider's lane among the pool's deciders."""
     return HeldElsewhere(
-        decision.request_id, decision.attempt, decision.slo_class, decision.ts, decision.input_tokens, lane
+        decision.request_id,
+        decision.attempt,
+        decision.slo_class,
+        decision.ts,
+        input_tokens=decision.input_tokens,
+        lane=lane,
     )
 
 

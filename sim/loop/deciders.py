@@ -229,8 +229,14 @@ class Deciders:
                 self._log.append(entry)
                 self._unread[request.key] = entry
             elif outcome.action == "queue" and self._holds_shared:
-                key, size = request.key, request.input_tokens
-                held = HeldElsewhere(key[0], key[1], request.slo_class, now_s, size, lane=origin)
+                held = HeldElsewhere(
+                    request.request_id,
+                    request.attempt,
+                    request.slo_class,
+                    now_s,
+                    input_tokens=request.input_tokens,
+                    lane=origin,
+                )
                 self._log.append(_Logged(due_s, origin, held))
         return outcomes
 
