@@ -38,7 +38,7 @@ from dispatcher.engines.port import EngineEvent, EnginePort
 from dispatcher.ledger import Ledger
 from infra.errors import first_line
 from infra.kafka.broker import ensure_topics_async
-from infra.kafka.clients import partition_reader, send_event, start_client
+from infra.kafka.clients import LogWatch, partition_reader, send_event, start_client
 from infra.kafka.connection import KafkaConnection
 from schemas.codec import DecodeError, decode
 from schemas.events import Completion, Event, Heartbeat, KvEvent, Response, ResponseStarted, RoutingDecision
@@ -265,6 +265,7 @@ class _FleetLoop:
         self.ledger = Ledger()  # what ran, and what it answered (dispatcher/ledger.py)
         self.elsewhere = RunElsewhere()  # what gateways run on these engines (dispatcher/elsewhere.py)
         self.recalled = False  # the ledger read back the answers already on the log
+        self.ends_watch: LogWatch | None = None  # the completions reader's restarts
         self._again: list[EngineEvent] = []  # answers to send again (decisions already answered)
         self._backlog: list[EngineEvent | Heartbeat] = []  # not delivered before an outage
         self._failed_sends = 0  # in a row
@@ -273,6 +274,7 @@ class _FleetLoop:
         """Until ``stop``: decisions from ``consumer``, events onto ``producer``; ``ends``: a
         reader of ``tf.completions``, for the gateway-run requests' ends (None: no gateway)."""
         self.producer, self.consumer = producer, consumer
+        self.ends_watch = None if ends is None else LogWatch(ends, "fleet's reader of the completions")
         liveness = _Liveness(consumer, self.reconnect_limits)
         next_heartbeat = time.time()
         await self._send([])  # the backlog of the previous connection first
@@ -357,6 +359,8 @@ class _FleetLoop:
             for record in records:
                 with contextlib.suppress(DecodeError):
                     self.elsewhere.ended(decode(Completion, record.value))
+        if self.ends_watch is not None:
+            await self.ends_watch.check()  # a restarted broker's completions are read from its start
 
     async def _send(self, events: list[EngineEvent | Heartbeat]) -> None:
         """Send and wait for delivery (``BrokerLost`` after ``send_timeout_s``). What was not

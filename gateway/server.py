@@ -13,7 +13,10 @@ call arrived. An engine that fails before anything reached the client (it died, 
 call) costs an ``error`` attempt and the call is scheduled again as the next attempt, up to
 ``attempts`` (``retry_backoff_s`` times n apart); then 502; a decider lost before it answered
 costs an attempt too, asked of the next decider. Admission rejects are HTTP 429
-(``over_quota``) or 503, with ``Retry-After``; no answer within ``decision_timeout_s`` is 503.
+(``over_quota``) or 503, with ``Retry-After``. A call waits for a decider until
+``decision_timeout_s`` (deciders restarting, a broker restart: ``gateway/deciders.py``); then
+503 with ``Retry-After`` (``no_decider``: none could be reached; ``no_decision``: asked, no
+final answer in time).
 
 Every error is OpenAI's error JSON (``{"error": {"message", "type", "param", "code"}}``), named
 by the client's fields; what only an operator should see (engine URLs, broker errors) goes to
@@ -32,8 +35,9 @@ error's code (``invalid_api_key``, ``over_quota``, ...) or HTTP status. A hang-u
 error of the gateway: it leaves no traceback.
 
 ``/v1/models`` lists the inventory's models (to callers with a key, when keys are on),
-``/health`` says the process answers (live), ``/ready`` whether the broker link works (its
-producer and its decisions reader run), ``/metrics`` is Prometheus.
+``/health`` says the process answers (live), ``/ready`` whether calls can get decisions now
+(its producer runs, its reader of the deciders' announcements is current and knows a live
+decider), ``/metrics`` is Prometheus.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -55,7 +60,7 @@ from agents.affinity import HotPrefixes
 from agents.handlers import Refused
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES, classify
 from gateway.auth import Authenticator, Caller
-from gateway.deciders import Asked, Deciders
+from gateway.deciders import Asked, Deciders, NoDecider
 from gateway.openai_api import ApiError, ClientCall, Kind, parse_body, rejection
 from gateway.proxy import CLIENT_CLOSED, ClientGone, EngineProxy, NothingSent, send_json
 from gateway.request_ids import HEADER as REQUEST_ID_HEADER
@@ -71,7 +76,7 @@ from infra.vllm.openai_http import Generation
 from infra.vllm.outcome import Status
 from schemas.events import Event, InferenceRequest, RoutingDecision
 from schemas.topics import COMPLETIONS, TopicSpec
-from streams.direct import Answer
+from streams.direct import ANNOUNCE_EVERY_S, Answer
 
 log = logging.getLogger(__name__)
 access = logging.getLogger("gateway.access")
@@ -189,8 +194,11 @@ class Gateway:
         return web.json_response({"live": True})
 
     async def _ready(self, _request: web.Request) -> web.Response:
-        ok = self._producer is not None and self.deciders.running
-        return web.json_response({"ok": ok}, status=200 if ok else 503)
+        """200 when calls can get decisions now (the producer runs, the deciders' reader is
+        current, a live decider is known), else 503; the body says which part is missing."""
+        ok = self._producer is not None and self.deciders.ready
+        body = {"ok": ok, "producer": self._producer is not None, **self.deciders.status()}
+        return web.json_response(body, status=200 if ok else 503)
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         return web.Response(body=metrics.render(), content_type="text/plain")
@@ -313,15 +321,26 @@ class Gateway:
         ``decision_timeout_s`` is 503."""
         asked = request.model_copy(update={"prompt": None, "messages": None, "prompt_token_ids": None})
         call = Asked(self.hot_prefixes.place(asked, time.time()))  # a hot prefix: over every decider
+        wait_s = self.options.decision_timeout_s
         try:
-            answer = await self.deciders.decide(call, time.monotonic() + self.options.decision_timeout_s)
-        except TimeoutError:  # NoDecider included
+            answer = await self.deciders.decide(call, time.monotonic() + wait_s)
+        except NoDecider as exc:
+            log.warning("request %s: no decider within %g s: %s", request.request_id, wait_s, exc)
+            raise ApiError(
+                503,
+                f"no scheduler could be reached within {wait_s:g} s; try again shortly",
+                type="service_unavailable",
+                code="no_decider",
+                headers={"Retry-After": str(math.ceil(ANNOUNCE_EVERY_S))},
+            ) from None
+        except TimeoutError:  # asked, and no final answer in time (held, or the decider is stuck)
             self._settle_late(call, "timeout")
             raise ApiError(
                 503,
-                f"no scheduling decision within {self.options.decision_timeout_s:g} s",
+                f"no scheduling decision within {wait_s:g} s",
                 type="service_unavailable",
                 code="no_decision",
+                headers={"Retry-After": "1"},
             ) from None
         except asyncio.CancelledError:
             self._settle_late(call, "aborted")

@@ -76,6 +76,9 @@ async def partition_reader(
     resolved now, not at the first fetch, so nothing written after this returns can be missed.
     ``config``: more ``AIOKafkaConsumer`` settings. Raises ``TopicsMissing`` if none of the
     topics has a partition."""
+    # A position the broker says is out of range (a recreated topic on a real Kafka) resumes at
+    # the start of the new log, not at its end: what was written there since is not skipped.
+    config = {"auto_offset_reset": "earliest", **config}
     consumer = await start_client(
         lambda: AIOKafkaConsumer(**connection.client_options(), enable_auto_commit=False, **config), what
     )
@@ -98,6 +101,58 @@ async def partition_reader(
     for tp in partitions:
         await consumer.position(tp)
     return consumer
+
+
+class LogWatch:
+    """What a reader outside any group (``partition_reader``) learns from its fetches: whether
+    the broker answers them, and which partitions' logs started again.
+
+    A partition's log started again when the high watermark its last fetch reported is below
+    the reader's position (offsets beyond the end: a restarted in-memory broker such as the
+    embedded Tansu, a topic deleted and created again) or below a high watermark seen before
+    (the new log is shorter than what was read of the old one). Such a broker answers a fetch
+    beyond the end with no records and no error, so a reader that only fetches would wait, idle,
+    until the new log reached its old position. ``check`` (after each ``getmany``) moves those
+    partitions to the start of the new log, says so in one log line, and returns them; every
+    record of the new log is read, those before the restart are not read again.
+
+    ``fresh(max_age_s)``: the broker answered a fetch of this reader within ``max_age_s``."""
+
+    def __init__(self, consumer: Any, what: str) -> None:
+        self.consumer, self.what = consumer, what
+        self.restarts = 0  # partitions found restarted, in all
+        self._highest: dict[TopicPartition, int] = {}
+        self._stamps: dict[TopicPartition, int] = {}
+        self._answered: float | None = None  # monotonic: a fetch was last answered
+
+    async def check(self) -> list[TopicPartition]:
+        """The partitions whose log started again, now read from the new log's start."""
+        restarted: list[TopicPartition] = []
+        for tp in sorted(self.consumer.assignment()):
+            stamp = self.consumer.last_poll_timestamp(tp)
+            if stamp is not None and stamp != self._stamps.get(tp):
+                self._stamps[tp] = stamp
+                self._answered = time.monotonic()
+            mark = self.consumer.highwater(tp)
+            if mark is None:
+                continue  # not fetched yet
+            position = await self.consumer.position(tp)
+            if position > mark or mark < self._highest.get(tp, 0):
+                restarted.append(tp)
+            self._highest[tp] = mark
+        if restarted:
+            self.restarts += len(restarted)
+            names = ", ".join(f"{tp.topic}:{tp.partition}" for tp in restarted)
+            log.warning(
+                "%s: the log of %s started again (a restarted broker?); reading it from its start",
+                self.what,
+                names,
+            )
+            await self.consumer.seek_to_beginning(*restarted)
+        return restarted
+
+    def fresh(self, max_age_s: float) -> bool:
+        return self._answered is not None and time.monotonic() - self._answered <= max_age_s
 
 
 async def _seek_to_time(consumer: Any, partitions: list[TopicPartition], since: float) -> None:

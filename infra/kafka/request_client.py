@@ -39,7 +39,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from agents.affinity import HotPrefixes
-from infra.kafka.clients import partition_reader, send_event, start_client
+from infra.kafka.clients import LogWatch, partition_reader, send_event, start_client
 from infra.kafka.connection import KafkaConnection
 from schemas.codec import DecodeError, decode
 from schemas.events import AdmissionDecision, InferenceRequest, Response
@@ -158,12 +158,14 @@ class RequestClient:
         await (await send_event(self._producer, REQUESTS, request))
 
     async def _read(self) -> None:
+        watch = LogWatch(self._reader, "answer reader")  # a restarted broker: its new log is read
         while True:
             batches = await self._reader.getmany(timeout_ms=200, max_records=2000)
             for tp, records in batches.items():
                 kind: type[Answer] = Response if tp.topic == RESPONSES.name else AdmissionDecision
                 for record in records:
                     self._take(kind, record.value)
+            await watch.check()
 
     def _take(self, kind: type[Answer], value: bytes | None) -> None:
         if not self._pending:

@@ -197,3 +197,58 @@ async def _scenario(bootstrap: str, broker: Broker, worker: WorkerProcess) -> di
             fleet.cancel()
             with contextlib.suppress(BaseException):
                 await fleet
+
+
+def test_the_gateways_reader_of_the_deciders_follows_a_log_that_starts_again(tmp_path: Path) -> None:
+    """A restarted broker's log starts again at offset 0: the gateway's reader of
+    ``tf.deciders``, positioned past 40 announcements of the old log, hears the first
+    announcement of the new one within a poll or two (it did not before: it waited, blind, until
+    the new log reached its old offset), and is ready again once it has."""
+    broker = Broker(free_port(), tmp_path / "tansu.log")
+    bootstrap = broker.start()
+    connection = KafkaConnection.plaintext(bootstrap)
+    try:
+        ensure_topics(connection, partitions=1)
+        asyncio.run(_announce(connection, "before", 40))
+        heard = asyncio.run(_restart_under_the_reader(connection, broker))
+    finally:
+        broker.stop()
+    print(f"the new log's first announcement heard {heard:.2f} s after it was published")
+    assert heard <= 3.0
+
+
+async def _announce(connection: KafkaConnection, worker: str, count: int) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    from infra.kafka.clients import send_event, start_client
+    from schemas.events import DeciderAnnouncement
+    from schemas.topics import DECIDERS
+
+    producer = await start_client(lambda: AIOKafkaProducer(**connection.client_options()), "test")
+    try:
+        for i in range(count):
+            said = DeciderAnnouncement(worker=worker, scheduler="s", address=f"127.0.0.1:{1000 + i}")
+            await (await send_event(producer, DECIDERS, said))
+    finally:
+        await producer.stop()
+
+
+async def _restart_under_the_reader(connection: KafkaConnection, broker: Broker) -> float:
+    from gateway.deciders import Deciders
+
+    deciders = Deciders(connection, "s")
+    await deciders.start()
+    try:
+        await wait_until(lambda: "before" in deciders._known, 10, "the old log's announcements heard")
+        await asyncio.to_thread(broker.stop)
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(broker.start)
+        await asyncio.to_thread(ensure_topics, connection, 1)
+        await _announce(connection, "after", 1)
+        published = time.monotonic()
+        await wait_until(lambda: "after" in deciders._known, 20, "the new log's announcement heard")
+        heard = time.monotonic() - published
+        await wait_until(lambda: deciders.ready, 5, "ready again")
+        return heard
+    finally:
+        await deciders.close()
