@@ -150,7 +150,14 @@ def gateway(
     require_broker(settings, embedded=None)
     prompts = Prompts.from_dirs({**found.tokenizer_dirs(), **settings.tokenizers})
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    options = GatewayOptions(decision_timeout_s=decision_timeout, slo_classes=classes, app_id=settings.app_id)
+    options = GatewayOptions(
+        decision_timeout_s=decision_timeout,
+        slo_classes=classes,
+        app_id=settings.app_id,
+        header_timeout_s=settings.gateway_header_timeout_s,
+        idle_timeout_s=settings.gateway_idle_timeout_s,
+        max_connections=settings.gateway_max_connections,
+    )
     with kafka_connection(settings) as connection:
         gw = Gateway(connection, found, prompts, options, auth)
         _run_until_interrupted(serve(gw, host or settings.http_host, port, asyncio.Event()))

@@ -26,6 +26,14 @@ DEFAULT_MAX_TOKENS = {"chat": 256, "completion": 16}
 """``max_tokens`` when the client sends none: OpenAI's 16 for completions; chats get 256 here
 (OpenAI's "up to the context" would make every chat's budget the model's whole context)."""
 _UNSUPPORTED = ("n", "best_of", "tools", "functions", "response_format", "logprobs", "echo", "suffix")
+_USED = frozenset(
+    {"model", "messages", "prompt", "stream", "stream_options", "max_tokens", "max_completion_tokens"}
+    | {"stop", "user", "temperature", "top_p", "seed", "ignore_eos", *_UNSUPPORTED}
+)
+"""The body fields the gateway reads; any other is ignored (not sent to the engine) and named in
+the call's access line, as vLLM names the fields it ignores: OpenAI's SDKs send vendor fields
+(``extra_body``) that one server takes and another does not, so refusing them would break
+clients that work against vLLM."""
 
 
 @dataclass
@@ -51,6 +59,7 @@ class ClientCall:
     include_usage: bool
     client_model: str
     user: str = ""  # the body's ``user``: an end-user id for the logs, never the tenant
+    ignored: tuple[str, ...] = ()  # the body's fields the gateway does not use (sorted)
 
 
 def parse_body(
@@ -140,7 +149,8 @@ def parse_body(
         raise _invalid(
             exc, {"output_budget": budget_name, "prompt_token_ids": "prompt"}, prompt_name
         ) from None
-    return request, ClientCall(kind, stream, include_usage, model, user or "")
+    ignored = tuple(sorted(str(name)[:64] for name in body if name not in _USED))
+    return request, ClientCall(kind, stream, include_usage, model, user or "", ignored)
 
 
 def _invalid(exc: ValidationError, public: dict[str, str], whole: str) -> ApiError:

@@ -51,7 +51,13 @@ from gateway.request_ids import RequestId
 from infra import metrics
 from infra.vllm import outcome
 from infra.vllm.inventory import Inventory
-from infra.vllm.openai_http import EngineHttpError, Generation, engine_call, stream_generation
+from infra.vllm.openai_http import (
+    EngineHttpError,
+    Generation,
+    engine_call,
+    engine_request_id,
+    stream_generation,
+)
 from infra.vllm.outcome import Status
 from schemas.events import Event, InferenceRequest, RoutingDecision
 from schemas.topics import COMPLETIONS, FIRST_TOKENS, TopicSpec
@@ -150,6 +156,7 @@ class EngineProxy:
                     on_event,
                     self.timeout_s,
                     into=generation,
+                    request_id=engine_request_id(request),
                 )
             except (EngineHttpError, aiohttp.ClientError, TimeoutError, OSError) as exc:
                 log.warning(

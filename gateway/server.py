@@ -60,11 +60,12 @@ from agents.affinity import HotPrefixes
 from agents.handlers import Refused
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES, classify
 from gateway.auth import Authenticator, Caller
+from gateway.connections import ConnectionGuard, ConnectionLimits
 from gateway.deciders import Asked, Deciders, NoDecider
 from gateway.openai_api import ApiError, ClientCall, Kind, parse_body, rejection
 from gateway.proxy import CLIENT_CLOSED, ClientGone, EngineProxy, NothingSent, send_json
 from gateway.request_ids import HEADER as REQUEST_ID_HEADER
-from gateway.request_ids import RequestId, RequestIds
+from gateway.request_ids import InFlight, RequestId, RequestIds
 from infra import metrics
 from infra.kafka.broker import deciders_group
 from infra.kafka.clients import send_event, start_client
@@ -93,6 +94,12 @@ class GatewayOptions:
     slo_classes: frozenset[str] = frozenset(DEFAULT_SLO_CLASSES)  # the classes a call may name
     max_body_bytes: int = 4 * 1024 * 1024
     app_id: str = "tokenfleet"  # the scheduler whose deciders this gateway asks (TOKENFLEET_APP_ID)
+    # What one client may hold (gateway/connections.py; TOKENFLEET_GATEWAY_*): a request's
+    # headers within header_timeout_s of its first byte, idle_timeout_s between calls, and
+    # max_connections open at once.
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 75.0
+    max_connections: int = 10_000
 
 
 @dataclass
@@ -107,6 +114,8 @@ class _Call:
     user: str = ""
     status: str = "ok"
     http_status: int = 200
+    attempt: int = 0  # the highest attempt asked of a decider (0: none)
+    ignored: tuple[str, ...] = ()  # body fields the gateway does not use
 
 
 class Gateway:
@@ -210,7 +219,12 @@ class Gateway:
         return await self._call("completion", http)
 
     async def _call(self, kind: Kind, http: web.Request) -> web.StreamResponse:
-        call = _Call(self.ids.assign(http.headers.get(REQUEST_ID_HEADER)), http.path)
+        client_id = http.headers.get(REQUEST_ID_HEADER)
+        try:
+            rid = self.ids.assign(client_id)
+        except InFlight:
+            return await self._in_flight(http, RequestId(str(client_id), client_id))
+        call = _Call(rid, http.path)
         response: web.StreamResponse = web.Response(status=499)  # what a client that left "gets"
         try:
             try:
@@ -230,7 +244,27 @@ class Gateway:
             response = await send_json(http, call, error.body(), 500)
         finally:
             self._finish(call)
+            self.ids.ended(call.rid, answered=call.status == "ok", last_attempt=call.attempt)
         return response
+
+    async def _in_flight(self, http: web.Request, rid: RequestId) -> web.StreamResponse:
+        """409 for a call whose ``x-request-id`` names a call still running here (a client's
+        retry that came before its first try ended): retried after ``Retry-After``, it is the
+        next attempt of the same call."""
+        call = _Call(rid, http.path, status="request_in_progress", http_status=409)
+        error = ApiError(
+            409,
+            f"a call with x-request-id {rid.id[:128]!r} is still running here; retry once it ended",
+            code="request_in_progress",
+            headers={"Retry-After": "1"},
+        )
+        try:
+            return await send_json(http, call, error.body(), 409, error.headers)
+        except ClientGone:
+            call.status = CLIENT_CLOSED
+            return web.Response(status=499)
+        finally:
+            self._finish(call)
 
     async def _serve(self, kind: Kind, http: web.Request, call: _Call) -> web.StreamResponse:
         caller = self.auth.caller(http.headers)
@@ -238,7 +272,8 @@ class Gateway:
         declared = self._declared_class(http, caller)
         body = await self._read_json(http)
         request, client = parse_body(kind, body, call.rid.id, caller.tenant, declared, self.models)
-        call.user = client.user[:256]
+        call.user, call.ignored = client.user[:256], client.ignored
+        request = request.model_copy(update={"attempt": call.rid.first_attempt})
         try:
             request = await self.prompts.complete_off_loop(request)
         except PromptError as exc:
@@ -248,7 +283,7 @@ class Gateway:
         for attempt in range(1, self.options.attempts + 1):
             if attempt > 1:
                 request = request.model_copy(update={"attempt": request.attempt + 1})
-            request, decision = await self._decide(request)
+            request, decision = await self._decide(request, call)
             try:
                 assert self._session is not None
                 return await self.proxy.run(self._session, http, call, request, client, decision)
@@ -300,7 +335,13 @@ class Gateway:
         except ConnectionError:
             raise ClientGone from None
         try:
-            return json.loads(raw)
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ApiError(
+                400, f"the body is not valid UTF-8 (byte {exc.start} of {len(raw)})", code="invalid_encoding"
+            ) from None
+        try:
+            return json.loads(text)
         except (ValueError, RecursionError):
             raise ApiError(400, "the body is not valid JSON", code="invalid_json") from None
 
@@ -313,12 +354,14 @@ class Gateway:
 
     # -- scheduling ---------------------------------------------------------------------------
 
-    async def _decide(self, request: InferenceRequest) -> tuple[InferenceRequest, RoutingDecision]:
+    async def _decide(
+        self, request: InferenceRequest, http_call: _Call
+    ) -> tuple[InferenceRequest, RoutingDecision]:
         """Ask the request's decider directly (``gateway/deciders.py``), the prompt left out
         (it stays with the gateway; the decider needs its counts and hashes). Returns the
         request as decided (a higher ``attempt`` if a decider was lost on the way) and its
         placement; a reject is raised as its HTTP error, no answer within
-        ``decision_timeout_s`` is 503."""
+        ``decision_timeout_s`` is 503. ``http_call.attempt`` follows the attempts asked."""
         asked = request.model_copy(update={"prompt": None, "messages": None, "prompt_token_ids": None})
         call = Asked(self.hot_prefixes.place(asked, time.time()))  # a hot prefix: over every decider
         wait_s = self.options.decision_timeout_s
@@ -348,6 +391,8 @@ class Gateway:
         except Refused as exc:
             log.error("request %s: the scheduler refused it: %s", request.request_id, exc)
             raise ApiError(500, "the scheduler refused the request", type="server_error") from None
+        finally:
+            http_call.attempt = max(http_call.attempt, call.request.attempt)
         metrics.gateway_decision_seconds.observe(time.time() - request.ts)
         if not isinstance(answer, RoutingDecision):
             raise rejection(answer)
@@ -378,6 +423,10 @@ class Gateway:
         note = ""
         if rid.client_id is not None and rid.client_id != rid.id:
             note = f" (client x-request-id {rid.client_id[:160]!r} not used: {rid.why_not})"
+        if rid.first_attempt > 1:
+            note += f" (a retry of the call: from attempt {rid.first_attempt})"
+        if call.ignored:
+            note += f" (body fields ignored: {', '.join(call.ignored)[:400]})"
         access.info(
             "%s %s tenant=%s%s user=%r -> %d %s %.3fs%s",
             rid.id,
@@ -413,15 +462,23 @@ class Gateway:
 
 
 async def serve(gateway: Gateway, host: str, port: int, stop: asyncio.Event) -> None:
-    """Serve until ``stop`` is set. A client disconnect cancels its handler (the abort path)."""
-    runner = web.AppRunner(gateway.app(), handler_cancellation=True, access_log=None)
+    """Serve until ``stop`` is set. A client disconnect cancels its handler (the abort path).
+    What a client may hold is bounded by ``gateway.options`` (``gateway/connections.py``): a
+    request's headers within ``header_timeout_s`` of its first byte (else 408 and closed), a
+    connection idle ``idle_timeout_s`` closed, at most ``max_connections`` served at once (one
+    more is answered 503 and closed)."""
+    options = gateway.options
+    guard = ConnectionGuard(
+        ConnectionLimits(options.header_timeout_s, options.idle_timeout_s, options.max_connections)
+    )
+    runner = guard.runner(gateway.app(), handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    log.info("gateway listening on http://%s:%d", host, port)
+    listener = await guard.listen(runner, host, port)
+    log.info("gateway listening on http://%s:%d (%s)", host, port, guard.describe())
     try:
         await stop.wait()
     finally:
+        listener.close()  # no new connections; those open end with the runner
         await runner.cleanup()
 
 

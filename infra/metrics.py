@@ -176,7 +176,7 @@ gateway_requests_total = Counter(
 )
 gateway_deciders_lost = Counter(
     "gateway_deciders_lost",
-    "Decisions asked of a worker that was lost before it answered (asked again of another).",
+    "Episodes of a decider that failed (unreachable, or lost with calls in its hands): one per episode.",
     namespace=NAMESPACE,
     registry=REGISTRY,
 )
@@ -192,6 +192,23 @@ gateway_decision_seconds = Histogram(
     "gateway_decision_seconds",
     "From a gateway call's arrival to the scheduler's answer (tokenize, ask the worker, its answer).",
     buckets=(1e-3, 2e-3, 3e-3, 5e-3, 7.5e-3, 10e-3, 20e-3, 50e-3, 100e-3, 250e-3, 1.0, 5.0),
+    namespace=NAMESPACE,
+    registry=REGISTRY,
+)
+gateway_connections_cut = Counter(
+    "gateway_connections_cut",
+    "Client connections the gateway closed on a bound (gateway/connections.py), by reason: "
+    "header_timeout (a request's headers too slow), idle (no call within the idle timeout), "
+    "over_cap (refused: the gateway held its maximum of connections).",
+    ["reason"],
+    namespace=NAMESPACE,
+    registry=REGISTRY,
+)
+for _reason in ("header_timeout", "idle", "over_cap"):
+    gateway_connections_cut.labels(reason=_reason)  # every reason shown from the start, at 0
+gateway_connections_open = Gauge(
+    "gateway_connections_open",
+    "Client connections the gateway serves now (those refused over the cap are not counted).",
     namespace=NAMESPACE,
     registry=REGISTRY,
 )

@@ -247,6 +247,25 @@ class Settings(BaseSettings):
         description="the gateway sits behind a proxy that authenticates callers: take the tenant "
         "from its X-TokenFleet-Tenant header (not with api_keys)",
     )
+    # What one client may hold of the gateway (gateway/connections.py says why these defaults).
+    gateway_header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="the gateway closes a connection (408) whose request line and headers have "
+        "not all arrived this long after the request's first byte (slowloris)",
+    )
+    gateway_idle_timeout_s: float = Field(
+        default=75.0,
+        gt=0,
+        description="the gateway closes a connection with no call this long after it opened or "
+        "its last call ended; keep it above a load balancer's idle timeout in front of it",
+    )
+    gateway_max_connections: int = Field(
+        default=10_000,
+        ge=1,
+        description="client connections the gateway serves at once; one more is answered 503 "
+        "(too_many_connections) and closed; lowered to what the open-file limit allows",
+    )
     worker_run_token: str = Field(
         default="",
         description="names one run of a worker supervisor in its ready marker (set by whoever starts "

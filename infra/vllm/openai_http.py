@@ -73,6 +73,13 @@ def engine_call(request: InferenceRequest, served_model_name: str) -> tuple[str,
     return "/v1/completions", body
 
 
+def engine_request_id(request: InferenceRequest) -> str:
+    """The id the engine knows an attempt by (``X-Request-Id``, which vLLM takes as its request
+    id): ``<request_id>-<attempt>``, so an operator follows a call from the gateway's log into
+    the engine's, and two attempts of one request are two requests there."""
+    return f"{request.request_id}-{request.attempt}"
+
+
 async def stream_generation(
     session: aiohttp.ClientSession,
     url: str,
@@ -81,16 +88,19 @@ async def stream_generation(
     on_event: Callable[[dict[str, Any], bytes], Awaitable[None]] | None = None,
     timeout_s: float | None = None,
     into: Generation | None = None,
+    request_id: str | None = None,
 ) -> Generation:
     """POST ``body`` to ``url + path`` as a stream and read it to its end, into ``into`` (a new
-    ``Generation`` if None; given one, what came before a failure stays readable there).
+    ``Generation`` if None; given one, what came before a failure stays readable there);
+    ``request_id``: sent as ``X-Request-Id`` (``engine_request_id``).
 
     Raises ``EngineHttpError`` (refused: its status; a broken stream: 0) and lets
     ``aiohttp.ClientError`` / ``TimeoutError`` through; cancelling it closes the connection
     (the engine aborts the request)."""
     generation = Generation() if into is None else into
     timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=5.0)
-    async with session.post(url + path, json=body, timeout=timeout) as response:
+    headers = None if request_id is None else {"X-Request-Id": request_id}
+    async with session.post(url + path, json=body, timeout=timeout, headers=headers) as response:
         if response.status != 200:
             text = (await response.text())[:300]
             raise EngineHttpError(f"{url} answered {response.status}: {text}", response.status)

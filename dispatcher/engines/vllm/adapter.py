@@ -38,7 +38,13 @@ from dispatcher.engines.vllm.metrics import EngineMetrics, heartbeat_fields, par
 from infra.errors import first_line
 from infra.vllm import outcome
 from infra.vllm.inventory import InstanceEntry, Inventory
-from infra.vllm.openai_http import EngineHttpError, Generation, engine_call, stream_generation
+from infra.vllm.openai_http import (
+    EngineHttpError,
+    Generation,
+    engine_call,
+    engine_request_id,
+    stream_generation,
+)
 from infra.vllm.outcome import Status
 from schemas.events import Heartbeat, RoutingDecision
 
@@ -251,6 +257,7 @@ class VllmEngines:
                 on_event=on_event,
                 timeout_s=timeout,
                 into=generation,
+                request_id=engine_request_id(request),
             )
         except asyncio.CancelledError:
             if not attempt.aborted:

@@ -50,6 +50,7 @@ class FakeEngine:
     refuse: tuple[int, Any] | None = None
     die_after: int | None = None
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    engine_ids: list[str | None] = field(default_factory=list)  # each call's X-Request-Id
     hung_up: int = 0  # calls whose client (the gateway) left before the end
 
     def app(self) -> web.Application:
@@ -61,6 +62,7 @@ class FakeEngine:
     async def _serve(self, http: web.Request) -> web.StreamResponse:
         body = await http.json()
         self.bodies.append(body)
+        self.engine_ids.append(http.headers.get("X-Request-Id"))
         if self.refuse is not None:
             status, answer = self.refuse
             return web.json_response(answer, status=status)

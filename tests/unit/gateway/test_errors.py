@@ -37,13 +37,21 @@ def test_a_body_that_is_not_an_object_is_a_400_not_a_500(body: str, caplog: pyte
     assert tracebacks(caplog.records) == []
 
 
-@pytest.mark.parametrize("body", ["{", "[" * 100_000, b"\xff\xfe"])
-def test_a_body_that_is_not_json_is_a_400(body: str | bytes, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [("{", "invalid_json"), ("[" * 100_000, "invalid_json"), (b'{"prompt": "\xff\xfe"}', "invalid_encoding")],
+)
+def test_a_body_that_is_not_json_is_a_400(
+    body: str | bytes, code: str, caplog: pytest.LogCaptureFixture
+) -> None:
     async def main() -> None:
         async with running() as stack:
             answer = await stack.client.post("/v1/completions", data=body)
             assert answer.status == 400
-            assert error_of(await answer.json())["code"] == "invalid_json"
+            error = error_of(await answer.json())
+            assert error["code"] == code
+            if code == "invalid_encoding":
+                assert error["message"] == "the body is not valid UTF-8 (byte 12 of 16)"
 
     caplog.set_level(logging.DEBUG)
     asyncio.run(main())
@@ -210,3 +218,18 @@ def fast_retries() -> Any:
     from gateway.server import GatewayOptions
 
     return GatewayOptions(attempts=2, retry_backoff_s=0.0)
+
+
+def test_body_fields_the_gateway_does_not_use_are_named_in_the_access_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def main() -> None:
+        async with running() as stack:
+            body = chat_body(top_k=5, repetition_penalty=1.1)
+            answer = await stack.client.post("/v1/chat/completions", json=body)
+            assert answer.status == 200
+
+    caplog.set_level(logging.INFO)
+    asyncio.run(main())
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "gateway.access"]
+    assert line.endswith("(body fields ignored: repetition_penalty, top_k)")

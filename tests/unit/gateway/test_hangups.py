@@ -119,7 +119,7 @@ def test_a_hang_up_while_sending_the_body(caplog: pytest.LogCaptureFixture) -> N
                 + body
             )
             await writer.drain()
-            await until(lambda: len(stack.gateway.ids._used) == 1)  # the call began: it reads the body
+            await until(lambda: len(stack.gateway.ids._seen) == 1)  # the call began: it reads the body
             writer.close()
             await until(lambda: counted("client_closed") == before + 1)
             assert stack.gateway.published == []
