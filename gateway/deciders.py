@@ -28,8 +28,8 @@ known); the gateway answers 503 with ``Retry-After``.
 Following (``start``): a reader of ``tf.deciders`` outside any group. A log that starts again (a
 restarted in-memory broker) is read again from its start at once (``infra.kafka.clients.
 LogWatch``), so the restarted deciders' announcements are heard within one poll. ``ready``: the
-reader's fetches are answered and at least one live decider is known: the gateway can get
-decisions.
+reader's fetches are answered and a live decider is known that has not failed since it last
+announced itself: the gateway can get decisions.
 """
 
 from __future__ import annotations
@@ -78,10 +78,12 @@ class _Unavailable:
     why: str  # the last failure
     tries: int = 0
     until: float = 0.0  # monotonic: not asked again before (the back-off)
+    failed_at: float = 0.0  # wall clock: the last failure (an announcement after it: back again)
 
     def failed(self, why: str, now: float) -> None:
         self.tries += 1
         self.why = why
+        self.failed_at = time.time()
         backoff = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2.0 ** (self.tries - 1))
         self.until = now + backoff * random.uniform(0.5, 1.0)
 
@@ -112,8 +114,15 @@ class Deciders:
     @property
     def ready(self) -> bool:
         """Decisions can be had: the reader follows ``tf.deciders`` (a fetch answered within
-        ``READER_STALE_S``) and a live decider is known."""
-        return self._watch is not None and self._watch.fresh(READER_STALE_S) and bool(self._live())
+        ``READER_STALE_S``) and a live decider is known that did not fail since it last
+        announced itself (a decider that cannot be reached is no way to a decision)."""
+        if self._watch is None or not self._watch.fresh(READER_STALE_S):
+            return False
+        return any(self._announced_since_failing(said) for said in self._live())
+
+    def _announced_since_failing(self, said: DeciderAnnouncement) -> bool:
+        episode = self._unavailable.get(said.address)
+        return episode is None or said.ts > episode.failed_at
 
     def status(self) -> dict[str, object]:
         """What ``/ready`` shows: the reader's state and the deciders known, live and unavailable."""
@@ -122,6 +131,7 @@ class Deciders:
             "reader": "running" if self.running else "stopped",
             "reader_fresh": self._watch is not None and self._watch.fresh(READER_STALE_S),
             "deciders_live": len(self._live()),
+            "deciders_reachable": sum(map(self._announced_since_failing, self._live())),
             "deciders_unavailable": {
                 address: {"for_s": round(now - u.since, 1), "tries": u.tries, "why": u.why[:200]}
                 for address, u in self._unavailable.items()
@@ -288,6 +298,9 @@ class Deciders:
         if known is not None and known.ts > said.ts:
             return  # an older word, read late
         self._known[said.worker] = said
+        episode = self._unavailable.get(said.address)
+        if episode is not None and said.ts > episode.failed_at:
+            episode.until = 0.0  # it says it listens since it failed: worth asking again now
         self._forget_the_gone(said.ts)
         self._news.set()
 

@@ -12,6 +12,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from gateway.server import GatewayOptions
 from infra.kafka.clients import LogWatch
+from schemas.events import InferenceRequest
 from schemas.topics import REQUESTS, key_of
 from streams.direct import DirectLane
 from tests.unit.gateway.fakes import FakeDecider, announce, chat_body, place, running
@@ -132,7 +133,14 @@ def test_ready_only_while_a_live_decider_is_known() -> None:
             deciders._watch = LogWatch(_AnsweredConsumer(), "test")  # the reader is current
             await deciders._watch.check()
             assert deciders.ready
-            announce(deciders, "fake:1", stack.gateway.lane.address, leaving=True)
+            address = stack.gateway.lane.address
+            deciders._failed(address, "connection refused")  # it died: no way to a decision
+            assert not deciders.ready
+            await asyncio.sleep(0.01)
+            announce(deciders, "fake:1", address, partitions=(0,), partition_count=1)  # back
+            request = InferenceRequest(request_id="r", model="m", input_tokens=10, output_budget=4)
+            assert deciders.ready and deciders._choose(request)[0] == address  # asked at once
+            announce(deciders, "fake:1", address, leaving=True)
             assert not deciders.ready
             answer = await stack.client.get("/ready")
             body = await answer.json()
