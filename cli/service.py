@@ -131,6 +131,14 @@ def gateway(
             callback=real(0.0, MAX_SECONDS),
         ),
     ] = 30.0,
+    reuse_port: Annotated[
+        bool,
+        typer.Option(
+            "--reuse-port",
+            help="share --port with other gateway processes started with it (SO_REUSEPORT): "
+            "the kernel spreads connections over them, and one that dies takes only its own calls",
+        ),
+    ] = False,
 ) -> None:
     """OpenAI-compatible HTTP front door (/v1/chat/completions, /v1/completions, /v1/models).
 
@@ -160,7 +168,7 @@ def gateway(
     )
     with kafka_connection(settings) as connection:
         gw = Gateway(connection, found, prompts, options, auth)
-        _run_until_interrupted(serve(gw, host or settings.http_host, port, asyncio.Event()))
+        _run_until_interrupted(serve(gw, host or settings.http_host, port, asyncio.Event(), reuse_port))
 
 
 def _inventory(path: str | None, settings: Any) -> Any:

@@ -290,13 +290,22 @@ class ConnectionGuard:
         app.middlewares.insert(0, self._middleware())
         return web.AppRunner(app, keepalive_timeout=self.limits.idle_timeout_s, **kwargs)
 
-    async def listen(self, runner: web.AppRunner, host: str, port: int) -> asyncio.Server:
-        """Accept connections on ``host``:``port`` for ``runner`` (set up), through the guard.
-        Close the returned server before ``runner.cleanup()``."""
+    async def listen(
+        self, runner: web.AppRunner, host: str, port: int, reuse_port: bool = False
+    ) -> asyncio.Server:
+        """Accept connections on ``host``:``port`` for ``runner`` (set up), through the guard;
+        ``reuse_port``: share the port with other processes that set it too (``SO_REUSEPORT``:
+        the kernel spreads new connections over them). Close the returned server before
+        ``runner.cleanup()``."""
         server = runner.server
         assert server is not None, "runner.setup() first"
         return await self.loop.create_server(
-            lambda: _Guarded(self, server), host, port, backlog=LISTEN_BACKLOG, reuse_address=True
+            lambda: _Guarded(self, server),
+            host,
+            port,
+            backlog=LISTEN_BACKLOG,
+            reuse_address=True,
+            reuse_port=reuse_port or None,
         )
 
     def describe(self) -> str:

@@ -461,19 +461,23 @@ class Gateway:
         task.add_done_callback(self._background.discard)
 
 
-async def serve(gateway: Gateway, host: str, port: int, stop: asyncio.Event) -> None:
+async def serve(
+    gateway: Gateway, host: str, port: int, stop: asyncio.Event, reuse_port: bool = False
+) -> None:
     """Serve until ``stop`` is set. A client disconnect cancels its handler (the abort path).
     What a client may hold is bounded by ``gateway.options`` (``gateway/connections.py``): a
     request's headers within ``header_timeout_s`` of its first byte (else 408 and closed), a
     connection idle ``idle_timeout_s`` closed, at most ``max_connections`` served at once (one
-    more is answered 503 and closed)."""
+    more is answered 503 and closed). ``reuse_port``: several gateway processes share ``port``
+    (``SO_REUSEPORT``): one that dies takes only its own calls with it, the others take the new
+    connections."""
     options = gateway.options
     guard = ConnectionGuard(
         ConnectionLimits(options.header_timeout_s, options.idle_timeout_s, options.max_connections)
     )
     runner = guard.runner(gateway.app(), handler_cancellation=True, access_log=None)
     await runner.setup()
-    listener = await guard.listen(runner, host, port)
+    listener = await guard.listen(runner, host, port, reuse_port)
     log.info("gateway listening on http://%s:%d (%s)", host, port, guard.describe())
     try:
         await stop.wait()

@@ -195,3 +195,32 @@ def test_the_hold_benchmark_measures_a_gateway_it_is_given() -> None:
         assert files["held"] >= files["before"] + 2 * 22 and files["after"] <= files["before"] + 5
 
     asyncio.run(main())
+
+
+def test_two_gateways_on_one_port_and_one_stops_the_other_takes_the_new_calls() -> None:
+    """With ``reuse_port`` two gateway processes share a port (here two servers in one process,
+    as the kernel sees two sockets): the calls go on when one stops listening."""
+
+    async def main() -> None:
+        async with TestServer(FakeEngine().app()) as engine_server:
+            url = str(engine_server.make_url("")).rstrip("/")
+            inventory = parse_inventory({"instances": [{"id": "e1", "url": url, "model": MODEL}]})
+            port = free_port()
+            gateways = [BusFreeGateway(inventory, CountingPrompts(), GatewayOptions()) for _ in range(2)]
+            stops = [asyncio.Event(), asyncio.Event()]
+            tasks = [
+                asyncio.ensure_future(serve(g, "127.0.0.1", port, stop, reuse_port=True))
+                for g, stop in zip(gateways, stops, strict=True)
+            ]
+            await asyncio.sleep(0.5)
+            assert not any(task.done() for task in tasks)  # both listen on the port
+            await calls(f"http://127.0.0.1:{port}", 12)
+            stops[0].set()
+            await asyncio.wait_for(tasks[0], 10)
+            took = await calls(f"http://127.0.0.1:{port}", 12)  # fresh connections: the survivor
+            assert len(took) == 12
+            assert len(gateways[1].requests()) >= 12
+            stops[1].set()
+            await asyncio.wait_for(tasks[1], 10)
+
+    asyncio.run(main())
