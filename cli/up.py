@@ -38,7 +38,8 @@ def up(
         typer.Option(
             "--engines",
             help="inventory: the vLLM servers of --inventory (or TOKENFLEET_INVENTORY); local: start "
-            "vLLM CPU servers here (`make engine` first); emulated: an emulated fleet, no gateway",
+            "vLLM CPU servers here (`make engine` first); emulated: start emulated vLLM servers here "
+            "(the simulator's engine model behind vLLM's API; no vLLM needed)",
         ),
     ] = Engines.inventory,
     inventory: Annotated[
@@ -59,14 +60,17 @@ def up(
         typer.Option(
             "--servers",
             metavar="N",
-            help="--engines local: how many vLLM servers (default 2)",
+            help="--engines local or emulated: how many servers (default 2; emulated: of llama3-8b-h100)",
             callback=whole(1, 16),
         ),
     ] = None,
     fleet: Annotated[
         str | None,
         typer.Option(
-            "--fleet", metavar="SPEC", help="--engines emulated: COUNTxPROFILE (default 2xllama3-8b-h100)"
+            "--fleet",
+            metavar="SPEC",
+            help="--engines emulated, instead of --servers: the emulated servers and their engine profiles, "
+            "COUNTxPROFILE[+...] or a fleet YAML file (one server per instance)",
         ),
     ] = None,
     policy: Annotated[
@@ -93,7 +97,7 @@ def up(
         bool, typer.Option("--foreground", help="stay attached; Ctrl-C stops the stack")
     ] = False,
 ) -> None:
-    """Start the broker, worker, dispatcher and gateway (and local vLLM servers) here, supervised.
+    """Start the broker, worker, dispatcher and gateway (and local engine servers) here, supervised.
 
     Returns once every part is ready and prints every address, an API key and the openai
     snippet; the stack keeps running until `tokenfleet down`.
@@ -101,22 +105,24 @@ def up(
     \b
     Example:
       tokenfleet up --engines local --servers 2 --port 8000
+      tokenfleet up --engines emulated --servers 2 --policy slomax+tokenpilot
     """
     from lab.local import UpFailed, UpOptions
     from lab.local import up as start
     from lab.local.report import show
 
-    _only(engines, Engines.local, model=model, servers=servers)
-    _only(engines, Engines.inventory, inventory=inventory)
-    _only(engines, Engines.emulated, fleet=fleet)
+    _only(engines, (Engines.local,), model=model)
+    _only(engines, (Engines.local, Engines.emulated), servers=servers)
+    _only(engines, (Engines.inventory,), inventory=inventory)
+    _only(engines, (Engines.emulated,), fleet=fleet)
     settings = load_settings(policy)
     options = UpOptions(
         dir=_directory(directory, settings),
         engines=engines.value,
         inventory=inventory,
         model=model,
-        servers=servers or 2,
-        fleet=fleet or UpOptions.fleet,
+        servers=servers,
+        fleet=fleet,
         policy=policy,
         host=host,
         port=port,
@@ -133,14 +139,15 @@ def up(
         show(state)
 
 
-def _only(engines: Engines, mode: Engines, **given: object) -> None:
+def _only(engines: Engines, modes: tuple[Engines, ...], **given: object) -> None:
     for name, value in given.items():
-        if value is not None and engines is not mode:
-            raise typer.BadParameter(f"only with --engines {mode.value}", param_hint=f"--{name}")
+        if value is not None and engines not in modes:
+            allowed = " or ".join(mode.value for mode in modes)
+            raise typer.BadParameter(f"only with --engines {allowed}", param_hint=f"--{name}")
 
 
 def status(directory: DirOpt = None) -> None:
-    """Show the stack `tokenfleet up` started: each part's state, pid, address and log.
+    """Show the stack `tokenfleet up` started: each part's state, restarts, pid, address and log.
 
     Exit status 0 when the supervisor and every part run and each part is ready, 1 otherwise.
 

@@ -2,8 +2,9 @@
 recovered).
 
 It names the child's pid, the supervisor's pid, the run token (``Settings.worker_run_token``,
-set by whoever started the supervisor) and the start number; the supervisor removes it before
-every (re)start, so a marker is trusted only if it names a live child of this run
+set by whoever started the supervisor) and the start number (the supervisor's count of the
+children it started, 1 for the first: ``child_restarts`` reads it); the supervisor removes it
+before every (re)start, so a marker is trusted only if it names a live child of this run
 (``lab.worker_process.WorkerProcess.wait_ready``). Written whole (rename), removed only by the
 process that wrote it.
 """
@@ -47,3 +48,13 @@ def unlink_own(path: Path) -> None:
     content = read_marker(path)
     if content is not None and content.get("pid") == os.getpid():
         path.unlink(missing_ok=True)
+
+
+def child_restarts(path: Path, supervisor_pid: int) -> int | None:
+    """How many times the supervisor ``supervisor_pid`` has restarted its child (its start number
+    less 1), as the marker of its ready child says; None: no child of that supervisor is ready."""
+    content = read_marker(path)
+    if content is None or content.get("supervisor") != supervisor_pid:
+        return None
+    start = content.get("start")
+    return start - 1 if isinstance(start, int) and start >= 1 else None

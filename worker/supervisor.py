@@ -10,7 +10,8 @@ has run ``Backoff.reset_after_s``). SIGTERM / SIGINT: the child is stopped grace
 then SIGKILL after ``Backoff.stop_timeout_s``) and the supervisor exits without a restart. A
 child killed with the supervisor: the child asks the kernel for SIGKILL when its parent dies
 (Linux) and checks its parent every probe. The ready marker (``worker/ready.py``) is removed
-before every (re)start.
+before every (re)start; each child's marker carries its start number, which is how the child's
+restarts are seen from outside (``tokenfleet status``).
 """
 
 from __future__ import annotations

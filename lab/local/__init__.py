@@ -1,13 +1,14 @@
 """A whole TokenFleet on this machine, supervised: what ``tokenfleet up``, ``status`` and ``down`` do.
 
 ``up`` plans the stack (``lab.local.plan``: the embedded broker unless one is configured, with
-``--engines local`` vLLM CPU servers and their inventory, the worker, the dispatcher, the
-gateway and an API key for local use), then starts the supervisor (``lab.local.supervisor``) as
-a detached process (``python -m lab.local DIR``; with ``foreground``, in this process) and
-returns once every part is ready, or raises ``UpFailed`` naming the part that failed and its
-log (everything already stopped). One stack per directory: the supervisor holds an exclusive
-lock on ``supervisor.lock`` while it lives (``up`` takes it first and hands it over), and ``up``
-refuses a directory where a process of an earlier stack still runs.
+``--engines local`` vLLM CPU servers or with ``--engines emulated`` emulated vLLM servers and
+their inventory, the worker, the dispatcher, the gateway and an API key for local use), then
+starts the supervisor (``lab.local.supervisor``) as a detached process (``python -m lab.local
+DIR``; with ``foreground``, in this process) and returns once every part is ready, or raises
+``UpFailed`` naming the part that failed and its log (everything already stopped). One stack per
+directory: the supervisor holds an exclusive lock on ``supervisor.lock`` while it lives (``up``
+takes it first and hands it over), and ``up`` refuses a directory where a process of an earlier
+stack still runs.
 
 ``status`` reads ``state.json`` and asks every process whether it is still the one started
 (pid and start time) and every part's probe whether it is ready. ``down`` asks the supervisor to

@@ -2,11 +2,14 @@
 
 ``make_plan`` turns the options into a ``Plan`` (written to ``plan.json``; the supervisor
 starts what it lists): the broker (embedded Tansu on a free port, unless
-``TOKENFLEET_KAFKA_BOOTSTRAP`` names one), with ``--engines local`` the vLLM servers (the tiny
-model, or a model directory) and their inventory, the worker, the dispatcher and the gateway
-(an API key for local use in the directory). With ``--engines emulated`` the dispatcher runs an
-emulated fleet and there is no gateway: nothing real to proxy to; load comes from
-``tokenfleet loadgen``.
+``TOKENFLEET_KAFKA_BOOTSTRAP`` names one), the engines' servers and their inventory (written to
+the directory), the worker, the dispatcher and the gateway (an API key for local use in the
+directory). The servers: with ``--engines local`` vLLM CPU servers (the tiny model, or a model
+directory); with ``--engines emulated`` emulated vLLM servers (``lab.emulated_vllm``: the
+simulator's engine model behind vLLM's HTTP API and KV events), one per instance of ``--fleet``
+(default ``--servers`` x ``EMULATED_PROFILE``), prompts counted with the tiny model's tokenizer;
+with ``--engines inventory`` none (the inventory's servers are not the stack's). Either way the
+dispatcher drives the servers of the inventory as vLLM engines and the gateway proxies to them.
 """
 
 from __future__ import annotations
@@ -27,12 +30,15 @@ from gateway.auth import add_key, key_hash, load_keys
 from infra.files import write_atomic
 from infra.kafka.broker import free_port, tansu_command, tansu_env
 from infra.settings import Settings
-from infra.vllm.inventory import Inventory, dump_inventory, load_inventory
+from infra.vllm.inventory import InstanceEntry, Inventory, ModelEntry, dump_inventory, load_inventory
 from lab.local.state import INVENTORY_FILE, KEY_FILE, KEYS_FILE, MARKER_ENV
+from worker.ready import ready_file
 
 ENGINES = ("inventory", "local", "emulated")
+SERVER_KINDS = ("vllm", "emulated")  # the parts that are engines: the dispatcher starts after them
 TINY_MODEL = "tiny-llama"
-DEFAULT_FLEET = "2xllama3-8b-h100"
+EMULATED_PROFILE = "llama3-8b-h100"
+DEFAULT_SERVERS = 2
 LOCAL_TENANT = "local"
 MAX_SERVERS = 16
 # A Unix socket's path has at most 107 bytes; vLLM names its IPC sockets TMPDIR/<uuid4> (36).
@@ -45,8 +51,8 @@ class UpOptions:
     engines: str = "inventory"
     inventory: Path | None = None
     model: Path | None = None
-    servers: int = 2
-    fleet: str = DEFAULT_FLEET
+    servers: int | None = None  # local, emulated: how many servers (None: DEFAULT_SERVERS)
+    fleet: str | None = None  # emulated: the servers' profiles, COUNTxPROFILE[+...] or a fleet file
     policy: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
@@ -70,6 +76,9 @@ class PartSpec:
     stop_signal: int = int(signal.SIGTERM)
     stop_grace_s: float = 15.0
     scratch: str | None = None  # a directory of its own, removed once it stopped
+    # A file in which the part reports restarts of its own: the worker's ready marker, whose
+    # ``start`` counts the worker supervisor's starts of its decider child (``worker/ready.py``).
+    restarts_file: str = ""
 
 
 @dataclass
@@ -105,15 +114,13 @@ def make_plan(options: UpOptions, settings: Settings) -> Plan:
     directory.mkdir(parents=True, exist_ok=True)
     parts: list[PartSpec] = []
     # Checked first: nothing is built (a model, scratch directories) for a start that cannot work.
-    gateway_port = 0 if options.engines == "emulated" else _gateway_port(options.host, options.port)
+    gateway_port = _gateway_port(options.host, options.port)
     bootstrap = settings.kafka_bootstrap
     if not bootstrap:
         port = free_port()
         bootstrap = f"127.0.0.1:{port}"
         parts.append(_broker(directory, port))
     cli = [sys.executable, "-m", "cli.main"]
-    inventory_path: Path | None = None
-    inventory: Inventory | None = None
     if options.engines == "local":
         inventory_path, vllm = _local_servers(options, directory)
         parts += vllm
@@ -126,21 +133,20 @@ def make_plan(options: UpOptions, settings: Settings) -> Plan:
             )
         inventory_path = Path(chosen).resolve()
     elif options.engines == "emulated":
-        from sim.engine.fleet import parse_fleet
-
-        parse_fleet(options.fleet)  # a bad spec is one line here, not a restart loop
+        inventory_path, emulated = _emulated_servers(options, directory)
+        parts += emulated
     else:
         raise ValueError(f"--engines must be one of {', '.join(ENGINES)}, not {options.engines!r}")
-    if inventory_path is not None:
-        inventory = load_inventory(inventory_path)
+    inventory = load_inventory(inventory_path)
+    pools = sorted({i.model for i in inventory.instances})
     worker_port = _port_or_free(settings.worker_web_port)
-    worker_env = {"TOKENFLEET_WORKER_WEB_PORT": str(worker_port)}
-    worker_env["TOKENFLEET_DATA_DIR"] = str(settings.data_dir.resolve())
+    worker_env = {
+        "TOKENFLEET_WORKER_WEB_PORT": str(worker_port),
+        "TOKENFLEET_DATA_DIR": str(settings.data_dir.resolve()),
+        "TOKENFLEET_INVENTORY": str(inventory_path),
+        "TOKENFLEET_POOLS": json.dumps(pools),
+    }
     policy = ["--policy", options.policy] if options.policy else []
-    if inventory is not None:
-        pools = sorted({i.model for i in inventory.instances})
-        worker_env["TOKENFLEET_INVENTORY"] = str(inventory_path)
-        worker_env["TOKENFLEET_POOLS"] = json.dumps(pools)
     broker_parts = [p.name for p in parts if p.kind == "broker"]
     probe_host = _local(settings.http_host)
     parts.append(
@@ -154,53 +160,45 @@ def make_plan(options: UpOptions, settings: Settings) -> Plan:
             env=worker_env,
             after=broker_parts,
             stop_grace_s=40.0,  # the worker's supervisor gives its child 25 s
+            restarts_file=str(ready_file(settings.data_dir.resolve(), settings.app_id)),
         )
     )
     dispatcher_port = _port_or_free(settings.dispatcher_web_port)
-    fleet = (
-        ["--engine", "vllm", "--inventory", str(inventory_path)]
-        if inventory_path
-        else ["--fleet", options.fleet]
-    )
     parts.append(
         PartSpec(
             "dispatcher",
             "dispatcher",
-            [*cli, "fleet", *fleet],
+            [*cli, "fleet", "--engine", "vllm", "--inventory", str(inventory_path)],
             str(directory / "dispatcher.log"),
             f"http://{probe_host}:{dispatcher_port}/metrics",
             f"http://{probe_host}:{dispatcher_port}/ready",
             env={"TOKENFLEET_DISPATCHER_WEB_PORT": str(dispatcher_port)},
-            after=["worker", *(p.name for p in parts if p.kind == "vllm")],
+            after=["worker", *(p.name for p in parts if p.kind in SERVER_KINDS)],
             stop_signal=int(signal.SIGINT),  # as Ctrl-C: it stops cleanly
         )
     )
-    gateway_url = api_key_file = model = ""
-    if inventory is not None and inventory_path is not None:
-        where = ["--host", options.host, "--port", str(gateway_port)]
-        gateway_url = f"http://{_local(options.host)}:{gateway_port}/v1"
-        api_key_file = str(local_key(directory, settings))
-        model = sorted({i.model for i in inventory.instances})[0]
-        parts.append(
-            PartSpec(
-                "gateway",
-                "gateway",
-                [*cli, "gateway", "--inventory", str(inventory_path), *where],
-                str(directory / "gateway.log"),
-                gateway_url,
-                f"http://{_local(options.host)}:{gateway_port}/ready",
-                env={
-                    "TOKENFLEET_API_KEYS": str(directory / KEYS_FILE),
-                    "TOKENFLEET_TRUST_TENANT_HEADER": "false",
-                },
-                after=["dispatcher"],
-                stop_signal=int(signal.SIGINT),
-            )
+    gateway_url = f"http://{_local(options.host)}:{gateway_port}/v1"
+    where = ["--host", options.host, "--port", str(gateway_port)]
+    parts.append(
+        PartSpec(
+            "gateway",
+            "gateway",
+            [*cli, "gateway", "--inventory", str(inventory_path), *where],
+            str(directory / "gateway.log"),
+            gateway_url,
+            f"http://{_local(options.host)}:{gateway_port}/ready",
+            env={
+                "TOKENFLEET_API_KEYS": str(directory / KEYS_FILE),
+                "TOKENFLEET_TRUST_TENANT_HEADER": "false",
+            },
+            after=["dispatcher"],
+            stop_signal=int(signal.SIGINT),
         )
+    )
     for part in parts:
         part.env = {MARKER_ENV: str(directory), "TOKENFLEET_KAFKA_BOOTSTRAP": bootstrap, **part.env}
     engines = []
-    if options.engines == "inventory" and inventory is not None:
+    if options.engines == "inventory":
         engines = [(i.instance_id, i.url) for i in inventory.instances]
     return Plan(
         dir=str(directory),
@@ -209,8 +207,8 @@ def make_plan(options: UpOptions, settings: Settings) -> Plan:
         bootstrap=bootstrap,
         partitions=settings.topic_partitions,
         gateway_url=gateway_url,
-        model=model,
-        api_key_file=api_key_file,
+        model=pools[0],
+        api_key_file=str(local_key(directory, settings)),
         clickhouse=_clickhouse(settings),
         data_dir=str(settings.data_dir.resolve()),
         timeout_s=options.timeout_s,
@@ -237,8 +235,9 @@ def _local_servers(options: UpOptions, directory: Path) -> tuple[Path, list[Part
     from lab.tiny_model import ensure_tiny_model
     from lab.vllm_launcher import ENGINE_MISSING, VllmServers, engine_python_or_none, server_specs
 
-    if not 1 <= options.servers <= MAX_SERVERS:
-        raise ValueError(f"--servers must be in [1, {MAX_SERVERS}], not {options.servers}")
+    servers_wanted = options.servers or DEFAULT_SERVERS
+    if not 1 <= servers_wanted <= MAX_SERVERS:
+        raise ValueError(f"--servers must be in [1, {MAX_SERVERS}], not {servers_wanted}")
     python = engine_python_or_none()
     if python is None:
         raise ValueError(ENGINE_MISSING)
@@ -256,7 +255,7 @@ def _local_servers(options: UpOptions, directory: Path) -> tuple[Path, list[Part
         positions = json.loads(config.read_text()).get("max_position_embeddings")
         max_len = min(max_len, positions) if isinstance(positions, int) and positions > 0 else max_len
     servers = VllmServers(
-        server_specs(options.servers),
+        server_specs(servers_wanted),
         model_dir,
         directory,
         served_model_name=name,
@@ -287,6 +286,57 @@ def _local_servers(options: UpOptions, directory: Path) -> tuple[Path, list[Part
         )
     path = directory / INVENTORY_FILE
     write_atomic(path, dump_inventory(servers.inventory()))
+    return path, parts
+
+
+def _emulated_servers(options: UpOptions, directory: Path) -> tuple[Path, list[PartSpec]]:
+    """The emulated vLLM servers of ``--engines emulated`` and the inventory listing them
+    (written): one server per instance of ``--fleet`` (default ``--servers`` x
+    ``EMULATED_PROFILE``), with its profile, model, data centre and price, each counting prompts
+    with the tiny model's tokenizer (the inventory's, so the gateway's and the worker's too)."""
+    from lab.tiny_model import ensure_tiny_model
+    from lab.vllm_launcher import HOST, free_ports
+    from sim.engine.fleet import parse_fleet
+
+    if options.fleet is not None and options.servers is not None:
+        raise ValueError(
+            f"give --servers N ({EMULATED_PROFILE} servers) or --fleet SPEC (its servers and their "
+            "profiles), not both"
+        )
+    fleet = parse_fleet(options.fleet or f"{options.servers or DEFAULT_SERVERS}x{EMULATED_PROFILE}")
+    if len(fleet.instances) > MAX_SERVERS:
+        raise ValueError(f"--fleet {options.fleet}: at most {MAX_SERVERS} emulated servers here")
+    tokenizer = ensure_tiny_model(directory / "model", TINY_MODEL)
+    ports = free_ports(3 * len(fleet.instances))
+    parts, instances = [], []
+    for index, spec in enumerate(fleet.instances):
+        name = f"emulated-{index}"
+        http, events, replay = ports[3 * index : 3 * index + 3]
+        url = f"http://{HOST}:{http}"
+        kv_events, kv_replay = f"tcp://{HOST}:{events}", f"tcp://{HOST}:{replay}"
+        argv = [sys.executable, "-m", "lab.emulated_vllm", "--port", str(http)]
+        argv += ["--profile", spec.profile.name, "--served-model-name", spec.model]
+        argv += ["--tokenizer", str(tokenizer), "--kv-events", kv_events, "--kv-replay", kv_replay]
+        parts.append(
+            PartSpec(name, "emulated", argv, str(directory / f"{name}.log"), url + "/v1", url + "/health")
+        )
+        instances.append(
+            InstanceEntry(
+                instance_id=name,
+                url=url,
+                model=spec.model,
+                version=spec.version,
+                dc=spec.dc,
+                served_model_name=spec.model,
+                kv_events=kv_events,
+                kv_replay=kv_replay,
+                gpus=spec.profile.gpus,
+                price_per_hour=spec.price,
+            )
+        )
+    models = {i.model: ModelEntry(i.model, tokenizer=tokenizer) for i in instances}  # versions: per instance
+    path = directory / INVENTORY_FILE
+    write_atomic(path, dump_inventory(Inventory(models, tuple(instances))))
     return path, parts
 
 

@@ -19,21 +19,25 @@ def console() -> Console:
 
 
 def table(state: StackState, now: dict[str, str] | None = None) -> Table:
-    """One row per part (state, pid, address, log), then the broker and store if not parts."""
+    """One row per part (state, restarts, pid, address, log), then the broker and store if not
+    parts. Restarts are the part's own (started again by the stack's supervisor) and, for the
+    worker, its decider's (started again by the worker's supervisor): ``1``, ``decider 2``,
+    ``1 + decider 2``."""
     directory = Path(state.dir)
     grid = Table(title=f"tokenfleet stack in {directory} (engines: {state.mode}, {state.phase})")
-    for column in ("part", "state", "pid", "address", "log"):
+    for column in ("part", "state", "restarts", "pid", "address", "log"):
         grid.add_column(column, overflow="fold")
     for part in state.parts:
         shown = (now or {}).get(part.name, part.state)
-        if part.restarts:
-            shown += f", restarted {part.restarts}x"
+        counts = [str(part.restarts)] if part.restarts or not part.child_restarts else []
+        counts += [f"decider {part.child_restarts}"] if part.child_restarts else []
+        restarts = "" if part.kind == "engine" else " + ".join(counts)
         log = Path(part.log).name if part.log and Path(part.log).parent == directory else part.log
         pid = "" if part.pid is None or part.kind == "engine" else str(part.pid)
-        grid.add_row(*(Text(cell) for cell in (part.name, shown, pid, part.address, log)))
+        grid.add_row(*(Text(cell) for cell in (part.name, shown, restarts, pid, part.address, log)))
     if not any(part.kind == "broker" for part in state.parts):
-        grid.add_row(*(Text(c) for c in ("broker", "configured", "", state.bootstrap, "")))
-    grid.add_row(*(Text(c) for c in ("clickhouse", "the worker's", "", state.clickhouse, "")))
+        grid.add_row(*(Text(c) for c in ("broker", "configured", "", "", state.bootstrap, "")))
+    grid.add_row(*(Text(c) for c in ("clickhouse", "the worker's", "", "", state.clickhouse, "")))
     return grid
 
 
@@ -46,14 +50,7 @@ def api_key(state: StackState) -> str:
 
 
 def snippet(state: StackState) -> str:
-    """Python that calls the gateway with the official client (or, without a gateway, the
-    command that sends the emulated fleet load)."""
-    if not state.gateway_url:
-        return (
-            "# no gateway in front of an emulated fleet: send it load through the broker\n"
-            f"TOKENFLEET_KAFKA_BOOTSTRAP={state.bootstrap} tokenfleet loadgen --workload synthetic "
-            "--duration 60\n"
-        )
+    """Python that calls the gateway with the official client."""
     return (
         "from openai import OpenAI  # pip install openai\n"
         "\n"

@@ -40,10 +40,14 @@ PROC = Path("/proc")
 
 @dataclass
 class PartState:
-    """One part as it runs: what it is, where it answers, and its current process."""
+    """One part as it runs: what it is, where it answers, and its current process. ``restarts``:
+    how many times the stack's supervisor started it again; ``child_restarts``: how many times
+    the part started its own child again, over all its processes (the worker's decider)."""
 
     name: str
-    kind: str  # broker, vllm, worker, dispatcher, gateway; engine: an inventory's server (not ours)
+    # broker, vllm, emulated (an emulated vLLM server), worker, dispatcher, gateway; engine: an
+    # inventory's server (not the stack's)
+    kind: str
     address: str  # what the table shows: host:port or a URL
     probe: str  # http://... (200 = ready) or tcp://host:port (accepts = ready); "" none
     log: str
@@ -52,6 +56,7 @@ class PartState:
     state: str = "waiting"  # waiting, starting, ready, exited, restarting, stopped, failed, external
     restarts: int = 0
     detail: str = ""
+    child_restarts: int = 0
 
 
 @dataclass
@@ -64,9 +69,9 @@ class StackState:
     supervisor_pid: int
     supervisor_start: int | None
     bootstrap: str
-    gateway_url: str  # "" without a gateway (emulated engines)
+    gateway_url: str
     model: str
-    api_key_file: str  # "" without a gateway
+    api_key_file: str
     clickhouse: str
     data_dir: str
     parts: list[PartState] = field(default_factory=list)

@@ -1,19 +1,22 @@
 """The supervisor of a ``tokenfleet up`` stack: one process that owns the parts.
 
 It starts every part of the plan as a child in a session of its own (its output appended to the
-part's log), each once the parts it needs are ready (the broker and the vLLM servers at once,
-the worker on the broker, the dispatcher on the worker and the servers, the gateway on the
-dispatcher), and waits until each answers its probe: the broker accepts connections (then it
-has the project's topics), a vLLM server's ``/health``, the worker's and the dispatcher's
-``/ready``, the gateway's ``/ready``. A part that exits or is not ready in time fails the start:
-everything is stopped and the state says which part and where its log is.
+part's log), each once the parts it needs are ready (the broker and the engine servers, vLLM or
+emulated, at once, the worker on the broker, the dispatcher on the worker and the servers, the
+gateway on the dispatcher), and waits until each answers its probe: the broker accepts
+connections (then it has the project's topics), a server's ``/health``, the worker's and the
+dispatcher's ``/ready``, the gateway's ``/ready``. A part that exits or is not ready in time
+fails the start: everything is stopped and the state says which part and where its log is.
 
 Once all are ready it watches them: a part that exits is started again after a back-off (1 s,
 doubling to 30 s; back to 1 s once a part ran a minute), the broker's topics created again
 (its storage is memory: a restarted embedded broker is empty; the worker restarts its own child
-when its broker connection breaks). SIGTERM or SIGINT stops the stack in order — gateway,
-dispatcher, worker, the vLLM servers, the broker — each part's process group signalled (SIGINT
-for the dispatcher and the gateway, as Ctrl-C; SIGTERM for the others), SIGKILL after its grace.
+when its broker connection breaks). Each part's restarts are counted in its state, and so are
+those a part makes of its own child (the worker's supervisor restarting its decider), read from
+the part's ``restarts_file`` (the worker's ready marker) while it runs. SIGTERM or SIGINT stops
+the stack in order — gateway, dispatcher, worker, the engine servers, the broker — each part's
+process group signalled (SIGINT for the dispatcher and the gateway, as Ctrl-C; SIGTERM for the
+others), SIGKILL after its grace.
 
 Every change is written to ``state.json``. Run it as ``python -m lab.local DIR [LOCK_FD]``
 (``tokenfleet up`` does, detached) or in-process (``tokenfleet up --foreground``).
@@ -47,8 +50,9 @@ from lab.local.state import (
     stop_groups,
     write_state,
 )
+from worker.ready import child_restarts
 
-STOP_ORDER = ("gateway", "dispatcher", "worker", "vllm", "broker")
+STOP_ORDER = ("gateway", "dispatcher", "worker", "vllm", "emulated", "broker")
 POLL_S = 0.25
 BACKOFF_MAX_S = 30.0
 RESET_AFTER_S = 60.0
@@ -78,6 +82,8 @@ class _Part:
         self.launched = 0.0
         self.failures = 0
         self.next_start = 0.0
+        self.child_restarts_before = 0  # by the part's earlier processes
+        self.child_restarts_now = 0  # by its current process
 
 
 class Supervisor:
@@ -206,6 +212,8 @@ class Supervisor:
                 start_new_session=True,  # its own process group: a signal reaches what it spawns
             )
         part.launched = time.monotonic()
+        part.child_restarts_before += part.child_restarts_now
+        part.child_restarts_now = 0
         entry = self.state.part(spec.name)
         entry.pid, entry.start_time = part.process.pid, start_time(part.process.pid)
         self._mark(part, state, f"{detail}pid {part.process.pid}")
@@ -240,6 +248,7 @@ class Supervisor:
             for part in self.parts.values():
                 entry = self.state.part(part.spec.name)
                 assert part.process is not None
+                self._count_child_restarts(part)
                 if entry.state in ("ready", "restarting"):
                     code = part.process.poll()
                     if code is not None:
@@ -264,6 +273,16 @@ class Supervisor:
                         self._mark(part, "exited", f"could not be started: {exc}")
                         continue
             time.sleep(POLL_S)
+
+    def _count_child_restarts(self, part: _Part) -> None:
+        """The restarts the part made of its own child, as its ``restarts_file`` says now."""
+        if not part.spec.restarts_file or part.process is None:
+            return
+        seen = child_restarts(Path(part.spec.restarts_file), part.process.pid)
+        if seen is not None and seen != part.child_restarts_now:
+            part.child_restarts_now = seen
+            self.state.part(part.spec.name).child_restarts = part.child_restarts_before + seen
+            write_state(self.dir, self.state)
 
     # -- stop -----------------------------------------------------------------------------------
 

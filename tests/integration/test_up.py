@@ -1,13 +1,15 @@
 """``tokenfleet up``, ``status`` and ``down`` for real, as a user runs them (each a process):
 local vLLM servers answering the official ``openai`` client through the gateway with the key
-``up`` printed; an emulated stack whose supervisor restarts a killed part, refuses a second
-``up`` and is cleaned up by ``down`` even once the supervisor itself was killed; a start that
-fails; ``--foreground`` and Ctrl-C. After every ``down`` no process of the stack is left: not
-the supervisor, no part, nothing in a part's process group (vLLM's engine core included),
-nothing carrying the stack's marker."""
+``up`` printed; emulated vLLM servers answering it the same way (streams, usage, prefix-aware
+routing on their KV events), in a stack whose supervisor restarts a killed part (and counts the
+worker's restarts of its decider), refuses a second ``up`` and is cleaned up by ``down`` even
+once the supervisor itself was killed; a start that fails; ``--foreground`` and Ctrl-C. After
+every ``down`` no process of the stack is left: not the supervisor, no part, nothing in a part's
+process group (vLLM's engine core included), nothing carrying the stack's marker."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -79,6 +81,22 @@ def stack_dir(tmp_path: Path, env: dict[str, str]) -> Iterator[Path]:
     directory = (tmp_path / "up").resolve()
     yield directory
     tokenfleet(["down", "--dir", str(directory)], env)
+
+
+def calls_served(state: StackState) -> dict[str, dict[str, int]]:
+    """Emulated server -> {request id: times it started that call} (its ``/debug/served``)."""
+    found = {}
+    for part in state.parts:
+        if part.kind == "emulated":
+            url = part.address.removesuffix("/v1") + "/debug/served"
+            with urllib.request.urlopen(url, timeout=10) as page:
+                found[part.name] = json.load(page)["requests"]
+    return found
+
+
+def calls_started(state: StackState) -> dict[str, int]:
+    """Emulated server -> the calls it started so far."""
+    return {name: sum(served.values()) for name, served in calls_served(state).items()}
 
 
 def wait_for(condition: object, timeout_s: float, what: str) -> None:
@@ -176,33 +194,99 @@ def test_local_vllm_answers_the_openai_client_with_the_printed_key(
     print(f"\nup --engines local --servers 1: ready in {up_s:.0f} s; all {time.monotonic() - started:.0f} s")
 
 
-def test_an_emulated_stack_is_supervised_and_down_stops_it_all(stack_dir: Path, env: dict[str, str]) -> None:
-    up = tokenfleet(["up", "--engines", "emulated", "--dir", str(stack_dir)], env)
+def test_emulated_servers_answer_the_openai_client_and_the_stack_is_supervised(
+    stack_dir: Path, env: dict[str, str]
+) -> None:
+    args = ["--engines", "emulated", "--servers", "2", "--policy", "slomax+tokenpilot", "--port", "0"]
+    up = tokenfleet(["up", *args, "--dir", str(stack_dir)], env)
     assert up.returncode == 0, up.stderr + logs(stack_dir)
-    assert "tokenfleet loadgen --workload synthetic" in up.stdout
     state = read_state(stack_dir)
-    assert state is not None and [p.name for p in state.parts] == ["broker", "worker", "dispatcher"]
+    assert state is not None and state.phase == "ready"
+    names = ["broker", "emulated-0", "emulated-1", "worker", "dispatcher", "gateway"]
+    assert [p.name for p in state.parts] == names
+    key = re.search(r'api_key="(tf-[^"]+)"', up.stdout)
+    assert key and f'base_url="{state.gateway_url}"' in up.stdout and 'model="llama3-8b"' in up.stdout
 
-    # A part that dies is started again.
+    # The whole gateway path, as the official client calls it.
+    client = OpenAI(base_url=state.gateway_url, api_key=key.group(1), max_retries=0, timeout=60)
+    messages = [{"role": "user", "content": "Say something about Kafka."}]
+    answer = client.chat.completions.create(
+        model="llama3-8b",
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=12,
+        extra_body={"ignore_eos": True},
+        extra_headers={"x-request-id": "up-chat-1"},
+    )
+    assert answer.id == "chatcmpl-up-chat-1" and answer.choices[0].message.content
+    assert answer.usage is not None and answer.usage.completion_tokens == 12
+    stream = client.chat.completions.create(
+        model="llama3-8b",
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 2
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+    started = [served for engine in calls_served(state).values() for served in engine.items()]
+    assert len(started) == 2 and ("up-chat-1-1", 1) in started  # each attempt once, as <id>-<attempt>
+
+    # Prefix-aware routing on the engines' KV events: once the first call's blocks are known,
+    # the calls that share its prefix (4 blocks of 512 tokens and more) land where it is cached.
+    document = "A long shared document that every call starts with. " * 200
+    asked = iter(range(1000))
+
+    def cached() -> int:
+        """Prompt tokens the engine found cached for one more call on the document."""
+        reply = client.completions.create(
+            model="llama3-8b", prompt=f"{document} Question {next(asked)}?", max_tokens=2
+        )
+        assert reply.usage is not None and reply.usage.prompt_tokens > 2048
+        details = reply.usage.prompt_tokens_details
+        return (details.cached_tokens or 0) if details is not None else 0
+
+    before = calls_started(state)
+    assert cached() == 0
+    (first,) = [name for name, started in calls_started(state).items() if started > before[name]]
+    time.sleep(1.0)  # its blocks' KV events reach the decider (through the dispatcher and the broker)
+    wait_for(lambda: cached() >= 2048, 30, "a call routed to the cached prefix")
+    before = calls_started(state)
+    assert [cached() >= 2048 for _ in range(3)] == [True] * 3
+    after = calls_started(state)
+    assert {name: after[name] - before[name] for name in after} == {
+        name: 3 if name == first else 0 for name in after
+    }  # where the document was cached first
+
+    # A part that dies is started again; so is the decider inside the worker, and status counts both.
     dispatcher = state.part("dispatcher").pid
-    assert dispatcher is not None
+    worker = state.part("worker").pid
+    assert dispatcher is not None and worker is not None
     os.killpg(dispatcher, signal.SIGKILL)
+    (decider,) = [pid for pid in group_members(worker) if pid != worker]
+    os.kill(decider, signal.SIGKILL)
 
     def restarted() -> bool:
         now = read_state(stack_dir)
         return (
             now is not None
-            and now.part("dispatcher").restarts == 1
+            and (now.part("dispatcher").restarts, now.part("worker").child_restarts) == (1, 1)
             and now.part("dispatcher").state == "ready"
         )
 
-    wait_for(restarted, 90, "the dispatcher restarted and ready")
-    assert tokenfleet(["status", "--dir", str(stack_dir)], env).returncode == 0
+    wait_for(restarted, 120, "the dispatcher restarted and the decider restarted")
+    status = tokenfleet(["status", "--dir", str(stack_dir)], env)
+    assert re.search(r"worker\s+│ ready\s+│ decider 1 ", status.stdout), status.stdout
+    assert re.search(r"dispatcher\s+│ \w[\w ]*│ 1 ", status.stdout), status.stdout
+    wait_for(lambda: tokenfleet(["status", "--dir", str(stack_dir)], env).returncode == 0, 60, "all ready")
+    again = client.completions.create(model="llama3-8b", prompt="after the restarts", max_tokens=3)
+    assert again.usage is not None and again.usage.completion_tokens == 3
 
     # One stack per directory.
-    again = tokenfleet(["up", "--engines", "emulated", "--dir", str(stack_dir)], env)
-    assert again.returncode == 2
-    assert again.stderr == (
+    again_up = tokenfleet(["up", *args, "--dir", str(stack_dir)], env)
+    assert again_up.returncode == 2
+    assert again_up.stderr == (
         f"tokenfleet up: error: a stack is already up in {stack_dir}: run `tokenfleet down --dir "
         f"{stack_dir}` first, or pass another --dir\n"
     )
@@ -224,10 +308,11 @@ def test_an_emulated_stack_is_supervised_and_down_stops_it_all(stack_dir: Path, 
 def test_a_part_not_ready_in_time_fails_the_start_and_stops_the_rest(
     stack_dir: Path, env: dict[str, str]
 ) -> None:
-    up = tokenfleet(["up", "--engines", "emulated", "--timeout", "2", "--dir", str(stack_dir)], env)
+    args = ["up", "--engines", "emulated", "--port", "0", "--timeout", "2", "--dir", str(stack_dir)]
+    up = tokenfleet(args, env)
     assert up.returncode == 1
     last = up.stderr.splitlines()[-1]
-    assert re.fullmatch(r"tokenfleet up: error: \w+ was not ready within 2 s; its log: \S+\.log", last), (
+    assert re.fullmatch(r"tokenfleet up: error: [\w-]+ was not ready within 2 s; its log: \S+\.log", last), (
         up.stderr
     )
     state = read_state(stack_dir)
@@ -236,7 +321,7 @@ def test_a_part_not_ready_in_time_fails_the_start_and_stops_the_rest(
 
 
 def test_foreground_runs_until_ctrl_c(stack_dir: Path, env: dict[str, str]) -> None:
-    args = ["up", "--engines", "emulated", "--foreground", "--dir", str(stack_dir)]
+    args = ["up", "--engines", "emulated", "--port", "0", "--foreground", "--dir", str(stack_dir)]
     process = subprocess.Popen(
         [sys.executable, "-m", "cli.main", *args],
         env=env,
@@ -258,7 +343,7 @@ def test_foreground_runs_until_ctrl_c(stack_dir: Path, env: dict[str, str]) -> N
         if process.poll() is None:
             process.kill()
     assert process.returncode == 0
-    assert b"dispatcher" in out and b"tokenfleet loadgen" in out
+    assert b"emulated-0" in out and b"from openai import OpenAI" in out
     state = read_state(stack_dir)
     assert state is not None and state.phase == "stopped" and state.supervisor_pid == process.pid
     assert_nothing_left(stack_dir, state)

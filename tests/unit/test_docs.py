@@ -150,6 +150,8 @@ def check_python(words: list[str]) -> list[str]:
     if module.split(".")[0] not in PROJECT:
         return []  # pytest, ruff, mypy, vLLM: tools, or what runs in the engine's environment
     spec = importlib.util.find_spec(module)
+    if spec is not None and spec.submodule_search_locations is not None:  # a package runs its __main__
+        spec = importlib.util.find_spec(module + ".__main__")
     if spec is None or spec.origin is None:
         return [f"no module {module}"]
     source = Path(spec.origin).read_text()

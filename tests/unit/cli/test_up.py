@@ -7,7 +7,6 @@ import ast
 import fcntl
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 from cli.main import main
 from gateway.auth import key_hash, load_keys
 from infra.settings import Settings
+from infra.vllm.inventory import load_inventory
 from lab.local.plan import Plan, UpOptions, local_key, make_plan
 from lab.local.report import snippet, table
 from lab.local.state import (
@@ -29,6 +29,7 @@ from lab.local.state import (
     start_time,
     write_state,
 )
+from worker.ready import child_restarts, write_marker
 
 INVENTORY = """\
 models:
@@ -65,7 +66,8 @@ def one_error(capsys: pytest.CaptureFixture[str], args: list[str]) -> str:
             ["up", "--engines", "local", "--fleet", "2xllama3-8b-h100"],
             "--fleet: only with --engines emulated",
         ),
-        (["up", "--engines", "emulated", "--servers", "2"], "--servers: only with --engines local"),
+        (["up", "--servers", "2"], "--servers: only with --engines local or emulated"),
+        (["up", "--engines", "emulated", "--servers", "2", "--fleet", "2xllama3-8b-h100"], "not both"),
         (["up", "--engines", "local", "--inventory", "x.yaml"], "--inventory: only with --engines inventory"),
         (["up", "--engines", "local", "--servers", "0"], "0 is not an integer in [1, 16]"),
         (["up", "--port", "70000"], "70000 is not an integer in [0, 65535]"),
@@ -151,22 +153,49 @@ def test_the_default_directory_is_under_the_data_dir(
 # -- the plan -------------------------------------------------------------------------------------
 
 
-def test_the_emulated_plan_has_no_gateway(tmp_path: Path) -> None:
-    plan = make_plan(UpOptions(dir=tmp_path / "up", engines="emulated", fleet="3xllama3-8b-h100"), Settings())
-    assert [p.name for p in plan.parts] == ["broker", "worker", "dispatcher"]
-    broker, worker, dispatcher = plan.parts
+def test_the_emulated_plan_serves_its_fleet_behind_the_gateway(tmp_path: Path) -> None:
+    fleet = "2xllama3-8b-h100+1xqwen3-14b-h100"
+    plan = make_plan(UpOptions(dir=tmp_path / "up", engines="emulated", fleet=fleet, port=0), Settings())
+    names = ["broker", "emulated-0", "emulated-1", "emulated-2", "worker", "dispatcher", "gateway"]
+    assert [p.name for p in plan.parts] == names
+    broker, *servers, worker, dispatcher, gateway = plan.parts
     assert plan.bootstrap == broker.address and broker.probe == f"tcp://{broker.address}"
     assert "--storage-engine" in broker.argv and "memory://tansu/" in broker.argv
     assert worker.argv[-3:] == ["worker", "--loglevel", "info"] and worker.after == ["broker"]
-    assert dispatcher.argv[-3:] == ["fleet", "--fleet", "3xllama3-8b-h100"]
-    assert dispatcher.after == ["worker"] and dispatcher.stop_signal == signal.SIGINT
+    assert worker.restarts_file == str((tmp_path / "data" / "tokenfleet.worker.ready").resolve())
+    inventory_path = str(tmp_path / "up" / "inventory.yaml")
+    inventory = load_inventory(inventory_path)
+    assert dispatcher.argv[-4:] == ["--engine", "vllm", "--inventory", inventory_path]
+    assert dispatcher.after == ["worker", "emulated-0", "emulated-1", "emulated-2"]
+    assert gateway.argv[gateway.argv.index("--inventory") + 1] == dispatcher.argv[-1]
+    for server, entry in zip(servers, inventory.instances, strict=True):
+        assert server.kind == "emulated" and server.argv[1:3] == ["-m", "lab.emulated_vllm"]
+        assert entry.instance_id == server.name and server.probe == entry.url + "/health"
+        flag = {k: v for k, v in zip(server.argv[3::2], server.argv[4::2], strict=True)}
+        assert flag["--port"] == entry.url.rsplit(":", 1)[1] and flag["--kv-events"] == entry.kv_events
+        assert flag["--kv-replay"] == entry.kv_replay and flag["--served-model-name"] == entry.model
+        assert Path(flag["--tokenizer"]) == inventory.models["llama3-8b"].tokenizer
+    assert [flag for s in servers for flag in s.argv if "-h100" in flag] == [
+        "llama3-8b-h100", "llama3-8b-h100", "qwen3-14b-h100",
+    ]  # fmt: skip
+    assert {i.model for i in inventory.instances} == {"llama3-8b"}  # a string spec is one pool
+    assert (Path(flag["--tokenizer"]) / "tokenizer.json").is_file()
     for part in plan.parts:
         assert part.env[MARKER_ENV] == str((tmp_path / "up").resolve())
         assert part.env["TOKENFLEET_KAFKA_BOOTSTRAP"] == plan.bootstrap
     assert worker.env["TOKENFLEET_DATA_DIR"] == str((tmp_path / "data").resolve())
-    assert plan.gateway_url == "" and plan.api_key_file == ""
+    assert plan.gateway_url.startswith("http://127.0.0.1:") and plan.model == "llama3-8b"
+    assert Path(plan.api_key_file).is_file()
     assert plan.clickhouse == f"embedded: {(tmp_path / 'data' / 'clickhouse').resolve()}"
     assert Plan.from_json(plan.to_json()) == plan
+
+
+def test_emulated_servers_default_to_two_of_the_8b_profile(tmp_path: Path) -> None:
+    plan = make_plan(UpOptions(dir=tmp_path / "up", engines="emulated", port=0), Settings())
+    assert [p.name for p in plan.parts if p.kind == "emulated"] == ["emulated-0", "emulated-1"]
+    three = make_plan(UpOptions(dir=tmp_path / "three", engines="emulated", servers=3, port=0), Settings())
+    profiles = [p.argv[p.argv.index("--profile") + 1] for p in three.parts if p.kind == "emulated"]
+    assert profiles == ["llama3-8b-h100"] * 3
 
 
 def test_an_inventory_plan_uses_the_configured_broker_and_makes_a_key(
@@ -278,10 +307,33 @@ def test_the_snippet_is_python_with_the_key_and_model(tmp_path: Path) -> None:
     assert "from openai import OpenAI" in code
 
 
-def test_without_a_gateway_the_snippet_is_loadgen(tmp_path: Path) -> None:
-    code = snippet(state_of(tmp_path, gateway_url="", api_key_file=""))
-    assert "TOKENFLEET_KAFKA_BOOTSTRAP=127.0.0.1:9092 tokenfleet loadgen --workload synthetic" in code
-    assert main(["loadgen", "-h"]) == 0  # the command it names exists
+def test_the_table_counts_each_parts_restarts_and_the_deciders(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    parts = [
+        PartState("dispatcher", "dispatcher", "http://d", "", "", restarts=2),
+        PartState("worker", "worker", "http://w", "", "", restarts=1, child_restarts=3),
+        PartState("gateway", "gateway", "http://g", "", "", child_restarts=0),
+        PartState("gpu-0", "engine", "http://e", "", ""),
+    ]
+    out = Console(width=200, record=True)
+    out.print(table(state_of(tmp_path, parts=parts), {}))
+    cells = [line.split("│") for line in out.export_text().splitlines() if "│" in line]
+    rows = {cell[1].strip(): cell[3].strip() for cell in cells}  # part -> restarts
+    assert rows["dispatcher"] == "2" and rows["worker"] == "1 + decider 3" and rows["gateway"] == "0"
+    assert rows["gpu-0"] == ""  # an inventory's engine is not the stack's to restart
+    parts[1].restarts = 0
+    out = Console(width=200, record=True)
+    out.print(table(state_of(tmp_path, parts=parts), {}))
+    assert "│ decider 3 " in out.export_text()
+
+
+def test_a_worker_supervisors_child_restarts_are_read_from_its_ready_marker(tmp_path: Path) -> None:
+    marker = tmp_path / "tokenfleet.worker.ready"
+    assert child_restarts(marker, 4242) is None  # no child ready
+    write_marker(marker, {"run": "r", "start": 3, "supervisor": 4242, "pid": 4300})
+    assert child_restarts(marker, 4242) == 2
+    assert child_restarts(marker, 4243) is None  # another supervisor's child
 
 
 def test_the_table_names_a_configured_broker_and_the_store(tmp_path: Path) -> None:
