@@ -139,6 +139,16 @@ def gateway(
             "the kernel spreads connections over them, and one that dies takes only its own calls",
         ),
     ] = False,
+    probe_port: Annotated[
+        int | None,
+        typer.Option(
+            "--probe-port",
+            metavar="N",
+            help="also serve /health, /ready and /metrics on port N of this process alone "
+            "(with --reuse-port: a probe that reaches this process)",
+            callback=whole(1, 65535),
+        ),
+    ] = None,
 ) -> None:
     """OpenAI-compatible HTTP front door (/v1/chat/completions, /v1/completions, /v1/models).
 
@@ -168,7 +178,9 @@ def gateway(
     )
     with kafka_connection(settings) as connection:
         gw = Gateway(connection, found, prompts, options, auth)
-        _run_until_interrupted(serve(gw, host or settings.http_host, port, asyncio.Event(), reuse_port))
+        _run_until_interrupted(
+            serve(gw, host or settings.http_host, port, asyncio.Event(), reuse_port, probe_port)
+        )
 
 
 def _inventory(path: str | None, settings: Any) -> Any:

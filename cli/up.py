@@ -83,6 +83,15 @@ def up(
             "--port", metavar="N", help="the gateway's port (0: any free one)", callback=whole(0, 65535)
         ),
     ] = 8000,
+    gateways: Annotated[
+        int,
+        typer.Option(
+            "--gateways",
+            metavar="N",
+            help="gateway processes sharing --port: one that dies takes only its own calls",
+            callback=whole(1, 8),
+        ),
+    ] = 2,
     directory: DirOpt = None,
     timeout: Annotated[
         float,
@@ -126,6 +135,7 @@ def up(
         policy=policy,
         host=host,
         port=port,
+        gateways=gateways,
         timeout_s=timeout,
     )
     if inventory is not None and not inventory.is_file():

@@ -155,6 +155,15 @@ class Gateway:
         app.on_cleanup.append(self._on_cleanup)
         return app
 
+    def probe_app(self) -> web.Application:
+        """``/health``, ``/ready`` and ``/metrics`` alone, for a port of their own: a probe that
+        must reach this process when several share the calls' port, and that no cap refuses."""
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/ready", self._ready)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
     async def _on_startup(self, _app: web.Application) -> None:
         if self.auth.mode == "open":
             log.warning(
@@ -462,7 +471,12 @@ class Gateway:
 
 
 async def serve(
-    gateway: Gateway, host: str, port: int, stop: asyncio.Event, reuse_port: bool = False
+    gateway: Gateway,
+    host: str,
+    port: int,
+    stop: asyncio.Event,
+    reuse_port: bool = False,
+    probe_port: int | None = None,
 ) -> None:
     """Serve until ``stop`` is set. A client disconnect cancels its handler (the abort path).
     What a client may hold is bounded by ``gateway.options`` (``gateway/connections.py``): a
@@ -470,7 +484,8 @@ async def serve(
     connection idle ``idle_timeout_s`` closed, at most ``max_connections`` served at once (one
     more is answered 503 and closed). ``reuse_port``: several gateway processes share ``port``
     (``SO_REUSEPORT``): one that dies takes only its own calls with it, the others take the new
-    connections."""
+    connections. ``probe_port``: the probes (``Gateway.probe_app``) on a port of this process's
+    own as well."""
     options = gateway.options
     guard = ConnectionGuard(
         ConnectionLimits(options.header_timeout_s, options.idle_timeout_s, options.max_connections)
@@ -479,10 +494,18 @@ async def serve(
     await runner.setup()
     listener = await guard.listen(runner, host, port, reuse_port)
     log.info("gateway listening on http://%s:%d (%s)", host, port, guard.describe())
+    probes = None
+    if probe_port is not None:
+        probes = web.AppRunner(gateway.probe_app(), access_log=None)
+        await probes.setup()
+        await web.TCPSite(probes, host, probe_port).start()
+        log.info("gateway probes on http://%s:%d", host, probe_port)
     try:
         await stop.wait()
     finally:
         listener.close()  # no new connections; those open end with the runner
+        if probes is not None:
+            await probes.cleanup()
         await runner.cleanup()
 
 

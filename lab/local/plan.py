@@ -52,6 +52,7 @@ class UpOptions:
     inventory: Path | None = None
     model: Path | None = None
     servers: int | None = None  # local, emulated: how many servers (None: DEFAULT_SERVERS)
+    gateways: int = 2  # gateway processes sharing the port
     fleet: str | None = None  # emulated: the servers' profiles, COUNTxPROFILE[+...] or a fleet file
     policy: str | None = None
     host: str = "127.0.0.1"
@@ -178,23 +179,37 @@ def make_plan(options: UpOptions, settings: Settings) -> Plan:
         )
     )
     gateway_url = f"http://{_local(options.host)}:{gateway_port}/v1"
-    where = ["--host", options.host, "--port", str(gateway_port)]
-    parts.append(
-        PartSpec(
-            "gateway",
-            "gateway",
-            [*cli, "gateway", "--inventory", str(inventory_path), *where],
-            str(directory / "gateway.log"),
-            gateway_url,
-            f"http://{_local(options.host)}:{gateway_port}/ready",
-            env={
-                "TOKENFLEET_API_KEYS": str(directory / KEYS_FILE),
-                "TOKENFLEET_TRUST_TENANT_HEADER": "false",
-            },
-            after=["dispatcher"],
-            stop_signal=int(signal.SIGINT),
+    # Several gateway processes share the port (SO_REUSEPORT): one that dies, and the seconds
+    # until the supervisor has started it again, cost only the calls it held; each one's probes
+    # are on a port of its own, since a probe of the shared port reaches either.
+    where = ["--host", options.host, "--port", str(gateway_port), "--reuse-port"]
+    for n in range(1, options.gateways + 1):
+        name = "gateway" if n == 1 else f"gateway-{n}"
+        probe_port = free_port()
+        parts.append(
+            PartSpec(
+                name,
+                "gateway",
+                [
+                    *cli,
+                    "gateway",
+                    "--inventory",
+                    str(inventory_path),
+                    *where,
+                    "--probe-port",
+                    str(probe_port),
+                ],
+                str(directory / f"{name}.log"),
+                gateway_url,
+                f"http://{_local(options.host)}:{probe_port}/ready",
+                env={
+                    "TOKENFLEET_API_KEYS": str(directory / KEYS_FILE),
+                    "TOKENFLEET_TRUST_TENANT_HEADER": "false",
+                },
+                after=["dispatcher"],
+                stop_signal=int(signal.SIGINT),
+            )
         )
-    )
     for part in parts:
         part.env = {MARKER_ENV: str(directory), "TOKENFLEET_KAFKA_BOOTSTRAP": bootstrap, **part.env}
     engines = []

@@ -119,7 +119,7 @@ def test_local_vllm_answers_the_openai_client_with_the_printed_key(
     up_s = time.monotonic() - started
     state = read_state(stack_dir)
     assert state is not None and state.phase == "ready"
-    assert [p.name for p in state.parts] == ["broker", "vllm-0", "worker", "dispatcher", "gateway"]
+    assert [p.name for p in state.parts] == ["broker", "vllm-0", "worker", "dispatcher", "gateway", "gateway-2"]
     for part in state.parts:  # every address is in the table
         assert part.address in up.stdout
     base_url = re.search(r'base_url="([^"]+)"', up.stdout)
@@ -172,7 +172,7 @@ def test_local_vllm_answers_the_openai_client_with_the_printed_key(
         assert second is not None
         assert [(p.name, p.kind) for p in second.parts] == [
             ("broker", "broker"), ("worker", "worker"), ("dispatcher", "dispatcher"), ("gateway", "gateway"),
-            ("vllm-0", "engine"),
+            ("gateway-2", "gateway"), ("vllm-0", "engine"),
         ]  # fmt: skip
         other_key = Path(second.api_key_file).read_text().strip()
         assert other_key != key.group(1)
@@ -202,7 +202,7 @@ def test_emulated_servers_answer_the_openai_client_and_the_stack_is_supervised(
     assert up.returncode == 0, up.stderr + logs(stack_dir)
     state = read_state(stack_dir)
     assert state is not None and state.phase == "ready"
-    names = ["broker", "emulated-0", "emulated-1", "worker", "dispatcher", "gateway"]
+    names = ["broker", "emulated-0", "emulated-1", "worker", "dispatcher", "gateway", "gateway-2"]
     assert [p.name for p in state.parts] == names
     key = re.search(r'api_key="(tf-[^"]+)"', up.stdout)
     assert key and f'base_url="{state.gateway_url}"' in up.stdout and 'model="llama3-8b"' in up.stdout

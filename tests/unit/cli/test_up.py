@@ -156,9 +156,18 @@ def test_the_default_directory_is_under_the_data_dir(
 def test_the_emulated_plan_serves_its_fleet_behind_the_gateway(tmp_path: Path) -> None:
     fleet = "2xllama3-8b-h100+1xqwen3-14b-h100"
     plan = make_plan(UpOptions(dir=tmp_path / "up", engines="emulated", fleet=fleet, port=0), Settings())
-    names = ["broker", "emulated-0", "emulated-1", "emulated-2", "worker", "dispatcher", "gateway"]
+    names = [
+        "broker",
+        "emulated-0",
+        "emulated-1",
+        "emulated-2",
+        "worker",
+        "dispatcher",
+        "gateway",
+        "gateway-2",
+    ]
     assert [p.name for p in plan.parts] == names
-    broker, *servers, worker, dispatcher, gateway = plan.parts
+    broker, *servers, worker, dispatcher, gateway, second = plan.parts
     assert plan.bootstrap == broker.address and broker.probe == f"tcp://{broker.address}"
     assert "--storage-engine" in broker.argv and "memory://tansu/" in broker.argv
     assert worker.argv[-3:] == ["worker", "--loglevel", "info"] and worker.after == ["broker"]
@@ -168,6 +177,11 @@ def test_the_emulated_plan_serves_its_fleet_behind_the_gateway(tmp_path: Path) -
     assert dispatcher.argv[-4:] == ["--engine", "vllm", "--inventory", inventory_path]
     assert dispatcher.after == ["worker", "emulated-0", "emulated-1", "emulated-2"]
     assert gateway.argv[gateway.argv.index("--inventory") + 1] == dispatcher.argv[-1]
+    # Two gateway processes share the calls' port; each one's probes are on a port of its own.
+    port = gateway.argv[gateway.argv.index("--port") + 1]
+    assert second.argv[second.argv.index("--port") + 1] == port and "--reuse-port" in second.argv
+    assert gateway.address == second.address == plan.gateway_url and gateway.probe != second.probe
+    assert gateway.probe.endswith(f":{gateway.argv[gateway.argv.index('--probe-port') + 1]}/ready")
     for server, entry in zip(servers, inventory.instances, strict=True):
         assert server.kind == "emulated" and server.argv[1:3] == ["-m", "lab.emulated_vllm"]
         assert entry.instance_id == server.name and server.probe == entry.url + "/health"
@@ -208,8 +222,8 @@ def test_an_inventory_plan_uses_the_configured_broker_and_makes_a_key(
     monkeypatch.setenv("TOKENFLEET_CLICKHOUSE_DSN", "http://tf:secret@ch:8123/tokenfleet")
     options = UpOptions(dir=tmp_path / "up", policy="tokenpilot", port=0, host="0.0.0.0")
     plan = make_plan(options, Settings())
-    assert [p.name for p in plan.parts] == ["worker", "dispatcher", "gateway"]
-    worker, dispatcher, gateway = plan.parts
+    assert [p.name for p in plan.parts] == ["worker", "dispatcher", "gateway", "gateway-2"]
+    worker, dispatcher, gateway, _ = plan.parts
     assert plan.bootstrap == "kafka-1:9092" and worker.after == []
     assert worker.argv[-2:] == ["--policy", "tokenpilot"]
     assert json.loads(worker.env["TOKENFLEET_POOLS"]) == ["llama3-8b"]
@@ -235,7 +249,7 @@ def test_a_local_plan_serves_a_model_directory_with_its_weights(
     directory = tmp_path / ("long-" * 16) / "up"  # too long a path for vLLM's IPC sockets
     options = UpOptions(dir=directory, engines="local", model=model, servers=3, port=0)
     plan = make_plan(options, Settings())
-    names = ["broker", "vllm-0", "vllm-1", "vllm-2", "worker", "dispatcher", "gateway"]
+    names = ["broker", "vllm-0", "vllm-1", "vllm-2", "worker", "dispatcher", "gateway", "gateway-2"]
     assert [p.name for p in plan.parts] == names
     server = plan.parts[1]
     assert server.argv[server.argv.index("--max-model-len") + 1] == "2048"
