@@ -18,14 +18,24 @@ Two records, so a dispatcher that dies loses nothing and re-runs only what it ha
   dispatcher read again a decision behind an open one). Clients collapse answers by request id.
 
 Offsets refer to one log: when the broker loses its log (``log_lost``), the open attempts of
-those partitions hold their commit at 0 until they end.
+those partitions hold their commit at 0 until they end; a new consumer (``reconnected``)
+commits only past what it read itself, never an offset an earlier consumer read (that offset
+may belong to a log the broker has since lost: committed into the new log, it would skip the
+decisions written there before it).
+
+Ends are kept too, for a broker that loses its log: a ``Completion`` the broker acknowledged
+and lost before the store's consumer read it exists nowhere else, and no client resends for
+it (its answer came). ``recent_ends`` are the completions delivered in the last seconds, sent
+again (the same events: the store keeps each event id once) when the log is found lost;
+``log_restarted`` tells, from the ends the broker reports for ``tf.completions`` after a
+reconnect, whether it lost what it had acknowledged (a log's end never goes down otherwise).
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from infra.kafka.clients import TopicsMissing, partition_reader
@@ -48,6 +58,10 @@ class Ledger:
         self._read_to: dict[Any, int] = {}  # partition -> offset after the last decision read
         self._committed: dict[Any, int] = {}
         self._answers: OrderedDict[Key, Response] = OrderedDict()
+        self._ends: OrderedDict[str, tuple[float, Completion]] = (
+            OrderedDict()
+        )  # event id -> (delivered at, it)
+        self._ends_acked: dict[int, int] = {}  # tf.completions partition -> end of ours acknowledged
 
     @property
     def open_attempts(self) -> int:
@@ -65,14 +79,41 @@ class Ledger:
         """Every decision of ``partition`` before ``next_offset`` was read and handled."""
         self._read_to[partition] = next_offset
 
-    def delivered(self, events: Iterable[object]) -> None:
-        """These engine events reached the broker: a ``Completion`` closes its attempt; a
-        ``Response`` is kept as its answer."""
+    def delivered(self, events: Iterable[object], now: float | None = None) -> None:
+        """These engine events reached the broker: a ``Completion`` closes its attempt and is
+        kept (``recent_ends``); a ``Response`` is kept as its answer."""
+        now = time.time() if now is None else now
         for event in events:
             if isinstance(event, Completion):
                 self._open.pop((event.request_id, event.attempt), None)
+                self._ends[event.event_id] = (now, event)
+                self._ends.move_to_end(event.event_id)
+                while len(self._ends) > self.kept:
+                    self._ends.popitem(last=False)
             elif isinstance(event, Response):
                 self.keep(event)
+
+    def acknowledged_end(self, partition: int, offset: int) -> None:
+        """The broker acknowledged a completion of ours at ``offset`` of ``tf.completions``'
+        ``partition``."""
+        self._ends_acked[partition] = max(offset + 1, self._ends_acked.get(partition, 0))
+
+    def log_restarted(self, ends: Mapping[int, int]) -> bool:
+        """Whether the broker lost what it acknowledged: ``ends`` (partition -> end offset of
+        ``tf.completions`` now) below the end of a completion it acknowledged. Forgets the old
+        acknowledgements either way (the next ones are of the log as it is now)."""
+        lost = any(ends.get(p, 0) < end for p, end in self._ends_acked.items())
+        self._ends_acked.clear()
+        return lost
+
+    def recent_ends(self, since: float) -> list[Completion]:
+        """The completions delivered at or after ``since`` (wall clock), oldest first."""
+        return [event for at, event in self._ends.values() if at >= since]
+
+    def reconnected(self) -> None:
+        """A new consumer reads the decisions: commit only past what it reads (module docstring)."""
+        self._read_to.clear()
+        self._committed.clear()
 
     def keep(self, response: Response) -> None:
         key = (response.request_id, response.attempt)
@@ -108,6 +149,7 @@ class Ledger:
         for partition in lost:
             self._read_to.pop(partition, None)
             self._committed.pop(partition, None)
+        self._ends_acked.clear()  # (acknowledged by the log that is gone)
 
     async def recall(
         self, connection: KafkaConnection, lookback_s: float = LOOKBACK_S, idle_s: float = 1.0

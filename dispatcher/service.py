@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from dispatcher.elsewhere import RunElsewhere
@@ -95,6 +95,9 @@ class BrokerLost(KafkaError):  # type: ignore[misc]
 
 _BROKER_ERRORS = (KafkaError, OSError)  # TimeoutError is an OSError
 _MAX_BACKLOG = 200_000  # engine events kept for resending while the broker is away
+# How far back the completions are sent again when the broker lost its log: longer than the
+# store's consumer can lag behind the log on a busy machine (seconds, not minutes).
+_ENDS_RESENT_S = 60.0
 _SEND_FAILURES_BEFORE_RECONNECT = 3  # sends refused in a row (not timed out) before reconnecting
 
 
@@ -277,6 +280,9 @@ class _FleetLoop:
         self.ends_watch = None if ends is None else LogWatch(ends, "fleet's reader of the completions")
         liveness = _Liveness(consumer, self.reconnect_limits)
         next_heartbeat = time.time()
+        if self.reconnects:
+            self.ledger.reconnected()
+            await self._ends_again_if_lost()  # (before the backlog: it would move the ends)
         await self._send([])  # the backlog of the previous connection first
         while not stop.is_set():
             now = time.time()
@@ -306,6 +312,7 @@ class _FleetLoop:
                 )
                 await self.consumer.seek_to_beginning(*partitions)
                 self.ledger.log_lost(partitions)
+                self._ends_again()
             # One instant for the whole batch: decisions polled together reach the engines together.
             now = time.time()
             for tp, records in batches.items():
@@ -330,6 +337,22 @@ class _FleetLoop:
         await self._send(list(await self.engines.events(time.time())))
         if self.engines.open_requests:
             log.info("fleet stopping with %d attempts still running", self.engines.open_requests)
+
+    async def _ends_again_if_lost(self) -> None:
+        """After a reconnect: if the broker lost the completions it had acknowledged (a
+        restarted in-memory broker), send the recent ones again."""
+        partitions = await self.producer.partitions_for(COMPLETIONS.name)
+        tps = [TopicPartition(COMPLETIONS.name, p) for p in sorted(partitions or ())]
+        ends = await self.consumer.end_offsets(tps) if tps else {}
+        if self.ledger.log_restarted({tp.partition: offset for tp, offset in ends.items()}):
+            self._ends_again()
+
+    def _ends_again(self) -> None:
+        """Send the completions of the last ``_ENDS_RESENT_S`` again: the broker lost its log,
+        and with it those its consumers (the store's) had not read yet (``dispatcher/ledger.py``)."""
+        again = self.ledger.recent_ends(time.time() - _ENDS_RESENT_S)
+        log.warning("fleet: the broker lost its log; sending the last %d completions again", len(again))
+        self._again.extend(again)
 
     async def _dispatch(self, value: bytes | None, now: float, partition: Any, offset: int) -> None:
         try:
@@ -372,7 +395,7 @@ class _FleetLoop:
             return
         try:
             futures = [await send_event(self.producer, _TOPIC_OF[type(event)], event) for event in events]
-            await asyncio.wait_for(asyncio.gather(*futures), self.reconnect_limits.send_timeout_s)
+            acks = await asyncio.wait_for(asyncio.gather(*futures), self.reconnect_limits.send_timeout_s)
         except BaseException as exc:
             kept: list[EngineEvent | Heartbeat] = [e for e in events if not isinstance(e, Heartbeat)]
             self._backlog = kept[-_MAX_BACKLOG:]
@@ -389,6 +412,9 @@ class _FleetLoop:
             raise
         self._failed_sends = 0
         self.ledger.delivered(events)
+        for event, ack in zip(events, acks, strict=True):
+            if isinstance(event, Completion):
+                self.ledger.acknowledged_end(ack.partition, ack.offset)
         for event in events:
             self.sent[_TOPIC_OF[type(event)]] += 1
 

@@ -51,6 +51,7 @@ from schemas import topics
 from streams.app import create_app
 from streams.binding import LanePublisher, bind
 from streams.direct import DirectLane
+from streams.handoff import Handoff
 from streams.membership import Membership
 from streams.request_lane import RequestLane
 from streams.shared_log import SharedLog
@@ -162,6 +163,13 @@ def build_worker_app(
     if restored:
         log.warning("worker: %d decisions of its previous process restored from %s", restored, memory)
     app.conf.tokenfleet_keep_decisions = lambda: decision_memory.save(memory, service.answers())
+    handoff = Handoff(
+        connection,
+        topics.DECIDERS.name,
+        deciders_group(settings.app_id),
+        service.worker,
+        stale_after_s=settings.broker_session_timeout_s,
+    )
     lane = RequestLane(
         connection,
         topics.REQUESTS.name,
@@ -169,6 +177,7 @@ def build_worker_app(
         replay_topic=topics.ADMISSION.name,
         fetch_max_wait_ms=settings.request_fetch_max_wait_ms,
         max_batch=settings.request_batch_max,
+        handoff=handoff.released,
     )
     membership = Membership(
         connection,

@@ -32,8 +32,8 @@ from streams.shared_log import SharedLog
 class LanePublisher:
     """``agents.ports.Publisher`` through the request lane's producer: one record batch per
     partition, handed over in call order, so decisions made on a heartbeat and on a request
-    batch keep their order on ``tf.decisions``. Before the lane has started (during start-up)
-    events go through Faust's producer."""
+    batch keep their order on ``tf.decisions``. Before the lane's producer started (during
+    start-up) and after it stopped, events go through Faust's producer."""
 
     def __init__(self, app: faust.App, lane: RequestLane) -> None:
         self.app, self.lane = app, lane
@@ -42,7 +42,7 @@ class LanePublisher:
         messages = [(topics.key_of(spec, e), encode(e)) for e in events]
         if not messages:
             return asyncio.gather()
-        if self.lane.running:
+        if self.lane.sending:
             return await self.lane.send_many(spec.name, messages)
         sent = [await self.app.producer.send(spec.name, k, v, None, None, None) for k, v in messages]
         return asyncio.gather(*sent)
@@ -93,7 +93,9 @@ def bind(
         agents.service.worker,
         agents.service.scheduler,
         lambda: direct.address,
-        lambda: membership.partitions,
+        # What the lane reads: a lost partition is announced gone only once the lane let go of
+        # it (its decisions delivered), which is what the next owner waits for (streams.handoff).
+        lambda: lane.partitions,
         lane.partition_count,
     )
 
@@ -112,8 +114,10 @@ def bind(
         try:
             await asyncio.Event().wait()  # until the worker stops and cancels this task
         finally:
-            await announcer.stop()  # gateways ask the others from now on
+            await announcer.leave()  # gateways ask the others from now on
             await direct.stop()
             await membership.stop()  # leave the group first: the others take our partitions
+            await lane.stop_reading()  # (what it decided delivered and committed)
+            await announcer.stop()  # and let go of them: their next owners start (streams.handoff)
             await lane.stop()
             await shared.stop()

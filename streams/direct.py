@@ -159,8 +159,10 @@ Send = Callable[[topics.TopicSpec, list[Event]], Awaitable[Awaitable[object]]]
 
 
 class Announcer:
-    """Says on ``tf.deciders`` where this decider is and which partitions it owns: now, at every
-    change (``changed``), every ``ANNOUNCE_EVERY_S``, and ``leaving`` at the end."""
+    """Says on ``tf.deciders`` where this decider is and which partitions it owns (``partitions``:
+    those its request lane reads; ``streams.handoff`` relies on a lost one being announced gone
+    only after the lane let go of it): now, at every change (``changed``), every
+    ``ANNOUNCE_EVERY_S``, and ``leaving`` as it stops (``leave``, then ``stop``)."""
 
     def __init__(
         self,
@@ -182,13 +184,26 @@ class Announcer:
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run())
 
+    async def leave(self) -> None:
+        """Stop announcing and say ``leaving`` (gateways ask the others from now on), still
+        claiming the partitions the lane reads: it may still be deciding their requests."""
+        await self._cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._announce(leaving=True, claimed=self.partitions()), 2.0)
+
     async def stop(self) -> None:
+        """Say ``leaving``, claiming nothing: call it once the lane let go of its partitions
+        (their next owners wait for this: ``streams.handoff``)."""
+        await self._cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._announce(leaving=True), 2.0)
+
+    async def _cancel(self) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._announce(leaving=True), 2.0)
+            self._task = None
 
     async def _run(self) -> None:
         while True:
@@ -200,12 +215,15 @@ class Announcer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), ANNOUNCE_EVERY_S)
 
-    async def _announce(self, leaving: bool = False) -> None:
+    async def _announce(self, leaving: bool = False, claimed: set[int] | None = None) -> None:
+        """``claimed``: the partitions said (default: the lane's, or none when ``leaving``)."""
+        if claimed is None:
+            claimed = set() if leaving else self.partitions()
         event = DeciderAnnouncement(
             worker=self.worker,
             scheduler=self.scheduler,
             address=self.address(),
-            partitions=() if leaving else tuple(sorted(self.partitions())),
+            partitions=tuple(sorted(claimed)),
             partition_count=await self.partition_count(),
             leaving=leaving,
         )

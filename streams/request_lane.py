@@ -18,9 +18,12 @@ Exactly one decision per request, over restarts and rebalances (with the handler
   ``replay_topic`` (``tf.admission``, same partition number: both keyed by the request's
   affinity key) since that batch's first record was written are handed to ``on_replay``, so
   requests decided before and read again are recognised (found with ``offsets_for_times``; from
-  the partition's start if the broker cannot answer it). The replay waits ``handoff_grace_s``
-  first: a partition taken from a live worker may still have that worker's last decisions on
-  their way to the broker.
+  the partition's start if the broker cannot answer it);
+- a newly assigned partition is not read at all until ``handoff`` says its previous owner let
+  go of it (``streams.handoff``: the old owner may still be deciding its requests when the
+  group hands it over, and lets go only once its decisions are delivered); the lane's other
+  partitions are read meanwhile. Without a ``handoff`` the replay waits ``handoff_grace_s``
+  instead: a guess at how long a live old owner's last decisions take to reach the broker.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ Position = tuple[int, int]
 Handler = Callable[[Sequence[RawMessage], Sequence[Position]], Awaitable[Awaitable[object]]]
 """Decides on a batch and sends the results; returns an awaitable that completes on delivery."""
 Replay = Callable[[Sequence[RawMessage]], Awaitable[None]]
+Released = Callable[[set[int]], Awaitable[None]]
+"""Returns once no other decider reads these partitions any more (``streams.handoff.Handoff``)."""
 _REPLAY_MARGIN_MS = 5_000  # clock skew between the writers of requests and of decisions
 _REPLAY_LIMIT_S = 60.0
 
@@ -62,9 +67,13 @@ class RequestLane:
         commit_interval_s: float = 0.1,
         replay_topic: str | None = None,
         handoff_grace_s: float = 0.5,
+        handoff: Released | None = None,
     ) -> None:
         self.topic = topic
         self.handoff_grace_s = handoff_grace_s
+        self.handoff = handoff
+        self._fenced: set[int] = set()  # assigned, paused until their previous owner let go
+        self._fence: asyncio.Task[None] | None = None
         self.handler: Handler | None = None
         self.commit_floor: Callable[[], Mapping[int, int]] = dict
         self.replay_topic = replay_topic
@@ -86,6 +95,7 @@ class RequestLane:
         }
         self._consumer: Any = None
         self._producer: Any = None
+        self.sending = False  # its producer takes messages: from ``start`` until ``stop``
         self._partitioner = DefaultPartitioner()
         self._partition_cache: dict[tuple[bytes, int], int] = {}
         self._lock: asyncio.Lock | None = None  # held while a batch is in flight; rebalances wait
@@ -93,6 +103,8 @@ class RequestLane:
         self._task: asyncio.Task[None] | None = None
         self._wanted: set[int] = set()  # what the deciders' group gave us
         self._assigned: set[int] = set()  # what the consumer reads now
+        # Batches handed to the handler, delivery awaited, in read order (offsets to commit).
+        self._in_flight: deque[tuple[Awaitable[object], dict[Any, int]]] = deque()
         self._delivered: dict[Any, int] = {}  # offsets delivered, not yet committed
         self._committed_at = 0.0
         self.last_fetch_ok: float | None = None  # monotonic: the broker last answered our fetch
@@ -120,8 +132,15 @@ class RequestLane:
             **self._connection.client_options(), linger_ms=2, max_batch_size=1 << 20
         )
         await self._producer.start()
+        self.sending = True
         self._task = asyncio.create_task(self._run())
         self._task.add_done_callback(_report_crash)
+
+    @property
+    def partitions(self) -> set[int]:
+        """The partitions the lane reads now (a lost one only once its batches in flight were
+        delivered and committed; a new one before its hand-off fence opened)."""
+        return set(self._assigned)
 
     @property
     def running(self) -> bool:
@@ -130,7 +149,9 @@ class RequestLane:
 
     def healthy(self, max_age_s: float) -> bool:
         """Running, reading partitions, and the broker answered one of its fetches within
-        ``max_age_s`` (an empty answer counts: it is the broker saying there is nothing new)."""
+        ``max_age_s`` (an empty answer counts: it is the broker saying there is nothing new; a
+        partition waiting for its hand-off is not fetched, so a lane whose every partition
+        waits is not healthy yet)."""
         return (
             self.running
             and bool(self._assigned)
@@ -207,47 +228,87 @@ class RequestLane:
             self._partition_cache[(key, len(partitions))] = cached
         return int(cached)
 
-    async def stop(self) -> None:
+    async def stop_reading(self, grace_s: float = 2.0) -> None:
+        """Stop reading; deliver and commit the batches in flight (for up to ``grace_s``: a
+        broker that is away gets them read again by the partitions' next owners). The producer
+        still takes messages (``sending``) until ``stop``."""
+        if self._fence is not None:
+            self._fence.cancel()
+        if self._task is not None and self._lock is not None and not self._task.done():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._finish(), grace_s)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         if self._consumer is not None:
             await self._consumer.stop()
+            self._consumer = None
+
+    async def stop(self) -> None:
+        """``stop_reading`` (if not done yet), then stop the producer."""
+        await self.stop_reading()
+        self.sending = False
         if self._producer is not None:
             await self._producer.stop()
 
+    async def _finish(self) -> None:
+        assert self._lock is not None and self._task is not None
+        async with self._lock:  # (between two batches)
+            self._task.cancel()
+            await self._settle(keep=0)
+
     async def follow(self, partitions: set[int]) -> set[int]:
         """The deciders' group gave this worker ``partitions``: read them from now on. For the
-        partitions it lost, finish the batch in flight and commit what was delivered before
-        letting them go. Returns the lost partitions (their held requests must be let go too:
-        the new owner reads them again)."""
+        partitions it lost, await the delivery of every batch in flight and commit it before
+        letting them go (so the new owner starts past every request decided here, and the
+        consumer never commits a partition it no longer reads). Returns the lost partitions
+        (their held requests must be let go too: the new owner reads them again)."""
         lost = self._wanted - partitions
         self._wanted = set(partitions)
         if self._lock is not None and self._consumer is not None:
             async with self._lock:
                 if lost:
-                    await self._commit()
+                    await self._settle(keep=0)
                 if self._wanted != self._assigned:
                     self._assign(self._wanted)
         return lost
 
     def _assign(self, partitions: set[int]) -> None:
-        self._fresh = (self._fresh & partitions) | (partitions - self._assigned)
+        gained = partitions - self._assigned
+        self._fresh = (self._fresh & partitions) | gained
         self._assigned = set(partitions)
         self._consumer.assign([TopicPartition(self.topic, p) for p in sorted(partitions)])
         log.info("request lane reads %s partitions %s", self.topic, sorted(partitions))
+        if self.handoff is not None:
+            self._fenced = (self._fenced & partitions) | gained
+            if self._fence is not None:
+                self._fence.cancel()  # (a new assignment: one fence for all that still wait)
+                self._fence = None
+            if self._fenced:
+                # ``assign`` resumed every partition: pause again those still fenced.
+                self._consumer.pause(*(TopicPartition(self.topic, p) for p in sorted(self._fenced)))
+                self._fence = asyncio.create_task(self._open_fence(set(self._fenced)))
+
+    async def _open_fence(self, partitions: set[int]) -> None:
+        """Resume ``partitions`` once their previous owner let go of them."""
+        assert self.handoff is not None
+        await self.handoff(partitions)
+        opened = partitions & self._fenced & self._assigned
+        self._fenced -= partitions
+        if opened:
+            self._consumer.resume(*(TopicPartition(self.topic, p) for p in sorted(opened)))
 
     async def _run(self) -> None:
         """Fetch, handle, and commit batches once their output is delivered. Up to
         ``max_in_flight`` batches await delivery at once (the broker's round trip does not cap
         throughput); offsets are committed in order, each after its batch was delivered."""
         assert self._lock is not None
-        in_flight: deque[tuple[Awaitable[object], dict[Any, int]]] = deque()
+        in_flight = self._in_flight
         while True:
             async with self._lock:
                 if self._wanted != self._assigned:
-                    await self._settle(in_flight, keep=0)
+                    await self._settle(keep=0)
                     self._assign(self._wanted)
                 batches: dict[Any, list[Any]] = {}
                 if self._assigned:
@@ -262,18 +323,18 @@ class RequestLane:
                         assert self.handler is not None, "RequestLane.attach was not called"
                         delivered = await self.handler(messages, positions)
                     except Exception:
-                        await self._settle(in_flight, keep=0)
+                        await self._settle(keep=0)
                         await self._rewind(batches, len(messages))
                         continue
                     ends = {tp: records[-1].offset + 1 for tp, records in batches.items() if records}
                     in_flight.append((asyncio.ensure_future(delivered), ends))
-                    await self._settle(in_flight, keep=self.max_in_flight - 1)
+                    await self._settle(keep=self.max_in_flight - 1)
                 else:
-                    await self._settle(in_flight, keep=0)
+                    await self._settle(keep=0)
             if not messages:
                 await asyncio.sleep(0.005 if self._assigned else 0.05)
 
-    async def _settle(self, in_flight: deque[tuple[Awaitable[object], dict[Any, int]]], keep: int) -> None:
+    async def _settle(self, keep: int) -> None:
         """Take delivered batches in order, waiting for the oldest until at most ``keep`` remain;
         commit their offsets every ``commit_interval_s``, and always when nothing stays in flight.
 
@@ -281,6 +342,7 @@ class RequestLane:
         (tens of requests), and each commit is a broker request and a round trip the lane
         waits for. A worker that dies re-routes at most one interval of requests (at least
         once, as before)."""
+        in_flight = self._in_flight
         while in_flight and (len(in_flight) > keep or _done(in_flight[0][0])):
             delivered, ends = in_flight.popleft()
             await delivered
@@ -306,7 +368,8 @@ class RequestLane:
         self._fresh -= set(fresh)
         if self.replay_topic is None or self.on_replay is None:
             return
-        await asyncio.sleep(self.handoff_grace_s)
+        if self.handoff is None:  # (with a fence, the old owner's decisions are delivered by now)
+            await asyncio.sleep(self.handoff_grace_s)
         since_ms = max(0, min(fresh.values()) - _REPLAY_MARGIN_MS)
         started = time.monotonic()
         count = await self._replay(set(fresh), since_ms)

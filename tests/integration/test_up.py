@@ -119,7 +119,14 @@ def test_local_vllm_answers_the_openai_client_with_the_printed_key(
     up_s = time.monotonic() - started
     state = read_state(stack_dir)
     assert state is not None and state.phase == "ready"
-    assert [p.name for p in state.parts] == ["broker", "vllm-0", "worker", "dispatcher", "gateway", "gateway-2"]
+    assert [p.name for p in state.parts] == [
+        "broker",
+        "vllm-0",
+        "worker",
+        "dispatcher",
+        "gateway",
+        "gateway-2",
+    ]
     for part in state.parts:  # every address is in the table
         assert part.address in up.stdout
     base_url = re.search(r'base_url="([^"]+)"', up.stdout)

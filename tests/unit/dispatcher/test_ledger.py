@@ -52,3 +52,35 @@ def test_a_lost_log_holds_the_commit_of_what_is_open_at_zero() -> None:
     assert ledger.to_commit(["p0"]) == {"p0": 0}
     ledger.delivered([completion("a")])
     assert ledger.to_commit(["p0"]) == {"p0": 5}
+
+
+def test_a_new_consumer_never_commits_an_offset_an_earlier_one_read() -> None:
+    # The old consumer read p0 to 120 with attempts open at 100..; the broker restarted with an
+    # empty log and the consumer was replaced (a commit refused during the new group's
+    # rebalance). An attempt ending now must not commit 120 into the new log: the new consumer
+    # would start there and skip the decisions written at 0..119 since the restart.
+    ledger = Ledger()
+    ledger.started("a", 1, "p0", 100)
+    ledger.started("b", 1, "p0", 110)
+    ledger.read("p0", 120)
+    assert ledger.to_commit(["p0"]) == {"p0": 100}
+    ledger.reconnected()
+    ledger.delivered([completion("a"), completion("b")])
+    assert ledger.to_commit(["p0"]) == {}  # nothing read by the new consumer yet
+    ledger.read("p0", 30)  # the new log, from its start
+    assert ledger.to_commit(["p0"]) == {"p0": 30}
+
+
+def test_recent_ends_are_kept_and_a_restarted_log_is_recognised_by_its_ends() -> None:
+    ledger = Ledger(kept=3)
+    ledger.delivered([completion("a")], now=100.0)
+    ledger.delivered([completion("b"), completion("c")], now=150.0)
+    ledger.delivered([completion("d")], now=160.0)  # a is forgotten (3 kept)
+    assert [c.request_id for c in ledger.recent_ends(150.0)] == ["b", "c", "d"]
+    assert [c.request_id for c in ledger.recent_ends(155.0)] == ["d"]
+    ledger.acknowledged_end(0, 41)
+    ledger.acknowledged_end(1, 7)
+    assert not ledger.log_restarted({0: 42, 1: 9})  # the log grew: kept what it acknowledged
+    ledger.acknowledged_end(0, 41)
+    assert ledger.log_restarted({0: 3, 1: 9})  # partition 0 ends before our completion at 41
+    assert not ledger.log_restarted({0: 3})  # (the old acknowledgements are forgotten)
