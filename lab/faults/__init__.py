@@ -25,7 +25,10 @@ How each figure is counted (``null`` where it does not apply; ``lab.faults.tally
   published whose SHA-256 no dead letter carries (the fuzz and poison scenarios), and
   ``valid_dead_lettered`` the valid requests that were dead-lettered.
 - ``completions_stored``: distinct completion event ids in ClickHouse ``completions`` after the
-  run (read once the last worker stopped: the embedded engine admits one process at a time);
+  run (read once the last worker stopped: the embedded engine admits one process at a time;
+  the workers are stopped once the store's consumer group committed ``tf.completions`` to its
+  end, bounded: ``Run.store_caught_up``, so a store consumer still behind is waited for, not
+  counted as a loss);
   ``completions_expected``: distinct completion event ids seen on ``tf.completions`` (warm-up
   included: the store keeps those too).
 - ``routing_p99_s``: p99 (nearest rank) of decision record timestamp - request record
@@ -68,6 +71,49 @@ the last pill's acknowledgement); ``worker_kill``: kill -9 -> the replacement is
 After a broker restart the collector (the measuring apparatus, not the system under test)
 starts a new consumer from offset 0 of the new log, keeping what it saw before; the publisher's
 producer, the worker and the fleet are left to reconnect on their own.
+
+The gateway path (``gateway_*`` scenarios, ``lab.faults.gateway_harness``): each runs on a
+stack started as a user starts it (``lab.local.up``: ``tokenfleet up --engines emulated
+--servers 2 --policy slomax+tokenpilot``; ``gateway_vllm_engine_kill``: ``--engines local``,
+two vLLM CPU servers), brought down after; ~300 calls of the official ``openai`` client at
+concurrency 6 (``lab.faults.gateway_clients``: its timeouts and retries) go through the
+gateway while one part is killed by its pid in ``state.json`` and ``up``'s supervisor (or the
+worker's, for its decider) starts it again. The columns, for these: ``published``: (request
+id, attempt) the deciders recorded on ``tf.requests``; ``decided_*``, ``executed_twice``,
+``lost``, ``dead_lettered``, ``completions_*``, ``decided_not_executed``, ``recovered_s``:
+as above over those keys (the store: the stack's workers' embedded stores, read after
+``down``); ``routing_p99_s``: null (the direct lane records a request as its decision leaves);
+``never_answered``: calls whose client still waited when the run ended. The figures at the
+client (``lab.faults.gateway_tally``; a call is one ``create()`` under its own
+``x-request-id``, an attempt one HTTP try of it, an *answer start* an attempt answered 200):
+
+- ``calls``, ``calls_failed`` (the client raised after its own retries; ``failed_by``: what
+  it raised), ``client_retries`` (attempts beyond each call's first; ``retried_after``: what
+  the retried attempts got);
+- ``answered_twice``: call ids with more than one attempt answered 200;
+  ``answered_under_other_id``: answers not carrying their call's id;
+- ``blind_s`` / ``blind_longest_s``: seconds, from the fault on, in which calls waited (from
+  their start to their first answer start or their failure, back-off included) and no answer
+  start came for at least ``BLIND_AFTER_S`` (2 s): the stack could not answer;
+  ``resumed_s``: from the faulted part's return (``fault_end``) to the end of the last such
+  stretch (0: answers were flowing by then); ``answer_p99_s``: p99 of call start -> answer
+  start over the calls started from 1 s before the fault to 15 s after the part's return;
+- ``ready_200_while_blind_s`` / ``ready_503_while_answering_s``: seconds of the traffic in
+  which the gateway's ``/ready`` (polled every 0.25 s; no answer is not ready) said 200 while
+  blind, or not 200 while answers came; ``status_ready_while_blind_s``: seconds ``tokenfleet
+  status`` (``lab.local.refresh``, every 1 s) showed every part ready while blind;
+- ``engine_starts``: calls the engines started (emulated: ``/debug/served`` by request id;
+  vLLM: ``vllm:request_success_total``), over every engine process; ``attempts_placed``:
+  (request id, attempt) with a routing decision; ``engine_started_twice``: calls an engine
+  started more often than attempts of theirs were placed (an attempt ran twice; an attempt
+  re-placed after its engine died is a placement of its own); null when the engines cannot
+  name the calls (then ``engine_starts_beyond_placed``: the surplus of the totals);
+- per scenario: ``held`` / ``failed_held`` / ``failed_not_held`` / ``gateway_down_s``
+  (gateway_kill), ``survivor_gap_s`` / ``takeover_gap_s`` (gateway_two_deciders, as above),
+  ``decider_restarts_in_status``, ``log_end_at_kill_*`` / ``broker_down_s`` /
+  ``completions_missing_with_broker_log`` (gateway_broker_restart), ``p99_alone_s`` /
+  ``p99_held_s`` / ``p99_alone_again_s`` / ``slow_cut`` / ``slow_cut_after_s`` /
+  ``idle_cut_while_held`` (gateway_slow_clients), ``engine_processes_seen``.
 """
 
 from __future__ import annotations

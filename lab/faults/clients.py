@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
@@ -92,6 +93,19 @@ class Collector(stack.Collector):
 
     def decided(self, keys: set[Key]) -> int:
         return len({d.key for d in self.decisions if d.key in keys})
+
+    def dump(self, path: Path) -> None:
+        """Write what was collected, one JSON line per record (``kind`` first): the evidence
+        behind the figures, kept with the workers' logs in the run's data dir."""
+        with path.open("w") as out:
+            for d in self.decisions:
+                line = {"kind": "decision", "key": d.key, "at": d.at, "worker": d.worker}
+                out.write(json.dumps({**line, "event_id": d.event_id, "partition": d.partition}) + "\n")
+            for key, action in self.admissions:
+                out.write(json.dumps({"kind": "admission", "key": key, "action": action}) + "\n")
+            for key, event_id, status in self.completions:
+                line = {"kind": "completion", "key": key, "event_id": event_id, "status": status}
+                out.write(json.dumps(line) + "\n")
 
     def answered_admissions(self, keys: set[Key]) -> int:
         return len({key for key, _ in self.admissions if key in keys})

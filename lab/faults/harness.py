@@ -19,7 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
 from infra.clickhouse.client import connect
+from infra.clickhouse.topic_sink import store_group
 from lab.faults import FLEET, PARTITIONS, RATE_PER_S, log
 from lab.faults.clients import BrokerLog, Collector, Publisher
 from lab.faults.messages import valid_request
@@ -38,6 +41,7 @@ from lab.faults.tally import (
 from lab.stack import Stack, WorkerOptions
 from lab.worker_process import WorkerProcess
 from schemas.events import InferenceRequest
+from schemas.topics import COMPLETIONS
 
 
 @dataclass
@@ -118,12 +122,13 @@ class Run:
     async def steady(
         self, prefix: str, seconds: float, rate: float = RATE_PER_S, start_index: int = 0
     ) -> int:
-        """Valid requests at ``rate`` for ``seconds`` (sends never block the pace); returns the
-        next index."""
+        """``round(seconds * rate)`` valid requests at ``rate`` over ``seconds`` (sends never block
+        the pace; after a stall of this process the ones due are sent at once, the last ones
+        included, so every run sends as many); returns the next index."""
         assert self.publisher is not None
-        start, i = time.monotonic(), start_index
-        while (elapsed := time.monotonic() - start) < seconds:
-            due = start_index + int(elapsed * rate) + 1
+        start, i, end = time.monotonic(), start_index, start_index + round(seconds * rate)
+        while i < end:
+            due = min(end, start_index + int((time.monotonic() - start) * rate) + 1)
             while i < due:
                 self.publisher.request(self.valid(prefix, i))
                 i += 1
@@ -172,7 +177,8 @@ class Run:
     async def settle(self, timeout_s: float = 60.0) -> None:
         """Wait until every valid request is decided or rejected and every decided one has a
         completion (bounded, and given up after 15 s without progress), then a little longer so
-        anything decided or executed twice would show up."""
+        anything decided or executed twice would show up, then for the store
+        (``store_caught_up``)."""
         assert self.publisher is not None and self.collector is not None
         await self.publisher.flush()
         publisher, collector = self.publisher, self.collector
@@ -193,6 +199,49 @@ class Run:
         waiting = publisher.answers
         await self.until(lambda: waiting.waiting == 0, timeout_s, 25.0, lambda: waiting.waiting)
         await asyncio.sleep(3.0)
+        await self.store_caught_up(timeout_s)
+
+    async def store_caught_up(self, timeout_s: float, stall_s: float = 20.0) -> int | None:
+        """Wait until the store has every completion on ``tf.completions``: the store's consumer
+        group (``<app id>-store``) committed each partition to its end, and it commits only
+        what the store made durable (``infra.clickhouse.topic_sink``). Bounded, and given up
+        after ``stall_s`` without progress. Returns the completions not yet committed then
+        (``None``: the broker could not say).
+
+        Why: the workers are stopped right after, and the store is read once they stopped; a
+        store consumer still behind (on a busy machine, or rebalancing after a worker joined or
+        left) would leave rows on the log, not lost but not stored either: those are the
+        system's to store, not the judge's to miss."""
+        left: int | None = None
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap, group_id=store_group(self.app_id), enable_auto_commit=False
+        )
+        try:
+            await consumer.start()
+            tps = [TopicPartition(COMPLETIONS.name, p) for p in range(PARTITIONS)]
+
+            async def lag() -> int:
+                ends = await consumer.end_offsets(tps)
+                behind = 0
+                for tp in tps:
+                    committed = await consumer.committed(tp)
+                    behind += max(0, int(ends[tp]) - int(committed or 0))
+                return behind
+
+            deadline, last, last_change = time.monotonic() + timeout_s, -1, time.monotonic()
+            while (left := await lag()) > 0 and time.monotonic() < deadline:
+                if left != last:
+                    last, last_change = left, time.monotonic()
+                elif time.monotonic() - last_change > stall_s:
+                    break
+                await asyncio.sleep(0.5)
+        except Exception as exc:  # the figures say what was stored, whatever this could see
+            log(f"{self.name}: could not read the store's progress: {exc!r}")
+        finally:
+            await consumer.stop()
+        if left:
+            log(f"{self.name}: {left} completions not yet committed by the store's consumer")
+        return left
 
     # --- figures
 

@@ -10,18 +10,31 @@ from pathlib import Path
 from typing import Any
 
 from lab.faults import SCENARIO_LIMIT_S, log
+from lab.faults.gateway_harness import GatewayScenario, run_gateway_scenario
 from lab.faults.harness import Run
-from lab.faults.scenarios import NOTES, SCENARIOS
+from lab.faults.scenarios import NOTES, SCENARIOS, Scenario
+from lab.faults.stress import Stress
 from lab.faults.tally import FIGURES
 
 
-async def run_scenario(name: str, root: Path, inject_dir: Path | None = None) -> dict[str, Any]:
+async def run_scenario(
+    name: str, root: Path, inject_dir: Path | None = None, stress: int = 0
+) -> dict[str, Any]:
     """One scenario on a fresh broker and data dir (``root/name``): its figures, with ``error``
-    if it failed (its figures are then those so far) and ``seconds``; cancelled after
-    ``SCENARIO_LIMIT_S``. ``inject_dir``: the store-outage injection (``Run.inject_dir``)."""
+    if it failed (its figures are then those so far) and ``seconds``; cancelled
+    after ``SCENARIO_LIMIT_S``. ``inject_dir``: the store-outage injection (``Run.inject_dir``);
+    ``stress``: CPU burners running from before the stack starts until its figures are read
+    (``lab.faults.stress``)."""
     scenario = SCENARIOS[name]
     if scenario is None:
         return {**dict.fromkeys(FIGURES), "note": NOTES[name]}
+    with Stress(stress):
+        if isinstance(scenario, GatewayScenario):  # the gateway path: a stack as `up` starts it
+            return await run_gateway_scenario(name, scenario, root)
+        return await _run(name, scenario, root, inject_dir)
+
+
+async def _run(name: str, scenario: Scenario, root: Path, inject_dir: Path | None) -> dict[str, Any]:
     run = Run(name, root / name, inject_dir=inject_dir)
     run.data_dir.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
@@ -37,6 +50,8 @@ async def run_scenario(name: str, root: Path, inject_dir: Path | None = None) ->
     finally:
         await run.close()
     figures = run.figures()
+    if run.collector is not None:
+        run.collector.dump(run.data_dir / "collected.jsonl")
     try:
         stored = run.read_store()
         figures["completions_stored"] = None if stored is None else len(stored)
@@ -52,10 +67,11 @@ async def run_scenario(name: str, root: Path, inject_dir: Path | None = None) ->
 
 
 async def run_all(
-    names: Sequence[str], root: Path, inject_dir: Path | None = None
+    names: Sequence[str], root: Path, inject_dir: Path | None = None, stress: int = 0
 ) -> dict[str, dict[str, Any]]:
-    """The named scenarios one after another (never two at once: they share the machine)."""
+    """The named scenarios one after another (never two at once: they share the machine), each
+    with ``stress`` CPU burners beside it."""
     results: dict[str, dict[str, Any]] = {}
     for name in names:
-        results[name] = await run_scenario(name, root, inject_dir)
+        results[name] = await run_scenario(name, root, inject_dir, stress)
     return results

@@ -15,6 +15,7 @@ from bench.faults import INJECT_DIR, format_table
 from lab.faults.clients import BrokerLog, Collector, Decided, Publisher
 from lab.faults.harness import Run
 from lab.faults.messages import fuzzed_messages, poison_pills
+from lab.faults.stress import Stress
 from lab.faults.tally import (
     count_lost,
     missing_digests,
@@ -208,3 +209,17 @@ def test_the_handover_gaps_of_a_killed_decider() -> None:
     assert takeover == pytest.approx(4.0)
     assert longest_pause([1.0, 2.0], 0.0, 10.0) == pytest.approx(8.0)
     assert longest_pause([], 0.0, 3.0) == pytest.approx(3.0)
+
+
+def test_stress_runs_its_burners_only_inside_the_block() -> None:
+    with Stress(2) as stress:
+        processes = list(stress.processes)
+        assert len(processes) == 2 and all(p.poll() is None for p in processes)
+    assert all(p.returncode is not None for p in processes)  # killed and reaped
+    for process in processes:
+        with pytest.raises(ProcessLookupError):
+            os.kill(process.pid, 0)
+    with Stress(0) as idle:
+        assert idle.processes == []
+    with pytest.raises(ValueError):
+        Stress(-1)
