@@ -61,26 +61,29 @@ class CountedPrompts(Prompts):
         )
 
 
+def placed_on_e1(request: InferenceRequest, policy: str = "instant") -> RoutingDecision:
+    """The decision that runs ``request`` on instance ``e1``, the one engine."""
+    return RoutingDecision(
+        request_id=request.request_id,
+        attempt=request.attempt,
+        tenant=request.tenant,
+        model=request.model,
+        slo_class=request.slo_class or "interactive",
+        dc="local",
+        instance_id="e1",
+        policy=policy,
+        decision_latency_s=0.0,
+        request=request,
+    )
+
+
 class InstantDecider:
     """Places every request on instance ``e1`` at once (the direct lane's ``DirectDecider``)."""
 
     async def on_direct(self, value: bytes) -> tuple[DirectKey, asyncio.Future[Event]]:
         request = decode(InferenceRequest, value)
         answer: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
-        answer.set_result(
-            RoutingDecision(
-                request_id=request.request_id,
-                attempt=request.attempt,
-                tenant=request.tenant,
-                model=request.model,
-                slo_class=request.slo_class or "interactive",
-                dc="local",
-                instance_id="e1",
-                policy="instant",
-                decision_latency_s=0.0,
-                request=request,
-            )
-        )
+        answer.set_result(placed_on_e1(request))
         return (request.model, request.request_id, request.attempt), answer
 
     def on_direct_gone(self, key: DirectKey) -> None:

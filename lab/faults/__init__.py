@@ -87,7 +87,9 @@ as above over those keys (the store: the stack's workers' embedded stores, read 
 client (``lab.faults.gateway_tally``; a call is one ``create()`` under its own
 ``x-request-id``, an attempt one HTTP try of it, an *answer start* an attempt answered 200):
 
-- ``calls``, ``calls_failed`` (the client raised after its own retries; ``failed_by``: what
+- ``calls``, ``calls_failed`` (the client raised after its own retries; of them
+  ``calls_failed_mid_answer``: streamed calls whose stream broke after part of the answer had
+  reached the client, e.g. their engine was killed; ``failed_by``: what
   it raised), ``client_retries`` (attempts beyond each call's first; ``retried_after``: what
   the retried attempts got);
 - ``answered_twice``: call ids with more than one attempt answered 200;

@@ -168,10 +168,9 @@ class Callers:
         stream = await self.client.chat.completions.create(
             **common, stream=True, stream_options={"include_usage": True}
         )
-        ids: dict[str, None] = {}
-        async for chunk in stream:
-            ids.setdefault(chunk.id)
-        call.answer_ids.extend(ids)
+        async for chunk in stream:  # each id as it comes: a stream that breaks keeps what it had
+            if chunk.id not in call.answer_ids:
+                call.answer_ids.append(chunk.id)
 
     async def close(self) -> None:
         for task in list(self._tasks):

@@ -44,6 +44,7 @@ from lab.faults.gateway_tally import (
     engine_calls,
     failed,
     failed_by,
+    failed_mid_answer,
     lies,
     resumed_after,
     retries,
@@ -313,6 +314,7 @@ class GatewayRun:
             never_answered=unended(calls),
             calls=len(calls),
             calls_failed=failed(calls),
+            calls_failed_mid_answer=failed_mid_answer(calls),
             answered_twice=answered_twice(calls),
             answered_under_other_id=answered_under_other_id(calls),
             client_retries=n_retries,
@@ -446,39 +448,3 @@ def fit_open_files(needed: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if 0 <= soft < needed:
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed if hard < 0 else min(needed, hard), hard))
-
-
-async def run_gateway_scenario(name: str, scenario: GatewayScenario, root: Path) -> dict[str, Any]:
-    """One gateway scenario on a fresh stack in ``root/name``: its figures, with ``error`` if it
-    failed (its figures are then those so far) and ``seconds``."""
-    from lab.faults import SCENARIO_LIMIT_S
-
-    run = GatewayRun(name, root / name, engines=scenario.engines, servers=scenario.servers)
-    run.data_dir.mkdir(parents=True, exist_ok=True)
-    began = time.monotonic()
-    error = ""
-    log(f"{name}: starting (stack {run.stack_dir})")
-    try:
-        await run.start()
-        await asyncio.wait_for(scenario.body(run), timeout=SCENARIO_LIMIT_S)
-        await asyncio.sleep(3.0)  # anything decided, executed or answered twice shows up
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"[:2000]
-        log(f"{name}: failed: {error}")
-    finally:
-        await run.close()
-    figures = run.figures()
-    with contextlib.suppress(Exception):
-        run.dump(run.data_dir / "client.json")
-    try:
-        stored = await asyncio.to_thread(run.read_store)
-        figures["completions_stored"] = None if stored is None else len(stored)
-        if stored is not None:
-            figures.update(run.missing_completions(stored))
-    except Exception as exc:
-        figures["store_error"] = f"{type(exc).__name__}: {exc}"[:500]
-    if error:
-        figures["error"] = error
-    figures["seconds"] = round(time.monotonic() - began, 1)
-    log(f"{name}: done in {figures['seconds']:.0f} s: {json.dumps(figures)}")
-    return figures

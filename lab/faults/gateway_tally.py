@@ -58,6 +58,13 @@ def failed(calls: Iterable[Call]) -> int:
     return sum(1 for c in calls if c.outcome == "failed")
 
 
+def failed_mid_answer(calls: Iterable[Call]) -> int:
+    """Streamed calls that failed after part of their answer reached the client (its engine died
+    while it answered: what the client already has cannot be taken back, so the gateway ends
+    the stream with an error event instead of running the call again)."""
+    return sum(1 for c in calls if c.outcome == "failed" and c.streamed and c.answer_ids)
+
+
 def unended(calls: Iterable[Call]) -> int:
     """Calls neither answered nor failed by the end of the run (their client still waited)."""
     return sum(1 for c in calls if not c.outcome)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from lab.faults import SCENARIO_LIMIT_S, log
-from lab.faults.gateway_harness import GatewayScenario, run_gateway_scenario
+from lab.faults.gateway_harness import GatewayRun, GatewayScenario
 from lab.faults.harness import Run
 from lab.faults.scenarios import NOTES, SCENARIOS, Scenario
 from lab.faults.stress import Stress
@@ -49,11 +50,45 @@ async def _run(name: str, scenario: Scenario, root: Path, inject_dir: Path | Non
             log(f"{name}: last worker's log tail:\n{worker.log()[-1500:]}")
     finally:
         await run.close()
-    figures = run.figures()
     if run.collector is not None:
         run.collector.dump(run.data_dir / "collected.jsonl")
+    return await _closed(name, run, error, began)
+
+
+async def run_gateway_scenario(name: str, scenario: GatewayScenario, root: Path) -> dict[str, Any]:
+    """One gateway scenario on a fresh stack in ``root/name``: its figures, with ``error`` if it
+    failed (its figures are then those so far) and ``seconds``."""
+    run = GatewayRun(name, root / name, engines=scenario.engines, servers=scenario.servers)
+    run.data_dir.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    error = ""
+    log(f"{name}: starting (stack {run.stack_dir})")
     try:
-        stored = run.read_store()
+        await run.start()
+        await asyncio.wait_for(scenario.body(run), timeout=SCENARIO_LIMIT_S)
+        await asyncio.sleep(3.0)  # anything decided, executed or answered twice shows up
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+        log(f"{name}: failed: {error}")
+    finally:
+        await run.close()
+    with contextlib.suppress(Exception):
+        run.dump(run.data_dir / "client.json")
+    return await _closed(name, run, error, began)
+
+
+class _Judged(Protocol):
+    def figures(self) -> dict[str, Any]: ...
+    def read_store(self) -> Any: ...
+    def missing_completions(self, stored: Any) -> dict[str, Any]: ...
+
+
+async def _closed(name: str, run: _Judged, error: str, began: float) -> dict[str, Any]:
+    """The figures of a run that has stopped: what was seen, what the store kept (read once
+    every process that held it stopped), ``error`` if it failed and ``seconds``; logged."""
+    figures = run.figures()
+    try:
+        stored = await asyncio.to_thread(run.read_store)
         figures["completions_stored"] = None if stored is None else len(stored)
         if stored is not None:
             figures.update(run.missing_completions(stored))

@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from lab.faults.gateway_harness import GatewayRun, GatewayScenario, run_gateway_scenario
+from lab.faults.gateway_harness import GatewayRun, GatewayScenario
+from lab.faults.suite import run_gateway_scenario
 
 
 async def _short_engine_kill(run: GatewayRun) -> None:
@@ -28,8 +29,10 @@ def test_an_engine_killed_under_gateway_calls_costs_no_call(tmp_path: Path) -> N
     )
     assert "error" not in figures, figures
     assert figures["calls"] == 60
-    # The gateway re-places what the dead engine held: no call fails, none is answered twice.
-    assert figures["calls_failed"] == 0, figures
+    # The gateway re-places what the dead engine held: no call fails but a streamed one whose
+    # answer the engine had begun (what the client has cannot be taken back); none is answered
+    # twice.
+    assert figures["calls_failed"] == figures["calls_failed_mid_answer"] <= 2, figures
     assert figures["never_answered"] == 0
     assert figures["answered_twice"] == 0 and figures["answered_under_other_id"] == 0
     # The bus and the store agree with the client.

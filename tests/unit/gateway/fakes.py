@@ -24,6 +24,7 @@ from infra import metrics
 from infra.kafka.connection import KafkaConnection
 from infra.prompts import PromptError, Prompts
 from infra.vllm.inventory import parse_inventory
+from lab.gateway_alone import placed_on_e1
 from schemas.codec import decode, encode
 from schemas.events import (
     AdmissionDecision,
@@ -117,18 +118,7 @@ class CountingPrompts(Prompts):
 
 def place(request: InferenceRequest) -> Answer:
     """The scheduler's answer: run it on the one engine."""
-    return RoutingDecision(
-        request_id=request.request_id,
-        attempt=request.attempt,
-        tenant=request.tenant,
-        model=request.model,
-        slo_class=request.slo_class or "interactive",
-        dc="local",
-        instance_id="e1",
-        policy="fake",
-        decision_latency_s=0.0,
-        request=request,
-    )
+    return placed_on_e1(request, policy="fake")
 
 
 class FakeDecider:

@@ -18,6 +18,7 @@ from lab.faults.gateway_tally import (
     engine_calls,
     failed,
     failed_by,
+    failed_mid_answer,
     held_at,
     lies,
     resumed_after,
@@ -162,3 +163,12 @@ def test_held_calls_are_those_in_the_gateway_at_the_kill() -> None:
         Call("streaming", True, 2.0, 15.0, "failed", "x", attempts=[Attempt(2.0, 3.0, 200)]),
     ]
     assert held_at(calls, 10.0) == {"in", "streaming"}
+
+
+def test_a_streamed_call_that_broke_mid_answer_is_told_apart_from_other_failures() -> None:
+    broke = Call(
+        "a", streamed=True, started=0.0, outcome="failed", error="APIError", answer_ids=["chatcmpl-a"]
+    )
+    refused = Call("b", streamed=True, started=0.0, outcome="failed", error="APIConnectionError")
+    whole = Call("c", streamed=False, started=0.0, outcome="failed", error="APIError")
+    assert failed([broke, refused, whole]) == 3 and failed_mid_answer([broke, refused, whole]) == 1
