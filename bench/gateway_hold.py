@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -45,20 +44,20 @@ from typing import Any
 
 from gateway.server import GatewayOptions
 from infra.kafka.broker import free_port
-from lab.gateway_hold import HoldOptions, measure
+from lab.gateway_hold import HoldOptions, fit_open_files, measure
 
 
 def _fit_open_files(needed: int) -> dict[str, int]:
-    """Raise this process's soft open-file limit to ``needed`` (up to the hard limit)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    raised = soft
-    if 0 <= soft < needed:
-        raised = needed if hard < 0 else min(needed, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
-        print(f"raised this process's soft open-file limit from {soft} to {raised}", file=sys.stderr)
-    if 0 <= raised < needed:
-        raise SystemExit(f"{needed} open files needed, the hard limit is {hard}: ulimit -Hn")
-    return {"soft_before": soft, "soft": raised, "hard": hard}
+    """``lab.gateway_hold.fit_open_files``, said on stderr; exits if the hard limit is short."""
+    limit = fit_open_files(needed)
+    if limit["soft"] != limit["soft_before"]:
+        print(
+            f"raised this process's soft open-file limit from {limit['soft_before']} to {limit['soft']}",
+            file=sys.stderr,
+        )
+    if 0 <= limit["soft"] < needed:
+        raise SystemExit(f"{needed} open files needed, the hard limit is {limit['hard']}: ulimit -Hn")
+    return limit
 
 
 def _print(report: dict[str, Any]) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import statistics
 import sys
 import time
@@ -36,6 +37,17 @@ from lab.measure import percentile_ms
 WARM_UP_CALLS = 200
 SLOW_HEADERS = b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nX-Slow: "
 CUT_REASONS = ("header_timeout", "idle", "over_cap")
+
+
+def fit_open_files(needed: int) -> dict[str, int]:
+    """Raise this process's soft open-file limit to ``needed`` (up to the hard limit, never
+    lower); the limits before and after (``soft_before``, ``soft``, ``hard``)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    raised = soft
+    if 0 <= soft < needed:
+        raised = needed if hard < 0 else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+    return {"soft_before": soft, "soft": raised, "hard": hard}
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import resource
 import signal
 import subprocess
 import time
@@ -29,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra.clickhouse.client import connect
 from infra.kafka.broker import free_port
 from infra.settings import Settings
 from lab.faults import log
@@ -52,6 +50,7 @@ from lab.faults.gateway_tally import (
     unended,
     wait_p99,
 )
+from lab.faults.harness import stored_completions
 from lab.faults.tally import FIGURES, Key, count_lost, once_and_twice, recovered_after, rounded, tally
 from lab.local import UpOptions, down, up
 from lab.local.plan import Plan
@@ -400,17 +399,7 @@ class GatewayRun:
 
     def read_store(self) -> set[str] | None:
         """Completion event ids in the embedded stores of the stack's workers (after ``down``)."""
-        found: set[str] | None = None
-        for path in sorted({self.data_dir / "data" / "clickhouse", self.data_dir / "second" / "clickhouse"}):
-            if not path.exists():
-                continue
-            client = connect(f"chdb:///{path.resolve()}")
-            try:
-                rows = client.query("SELECT DISTINCT event_id FROM completions").result_rows
-            finally:
-                client.close()
-            found = (found or set()) | {str(row[0]) for row in rows}
-        return found
+        return stored_completions(self.data_dir / d / "clickhouse" for d in ("data", "second"))
 
     def missing_completions(self, stored: set[str]) -> dict[str, int]:
         """Completions seen on ``tf.completions`` and not stored; after a broker restart, also how
@@ -441,10 +430,3 @@ class GatewayScenario:
     body: GatewayBody
     engines: str = "emulated"
     servers: int = 2
-
-
-def fit_open_files(needed: int) -> None:
-    """Raise this process's soft open-file limit to ``needed`` (up to the hard limit)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if 0 <= soft < needed:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (needed if hard < 0 else min(needed, hard), hard))

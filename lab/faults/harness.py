@@ -14,7 +14,7 @@ import asyncio
 import os
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -365,16 +365,23 @@ class Run:
         run, the embedded engine locks its directory)."""
         if any(w.process.poll() is None for w in self.workers):
             raise RuntimeError("a worker still runs: the embedded store is locked")
-        paths = {(d / "clickhouse").resolve() for d in [self.data_dir, *(w.data_dir for w in self.workers)]}
-        found: set[str] | None = None
-        for path in sorted(p for p in paths if p.exists()):
-            client = connect(f"chdb:///{path}")
-            try:
-                rows = client.query("SELECT DISTINCT event_id FROM completions").result_rows
-            finally:
-                client.close()
-            found = (found or set()) | {str(row[0]) for row in rows}
-        return found
+        return stored_completions(
+            d / "clickhouse" for d in [self.data_dir, *(w.data_dir for w in self.workers)]
+        )
+
+
+def stored_completions(stores: Iterable[Path]) -> set[str] | None:
+    """Completion event ids in the embedded stores at ``stores`` (those that exist; ``None``:
+    none does). Each is opened alone: the embedded engine locks its directory."""
+    found: set[str] | None = None
+    for path in sorted({p.resolve() for p in stores if p.exists()}):
+        client = connect(f"chdb:///{path}")
+        try:
+            rows = client.query("SELECT DISTINCT event_id FROM completions").result_rows
+        finally:
+            client.close()
+        found = (found or set()) | {str(row[0]) for row in rows}
+    return found
 
 
 async def started(run: Run, warm_up: bool = True) -> WorkerProcess:

@@ -7,9 +7,9 @@ import asyncio
 import time
 from urllib.parse import urlsplit
 
-from lab.faults.gateway_harness import GatewayRun, GatewayScenario, fit_open_files
+from lab.faults.gateway_harness import GatewayRun, GatewayScenario
 from lab.faults.gateway_tally import wait_p99
-from lab.gateway_hold import Holders, HoldOptions
+from lab.gateway_hold import Holders, HoldOptions, fit_open_files
 
 PHASE_CALLS = 100
 PHASE_S = 30.0
