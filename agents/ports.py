@@ -1,6 +1,6 @@
-"""What the streaming agents need from the outside, as small interfaces the bootstrap fills in.
+"""What the streaming agents need from the outside, as small interfaces the wiring fills in.
 
-The worker bootstrap (``infra/bootstrap.py``) provides the Faust-table-backed ``InstanceState``
+The worker's wiring (``worker/wiring.py``) provides the Faust-table-backed ``InstanceState``
 (``streams/snapshot.py``), the Kafka ``Publisher`` (``streams/binding.py``) and a
 Prometheus-backed ``Telemetry``; the functional tests inject fakes (``tests/functional/fakes.py``).
 There is no store port: the agents never write rows; the store is fed from the topics

@@ -40,7 +40,7 @@ from agents.convert import (
     request_view,
 )
 from agents.policy import Scheduler, build_scheduler
-from agents.policy.pipeline import HoldLimits
+from agents.policy.pools import HoldLimits
 from agents.policy.registry import StageParams
 from agents.policy.types import ClusterView, Outcome, empty_view
 from schemas.events import (
@@ -105,11 +105,13 @@ class RoutingService:
         make_scheduler: Callable[[str], Scheduler] | None = None,
         max_pools: int = 1024,
         scheduler: str = "",
+        log_delay_s: float = 0.0,
     ) -> None:
         """``make_scheduler`` builds each pool's scheduler (default: ``policy`` from the registry,
         with ``params`` and ``hold``); tests inject their own stages through it. ``scheduler``:
         the name every decision carries (the deciders' consumer group), so another scheduler on
-        the same topics can tell it is not alone."""
+        the same topics can tell it is not alone. ``log_delay_s``: how late this decider reads the
+        other deciders' decisions from the log (``Scheduler.decide_in_lane``; 0 defers nothing)."""
         probe = build_scheduler(policy, seed, params)  # fail fast on an unknown name or parameter
         self.wants_holds = probe.wants_holds  # whether the other deciders' holds matter here
         self.make_scheduler = make_scheduler or (lambda _pool: build_scheduler(policy, seed, params, hold))
@@ -119,6 +121,7 @@ class RoutingService:
         self.remembered = remembered
         self.max_pools = max_pools
         self.scheduler = scheduler
+        self.log_delay_s = log_delay_s
         self._pools: dict[str, _Pool] = {}
 
     def scheduler_for(self, pool: str) -> Scheduler:
@@ -345,7 +348,7 @@ class RoutingService:
             if now - seen > LANE_MEMORY_S:
                 del state.deciders[worker]
         deciders = self._deciders(state)
-        state.scheduler.decide_in_lane(deciders.index(self.worker), len(deciders))
+        state.scheduler.decide_in_lane(deciders.index(self.worker), len(deciders), self.log_delay_s)
 
     def _deciders(self, state: _Pool) -> list[str]:
         """The pool's deciders in lane order: this worker and those seen (``_find_lane``)."""

@@ -49,6 +49,16 @@ WORKLOADS = (
     Workload("Mooncake, arrivals spread 3 s", "sim/traces/mooncake/conversation_trace.jsonl", 3.0, 2.4),
     Workload("synthetic mix", "synthetic:duration_s=1800", 0.0, 3.0),
 )
+HELD_OUT = (
+    Workload("Mooncake, arrivals spread 1 s", "sim/traces/mooncake/conversation_trace.jsonl", 1.0, 2.2),
+    Workload("Azure code", "sim/traces/azure/AzureLLMInferenceTrace_code.csv", 0.0, 3.0),
+    Workload("Azure conversation", "sim/traces/azure/AzureLLMInferenceTrace_conv.csv", 0.0, 3.0),
+    Workload("synthetic, sharp bursts", "synthetic:duration_s=1800,burst_factor=6,mean_phase_s=20", 0.0, 2.0),
+    Workload(
+        "synthetic, slow waves", "synthetic:duration_s=1800,burst_factor=1.5,mean_phase_s=300", 0.0, 3.0
+    ),
+)
+"""Workloads the several-decider rules were not tuned on (judged with other seeds too)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--deciders", type=_numbers, default=[2, 4], help="deciders per pool (e.g. 2,4)")
     parser.add_argument("--splits", default="affinity,random", help=f"splits among {', '.join(SPLITS)}")
     parser.add_argument("--policy", action="append", help="policies (default: tokenpilot, slomax+tokenpilot)")
-    parser.add_argument("--workload", action="append", choices=[w.label for w in WORKLOADS], help="workloads")
+    parser.add_argument(
+        "--workload", action="append", choices=[w.label for w in WORKLOADS + HELD_OUT], help="workloads"
+    )
+    parser.add_argument("--held-out", action="store_true", help="the held-out workloads instead")
     parser.add_argument("--precision", type=float, default=0.01)
     parser.add_argument("--decision-log-delay", type=float, default=DECISION_LOG_DELAY_S)
     parser.add_argument("--seed", type=int, default=0)
@@ -114,7 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown split(s) {', '.join(sorted(unknown))}; known: {', '.join(SPLITS)}")
     if any(n < 2 for n in args.deciders):
         parser.error("--deciders lists counts of at least 2 (one decider is always measured)")
-    workloads = [w for w in WORKLOADS if not args.workload or w.label in args.workload]
+    listed = HELD_OUT if args.held_out else WORKLOADS
+    workloads = [w for w in WORKLOADS + HELD_OUT if w.label in args.workload] if args.workload else listed
     cells = [
         Cell(workload, policy, n, split)
         for workload in workloads

@@ -66,8 +66,8 @@ from infra.vllm.inventory import dump_inventory, load_inventory
 from lab.engine_stack import StackOptions, worker_options
 from lab.measure import bucket_delta, cpu_seconds, histogram_quantile, scrape_buckets
 from lab.stack import Stack
-from lab.tiny_model import ensure_tiny_model
-from lab.vllm_launcher import VllmServers, server_specs
+from local.tiny_model import ensure_tiny_model
+from local.vllm_launcher import VllmServers, server_specs
 from schemas.codec import DecodeError, decode
 from schemas.events import MAX_PROMPT_CHARS, InferenceRequest, RoutingDecision
 from schemas.topics import DECISIONS

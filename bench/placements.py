@@ -47,7 +47,9 @@ def measure(requests: int, batch: int, log_delay_s: float, policy: str, seed: in
         cache.record(beat.model_copy(update={"ts": start}))
     pool = idle_instances()[0].model
     factory = RequestFactory(seed=seed)
-    deciders = [RoutingService(policy, seed=seed, worker=name) for name in ("a:1", "b:1")]
+    deciders = [
+        RoutingService(policy, seed=seed, worker=name, log_delay_s=log_delay_s) for name in ("a:1", "b:1")
+    ]
     for decider in deciders:  # (first decisions: compiled kernels loaded, arrays sized)
         decider.route(pool, [factory.request(f"warm-{decider.worker}")], cache.view(pool), start)
     unread: list[list[tuple[float, bytes]]] = [[], []]  # per decider: (readable at, record)

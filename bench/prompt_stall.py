@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from infra.prompts import Prompts
-from lab.tiny_model import ensure_tiny_model
+from local.tiny_model import ensure_tiny_model
 from schemas.events import InferenceRequest
 
 MODEL = "tiny-llama"

@@ -1,9 +1,11 @@
 """``tokenfleet`` command line: the composition root that wires workloads, fleets and policies.
 
 The commands live by job: ``cli.simulator`` (simulate, capacity, tail, report, generate),
-``cli.service`` (worker, fleet, gateway, loadgen, batch), ``cli.store`` (sql, db, slomax,
-schemas), ``cli.demo``; ``cli.options`` holds what they share. This module registers them on the
-typer ``app`` and runs it (``main``).
+``cli.service`` (worker, fleet, gateway), ``cli.traffic`` (loadgen, batch), ``cli.store`` (sql,
+db, slomax, schemas), ``cli.up`` (up, status, down); ``cli.options`` holds what they share.
+This module registers them on the typer ``app`` and runs it (``main``). Every command runs
+from the installed wheel alone: the command line never imports the lab (the demo is
+``python -m lab.demo_cli``).
 
 Errors in what the user passed (unknown flag or policy, bad fleet, unreadable trace or policy
 config, a number out of range, NaN or infinite) print one line naming the problem and exit
@@ -24,7 +26,7 @@ try:  # recent typer carries its own copy of click
 except ImportError:  # older typer runs on click itself
     from click.exceptions import ClickException, UsageError  # type: ignore[assignment]
 
-from cli import demo, service, simulator, store, traffic, up
+from cli import service, simulator, store, traffic, up
 from cli.options import error
 
 app = typer.Typer(
@@ -48,7 +50,6 @@ for name, command in (
     ("gateway", service.gateway),
     ("loadgen", traffic.loadgen),
     ("sql", store.sql),
-    ("demo", demo.demo),
     ("up", up.up),
     ("status", up.status),
     ("down", up.down),

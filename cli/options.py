@@ -197,15 +197,16 @@ def sim_config(
 
 
 def load_settings(policy: str | None = None) -> Any:
-    """The settings (environment, ``.env``), with ``policy`` in force if given and known."""
-    from infra.settings import Settings
+    """Every command's settings, with ``policy`` in force if given and known; a bad value or
+    settings file is a one-line ``ConfigError`` (a ``ValueError``: exit 2, ``cli.main``)."""
+    from infra.settings import read_settings
 
     if policy is None:
-        return Settings()
+        return read_settings()
     from agents.policy.registry import parse_policy
 
     parse_policy(policy)  # an unknown name is a one-line error here, not deep in the worker
-    return Settings(policy=policy)
+    return read_settings(policy=policy)
 
 
 def require_broker(settings: Any, embedded: bool | None) -> None:

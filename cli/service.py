@@ -34,7 +34,7 @@ def worker(
     Example:
       tokenfleet worker --policy tokenpilot --loglevel info
     """
-    from infra.bootstrap import policy_params
+    from worker.scheduling import policy_params
     from worker.supervisor import run_worker
 
     settings = load_settings(policy)
@@ -84,14 +84,14 @@ def fleet_command(
       TOKENFLEET_KAFKA_BOOTSTRAP=localhost:9092 tokenfleet fleet --fleet 2xllama3-8b-h100 --speed 10
     """
     from dispatcher.main import serve
-    from infra.bootstrap import kafka_connection
+    from infra.kafka.bus import kafka_connection
 
     settings = load_settings()
     engines: Any = fleet
     lengths = None
     if workload is not None:
-        from lab.loadgen import workload_output_tokens
         from sim.workloads.sources import open_workload
+        from traffic.loadgen import workload_output_tokens
 
         lengths = workload_output_tokens(open_workload(workload, seed=seed))
     if engine == "vllm":
@@ -121,7 +121,9 @@ def gateway(
     host: Annotated[
         str | None, typer.Option("--host", metavar="ADDR", help="default: TOKENFLEET_HTTP_HOST")
     ] = None,
-    port: Annotated[int, typer.Option("--port", metavar="N", callback=whole(1, 65535))] = 8000,
+    port: Annotated[
+        int, typer.Option("--port", metavar="N", help="0: any free port (logged)", callback=whole(0, 65535))
+    ] = 8000,
     decision_timeout: Annotated[
         float,
         typer.Option(
@@ -158,9 +160,11 @@ def gateway(
     """
     from gateway.auth import Authenticator
     from gateway.server import Gateway, GatewayOptions, serve
-    from infra.bootstrap import kafka_connection
+    from infra.kafka.bus import kafka_connection
     from infra.prompts import Prompts
 
+    if port == 0 and reuse_port:
+        raise typer.BadParameter("processes sharing a port need its number, not 0", param_hint="--reuse-port")
     settings = load_settings()
     classes = frozenset(settings.slo_classes)  # callers' keys: TOKENFLEET_API_KEYS (gateway/auth.py)
     auth = Authenticator.from_settings(settings.api_keys, settings.trust_tenant_header, classes)

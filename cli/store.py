@@ -145,11 +145,20 @@ def sql(
 
 
 def _open_store(url: str) -> Any:
-    """A client on the store at ``url``; a store that cannot be opened is one line (exit 2)."""
+    """A client on the store at ``url``; a store that cannot be opened is one line (exit 2), and so
+    is an embedded store another process holds (the worker of a running stack: the engine admits
+    one process at a time)."""
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
-    from infra.clickhouse.client import connect
+    from infra.clickhouse.client import connect, held_by_another_process
 
+    held = held_by_another_process(url)
+    if held is not None:
+        raise ValueError(
+            f"the embedded store {held} is held by a running process (the worker of `tokenfleet up` or "
+            "`tokenfleet worker`; one process at a time): query it once that stopped (`tokenfleet down`), "
+            "or give the stack a ClickHouse server (TOKENFLEET_CLICKHOUSE_DSN) to query while it runs"
+        )
     try:
         return connect(url)
     except ClickHouseError as exc:

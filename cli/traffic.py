@@ -77,9 +77,9 @@ def loadgen(
     Example:
       TOKENFLEET_KAFKA_BOOTSTRAP=localhost:9092 tokenfleet loadgen --workload synthetic --duration 60
     """
-    from infra.bootstrap import kafka_connection
-    from lab.loadgen import publish_and_await, publish_workload
+    from infra.kafka.bus import kafka_connection
     from sim.workloads.sources import open_workload
+    from traffic.loadgen import publish_and_await, publish_workload
 
     settings = load_settings()
     require_broker(settings, embedded)
@@ -114,14 +114,16 @@ def batch_submit(
     Example:
       TOKENFLEET_KAFKA_BOOTSTRAP=localhost:9092 tokenfleet batch submit jobs.jsonl --deadline 30m
     """
-    from infra.bootstrap import kafka_connection
-    from lab.loadgen import parse_duration, submit_batch
+    from infra.kafka.bus import kafka_connection
+    from traffic.loadgen import parse_duration, publish_batch, read_batch_job
 
     deadline_s = parse_duration(deadline)
+    # The file is read (and a bad one named) before the broker is looked for.
+    job = read_batch_job(Path(file), deadline_s, model=model)
     settings = load_settings()
     require_broker(settings, embedded)
     with kafka_connection(settings) as connection:
-        job = asyncio.run(submit_batch(connection, Path(file), deadline_s, model=model))
+        asyncio.run(publish_batch(connection, job))
     print(f"submitted batch job {job.job_id}: {len(job.requests)} requests, deadline in {deadline_s:.0f} s")
 
 
@@ -145,8 +147,8 @@ def batch_results(
     Example:
       TOKENFLEET_KAFKA_BOOTSTRAP=localhost:9092 tokenfleet batch results JOB --out answers.jsonl
     """
-    from infra.bootstrap import kafka_connection
     from infra.kafka.batches import collect_results
+    from infra.kafka.bus import kafka_connection
 
     settings = load_settings()
     require_broker(settings, embedded=None)

@@ -1,8 +1,9 @@
 """``tokenfleet up``, ``status`` and ``down``: a whole TokenFleet on this machine, supervised
-(``lab.local`` does the work)."""
+(the ``local`` package does the work)."""
 
 from __future__ import annotations
 
+import sys
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -10,6 +11,8 @@ from typing import Annotated, Any
 import typer
 
 from cli.options import MAX_SECONDS, POLICY_HELP, error, load_settings, real, whole
+
+PRODUCT_POLICY = "slomax+tokenpilot"  # local.plan.PRODUCT_POLICY, not imported: -h stays fast
 
 DirOpt = Annotated[
     Path | None,
@@ -74,7 +77,13 @@ def up(
         ),
     ] = None,
     policy: Annotated[
-        str | None, typer.Option("--policy", metavar="NAME", help=f"routing policy: {POLICY_HELP}")
+        str | None,
+        typer.Option(
+            "--policy",
+            metavar="NAME",
+            help=f"routing policy (default: TOKENFLEET_POLICY if set, else {PRODUCT_POLICY}, the product): "
+            f"{POLICY_HELP}",
+        ),
     ] = None,
     host: Annotated[str, typer.Option("--host", metavar="ADDR", help="the gateway's address")] = "127.0.0.1",
     port: Annotated[
@@ -105,6 +114,14 @@ def up(
     foreground: Annotated[
         bool, typer.Option("--foreground", help="stay attached; Ctrl-C stops the stack")
     ] = False,
+    wait_for_broker: Annotated[
+        bool,
+        typer.Option(
+            "--wait-for-broker",
+            help="with TOKENFLEET_KAFKA_BOOTSTRAP: start even if the broker does not answer yet, and wait "
+            "for it (up to --timeout)",
+        ),
+    ] = False,
 ) -> None:
     """Start the broker, worker, dispatcher and gateway (and local engine servers) here, supervised.
 
@@ -116,9 +133,9 @@ def up(
       tokenfleet up --engines local --servers 2 --port 8000
       tokenfleet up --engines emulated --servers 2 --policy slomax+tokenpilot
     """
-    from lab.local import UpFailed, UpOptions
-    from lab.local import up as start
-    from lab.local.report import show
+    from local import UpFailed, UpOptions
+    from local import up as start
+    from local.report import show
 
     _only(engines, (Engines.local,), model=model)
     _only(engines, (Engines.local, Engines.emulated), servers=servers)
@@ -140,6 +157,8 @@ def up(
     )
     if inventory is not None and not inventory.is_file():
         raise ValueError(f"--inventory {inventory}: no such file")
+    if settings.kafka_bootstrap:
+        _broker_answers(settings, wait_for_broker)
     try:
         state = start(options, settings, foreground=foreground, on_ready=show)
     except UpFailed as exc:
@@ -147,6 +166,22 @@ def up(
         raise typer.Exit(1) from None
     if not foreground:
         show(state)
+
+
+def _broker_answers(settings: Any, wait: bool) -> None:
+    """A configured broker that does not answer within seconds is one line (exit 2), not minutes of
+    "worker starting": unless ``wait`` (``--wait-for-broker``), then it is said once."""
+    from infra.kafka.broker import BrokerUnreachable, require_reachable
+    from infra.kafka.connection import KafkaConnection
+
+    try:
+        require_reachable(KafkaConnection.from_settings(settings))
+    except BrokerUnreachable as exc:
+        if not wait:
+            raise BrokerUnreachable(
+                f"{exc}: start it, or pass --wait-for-broker to start the stack and wait for it"
+            ) from None
+        print(f"up: {exc}; waiting for it (--wait-for-broker)", file=sys.stderr, flush=True)
 
 
 def _only(engines: Engines, modes: tuple[Engines, ...], **given: object) -> None:
@@ -165,8 +200,8 @@ def status(directory: DirOpt = None) -> None:
     Example:
       tokenfleet status --dir .tokenfleet/up
     """
-    from lab.local import refresh
-    from lab.local.report import show
+    from local import refresh
+    from local.report import show
 
     where = _directory(directory, load_settings())
     found = refresh(where)
@@ -197,7 +232,7 @@ def down(
     Example:
       tokenfleet down --dir .tokenfleet/up
     """
-    from lab.local import down as stop
+    from local import down as stop
 
     where = _directory(directory, load_settings())
     running, left = stop(where, timeout)

@@ -43,6 +43,7 @@ from infra.kafka.connection import KafkaConnection
 from schemas.codec import DecodeError, decode
 from schemas.events import Completion, Event, Heartbeat, KvEvent, Response, ResponseStarted, RoutingDecision
 from schemas.topics import COMPLETIONS, DECISIONS, FIRST_TOKENS, HEARTBEATS, KV_EVENTS, RESPONSES, TopicSpec
+from streams.clients import stop_client
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +172,7 @@ async def run_fleet(
                         lambda: AIOKafkaProducer(**connection.client_options(), request_timeout_ms=10_000),
                         "fleet producer",
                     )
-                    stack.push_async_callback(_stop_client, producer, reconnect.stop_timeout_s)
+                    stack.push_async_callback(stop_client, producer, reconnect.stop_timeout_s)
                     consumer = await start_client(
                         lambda: AIOKafkaConsumer(
                             DECISIONS.name,
@@ -188,7 +189,7 @@ async def run_fleet(
                         ),
                         "fleet consumer",
                     )
-                    stack.push_async_callback(_stop_client, consumer, reconnect.stop_timeout_s)
+                    stack.push_async_callback(stop_client, consumer, reconnect.stop_timeout_s)
                     if failures:
                         log.warning(
                             "fleet: reconnected to %s %.1f s after losing it (topics %.1f s, clients %.1f s)",
@@ -202,7 +203,7 @@ async def run_fleet(
                     ends = None
                     if not isinstance(engines, EmulatedEngines):  # (no gateway runs on emulated ones)
                         ends = await partition_reader(connection, [COMPLETIONS], "end", "fleet ends reader")
-                        stack.push_async_callback(_stop_client, ends, reconnect.stop_timeout_s)
+                        stack.push_async_callback(stop_client, ends, reconnect.stop_timeout_s)
                     await loop.run(stop, producer, consumer, ends)
                 return loop.counts()
             except _BROKER_ERRORS as exc:
@@ -230,20 +231,6 @@ async def run_fleet(
                 topics_s = time.monotonic() - started
     finally:
         await engines.close()
-
-
-async def _stop_client(client: Any, timeout_s: float) -> None:
-    """Stop a client without hanging on a broker that is gone. aiokafka's consumer can raise
-    the ``CancelledError`` of its own fetch task from ``stop`` (a fetch was retrying against
-    the lost broker): that one is swallowed; a cancellation of this task is not."""
-    try:
-        await asyncio.wait_for(client.stop(), timeout_s)
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise
-    except Exception:
-        pass
 
 
 class _FleetLoop:

@@ -269,23 +269,29 @@ class Deciders:
         )
 
     async def _follow(self, consumer: object) -> None:
+        """Read ``consumer`` until cancelled (``close``), replacing it when the broker fails it;
+        the one it holds last is stopped on the way out, whatever ends the loop."""
         self._watch = LogWatch(consumer, "gateway's reader of the deciders")
-        while True:
-            try:
-                batches = await consumer.getmany(timeout_ms=500, max_records=1000)  # type: ignore[attr-defined]
-                await self._watch.check()
-            except KafkaError as exc:
-                log.warning("gateway: reading tf.deciders failed (%s); reconnecting", exc)
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(consumer.stop(), 2.0)  # type: ignore[attr-defined]
-                await asyncio.sleep(0.5)
-                with contextlib.suppress(KafkaError, OSError, TopicsMissing):
-                    consumer = await self._reader()
-                    self._watch = LogWatch(consumer, "gateway's reader of the deciders")
-                continue
-            for records in batches.values():
-                for record in records:
-                    self._heard(record.value)
+        try:
+            while True:
+                try:
+                    batches = await consumer.getmany(timeout_ms=500, max_records=1000)  # type: ignore[attr-defined]
+                    await self._watch.check()
+                except KafkaError as exc:
+                    log.warning("gateway: reading tf.deciders failed (%s); reconnecting", exc)
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(consumer.stop(), 2.0)  # type: ignore[attr-defined]
+                    await asyncio.sleep(0.5)
+                    with contextlib.suppress(KafkaError, OSError, TopicsMissing):
+                        consumer = await self._reader()
+                        self._watch = LogWatch(consumer, "gateway's reader of the deciders")
+                    continue
+                for records in batches.values():
+                    for record in records:
+                        self._heard(record.value)
+        finally:
+            with contextlib.suppress(Exception):  # (stopping a stopped consumer does nothing)
+                await asyncio.wait_for(consumer.stop(), 2.0)  # type: ignore[attr-defined]
 
     def _heard(self, value: bytes | None) -> None:
         try:

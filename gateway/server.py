@@ -8,7 +8,7 @@ calls go on), ask the decider that owns the request for its decision, directly
 prompt itself stays here; the decider records the request and its decision on the log), proxy
 the call to the chosen engine (``proxy``: always streamed from the engine, so the first token is
 seen), stream or return the answer, and publish what happened: a ``ResponseStarted`` at the
-first token and a ``Completion`` with TTFT / TPOT / E2E as measured here, from the moment the
+first token and a ``Completion`` with TTFT / TPOT / E2E as timed here, from the moment the
 call arrived. An engine that fails before anything reached the client (it died, refused the
 call) costs an ``error`` attempt and the call is scheduled again as the next attempt, up to
 ``attempts`` (``retry_backoff_s`` times n apart); then 502; a decider lost before it answered
@@ -479,10 +479,11 @@ async def serve(
     probe_port: int | None = None,
 ) -> None:
     """Serve until ``stop`` is set. A client disconnect cancels its handler (the abort path).
-    What a client may hold is bounded by ``gateway.options`` (``gateway/connections.py``): a
+    What a client may hold is bounded by ``Gateway.options`` (``gateway/connections.py``): a
     request's headers within ``header_timeout_s`` of its first byte (else 408 and closed), a
     connection idle ``idle_timeout_s`` closed, at most ``max_connections`` served at once (one
-    more is answered 503 and closed). ``reuse_port``: several gateway processes share ``port``
+    more is answered 503 and closed). ``port`` 0: any free port, the one chosen logged.
+    ``reuse_port``: several gateway processes share ``port``
     (``SO_REUSEPORT``): one that dies takes only its own calls with it, the others take the new
     connections. ``probe_port``: the probes (``Gateway.probe_app``) on a port of this process's
     own as well."""
@@ -493,6 +494,7 @@ async def serve(
     runner = guard.runner(gateway.app(), handler_cancellation=True, access_log=None)
     await runner.setup()
     listener = await guard.listen(runner, host, port, reuse_port)
+    port = listener.sockets[0].getsockname()[1]  # the one chosen, for port 0
     log.info("gateway listening on http://%s:%d (%s)", host, port, guard.describe())
     probes = None
     if probe_port is not None:

@@ -11,8 +11,9 @@ import yaml
 
 
 def read_yaml(path: Path, what: str) -> Any:
-    """The YAML document at ``path``; ``ValueError`` naming ``what`` and the file (and the line
-    of a syntax error) when it cannot be read or parsed."""
+    """The YAML document at ``path``; ``ValueError`` naming ``what`` and the file (and, for a
+    syntax error, its line, column and problem, both counted from 1) when it cannot be read or
+    parsed."""
     try:
         text = path.read_text()
     except OSError as exc:
@@ -21,8 +22,10 @@ def read_yaml(path: Path, what: str) -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
-        line = f" (line {where.line + 1})" if where is not None else ""
-        raise ValueError(f"{what} {str(path)!r} is not valid YAML{line}") from None
+        problem = getattr(exc, "problem", None)
+        detail = f": {problem}" if problem else ""
+        at = f" (line {where.line + 1}, column {where.column + 1}{detail})" if where is not None else ""
+        raise ValueError(f"{what} {str(path)!r} is not valid YAML{at}") from None
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:

@@ -231,10 +231,10 @@ def serve_metrics(port: int, addr: str = "127.0.0.1") -> int:
 
 def observe_many(histogram: Histogram, value: float, count: int) -> None:
     """``count`` observations of one ``value`` for the price of one: every request of a batch
-    shares the batch's latency, and ``observe`` per request cost ~4 us of the worker's ~100 us
-    per request. Reaches into prometheus_client's histogram (its ``_sum``, ``_upper_bounds``,
-    ``_buckets``, as ``observe`` uses them); tests/unit/test_metrics.py checks it against
-    ``observe``."""
+    shares the batch's latency, and ``observe`` per request is a visible share of the worker's
+    time per request (docs/results/speed.md). Reaches into prometheus_client's histogram (its
+    ``_sum``, ``_upper_bounds``, ``_buckets``, as ``observe`` uses them);
+    tests/unit/infra/test_prometheus.py checks it against ``observe``."""
     histogram._sum.inc(value * count)
     for bound, bucket in zip(histogram._upper_bounds, histogram._buckets, strict=True):
         if value <= bound:

@@ -2,7 +2,7 @@
 the event loop answers) and ``/ready`` (serving: ``ready()`` is true), on ``host:port``.
 
 For processes without a web server of their own (the dispatcher); the worker serves the same
-three paths from Faust's web server (``infra/bootstrap.py``), the gateway from its API server.
+three paths from Faust's web server (``worker/probes.py``), the gateway from its API server.
 Kubernetes probes: liveness on ``/health``, readiness on ``/ready``.
 """
 

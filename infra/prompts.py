@@ -26,7 +26,7 @@ from agents.prompt_blocks import chained_block_hashes
 from schemas.events import MAX_TOKENS, InferenceRequest
 
 THREAD_PROMPT_CHARS = 16_384
-"""Prompts this long or longer are tokenized on a worker thread (about 5 ms of tokenizing or more)."""
+"""Prompts this long or longer are tokenized on a worker thread (milliseconds of tokenizing or more)."""
 
 
 class PromptError(ValueError):
@@ -72,8 +72,8 @@ class PromptTokenizer:
 
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         # encode_batch, not encode: the Rust tokenizer releases the GIL only in the batch call
-        # (measured: a 240 KB prompt held every other thread for 182 ms through encode, at most
-        # 4 ms through encode_batch), so a caller may tokenize off its event loop.
+        # (docs/results/speed.md, "A long prompt and the gateway's event loop"), so a caller may
+        # tokenize off its event loop.
         (encoding,) = self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)
         return list(encoding.ids)
 

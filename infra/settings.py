@@ -24,7 +24,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -33,6 +33,7 @@ from pydantic_settings import (
 )
 
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES, SloClass
+from infra.files import read_yaml
 
 
 class SloClassSetting(BaseSettings):
@@ -52,11 +53,41 @@ def _default_slo_classes() -> dict[str, SloClassSetting]:
 
 
 CONFIG_ENV = "TOKENFLEET_CONFIG"
+ENV_PREFIX = "TOKENFLEET_"
+
+
+class ConfigError(ValueError):
+    """The settings cannot be read. Its message is one line naming where (the settings file,
+    with the line and column of a YAML syntax error, or the setting and where its value came
+    from) and what is wrong; it never repeats a value (values hold secrets)."""
+
+
+class _SettingsFile(YamlConfigSettingsSource):
+    """The settings file named by ``TOKENFLEET_CONFIG``: a YAML mapping of setting names to
+    values (an empty file is an empty mapping); anything else is a ``ConfigError``."""
+
+    def _read_file(self, file_path: Any) -> dict[str, Any]:
+        return _settings_file(Path(file_path))
+
+
+def _settings_file(path: Path) -> dict[str, Any]:
+    try:
+        data = read_yaml(path, "settings file")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"settings file {str(path)!r} must be a mapping of setting names to values (it is a "
+            f"YAML {type(data).__name__}; see examples/tokenfleet.yaml)"
+        )
+    return data
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="TOKENFLEET_",
+        env_prefix=ENV_PREFIX,
         env_nested_delimiter="__",
         frozen=True,
         extra="forbid",
@@ -126,6 +157,12 @@ class Settings(BaseSettings):
         "in-memory broker (the embedded Tansu loses its log); set false for a Kafka cluster",
     )
     hold_timeout_s: float = Field(default=60.0, gt=0, description="longest a request is held, seconds")
+    decision_log_delay_s: float = Field(
+        default=0.005,
+        ge=0,
+        description="how late a decider reads the other deciders' decisions on the log (the broker's "
+        "round trip), seconds; with several deciders per pool, arrivals wait multiples of it",
+    )
     dc_rtt_ms: dict[str, float] = Field(
         default_factory=dict, description="data centre -> round trip from the ingress, ms"
     )
@@ -213,8 +250,8 @@ class Settings(BaseSettings):
     )
     # KV events and completions are taken in batches of up to ``event_batch_size`` or whatever
     # arrived within ``event_batch_window_s``. The window also sets how often an idle agent wakes
-    # up: 5 ms cost an idle worker 4 % of a core; 50 ms delays a lone KV event by at most that
-    # (the router credits blocks it has just routed meanwhile).
+    # up (a short window costs an idle worker CPU: docs/results/speed.md); 50 ms delays a lone KV
+    # event by at most that (the router credits blocks it has just routed meanwhile).
     event_batch_size: int = Field(default=512, ge=1, description="KV events or completions per batch")
     event_batch_window_s: float = Field(default=0.05, ge=0, description="a batch is taken after this long")
     request_batch_max: int = Field(default=256, ge=1, description="requests routed per lane batch, at most")
@@ -299,8 +336,8 @@ class Settings(BaseSettings):
         path = os.environ.get(CONFIG_ENV)
         if path:
             if not Path(path).is_file():
-                raise ValueError(f"{CONFIG_ENV}={path}: no such settings file")
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+                raise ConfigError(f"{CONFIG_ENV}={path}: no such settings file")
+            sources.append(_SettingsFile(settings_cls, yaml_file=path))
         return (*sources, file_secret_settings)
 
     def tokenizer_dirs(self) -> dict[str, Path]:
@@ -326,6 +363,39 @@ class Settings(BaseSettings):
             name: SloClass(name, c.ttft_s, c.tpot_s, c.deadline, c.client_timeout_s)
             for name, c in self.slo_classes.items()
         }
+
+
+def read_settings(**overrides: Any) -> Settings:
+    """``Settings(**overrides)``, or a ``ConfigError`` whose one line names every refused
+    setting with where its value came from (the argument, the environment variable, or the
+    settings file) and why; a settings file that cannot be parsed is named with its line and
+    column."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError("; ".join(_refusal(e, overrides) for e in exc.errors())) from None
+
+
+def _refusal(error: Any, overrides: dict[str, Any]) -> str:
+    """One refused value of a ``ValidationError``: ``where: why``."""
+    loc = [str(part) for part in error["loc"]]
+    why = "not a setting" if error["type"] == "extra_forbidden" else error["msg"]
+    why = why.removeprefix("Value error, ")  # a validator's own message says it all
+    if not loc:  # a check across settings (the Kafka security): its message names them
+        return why
+    name, dotted = loc[0], ".".join(loc)
+    if name in overrides:
+        return f"{dotted} (as given): {why}"
+    variable = f"{ENV_PREFIX}{name}".upper()
+    named = sorted(
+        key for key in os.environ if key.upper() == variable or key.upper().startswith(variable + "__")
+    )
+    if named:
+        return f"{named[0]}: {why}"
+    path = os.environ.get(CONFIG_ENV)
+    if path and name in _settings_file(Path(path)):
+        return f"settings file {path!r}, setting {dotted}: {why}"
+    return f"setting {dotted}: {why}"
 
 
 def kafka_security_problems(settings: Settings) -> list[str]:

@@ -29,13 +29,13 @@ from infra.clickhouse.client import connect
 from infra.clickhouse.summary import summary
 from infra.kafka.connection import KafkaConnection
 from infra.settings import Settings
-from lab.loadgen import publish_workload, workload_output_tokens
 from lab.stack import Collector, Stack, publish
 from schemas.codec import DecodeError, decode
 from schemas.events import AdmissionDecision, Completion
 from schemas.topics import ADMISSION, COMPLETIONS, DECISIONS, DLQ, REQUESTS
 from sim.evaluation.report import TABLE_WIDTH
 from sim.workloads.sources import open_workload
+from traffic.loadgen import publish_workload, workload_output_tokens
 
 _MALFORMED = (b"{not json", b'{"request_id": "bad-1", "model": "llama3-8b", "input_tokens": -5}')
 _DRAIN_CAP_S = 300.0
@@ -55,7 +55,8 @@ class DemoOptions:
     duration: float = 60.0
     """Seconds of load."""
     policy_names: tuple[str, ...] = ()
-    """One demo per policy, one after another; empty: round-robin."""
+    """One demo per policy, one after another; empty: round-robin. With several, the last is
+    compared with each of the others (its baselines)."""
     rate_scale: float = 1.0
     json_path: Path | None = None
     """Where to write the summary as JSON, if anywhere."""
@@ -234,7 +235,8 @@ def _port_free(port: int) -> bool:
 
 
 def run_demo(settings: Settings, options: DemoOptions) -> int:
-    """One demo per policy (one after another, same load); with two or more, a comparison.
+    """One demo per policy (one after another, same load); with two or more, a comparison of
+    the last policy with the others (``comparison``).
 
     The JSON is one run's summary, or ``{"runs": {policy: summary}}`` for several."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -291,14 +293,24 @@ def summary_line(result: Mapping[str, Any], policy: str) -> str:
     )
 
 
+LEGEND = (
+    "timed out: its client gave up before the answer ended (its tokens are wasted); a request held "
+    "too long is rejected (expired)",
+    "TTFT -: the percentile falls on a request that got no first token (it timed out or failed "
+    "first), or the class had no requests",
+)
+"""What the tables' columns and a ``-`` mean, printed under them."""
+
+
 def summary_table(result: Mapping[str, Any]) -> Group:
-    """One run, a row per SLO class: what was answered, rejected and held, latency and goodput;
-    then the top reasons of the rejects and holds."""
+    """One run, a row per SLO class: what was answered, rejected, timed out and held, latency
+    and goodput; then the top reasons of the rejects and holds, and the ``LEGEND``."""
     table = _table(
         "class",
         "answered",
         "completed",
         "rejected",
+        "timed out",
         "held",
         "TTFT p50",
         "TTFT p95",
@@ -313,6 +325,7 @@ def summary_table(result: Mapping[str, Any]) -> Group:
             str(row.get("requests", 0) + rejected),
             str(row.get("completed", 0)),
             str(rejected),
+            str(row.get("timeout", 0)),
             str(held),
             _seconds(row.get("ttft_p50_s")),
             _seconds(row.get("ttft_p95_s")),
@@ -324,35 +337,45 @@ def summary_table(result: Mapping[str, Any]) -> Group:
             if row.get(key):
                 told = "; ".join(f"{why} ({n})" for why, n in row[key].items())
                 reasons.append(f"  {name} {kind}: {told}")
-    return Group(table, *(Text(line) for line in reasons))
+    return Group(table, *(Text(line) for line in [*reasons, *LEGEND]))
 
 
 def comparison(results: Mapping[str, Mapping[str, Any]]) -> Group:
-    """A heading, then per class each policy's goodput, compliant share, TTFT p50 / p95 and
-    rejects side by side (and the totals); then each policy's goodput as a ratio to the first's
-    (the baseline), and what each policy's compliant tokens cost (``summary.costs``)."""
-    table = _table("class", *results)
+    """A heading, then per class (and ``all``) a row per policy: goodput, compliant share,
+    TTFT p50 / p95, rejects and timeouts; then the last policy's goodput as a ratio to each
+    other policy's (its baselines), the strongest baseline (highest goodput) first and named
+    so; what each policy's compliant tokens cost (``summary.costs``); the ``LEGEND``."""
+    table = _table(
+        "class", "policy", "goodput tok/s", "compliant", "TTFT p50", "TTFT p95", "rejected", "timed out"
+    )
+    table.columns[1].justify = "left"
     classes = sorted({c for r in results.values() for c in r["per_class"]})
     for name in [*classes, "all"]:
-        cells = [name]
-        for r in results.values():
+        for rank, (policy, r) in enumerate(results.items()):
             row = r.get("total", {}) if name == "all" else r["per_class"].get(name, {})
-            cells.append(
-                f"{row.get('goodput_tokens_per_s', 0.0):.1f} tok/s, {row.get('compliant_share', 0.0):.1%}, "
-                f"{_seconds(row.get('ttft_p50_s'))} / {_seconds(row.get('ttft_p95_s'))} s, "
-                f"{row.get('rejected', 0)} rejected"
+            cells = (
+                name if rank == 0 else "",
+                policy,
+                f"{row.get('goodput_tokens_per_s', 0.0):.1f}",
+                f"{row.get('compliant_share', 0.0):.1%}",
+                _seconds(row.get("ttft_p50_s")),
+                _seconds(row.get("ttft_p95_s")),
+                str(row.get("rejected", 0)),
+                str(row.get("timeout", 0)),
             )
-        table.add_row(*(Text(c) for c in cells))
-    heading = (
-        "comparison (goodput, compliant share, TTFT p50 / p95, rejects; same load, read back from ClickHouse)"
-    )
-    lines: list[RenderableType] = [Text(heading), table]
-    baseline, *others = results
-    base = results[baseline].get("total", {}).get("goodput_tokens_per_s") or 0.0
-    for policy in others:
-        mine = results[policy].get("total", {}).get("goodput_tokens_per_s") or 0.0
+            table.add_row(*(Text(c) for c in cells), end_section=rank == len(results) - 1)
+    lines: list[RenderableType] = [Text("comparison (same load, read back from ClickHouse)"), table]
+    *baselines, product = results
+
+    def goodput(policy: str) -> float:
+        return float(results[policy].get("total", {}).get("goodput_tokens_per_s") or 0.0)
+
+    mine = goodput(product)
+    for rank, baseline in enumerate(sorted(baselines, key=goodput, reverse=True)):
+        base = goodput(baseline)
         ratio = f"{mine / base:.2f}x" if base else "-"
-        lines.append(Text(f"goodput {policy} / {baseline}: {ratio} ({mine:.1f} vs {base:.1f} tok/s)"))
+        named = ", the strongest baseline" if rank == 0 and len(baselines) > 1 else ""
+        lines.append(Text(f"goodput {product} / {baseline}{named}: {ratio} ({mine:.1f} vs {base:.1f} tok/s)"))
     for policy, r in results.items():
         cost = r.get("cost") or {}
         busy, wasted, idle = (
@@ -365,6 +388,7 @@ def comparison(results: Mapping[str, Mapping[str, Any]]) -> Group:
                 f"wasted {wasted:.0f}, idle {idle:.0f})"
             )
         )
+    lines.extend(Text(line) for line in LEGEND)
     return Group(*lines)
 
 

@@ -34,8 +34,8 @@ from infra.vllm.inventory import dump_inventory
 from lab.demo import comparison, summary_table
 from lab.engine_stack import EngineStack, StackOptions
 from lab.stack import broker
-from lab.tiny_model import ensure_tiny_model
-from lab.vllm_launcher import VllmServers, engine_python_or_none, server_specs
+from local.tiny_model import ensure_tiny_model
+from local.vllm_launcher import VllmServers, engine_python_or_none, server_specs
 from sim.evaluation.report import TABLE_WIDTH
 
 MODEL = "tiny-llama"
@@ -54,7 +54,7 @@ class VllmDemoOptions:
 def run_vllm_demo(settings: Settings, options: VllmDemoOptions) -> int:
     python = engine_python_or_none()
     if python is None:
-        from lab.vllm_launcher import ENGINE_MISSING
+        from local.vllm_launcher import ENGINE_MISSING
 
         raise ValueError(ENGINE_MISSING)
     data = settings.data_dir.resolve() / "vllm-demo"

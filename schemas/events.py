@@ -52,7 +52,7 @@ MAX_BLOCK_HASHES = 20_000
 AFFINITY_BLOCKS = 4  # prompt blocks (of 512 tokens) that choose a request's decider
 """Most block hashes in one event: every full 512-token block of a ``MAX_TOKENS`` prompt (19 531),
 and small enough that a routing decision embedding the request (~0.4 MB of JSON) stays under
-the 1 MB a Kafka producer sends by default (at 100 000 it was 2.1 MB: unsendable)."""
+the 1 MB a Kafka producer sends by default."""
 MIN_BLOCK_HASH, MAX_BLOCK_HASH = -(2**63), 2**63 - 1
 """A block hash is a signed 64-bit int (what Python's ``hash`` gives; numpy int64 in the index)."""
 MAX_DEAD_LETTER_ORIGINAL = 256 * 1024

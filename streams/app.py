@@ -4,7 +4,7 @@ All topics carry raw bytes: decoding is ours (``schemas.codec``), so an undecoda
 becomes a dead letter with its reason instead of an exception inside Faust.
 
 For the embedded broker: Tansu holds a consumer-group join for half the client's rebalance
-timeout, so Faust's 60 s default would stall every start by 30 s; the bootstrap passes 6 s
+timeout, so Faust's 60 s default would stall every start by 30 s; the worker passes 6 s
 rebalance and session timeouts and a 1 s heartbeat (a join takes about 3 s).
 """
 

@@ -6,7 +6,7 @@ Three readers per worker: the request lane (``streams/request_lane.py``) reads t
 Faust's own group consumer gives each partition of the state topics to one worker, whose
 ``LogKeeper`` dead-letters its messages once (in batches of up to ``batch_size`` or
 ``batch_window_s``), and expands batch jobs. A timer expires held requests every second. (A
-fourth reader, the store's, is wired by ``infra/bootstrap.py``: ``infra/clickhouse/topic_sink.py``.)
+fourth reader, the store's, is wired by ``worker/store.py``: ``infra/clickhouse/topic_sink.py``.)
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What the stream clients need to reach the broker, as an interface (``streams`` may not import
 the adapters): ``infra.kafka.connection.KafkaConnection`` is the one implementation, built from
-the settings by the bootstrap. Every consumer, producer and the Faust app here is built from it,
-so none can miss the TLS and SASL settings."""
+the settings by ``infra.kafka.bus.kafka_connection``. Every consumer, producer and the Faust
+app here is built from it, so none can miss the TLS and SASL settings."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 time the decision takes, not in two trips over the broker.
 
 Why: through the log a gateway's call waits for the request to reach the broker, the decider's
-fetch, the decision to reach the broker and the gateway's fetch: two round trips of ~4.5 ms
-each on the embedded broker, and every gateway reads every decision. Here the gateway keeps one
+fetch, the decision to reach the broker and the gateway's fetch: two broker round trips
+(docs/results/real-engines.md), and every gateway reads every decision. Here the gateway keeps one
 TCP connection per decider (as Envoy's ext-proc keeps one to llm-d's endpoint picker); the
 decider decides at once with the same stages and state as for the log's requests, answers on
 the connection, and publishes the request (``decided_by`` set: no request lane decides it

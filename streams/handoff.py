@@ -40,6 +40,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from schemas.codec import DecodeError, decode
 from schemas.events import DeciderAnnouncement
+from streams.clients import stop_client
 from streams.connection import BrokerConnection
 
 log = logging.getLogger(__name__)
@@ -165,5 +166,4 @@ class Handoff:
                     )
                 waited_for |= set(holding)
         finally:
-            with contextlib.suppress(Exception):
-                await consumer.stop()
+            await stop_client(consumer)

@@ -17,15 +17,14 @@ reads only when the new assignment names other partitions (``on_assigned``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 
+from streams.clients import ConsumerLoop
 from streams.connection import BrokerConnection
 
 log = logging.getLogger(__name__)
@@ -49,24 +48,22 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.on_assigned: Assigned | None = None
         self.partitions: set[int] = set()
         self.rebalancing_since: float | None = time.monotonic()  # monotonic; None = settled
-        self._options = {
-            **connection.client_options(),
-            "group_id": group_id,
-            "enable_auto_commit": False,
-            "partition_assignment_strategy": (StickyPartitionAssignor,),
-            "session_timeout_ms": int(session_timeout_s * 1000),
-            "rebalance_timeout_ms": int(rebalance_timeout_s * 1000),
-            "heartbeat_interval_ms": int(heartbeat_interval_s * 1000),
-        }
-        self._consumer: Any = None
-        self._task: asyncio.Task[None] | None = None
+        self._reader = ConsumerLoop(
+            "deciders' group",
+            {
+                **connection.client_options(),
+                "group_id": group_id,
+                "enable_auto_commit": False,
+                "partition_assignment_strategy": (StickyPartitionAssignor,),
+                "session_timeout_ms": int(session_timeout_s * 1000),
+                "rebalance_timeout_ms": int(rebalance_timeout_s * 1000),
+                "heartbeat_interval_ms": int(heartbeat_interval_s * 1000),
+            },
+        )
 
     async def start(self, on_assigned: Assigned) -> None:
         self.on_assigned = on_assigned
-        self._consumer = AIOKafkaConsumer(**self._options)
-        await self._consumer.start()
-        self._consumer.subscribe([self.topic], listener=self)
-        self._task = asyncio.create_task(self._poll())
+        await self._reader.start(self._poll, topics=[self.topic], listener=self)
 
     def settled_for(self) -> float:
         """How long the group has been without an assignment for this worker (0 once settled)."""
@@ -78,7 +75,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
         ``max_poll_interval_ms``; every partition is paused, so a poll returns nothing."""
         while True:
             try:
-                await self._consumer.getmany(timeout_ms=1000)
+                await self._reader.consumer.getmany(timeout_ms=1000)
             except Exception:  # the coordinator reconnects by itself; keep polling
                 log.exception("deciders' group: poll failed")
                 await asyncio.sleep(1.0)
@@ -90,7 +87,7 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             self.rebalancing_since = time.monotonic()
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        self._consumer.pause(*assigned)
+        self._reader.consumer.pause(*assigned)
         self.partitions = {tp.partition for tp in assigned if tp.topic == self.topic}
         self.rebalancing_since = None
         log.info(
@@ -103,9 +100,4 @@ class Membership(ConsumerRebalanceListener):  # type: ignore[misc]
             await self.on_assigned(set(self.partitions))
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._consumer is not None:
-            await self._consumer.stop()  # leaves the group: the others rebalance at once
+        await self._reader.stop()  # leaves the group: the others rebalance at once

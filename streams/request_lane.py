@@ -1,7 +1,7 @@
 """The request lane: ``tf.requests`` read in large batches with a plain aiokafka consumer.
 
-Why not a Faust agent: Faust spends ~250 µs of CPU per message (event objects, per-message acks)
-before our code runs, which caps one worker near 2 000 routed requests/s. This lane reads raw
+Why not a Faust agent: Faust spends far more CPU per message (event objects, per-message acks)
+before our code runs than a decision takes (docs/results/speed.md). This lane reads raw
 batches (thousands of messages per fetch), hands them to the routing handler, and commits the
 batch's offsets once its decisions are delivered (at least once).
 
@@ -40,6 +40,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
 from schemas.codec import RawMessage
+from streams.clients import ConsumerLoop, stop_client
 from streams.connection import BrokerConnection
 
 log = logging.getLogger(__name__)
@@ -83,24 +84,25 @@ class RequestLane:
         self.max_in_flight = max_in_flight
         self.commit_interval_s = commit_interval_s
         self._connection = connection
-        self._consumer_options = {
-            **connection.client_options(),
-            # Committed offsets only: partitions are assigned by hand, and the group has no
-            # members (Kafka takes commits from outside a group only for an empty group).
-            "group_id": group_id,
-            "enable_auto_commit": False,
-            "auto_offset_reset": "earliest",
-            "fetch_max_wait_ms": fetch_max_wait_ms,
-            "max_partition_fetch_bytes": 4 * 1024 * 1024,
-        }
-        self._consumer: Any = None
+        self._reader = ConsumerLoop(
+            "request lane",
+            {
+                **connection.client_options(),
+                # Committed offsets only: partitions are assigned by hand, and the group has no
+                # members (Kafka takes commits from outside a group only for an empty group).
+                "group_id": group_id,
+                "enable_auto_commit": False,
+                "auto_offset_reset": "earliest",
+                "fetch_max_wait_ms": fetch_max_wait_ms,
+                "max_partition_fetch_bytes": 4 * 1024 * 1024,
+            },
+        )
         self._producer: Any = None
         self.sending = False  # its producer takes messages: from ``start`` until ``stop``
         self._partitioner = DefaultPartitioner()
         self._partition_cache: dict[tuple[bytes, int], int] = {}
         self._lock: asyncio.Lock | None = None  # held while a batch is in flight; rebalances wait
         self._send_order: asyncio.Lock | None = None  # hands batches to the producer in order
-        self._task: asyncio.Task[None] | None = None
         self._wanted: set[int] = set()  # what the deciders' group gave us
         self._assigned: set[int] = set()  # what the consumer reads now
         # Batches handed to the handler, delivery awaited, in read order (offsets to commit).
@@ -122,19 +124,21 @@ class RequestLane:
         self.handler, self.commit_floor, self.on_replay = handler, commit_floor, on_replay
 
     async def start(self) -> None:
-        """Create and start the consumer and producer (inside the worker's event loop)."""
+        """Create and start the producer, then the consumer and its reading task (inside the
+        worker's event loop)."""
         self._lock = asyncio.Lock()
         self._send_order = asyncio.Lock()
-        self._consumer = AIOKafkaConsumer(**self._consumer_options)
-        await self._consumer.start()
         # Our own producer for the lane's output: Faust's per-message send path costs ~3x more.
         self._producer = AIOKafkaProducer(
             **self._connection.client_options(), linger_ms=2, max_batch_size=1 << 20
         )
         await self._producer.start()
         self.sending = True
-        self._task = asyncio.create_task(self._run())
-        self._task.add_done_callback(_report_crash)
+        await self._reader.start(self._run)
+
+    @property
+    def _consumer(self) -> Any:
+        return self._reader.consumer
 
     @property
     def partitions(self) -> set[int]:
@@ -145,7 +149,7 @@ class RequestLane:
     @property
     def running(self) -> bool:
         """Started and not stopped (its producer can take messages)."""
-        return self._task is not None and not self._task.done()
+        return self._reader.running
 
     def healthy(self, max_age_s: float) -> bool:
         """Running, reading partitions, and the broker answered one of its fetches within
@@ -189,7 +193,7 @@ class RequestLane:
         """Queue ``(key, value)`` messages, one record batch per partition (keys hashed as every
         Kafka client does); the returned awaitable completes when the broker has them all.
 
-        Per-message ``send`` costs ~25 µs of Python each; filling batches directly is far cheaper.
+        Per-message ``send`` costs Python per message; filling batches directly is far cheaper.
         The batches are built (and their records time-stamped) now, and handed to the producer
         by a task: aiokafka's ``send_batch`` waits while the partition's previous batch is still
         queued (one produce request in flight per broker), and the lane must not wait with it,
@@ -234,28 +238,22 @@ class RequestLane:
         still takes messages (``sending``) until ``stop``."""
         if self._fence is not None:
             self._fence.cancel()
-        if self._task is not None and self._lock is not None and not self._task.done():
+        if self._lock is not None and self._reader.running:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._finish(), grace_s)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
+        await self._reader.stop()
 
     async def stop(self) -> None:
         """``stop_reading`` (if not done yet), then stop the producer."""
         await self.stop_reading()
         self.sending = False
         if self._producer is not None:
-            await self._producer.stop()
+            await stop_client(self._producer)
 
     async def _finish(self) -> None:
-        assert self._lock is not None and self._task is not None
+        assert self._lock is not None and self._reader.task is not None
         async with self._lock:  # (between two batches)
-            self._task.cancel()
+            self._reader.task.cancel()
             await self._settle(keep=0)
 
     async def follow(self, partitions: set[int]) -> set[int]:
@@ -385,7 +383,7 @@ class RequestLane:
         consumer = AIOKafkaConsumer(
             **self._connection.client_options(),
             enable_auto_commit=False,
-            fetch_max_wait_ms=self._consumer_options["fetch_max_wait_ms"],
+            fetch_max_wait_ms=self._reader.options["fetch_max_wait_ms"],
         )
         await consumer.start()
         try:
@@ -417,7 +415,7 @@ class RequestLane:
             log.warning("request lane: replay of %s stopped after %.0f s", self.replay_topic, _REPLAY_LIMIT_S)
             return count
         finally:
-            await consumer.stop()
+            await stop_client(consumer)
 
     async def _rewind(self, batches: dict[Any, list[Any]], size: int) -> None:
         """Never drop a batch: seek back to its start and read it again after a pause."""
@@ -426,11 +424,6 @@ class RequestLane:
             if records:
                 self._consumer.seek(tp, records[0].offset)
         await asyncio.sleep(1.0)
-
-
-def _report_crash(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("request lane stopped: %r", task.exception(), exc_info=task.exception())
 
 
 def _done(awaitable: Awaitable[object]) -> bool:

@@ -21,11 +21,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from schemas.codec import RawMessage
+from streams.clients import ConsumerLoop
 from streams.connection import BrokerConnection
 
 log = logging.getLogger(__name__)
@@ -49,27 +49,25 @@ class SharedLog:
         self.handlers = dict(handlers)
         self.heartbeat_topic, self.heartbeat_lookback_s = heartbeat_topic, heartbeat_lookback_s
         self.max_batch = max_batch
-        self._options = {
-            **connection.client_options(),
-            "enable_auto_commit": False,
-            "fetch_max_wait_ms": fetch_max_wait_ms,
-            "max_partition_fetch_bytes": 4 * 1024 * 1024,
-        }
-        self._consumer: Any = None
-        self._task: asyncio.Task[None] | None = None
+        self._reader = ConsumerLoop(
+            "shared log",
+            {
+                **connection.client_options(),
+                "enable_auto_commit": False,
+                "fetch_max_wait_ms": fetch_max_wait_ms,
+                "max_partition_fetch_bytes": 4 * 1024 * 1024,
+            },
+        )
         self._reading: set[TopicPartition] = set()
         self._fetch_seen: dict[TopicPartition, int] = {}
         self.last_fetch_ok: float | None = None  # monotonic: the broker last answered a fetch
 
     async def start(self) -> None:
-        self._consumer = AIOKafkaConsumer(**self._options)
-        await self._consumer.start()
-        self._task = asyncio.create_task(self._run())
-        self._task.add_done_callback(_report_crash)
+        await self._reader.start(self._run)
 
     @property
     def running(self) -> bool:
-        return self._task is not None and not self._task.done()
+        return self._reader.running
 
     def fresh(self, max_age_s: float) -> bool:
         """Reading every state topic, and the broker answered one of its fetches within
@@ -85,22 +83,19 @@ class SharedLog:
         """Each partition's high watermark as last fetched (one that goes down: the broker lost
         its log)."""
         marks: dict[str, int] = {}
-        if self._consumer is not None:
+        consumer = self._reader.consumer
+        if consumer is not None:
             for tp in self._reading:
-                mark = self._consumer.highwater(tp)
+                mark = consumer.highwater(tp)
                 if mark is not None and mark >= 0:
                     marks[f"{tp.topic}:{tp.partition}"] = int(mark)
         return marks
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._consumer is not None:
-            await self._consumer.stop()
+        await self._reader.stop()
 
     async def _run(self) -> None:
+        consumer = self._reader.consumer
         next_look = 0.0
         while True:
             if time.monotonic() >= next_look:  # new topics or partitions: read them too
@@ -109,7 +104,7 @@ class SharedLog:
             if not self._reading:
                 await asyncio.sleep(0.2)
                 continue
-            batches = await self._consumer.getmany(timeout_ms=100, max_records=self.max_batch)
+            batches = await consumer.getmany(timeout_ms=100, max_records=self.max_batch)
             self._note_fetches()
             for tp, records in batches.items():
                 if records:
@@ -124,43 +119,40 @@ class SharedLog:
     async def _read_new_partitions(self) -> None:
         """Add the partitions of the handled topics that exist now and are not read yet, each
         from where it should start (see the module docstring)."""
+        consumer = self._reader.consumer
         with contextlib.suppress(Exception):  # refreshes the metadata; none yet: look again later
-            await self._consumer.topics()
+            await consumer.topics()
         found = {
             TopicPartition(topic, p)
             for topic in self.handlers
-            for p in self._consumer.partitions_for_topic(topic) or ()
+            for p in consumer.partitions_for_topic(topic) or ()
         }
         new = found - self._reading
         if not new:
             return
-        self._consumer.assign(sorted(self._reading | new))
-        ends = await self._consumer.end_offsets(list(new))
+        consumer.assign(sorted(self._reading | new))
+        ends = await consumer.end_offsets(list(new))
         beats = [tp for tp in new if tp.topic == self.heartbeat_topic]
         since_ms = int((time.time() - self.heartbeat_lookback_s) * 1000)
         try:
-            starts = await self._consumer.offsets_for_times({tp: since_ms for tp in beats}) if beats else {}
+            starts = await consumer.offsets_for_times({tp: since_ms for tp in beats}) if beats else {}
         except Exception:  # the broker cannot look up by time: the whole partition
             starts = None
         for tp in new:
             if tp.topic != self.heartbeat_topic:
-                self._consumer.seek(tp, ends[tp])
+                consumer.seek(tp, ends[tp])
             elif starts is None:
-                await self._consumer.seek_to_beginning(tp)
+                await consumer.seek_to_beginning(tp)
             else:
                 at = starts.get(tp)
-                self._consumer.seek(tp, ends[tp] if at is None else at.offset)
+                consumer.seek(tp, ends[tp] if at is None else at.offset)
         self._reading |= new
         log.info("shared log: reading %d more partitions (%d in all)", len(new), len(self._reading))
 
     def _note_fetches(self) -> None:
+        consumer = self._reader.consumer
         for tp in self._reading:
-            stamp = self._consumer.last_poll_timestamp(tp)
+            stamp = consumer.last_poll_timestamp(tp)
             if stamp is not None and stamp != self._fetch_seen.get(tp):
                 self._fetch_seen[tp] = stamp
                 self.last_fetch_ok = time.monotonic()
-
-
-def _report_crash(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("shared log stopped: %r", task.exception(), exc_info=task.exception())

@@ -3,8 +3,8 @@ when a heartbeat changed it.
 
 Every decider reads ``tf.heartbeats`` whole (``streams.shared_log``), from a few seconds back
 when it starts, so the latest heartbeat of each instance is the truth and nothing needs to be
-recovered from a changelog. Validating every entry of a 4 096-instance pool into a view took
-17.9 ms, far too much per request batch: ``SnapshotCache`` keeps, per pool, the columns of the
+recovered from a changelog. Validating every entry of a large pool into a view per request batch
+is far too slow (docs/results/speed.md): ``SnapshotCache`` keeps, per pool, the columns of the
 view as numpy arrays and updates one row in place per heartbeat (O(1)); ``view(pool)`` returns
 the same view object, with the same ``version``, until a heartbeat changes the pool, and
 otherwise copies the columns into a new view with a new version (a view handed out is never

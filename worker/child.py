@@ -1,5 +1,5 @@
-"""One worker process, started by the supervisor (``python -m worker.child``): the Faust app the
-bootstrap (``infra/bootstrap.py``) wires, its watchdog and its ready marker.
+"""One worker process, started by the supervisor (``python -m worker.child``): the worker
+``worker/wiring.py`` wires (``WorkerRuntime``), its watchdog and its ready marker.
 
 The supervisor hands the child its settings, identity, watchdog limits and log level as one
 JSON document on the child's standard input (``ChildSpec``), never in the environment: the
@@ -27,11 +27,12 @@ from typing import Any
 
 import faust
 
-from infra.bootstrap import build_worker_app
 from infra.kafka.connection import KafkaConnection
 from infra.settings import Settings
+from worker.probes import HEALTH_MAX_AGE_S
 from worker.ready import ready_marker, unlink_own, write_marker
 from worker.watchdog import WATCHDOG_EXIT, Watchdog, WatchdogLimits
+from worker.wiring import WorkerRuntime, build_worker
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ def run_child(settings: Settings, identity: dict[str, Any], limits: WatchdogLimi
     """One worker process: run until stopped; the exit status (``WATCHDOG_EXIT``: gave up)."""
     connection = KafkaConnection.from_settings(settings)
     feedback = settings.clickhouse_dsn != "off"
-    app, store = build_worker_app(settings, connection, feedback=feedback)
+    runtime = build_worker(settings, connection, feedback=feedback)
     log.warning(
         "worker %s (start %s): kafka %s, clickhouse %s, policy %s, "
         "metrics http://%s:%s/metrics, /health, /ready (pid %s)",
@@ -103,14 +104,16 @@ def run_child(settings: Settings, identity: dict[str, Any], limits: WatchdogLimi
         settings.clickhouse_url if feedback else "off",
         settings.policy,
         settings.http_host,
-        app.conf.web_port,
+        runtime.app.conf.web_port,
         os.getpid(),
     )
-    worker = ReadyMarkingWorker(app, loglevel=loglevel, quiet=True)
+    worker = ReadyMarkingWorker(runtime.app, loglevel=loglevel, quiet=True)
+    worker.runtime = runtime
     worker.ready_file = ready_marker(settings)
     worker.identity = identity
-    worker.store = store
-    worker.watchdog = Watchdog(app, connection, limits, int(identity["supervisor"]), worker.give_up)
+    worker.watchdog = Watchdog(
+        runtime.app, runtime.health, connection, limits, int(identity["supervisor"]), worker.give_up
+    )
     worker.ready_file.unlink(missing_ok=True)
     code = 0
     try:
@@ -119,8 +122,8 @@ def run_child(settings: Settings, identity: dict[str, Any], limits: WatchdogLimi
         code = exc.code if isinstance(exc.code, int) else 1
     finally:
         unlink_own(worker.ready_file)
-        if store is not None:
-            store.close()
+        if runtime.store is not None:
+            runtime.store.close()
     return worker.exit_code or code
 
 
@@ -131,20 +134,20 @@ class ReadyMarkingWorker(faust.Worker):
     It also moves everything alive at that point (~100 000 objects: modules, Faust, aiokafka,
     pydantic schemas) out of the garbage collector's reach with ``gc.freeze()``. Routing
     allocates fast, so full collections come every few seconds, and each one walked all of that
-    while every request in the worker waited: measured in a 3-run benchmark on a busy 2-core
-    machine, 32 full collections of 35-270 ms (3.6 s in all) before, 2-130 ms (1.1 s) after.
+    while every request in the worker waited (``docs/results/speed.md``).
     """
 
+    runtime: WorkerRuntime  # its health, its decision keeper, its store (closed before a fast exit)
     ready_file: Path
     identity: dict[str, Any]
     watchdog: Watchdog | None = None
-    store: Any = None  # the feedback store, closed before a fast exit
     exit_code: int = 0
 
     def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
         # Faust's terminal spinner sets the root logger to DEBUG so that it spins on every
-        # record: then every debug call in aiokafka and Faust builds a LogRecord (4 % of the
-        # worker's CPU while routing). A service needs no spinner; keep the level asked for.
+        # record: then every debug call in aiokafka and Faust builds a LogRecord, on every
+        # request routed (docs/results/speed.md). A service needs no spinner; keep the level
+        # asked for.
         self.spinner = None
         super().on_setup_root_logger(logger, level)
 
@@ -156,14 +159,14 @@ class ReadyMarkingWorker(faust.Worker):
 
     async def _ready_when_consuming(self) -> None:
         """Ready = consuming (the deciders' group gave this worker its partitions and the
-        readers' fetches are answered: ``app.conf.tokenfleet_health``), not merely started: a
-        request sent to a worker that says it is ready must not wait for a group join. The
-        watchdog starts then too; if that takes over ``unassigned_s``, it starts anyway (and
-        gives up on the worker if nothing changes)."""
-        health = self.app.conf.tokenfleet_health
+        readers' fetches are answered: ``runtime.health``), not merely started: a request sent
+        to a worker that says it is ready must not wait for a group join. The watchdog starts
+        then too; if that takes over ``unassigned_s``, it starts anyway (and gives up on the
+        worker if nothing changes)."""
+        health = self.runtime.health
         limit = self.watchdog.limits.unassigned_s if self.watchdog is not None else 20.0
         deadline = time.monotonic() + limit
-        while not health()[0] and time.monotonic() < deadline:
+        while not health(HEALTH_MAX_AGE_S)[0] and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         log.info("worker ready; %d objects frozen out of garbage collection", gc.get_freeze_count())
         write_marker(
@@ -182,16 +185,14 @@ class ReadyMarkingWorker(faust.Worker):
         log.error("worker watchdog: %s; exiting (code %d) to be restarted", reason, WATCHDOG_EXIT)
         self.exit_code = WATCHDOG_EXIT
         unlink_own(self.ready_file)
-        keep = getattr(self.app.conf, "tokenfleet_keep_decisions", None)
-        if keep is not None:  # for the next process (infra/decision_memory.py)
-            try:
-                keep()
-            except Exception:
-                log.exception("worker watchdog: the decisions could not be kept for the next process")
+        try:  # for the next process (worker/decision_memory.py)
+            self.runtime.keep_decisions()
+        except Exception:
+            log.exception("worker watchdog: the decisions could not be kept for the next process")
         if not graceful:
-            if self.store is not None:
+            if self.runtime.store is not None:
                 with contextlib.suppress(Exception):
-                    self.store.close()
+                    self.runtime.store.close()
             logging.shutdown()
             os._exit(WATCHDOG_EXIT)
         grace = self.watchdog.limits.stop_grace_s if self.watchdog is not None else 5.0

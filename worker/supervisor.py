@@ -1,17 +1,19 @@
-"""``tokenfleet worker``: a supervisor that runs the worker the bootstrap (``infra/bootstrap.py``)
-wires in a child process (``worker/child.py``), and starts it again when it dies or stops
-consuming (its watchdog, ``worker/watchdog.py``, says when).
+"""``tokenfleet worker``: a supervisor that runs the worker ``worker/wiring.py`` wires in a child
+process (``worker/child.py``), and starts it again when it dies or stops consuming (its
+watchdog, ``worker/watchdog.py``, says when).
 
 Why a child process: a Faust worker whose broker went away and came back does not recover by
 itself; a fresh process is the one state that is known to work. The supervisor (``run_worker``)
-recreates missing topics (``ensure_topics``, bounded retries), starts the child, and when the
-child exits abnormally starts it again after a bounded, jittered back-off (reset once a child
-has run ``Backoff.reset_after_s``). SIGTERM / SIGINT: the child is stopped gracefully (SIGTERM,
-then SIGKILL after ``Backoff.stop_timeout_s``) and the supervisor exits without a restart. A
-child killed with the supervisor: the child asks the kernel for SIGKILL when its parent dies
-(Linux) and checks its parent every probe. The ready marker (``worker/ready.py``) is removed
-before every (re)start; each child's marker carries its start number, which is how the child's
-restarts are seen from outside (``tokenfleet status``).
+waits until the broker answers, recreates missing topics (``ensure_topics``, bounded retries),
+starts the child, and when the child exits abnormally starts it again after a bounded, jittered
+back-off (reset once a child has run ``Backoff.reset_after_s``). A broker that does not answer
+is said once, in one line; the supervisor then probes it quietly, on the same back-off, and says
+once more when it answers again (``_wait_for_the_broker``). SIGTERM / SIGINT: the child is
+stopped gracefully (SIGTERM, then SIGKILL after ``Backoff.stop_timeout_s``) and the supervisor
+exits without a restart. A child killed with the supervisor: the child asks the kernel for
+SIGKILL when its parent dies (Linux) and checks its parent every probe. The ready marker
+(``worker/ready.py``) is removed before every (re)start; each child's marker carries its start
+number, which is how the child's restarts are seen from outside (``tokenfleet status``).
 """
 
 from __future__ import annotations
@@ -28,16 +30,15 @@ import uuid
 from dataclasses import dataclass
 from types import FrameType
 
-from infra.bootstrap import kafka_connection
 from infra.errors import first_line
 from infra.kafka.broker import (
     AnotherScheduler,
-    BrokerRefused,
-    broker_refusal,
     deciders_group,
     ensure_topics,
     other_schedulers,
+    why_unreachable,
 )
+from infra.kafka.bus import kafka_connection
 from infra.kafka.connection import KafkaConnection
 from infra.settings import Settings
 from worker.child import ChildSpec
@@ -59,6 +60,7 @@ class Backoff:
     start_timeout_s: float = 180.0  # a child not ready by then is killed and restarted
     stop_timeout_s: float = 25.0  # SIGTERM to the child, then SIGKILL
     ensure_topics_s: float = 10.0  # retry budget of one ensure_topics before a (re)start
+    probe_timeout_s: float = 3.0  # one probe of a broker that does not answer waits this long
 
     def delay(self, failures: int) -> float:
         ceiling = min(self.max_s, self.initial_s * 2.0 ** max(0, failures - 1))
@@ -107,14 +109,15 @@ class _Supervisor:
         try:
             while not self.stopping:
                 self.marker.unlink(missing_ok=True)
+                if not self._wait_for_the_broker():
+                    break
                 try:
                     ensure_topics(
                         self.connection,
                         self.settings.topic_partitions,
                         timeout_s=self.backoff.ensure_topics_s,
                     )
-                except Exception as exc:  # KafkaError, OSError: the broker does not answer yet
-                    self._refuse_a_broker_that_refuses_us()
+                except Exception as exc:  # KafkaError, OSError: the broker answers, but not enough yet
                     failures += 1
                     delay = self.backoff.delay(failures)
                     log.warning(
@@ -152,13 +155,35 @@ class _Supervisor:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-    def _refuse_a_broker_that_refuses_us(self) -> None:
-        """``BrokerRefused`` (one line) if the broker refuses this worker's TLS or SASL: waiting
-        for a broker that is coming up makes sense, retrying a certificate nobody trusts or a
-        wrong password does not (and would hide the reason in a restart loop)."""
-        why = broker_refusal(self.connection)
-        if why is not None:
-            raise BrokerRefused(f"the Kafka broker at {self.connection} refused the connection: {why}")
+    def _wait_for_the_broker(self) -> bool:
+        """Return ``True`` once a broker of the connection answers, ``False`` when told to stop
+        first. A broker that does not answer is said in one line; it is then probed quietly
+        (``why_unreachable``: no client retries, no log lines), the probes ``Backoff.delay``
+        apart (doubling up to ``Backoff.max_s``, jittered), and one more line says when it
+        answers again. ``BrokerRefused`` (one line) if it refuses this worker's TLS or SASL:
+        waiting for a broker that is coming up makes sense, retrying a certificate nobody
+        trusts or a wrong password does not (and would hide the reason in a restart loop)."""
+        down_since: float | None = None
+        tries = 0
+        while not self.stopping:
+            why = why_unreachable(self.connection, self.backoff.probe_timeout_s)
+            if why is None:
+                if down_since is not None:
+                    log.warning(
+                        "worker supervisor: Kafka broker %s answers again (unreachable for %.0f s)",
+                        self.connection, time.monotonic() - down_since,
+                    )  # fmt: skip
+                return True
+            if down_since is None:
+                down_since = time.monotonic()
+                log.warning(
+                    "worker supervisor: Kafka broker %s unreachable (%s); retrying every %.1f s, "
+                    "backing off to every %.0f s, quietly until it answers",
+                    self.connection, why, self.backoff.initial_s, self.backoff.max_s,
+                )  # fmt: skip
+            tries += 1
+            self._sleep(self.backoff.delay(tries))
+        return False
 
     def _refuse_a_second_scheduler(self) -> None:
         """``AnotherScheduler`` (one line) if another scheduler (another app id) already decides

@@ -19,13 +19,13 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import faust
 
 from infra.kafka.broker import BrokerProbe
 from infra.kafka.connection import KafkaConnection
 from schemas.topics import ALL_TOPICS
+from worker.probes import Health
 
 log = logging.getLogger(__name__)
 
@@ -52,17 +52,21 @@ class WatchdogLimits:
 
 class Watchdog:
     """Looks every ``limits.probe_s`` whether the worker still really consumes (see the module
-    docstring); calls ``give_up(reason)`` once when not."""
+    docstring); calls ``give_up(reason, graceful)`` once when not. ``app``: the worker's Faust
+    app (its tables' changelog topics must exist too); ``health``: the worker's verdict and
+    status (``worker.probes.WorkerHealth``)."""
 
     def __init__(
         self,
         app: faust.App,
+        health: Health,
         connection: KafkaConnection,
         limits: WatchdogLimits,
         supervisor_pid: int,
         give_up: Callable[[str, bool], None],
     ) -> None:
-        self.app, self.limits, self.supervisor_pid, self.give_up = app, limits, supervisor_pid, give_up
+        self.app, self.health, self.limits = app, health, limits
+        self.supervisor_pid, self.give_up = supervisor_pid, give_up
         self.probe = BrokerProbe(
             connection,
             timeout_s=min(2.0, limits.broker_down_s),
@@ -75,7 +79,7 @@ class Watchdog:
     def _lost(self, what: str) -> None:
         # At once, before this process's consumer can rejoin a restarted broker's group: a
         # member that dies in the middle of a join stays in the group until its session times
-        # out, and the next worker's join then takes a second round (measured: +8 s).
+        # out, and the next worker's join then takes a second round.
         self.give_up(f"{what} (the broker went away)", False)
 
     async def run(self) -> None:
@@ -116,8 +120,7 @@ class Watchdog:
             self._missing_probes = self._missing_probes + 1 if missing else 0
             if self._missing_probes >= limits.missing_topics_probes:
                 return f"topics {missing} are gone from the broker{_LOG_LOST}"
-        health: Callable[[float], tuple[bool, dict[str, Any]]] = self.app.conf.tokenfleet_health
-        consuming, status = health(limits.fetch_stale_s)
+        consuming, status = self.health(limits.fetch_stale_s)
         for name, mark in status["highwater"].items():
             if mark < self._highest.get(name, 0):
                 return f"{name}'s high watermark went from {self._highest[name]} to {mark}{_LOG_LOST}"

@@ -35,7 +35,8 @@ from agents.policy.peers import (
     SglangGatewayCacheAware,
     SmgEvents,
 )
-from agents.policy.pipeline import HoldLimits, Scheduler
+from agents.policy.pipeline import Scheduler
+from agents.policy.pools import HoldLimits
 from agents.policy.slomax import SloMax
 from agents.policy.tokenpilot import TokenPilot
 

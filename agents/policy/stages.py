@@ -118,6 +118,17 @@ class HoldAware(Protocol):
 
 
 @runtime_checkable
+class DecidesInLane(Protocol):
+    """An admission or instance-selection stage that decides differently as decider k of its
+    pool's n (``agents/policy/lanes.py``). The ``Scheduler`` sets ``lane = (k, n)`` before any
+    offer and again whenever the pool's deciders change; (0, 1) until then. TokenPilot breaks
+    near-ties towards the instances of its own lane (``InstanceSelector.in_lane``); SLOMax counts
+    the holds of the deciders of later lanes (``SharesHolds``)."""
+
+    lane: tuple[int, int]
+
+
+@runtime_checkable
 class SharesHolds(Protocol):
     """An admission stage that counts the holds of the pool's other deciders
     (``HeldElsewhere``, read from the admission log) as well as its own."""

@@ -93,8 +93,8 @@ class EnginePort(Protocol):
     async def load(self, now_wall: float) -> list[Heartbeat]:
         """Each endpoint's load and cache state, one ``Heartbeat`` per endpoint in ``endpoints``
         order: waiting and running requests, tokens in flight, KV blocks used / total, readiness
-        (``endpoint_ready``; False: it cannot take requests or could not be measured), model
-        version. ``ts`` is when it was measured (an adapter may return its last scrape)."""
+        (``endpoint_ready``; False: it cannot take requests or could not be read), model
+        version. ``ts`` is when it was read (an adapter may return its last scrape)."""
         ...
 
     async def events(self, now_wall: float) -> list[EngineEvent]:

@@ -10,13 +10,16 @@ The embedded engine locks its data directory: one *process* at a time. A second 
 engine prints ``Cannot lock file .../status`` to stderr). Inside one process every client shares
 the one engine, and the process can host only one engine path while any client is open. So
 close clients (``client.close()`` or ``with connect(url) as client:``) before another process,
-or another path, needs the store.
+or another path, needs the store. ``held_by_another_process`` tells beforehand, without the
+engine's own message on stderr.
 """
 
 from __future__ import annotations
 
 import difflib
+import fcntl
 import re
+from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import clickhouse_connect
@@ -37,6 +40,25 @@ def connect(url: str) -> Client:
         client.close()
         raise
     return client
+
+
+def held_by_another_process(url: str) -> Path | None:
+    """The data directory of the embedded store at ``url`` if another process has it open (the
+    engine holds an exclusive ``flock`` on ``DIR/status`` while it runs), else None: a server
+    URL, an in-memory store, a directory no engine opened yet or one free now. The answer can be
+    out of date by the time the store is opened; it is for saying so in one line, not a lock."""
+    parts = urlsplit(url)
+    if parts.scheme != "chdb" or parts.netloc:
+        return None
+    directory = Path("/" + parts.path.lstrip("/"))  # chdb:////abs: the path is //abs
+    try:
+        with (directory / "status").open("rb") as status:
+            fcntl.flock(status, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when closed
+    except BlockingIOError:
+        return directory
+    except OSError:  # no status file: nothing runs there
+        return None
+    return None
 
 
 def split_database(url: str) -> tuple[str, str]:

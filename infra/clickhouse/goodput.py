@@ -8,9 +8,11 @@ event once however often it was delivered (ReplacingMergeTree on ``event_id``). 
 driver's clock as epoch seconds (wall time in the service; the simulator writes its own clock).
 
 ``ClickHouseOutcomes`` is the simulator's ``OutcomeSink`` on ClickHouse: it writes each ended
-attempt as a ``Completion`` and each reject as an ``AdmissionDecision`` through the production
-sink (which judges ``met_slo`` itself), and its ``window`` flushes them and reads them back with
-the query above: the simulated control loop reads what the production one reads.
+attempt as its ``Completion`` (``sim.loop.feedback.EndedAttempt.completion``: this adapter takes
+any attempt that gives one and imports nothing of the simulator) and each reject as an
+``AdmissionDecision`` through the production sink (which judges ``met_slo`` itself), and its
+``window`` flushes them and reads them back with the query above: the simulated control loop
+reads what the production one reads.
 
 ``StoreGoodput`` is the streaming worker's source: it runs those reads and writes on the feedback
 store's own thread (``ClickHouseFeedback.submit``), so routing never waits on ClickHouse.
@@ -25,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
-from typing import get_args
+from typing import Protocol
 
 from clickhouse_connect.driver.client import Client
 
@@ -35,7 +37,6 @@ from agents.policy.slomax.feedback import ClassWindow
 from infra.clickhouse.feedback import ClickHouseFeedback
 from infra.clickhouse.sink import FeedbackSink, ms_time
 from schemas.events import AdmissionDecision, Completion
-from sim.loop.feedback import EndedAttempt
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,10 @@ class ClickHouseGoodput:
         self._client.insert("slomax_adjustments", [row], column_names=list(ADJUSTMENT_COLUMNS))
 
 
-_STATUSES = get_args(Completion.model_fields["status"].annotation)
+class EndedAttempt(Protocol):
+    """An attempt that ended on an instance, as the simulator reports it."""
+
+    def completion(self) -> Completion: ...
 
 
 class ClickHouseOutcomes:
@@ -140,19 +144,7 @@ class ClickHouseOutcomes:
         self._count = 0
 
     def ended(self, attempt: EndedAttempt) -> None:
-        a = attempt
-        self._completions.append(
-            Completion.model_validate(
-                {
-                    "ts": a.time_s, "request_id": a.request_id, "attempt": a.attempt,
-                    "instance_id": a.instance_id, "model": a.model, "tenant": a.tenant,
-                    "slo_class": a.slo_class, "status": a.status if a.status in _STATUSES else "error",
-                    "arrival_ts": a.arrival_s, "ttft_s": a.ttft_s, "tpot_s": a.tpot_s, "e2e_s": a.e2e_s,
-                    "input_tokens": a.input_tokens, "cached_tokens": a.cached_tokens,
-                    "output_tokens": a.output_tokens, "deadline_ts": a.deadline_s,
-                }
-            )
-        )  # fmt: skip
+        self._completions.append(attempt.completion())
 
     def rejected(self, time_s: float, slo_class: str) -> None:
         self._count += 1

@@ -1,4 +1,4 @@
-"""The run summary, read back from ClickHouse with the simulator's definitions (sim/metrics.py).
+"""The run summary, read back from ClickHouse with the simulator's definitions (sim/evaluation/metrics.py).
 
 Per request (its attempts grouped by ``request_id``; the last attempt decides the outcome):
 ``completed`` = last attempt ok; TTFT percentiles by nearest rank over every request, one without
@@ -12,6 +12,8 @@ data's window, max(completion ts) - min(arrival_ts), the same for every class:
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Sequence
 from typing import Any
 
 from clickhouse_connect.driver.client import Client
@@ -62,17 +64,25 @@ ORDER BY is_total, slo_class
 """
 
 
+_NUMBER = "[0-9]+[.][0-9]+|[0-9]+"
+
 # One row per (class, answer, reason): a reject's reason by its code (the text before ':'), a
-# hold's by its text with the numbers taken out, so holds for one cause group together.
+# hold's by its text with the numbers taken out, so holds for one cause group together; for a
+# hold also one of its texts and, position by position, the lowest and highest of its numbers.
 _ADMISSIONS_SQL = f"""
-SELECT
-    slo_class,
-    action,
-    if(action = 'reject', splitByChar(':', reason)[1],
-       replaceRegexpAll(replaceRegexpOne(reason, '^[a-z+-]+: ', ''), '[0-9]+[.][0-9]+|[0-9]+', 'N')) AS why,
-    uniqExact(request_id) AS requests
-FROM admission_decisions FINAL
-WHERE action IN ('queue', 'reject') AND {_SINCE}
+SELECT slo_class, action, why, uniqExact(request_id) AS requests, any(text) AS example,
+       minForEach(numbers) AS low, maxForEach(numbers) AS high
+FROM (
+    SELECT
+        slo_class,
+        action,
+        request_id,
+        replaceRegexpOne(reason, '^[a-z+-]+: ', '') AS text,
+        if(action = 'reject', splitByChar(':', reason)[1], replaceRegexpAll(text, '{_NUMBER}', 'N')) AS why,
+        arrayMap(x -> toFloat64(x), extractAll(text, '{_NUMBER}')) AS numbers
+    FROM admission_decisions FINAL
+    WHERE action IN ('queue', 'reject') AND {_SINCE}
+)
 GROUP BY slo_class, action, why
 ORDER BY slo_class, action, requests DESC, why
 """
@@ -83,10 +93,13 @@ def admissions(
 ) -> dict[str, dict[str, Any]]:
     """Per class: ``rejected`` and ``held`` (distinct requests), and for each its ``top``
     reasons as ``{reason: requests}`` (``rejects_by_reason``, ``holds_by_reason``). A request
-    held and later rejected counts in both."""
+    held and later rejected counts in both. A reject's reason is its code (``expired``); a
+    hold's is its text with each number replaced by the range it took over the holds of that
+    cause (``predicted TTFT 1.42 to 1.61 s over 1.25 to 1.30 s (headroom and margin)``)."""
     since = {"since_ms": 0 if since_ts is None else int(since_ts * 1000), "run": run_id}
     per_class: dict[str, dict[str, Any]] = {}
-    for slo_class, action, why, requests in client.query(_ADMISSIONS_SQL, parameters=since).result_rows:
+    rows = client.query(_ADMISSIONS_SQL, parameters=since).result_rows
+    for slo_class, action, why, requests, example, low, high in rows:
         entry = per_class.setdefault(
             str(slo_class), {"rejected": 0, "held": 0, "rejects_by_reason": {}, "holds_by_reason": {}}
         )
@@ -95,8 +108,22 @@ def admissions(
         )
         entry[count] += int(requests)
         if len(entry[reasons]) < top:
-            entry[reasons][str(why)] = int(requests)
+            told = str(why) if action == "reject" else with_ranges(str(example), low, high)
+            entry[reasons][told] = int(requests)
     return per_class
+
+
+def with_ranges(text: str, low: Sequence[float], high: Sequence[float]) -> str:
+    """``text`` with its i-th number replaced by ``low[i]`` (``low[i] to high[i]`` when they
+    differ), each written with as many decimals as that number in ``text``."""
+    spans = iter(zip(low, high, strict=True))
+
+    def span(match: re.Match[str]) -> str:
+        decimals = len(match.group().partition(".")[2])
+        least, most = next(spans)
+        return f"{least:.{decimals}f}" if least == most else f"{least:.{decimals}f} to {most:.{decimals}f}"
+
+    return re.sub(_NUMBER, span, text)
 
 
 _COUNTS = ("requests", "completions", "completed", "aborted", "timeout", "error")

@@ -40,7 +40,6 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Sequence
@@ -48,7 +47,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from aiokafka.errors import KafkaError
 
@@ -57,6 +56,7 @@ from infra.kafka.connection import KafkaConnection
 from schemas import topics
 from schemas.codec import DecodeError, decode
 from schemas.events import Event
+from streams.clients import ConsumerLoop
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class TopicSink(ConsumerRebalanceListener):  # type: ignore[misc]
         holds a join for half the rebalance timeout: keep them low there). ``max_pending_rows``
         should stay below the store's memory buffer (``feedback_buffer_rows``), so back-pressure
         comes before the buffer drops rows. ``max_records`` bounds a batch: it is decoded on the
-        worker's event loop (~5 µs a message), so 500 hold the routing up for ~3 ms at most."""
+        worker's event loop, so a batch holds the routing up for as long as its decoding takes."""
         self.group_id = group_id
         self.store = store
         self.max_records = max_records
@@ -134,21 +134,22 @@ class TopicSink(ConsumerRebalanceListener):  # type: ignore[misc]
         self.revoke_grace_s = revoke_grace_s
         self.retry_s = retry_s
         self.committed: dict[TopicPartition, int] = {}  # what this sink committed, per partition
-        self._options = {
-            **connection.client_options(),
-            "group_id": group_id,
-            "enable_auto_commit": False,  # committed by hand, after the store's acknowledgement
-            "auto_offset_reset": "earliest",
-            "partition_assignment_strategy": (StickyPartitionAssignor,),
-            "session_timeout_ms": int(session_timeout_s * 1000),
-            "rebalance_timeout_ms": int(rebalance_timeout_s * 1000),
-            "heartbeat_interval_ms": int(heartbeat_interval_s * 1000),
-            "fetch_max_wait_ms": fetch_max_wait_ms,
-        }
+        self._reader = ConsumerLoop(
+            f"store sink {group_id}",
+            {
+                **connection.client_options(),
+                "group_id": group_id,
+                "enable_auto_commit": False,  # committed by hand, after the store's acknowledgement
+                "auto_offset_reset": "earliest",
+                "partition_assignment_strategy": (StickyPartitionAssignor,),
+                "session_timeout_ms": int(session_timeout_s * 1000),
+                "rebalance_timeout_ms": int(rebalance_timeout_s * 1000),
+                "heartbeat_interval_ms": int(heartbeat_interval_s * 1000),
+                "fetch_max_wait_ms": fetch_max_wait_ms,
+            },
+        )
         self._kinds = {spec.name: spec.event for spec in TOPIC_TABLES}
         self._tables = {spec.name: table for spec, table in TOPIC_TABLES.items()}
-        self._consumer: Any = None
-        self._task: asyncio.Task[None] | None = None
         self._handed: deque[_Handed] = deque()  # in the order read
         self._acknowledged: dict[TopicPartition, int] = {}  # to commit (a commit failed, or not tried)
         self._epoch = 0  # one more at every revocation: older batches are never committed
@@ -161,25 +162,22 @@ class TopicSink(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def start(self) -> None:
         """Start the consumer (inside the worker's event loop) and the sink's loop."""
-        self._consumer = AIOKafkaConsumer(**self._options)
-        await self._consumer.start()
-        self._consumer.subscribe([spec.name for spec in TOPIC_TABLES], listener=self)
-        self._task = asyncio.create_task(self._run())
+        await self._reader.start(self._run, topics=[spec.name for spec in TOPIC_TABLES], listener=self)
+
+    @property
+    def _consumer(self) -> Any:
+        return self._reader.consumer
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Stop reading; commit what the store acknowledges within ``grace_s``; leave the group."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._reader.stop_reading()
         if self._consumer is None:
             return
         try:
             await self._settle(grace_s)
         finally:
             self._handed.clear()
-            await _stop_client(self._consumer, 10.0)  # leaves the group: the others take over
-            self._consumer = None
+            await self._reader.stop()  # leaves the group: the others take over
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -309,15 +307,3 @@ class TopicSink(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         log.info("store sink %s: %d partitions assigned", self.group_id, len(assigned))
-
-
-async def _stop_client(client: Any, timeout_s: float) -> None:
-    """Stop a client without hanging on a broker that is gone (as the dispatcher does)."""
-    try:
-        await asyncio.wait_for(client.stop(), timeout_s)
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise
-    except Exception:
-        pass

@@ -286,21 +286,14 @@ async def _probe_each(connection: KafkaConnection, timeout_s: float) -> tuple[bo
     return False, last
 
 
-def broker_refusal(connection: KafkaConnection, timeout_s: float = 8.0) -> str | None:
-    """Why the broker refuses this client's TLS or SASL (one line), or ``None``: it answers, or
-    it is away (which is no configuration error: a worker waits for its broker)."""
-    try:
-        _answered, last = asyncio.run(_probe_each(connection, timeout_s))
-    except ValueError:  # an address without a port: the caller's own check names it
-        return None
-    return refusal(last)
+def why_unreachable(connection: KafkaConnection, timeout_s: float = 8.0) -> str | None:
+    """``None`` when a broker of ``connection`` answers a metadata request within ``timeout_s``
+    (each address tried in turn, within the one budget), else why none did, in one line. Quiet:
+    one probe, no client's retries and none of their log lines, so a caller that waits for its
+    broker (the worker's supervisor) decides what to say.
 
-
-def require_reachable(connection: KafkaConnection, timeout_s: float = 8.0) -> None:
-    """``BrokerUnreachable`` (one line) unless a broker of ``connection`` answers a metadata
-    request within ``timeout_s`` (each address tried in turn, within the one budget):
-    a command that needs the broker says so at once instead of retrying for minutes.
-    ``BrokerRefused`` (one line) when a broker refused the TLS handshake or the SASL login."""
+    ``BrokerRefused`` (one line) when a broker refused the TLS handshake or the SASL login, and
+    ``BrokerUnreachable`` for an address that is not ``host:port``: no wait mends either."""
     try:
         answered, last = asyncio.run(_probe_each(connection, timeout_s))
     except ValueError:  # an address without a port
@@ -308,11 +301,20 @@ def require_reachable(connection: KafkaConnection, timeout_s: float = 8.0) -> No
             f"TOKENFLEET_KAFKA_BOOTSTRAP={connection.bootstrap!r} is not host:port[,host:port]"
         ) from None
     if answered:
-        return
+        return None
     why = refusal(last)
     if why is not None:
         raise BrokerRefused(f"the Kafka broker at {connection} refused the connection: {why}")
-    raise BrokerUnreachable(f"no Kafka broker answers at {connection} (within {timeout_s:.0f} s)")
+    return first_line(last) if last is not None else f"no answer within {timeout_s:.0f} s"
+
+
+def require_reachable(connection: KafkaConnection, timeout_s: float = 8.0) -> None:
+    """``BrokerUnreachable`` (one line) unless a broker of ``connection`` answers a metadata
+    request within ``timeout_s`` (``why_unreachable``): a command that needs the broker says so
+    at once instead of retrying for minutes. ``BrokerRefused`` (one line) when a broker refused
+    the TLS handshake or the SASL login."""
+    if why_unreachable(connection, timeout_s) is not None:
+        raise BrokerUnreachable(f"no Kafka broker answers at {connection} (within {timeout_s:.0f} s)")
 
 
 DECIDERS_SUFFIX = "-deciders"

@@ -82,24 +82,27 @@ async def partition_reader(
     consumer = await start_client(
         lambda: AIOKafkaConsumer(**connection.client_options(), enable_auto_commit=False, **config), what
     )
-    await consumer.topics()  # fetch metadata, so the partitions are known
-    partitions = [
-        TopicPartition(spec.name, p)
-        for spec in specs
-        for p in sorted(consumer.partitions_for_topic(spec.name) or ())
-    ]
-    if not partitions:
-        await consumer.stop()
-        raise TopicsMissing(f"the topics {', '.join(s.name for s in specs)} do not exist on {connection}")
-    consumer.assign(partitions)
-    if at == "beginning":
-        await consumer.seek_to_beginning(*partitions)
-    elif at == "end":
-        await consumer.seek_to_end(*partitions)
-    else:
-        await _seek_to_time(consumer, partitions, time.time() - float(at))
-    for tp in partitions:
-        await consumer.position(tp)
+    try:
+        await consumer.topics()  # fetch metadata, so the partitions are known
+        partitions = [
+            TopicPartition(spec.name, p)
+            for spec in specs
+            for p in sorted(consumer.partitions_for_topic(spec.name) or ())
+        ]
+        if not partitions:
+            raise TopicsMissing(f"the topics {', '.join(s.name for s in specs)} do not exist on {connection}")
+        consumer.assign(partitions)
+        if at == "beginning":
+            await consumer.seek_to_beginning(*partitions)
+        elif at == "end":
+            await consumer.seek_to_end(*partitions)
+        else:
+            await _seek_to_time(consumer, partitions, time.time() - float(at))
+        for tp in partitions:
+            await consumer.position(tp)
+    except BaseException:
+        await consumer.stop()  # a reader that is not returned is nobody's to stop
+        raise
     return consumer
 
 

@@ -4,7 +4,7 @@
 app, the dispatcher, the gateway, the admin client that creates topics, the readiness probes and
 the command line's publishers all take it instead of a bare bootstrap string, so none of them
 can be built without the TLS and SASL settings. It is made once per process from the settings
-(``infra.bootstrap.kafka_connection``: the configured Kafka, or the embedded Tansu broker, which
+(``infra.kafka.bus.kafka_connection``: the configured Kafka, or the embedded Tansu broker, which
 speaks plaintext only) and handed down.
 
 What it produces:

@@ -85,5 +85,5 @@ def response(
 
 
 def duration(seconds: float) -> float:
-    """A measured duration as the wire carries it (``timing.clamp_duration``)."""
+    """A duration as the wire carries it (``timing.clamp_duration``)."""
     return timing.clamp_duration(seconds, MAX_DURATION_S)

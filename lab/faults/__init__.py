@@ -73,7 +73,7 @@ starts a new consumer from offset 0 of the new log, keeping what it saw before; 
 producer, the worker and the fleet are left to reconnect on their own.
 
 The gateway path (``gateway_*`` scenarios, ``lab.faults.gateway_harness``): each runs on a
-stack started as a user starts it (``lab.local.up``: ``tokenfleet up --engines emulated
+stack started as a user starts it (``local.up``: ``tokenfleet up --engines emulated
 --servers 2 --policy slomax+tokenpilot``; ``gateway_vllm_engine_kill``: ``--engines local``,
 two vLLM CPU servers), brought down after; ~300 calls of the official ``openai`` client at
 concurrency 6 (``lab.faults.gateway_clients``: its timeouts and retries) go through the
@@ -103,7 +103,7 @@ client (``lab.faults.gateway_tally``; a call is one ``create()`` under its own
 - ``ready_200_while_blind_s`` / ``ready_503_while_answering_s``: seconds of the traffic in
   which the gateway's ``/ready`` (polled every 0.25 s; no answer is not ready) said 200 while
   blind, or not 200 while answers came; ``status_ready_while_blind_s``: seconds ``tokenfleet
-  status`` (``lab.local.refresh``, every 1 s) showed every part ready while blind;
+  status`` (``local.refresh``, every 1 s) showed every part ready while blind;
 - ``engine_starts``: calls the engines started (emulated: ``/debug/served`` by request id;
   vLLM: ``vllm:request_success_total``), over every engine process; ``attempts_placed``:
   (request id, attempt) with a routing decision; ``engine_started_twice``: calls an engine

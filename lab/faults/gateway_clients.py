@@ -9,7 +9,7 @@ client, the probes of ``/ready`` and ``tokenfleet status``, and the engines' own
   wrapped around the client's own (``_Timed``): when it left, when its headers came or it
   failed, its status. What the calls saw is kept as ``lab.faults.gateway_tally.Call``.
 - ``Probes``: the gateway's ``/ready`` every ``READY_EVERY_S`` (no answer counts as not ready)
-  and what ``tokenfleet status`` shows (``lab.local.refresh``, the function it prints) every
+  and what ``tokenfleet status`` shows (``local.refresh``, the function it prints) every
   ``STATUS_EVERY_S``: ready when every part of the stack is ``ready`` (an inventory's engine:
   ``up``).
 - ``EngineCounts``: each engine's starts by request id, polled every ``ENGINE_EVERY_S`` from
@@ -36,7 +36,7 @@ import openai
 from prometheus_client.parser import text_string_to_metric_families
 
 from lab.faults.gateway_tally import Attempt, Call, Sample
-from lab.local import refresh
+from local import refresh
 
 TIMEOUT_S = 60.0
 CONNECT_TIMEOUT_S = 5.0

@@ -1,6 +1,6 @@
 """The gateway scenarios' harness: one scenario's run on a stack started as a user starts it.
 
-A ``GatewayRun`` brings a stack up in its directory with ``lab.local.up`` (what ``tokenfleet up
+A ``GatewayRun`` brings a stack up in its directory with ``local.up`` (what ``tokenfleet up
 --engines emulated --servers 2 --policy slomax+tokenpilot --port 0`` does; ``--engines local``
 for the real-vLLM scenario), in an environment of its own (every ``TOKENFLEET_*`` setting of the
 caller dropped but the engine's Python; data and the worker's embedded store in the run's
@@ -8,7 +8,7 @@ directory; the probes on free ports). The supervisor of ``up`` restarts what is 
 does for a user. The run measures with the apparatus of ``lab.faults.gateway_clients`` (the
 callers, the probes, the engines' counts) and the fault suite's collector on the stack's broker
 (``lab.faults.clients.Collector``, here also reading ``tf.requests``); ``close`` stops the
-apparatus and brings the stack down (``lab.local.down``), and ``figures`` counts (definitions:
+apparatus and brings the stack down (``local.down``), and ``figures`` counts (definitions:
 ``lab.faults``). Faults are injected by the pids in the stack's ``state.json``.
 """
 
@@ -52,9 +52,9 @@ from lab.faults.gateway_tally import (
 )
 from lab.faults.harness import stored_completions
 from lab.faults.tally import FIGURES, Key, count_lost, once_and_twice, recovered_after, rounded, tally
-from lab.local import UpOptions, down, up
-from lab.local.plan import Plan
-from lab.local.state import MARKER_ENV, PLAN_FILE, PartState, StackState, read_state
+from local import UpOptions, down, up
+from local.plan import Plan
+from local.state import MARKER_ENV, PLAN_FILE, PartState, StackState, read_state
 from schemas.topics import REQUESTS
 from worker.ready import read_marker
 
@@ -280,7 +280,7 @@ class GatewayRun:
         logfile.close()
         self.processes.append(process)
         deadline = time.monotonic() + timeout_s
-        from lab.local.supervisor import probe
+        from local.supervisor import probe
 
         while not await asyncio.to_thread(probe, f"http://127.0.0.1:{port}/ready"):
             if process.poll() is not None or time.monotonic() > deadline:

@@ -10,7 +10,7 @@ rejected, aborted or never finished does not meet it.
 Found by bisection on the scale, to ``precision`` (2 %): from ``start``, double (or halve) until
 a scale that meets the target and one that does not bracket the crossing, then halve the
 bracket geometrically until ``high / low <= 1 + precision``; the answer is ``low`` (a scale
-that was *measured* to meet the target). The search assumes share falls as load rises; where a
+that was *run* and met the target). The search assumes share falls as load rises; where a
 policy's share is not monotone it finds one crossing, and every probe is kept in the result so
 that shows. Every policy gets the same probes' workload, fleet, seed and clients.
 """
@@ -270,7 +270,7 @@ def format_capacity(document: Mapping[str, Any]) -> str:
 
 
 def _violations(result: Mapping[str, Any]) -> str:
-    """A table cell: the run's total violations ("-": not measured)."""
+    """A table cell: the run's total violations ("-": not counted)."""
     found = result.get("violations")
     return f" {'-' if found is None else found['total']} |"
 

@@ -5,7 +5,7 @@ whole measurement window W (its ``InstanceSpec.price``; None when the fleet give
 only GPU-seconds are reported). Over W each instance is busy ``busy_i`` seconds (running engine
 steps) and idle the rest.
 
-Attribution (``Instance._attribute_busy``): every engine step's busy time is shared among the
+Attribution (``Instance._account_busy``): every engine step's busy time is shared among the
 requests in the step by the tokens each computed in it, a prefill chunk of c tokens counting c
 and a decoder one per step. So the attempts' shares add up to the instances' busy time, and a
 long prompt pays for the steps its chunks fill. GPU-seconds are instance-seconds x the

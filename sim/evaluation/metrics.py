@@ -14,7 +14,7 @@ what happened inside W and divide by |W|:
 - percentiles over every request of the cohort, by nearest rank: a request that never got its
   first token (aborted, rejected) has an infinite TTFT (and E2E), written as null when a
   percentile lands on it, so no policy improves its percentiles by losing requests. TTFT and
-  E2E are measured from the request's first arrival (a retry does not reset the clock); TPOT
+  E2E are counted from the request's first arrival (a retry does not reset the clock); TPOT
   over completed requests with at least two output tokens;
 - ``cache_hit_ratio``: prompt tokens served from the prefix cache / prompt tokens, over
   attempts admitted to an instance;
@@ -207,7 +207,7 @@ def report(
     requests: Sequence[RequestOutcome] | None = None,
 ) -> dict[str, object]:
     """Metrics in total and ``per_class``, rounded so equal runs print equal JSON. ``window`` is
-    the arrival span; the metrics are measured over ``measurement_window`` of it. ``requests``:
+    the arrival span; the metrics are taken over ``measurement_window`` of it. ``requests``:
     the run's ``judged`` outcomes, if the caller has them already."""
     attempts = list(attempts)
     arrivals = window

@@ -14,6 +14,7 @@ Returns the files written. matplotlib runs headless (the Agg backend).
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,7 @@ def _ttft_cdf(results: Mapping[str, Mapping[str, Any]], title: str, path: Path) 
     axes.set_ylabel("share of requests")
     axes.set_ylim(0, 1)
     axes.grid(True, which="both", alpha=0.3)
-    axes.set_title(f"TTFT CDF — {title}\n(a curve ends below 1 where requests never got a first token)")
+    _title(axes, f"TTFT CDF — {title}", "(a curve ends below 1 where requests never got a first token)")
     axes.legend(fontsize=8)
     return _save(figure, path)
 
@@ -92,7 +93,7 @@ def _goodput_per_class(results: Mapping[str, Mapping[str, Any]], title: str, pat
         axes.bar([k + i * width for k in range(len(classes))], values, width, label=name)
     axes.set_xticks([k + width * (len(names) - 1) / 2 for k in range(len(classes))], classes)
     axes.set_ylabel("goodput (output tokens/s meeting the class's SLO)")
-    axes.set_title(f"Goodput per SLO class — {title}")
+    _title(axes, f"Goodput per SLO class — {title}")
     axes.legend(fontsize=8)
     return _save(figure, path)
 
@@ -116,7 +117,7 @@ def capacity_plot(document: Mapping[str, Any], path: Path) -> Path:
     axes.set_xlabel("arrival-rate scale (x the trace's rate, log scale)")
     axes.set_ylabel("interactive requests within TTFT and TPOT")
     engine = f", {document['engine']} engine" if "engine" in document else ""
-    axes.set_title(f"SLO capacity — {document['workload']} on {document['fleet']}{engine}")
+    _title(axes, f"SLO capacity — {document['workload']} on {document['fleet']}{engine}")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize=8)
     return _save(figure, path)
@@ -144,6 +145,17 @@ def curve_plot(document: Mapping[str, Any], path: Path) -> Path:
         compliant.set_ylim(0, 1.02)
         goodput.legend(fontsize=8)
     return _save(figure, path)
+
+
+_TITLE_CHARS_PER_INCH = 10.0
+"""Characters of a title (12 pt) per inch of figure width, with room to spare: the wrap width."""
+
+
+def _title(axes: Any, *lines: str) -> None:
+    """``lines`` as the axes' title, each wrapped to the figure's width (a workload's name can be
+    a long path or spec; ``tight_layout`` makes room above for a tall title, not a wide one)."""
+    width = max(int(axes.figure.get_figwidth() * _TITLE_CHARS_PER_INCH), 20)
+    axes.set_title("\n".join(textwrap.fill(line, width, break_on_hyphens=False) for line in lines))
 
 
 def _save(figure: Any, path: Path) -> Path:

@@ -67,7 +67,7 @@ _KEYS = (
 
 def _cell(fmt: str, value: Any) -> str:
     # A missing latency is one no request reached (infinite, ``null`` in JSON); a missing share
-    # or count is "not measured".
+    # or count is "not counted".
     if value is None:
         return "inf" if "." in fmt and "%" not in fmt else "-"
     return fmt.format(value)

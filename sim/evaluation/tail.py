@@ -10,7 +10,7 @@ cached than it did. The cause is *routing* if some instance held at least that m
 it found when it was decided, else *capacity*: no instance held it any more (evicted
 everywhere) — no placement of that request could have found it.
 
-Also measured: the *duplication* of the fleet's cache (share of the resident blocks that are a
+Also reported: the *duplication* of the fleet's cache (share of the resident blocks that are a
 second or later copy of a block, sampled every ``SAMPLE_EVERY`` decisions: the most a router
 that avoided copies could win back as room), and the policy's TTFT quantiles three more times:
 

@@ -5,7 +5,7 @@ In the service a pool's requests are spread over partitions by an affinity key, 
 (a decider, a full ``Scheduler``) decides what its partitions bring. Every worker reads the
 pool's heartbeats, KV events, first tokens and completions, and the other workers' placements
 from ``tf.decisions``, ``decision_log_delay_s`` after they were made (the embedded broker's
-round trip: about 4.5 ms at the median). ``Deciders`` plays that in the simulator:
+round trip: a few milliseconds, docs/results/real-engines.md). ``Deciders`` plays that in the simulator:
 
 - which decider decides a request (``decider_of``): ``affinity``, the request's affinity key
   modulo N: the chained hash of its prompt's first min(4, n) blocks (it names that whole
@@ -143,9 +143,8 @@ class Deciders:
         if not log_delay_s >= 0:
             raise ValueError("the decision log's delay must be >= 0 seconds")
         self.schedulers = tuple(schedulers)
-        for k, scheduler in enumerate(self.schedulers):  # near-ties broken in lanes of their own
-            scheduler.decide_in_lane(k, len(self.schedulers))
-            scheduler.log_delay_s = log_delay_s
+        for k, scheduler in enumerate(self.schedulers):
+            scheduler.decide_in_lane(k, len(self.schedulers), log_delay_s)
         self.name = schedulers[0].name
         self.log_delay_s = log_delay_s
         self.split = split

@@ -4,16 +4,20 @@ An ``OutcomeSink`` gets every attempt that ended on an instance (``EndedAttempt`
 ``Completion`` event carries) and every reject, and is the ``GoodputSource`` the stage reads:
 ``MemoryOutcomes`` here, or ``infra.clickhouse.goodput.ClickHouseOutcomes`` (the simulator writes
 completions and rejects into ClickHouse and the control loop reads them back with the production
-query). Both judge ``met`` by the same rule (``met_slo``).
+query; it takes any ended attempt that gives its ``Completion``, so the store adapter needs
+nothing of the simulator). Both judge ``met`` by the same rule (``met_slo``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, get_args
 
 from agents.policy.slomax.feedback import ClassWindow, GoodputSource, InMemoryGoodput
+from schemas.events import Completion
 from sim.loop.deciders import PoolDecider
+
+_STATUSES = get_args(Completion.model_fields["status"].annotation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +41,19 @@ class EndedAttempt:
     output_tokens: int
     deadline_s: float | None  # absolute
     met: bool
+
+    def completion(self) -> Completion:
+        """The ``Completion`` event of this end (a status the wire does not know is ``error``)."""
+        return Completion.model_validate(
+            {
+                "ts": self.time_s, "request_id": self.request_id, "attempt": self.attempt,
+                "instance_id": self.instance_id, "model": self.model, "tenant": self.tenant,
+                "slo_class": self.slo_class, "status": self.status if self.status in _STATUSES else "error",
+                "arrival_ts": self.arrival_s, "ttft_s": self.ttft_s, "tpot_s": self.tpot_s,
+                "e2e_s": self.e2e_s, "input_tokens": self.input_tokens, "cached_tokens": self.cached_tokens,
+                "output_tokens": self.output_tokens, "deadline_ts": self.deadline_s,
+            }
+        )  # fmt: skip
 
 
 class OutcomeSink(GoodputSource, Protocol):

@@ -9,7 +9,7 @@ and the real-time driver of the emulated fleet (``sim/loop/live.py``).
   aborted where it is: waiting, it ends at once (``aborted``); running, at the end of the step
   in progress;
 - end: the client sees the end ``return_s`` later (``end_s``); what the attempt reports
-  (``Measures``): its status, TTFT, TPOT and E2E, measured at the client
+  (``Measures``): its status, TTFT, TPOT and E2E, taken at the client
   (``agents/policy/common/timing.py``).
 
 Where the news goes differs: the loop tells its scheduler (``FirstToken``, ``Finished``), the
@@ -35,7 +35,7 @@ gave up on timed out; one refused or failed is an error."""
 
 @dataclass(frozen=True, slots=True)
 class Measures:
-    """What an ended attempt reports, at the client (durations unclamped; None: not measured)."""
+    """What an ended attempt reports, at the client (durations unclamped; None: none taken)."""
 
     status: ReportedStatus
     ttft_s: float | None  # None: no first token

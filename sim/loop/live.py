@@ -6,7 +6,7 @@ call. Every wall time of the outside world (a request's arrival ``ts``, its ``de
 through the same affine map, so at ``speed`` X the instances run X times faster than the clock
 and a delay in the pipeline in front of the fleet costs X emulated seconds of TTFT.
 
-Reported durations (TTFT, TPOT, E2E) are emulated seconds, measured from the request's arrival at
+Reported durations (TTFT, TPOT, E2E) are emulated seconds, counted from the request's arrival at
 the scheduler (its ``ts``). Event timestamps (``ts``) are the wall time the event happened at.
 
 Each attempt that runs reports its first token (a ``ResponseStarted``, as a proxy sees the

@@ -12,7 +12,7 @@ Events, in time order (ties: step ends, then arrivals, then client timeouts, the
   holds are offered again (``Scheduler.tick``) — and so do the KV events an instance emitted;
 - dispatch (fleets of several DCs): an attempt sent to a DC at round trip r from the ingress
   reaches its instance r/2 later, and what it streams back reaches the client r/2 after the
-  instance produced it (TTFT and E2E are measured at the client, network included);
+  instance produced it (TTFT and E2E are taken at the client, network included);
 - outage (``FleetSpec.outages``): a DC goes down — what its instances run fails (the client
   retries it at once), they stop heartbeating (the scheduler keeps their last row, ageing) and
   whatever reaches them fails — and comes back later with cold caches.

@@ -174,15 +174,14 @@ def test_provisioning_defines_the_data_sources_the_dashboards_use() -> None:
 
 @pytest.fixture(scope="module")
 def demo_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    """A data dir filled by a real ``tokenfleet demo`` run (``slomax+tokenpilot``), and its JSON
-    summary."""
+    """A data dir filled by a real demo run (``python -m lab.demo_cli``, ``slomax+tokenpilot``),
+    and its JSON summary."""
     data_dir = tmp_path_factory.mktemp("dashboards-demo")
     summary = data_dir / "demo.json"
     command = [
         sys.executable,
         "-m",
-        "cli.main",
-        "demo",
+        "lab.demo_cli",
         "--policy",
         "slomax+tokenpilot",  # so the SLOMax panels (control steps) have data too
         "--duration",

@@ -9,7 +9,7 @@ import pytest
 
 from agents.handlers import SchedulerAgents
 from agents.keeping import LogKeeper
-from agents.policy.pipeline import DEFERRED_POOL
+from agents.policy.pools import DEFERRED_POOL
 from agents.routing import RoutingService
 from schemas import topics
 from schemas.codec import encode
@@ -44,7 +44,9 @@ def raw(*events: Any) -> list[tuple[bytes | None, bytes | None]]:
 @pytest.fixture
 def world() -> tuple[SchedulerAgents, MemoryPublisher, RecordingTelemetry]:
     publisher, telemetry = MemoryPublisher(), RecordingTelemetry()
-    agents = SchedulerAgents(RoutingService("tokenpilot"), MemoryState(), publisher, telemetry)
+    agents = SchedulerAgents(
+        RoutingService("tokenpilot", log_delay_s=0.005), MemoryState(), publisher, telemetry
+    )
     return agents, publisher, telemetry
 
 

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from agents.handlers import Refused, SchedulerAgents
-from agents.policy.pipeline import HoldLimits
+from agents.policy.pools import HoldLimits
 from agents.routing import RoutingService
 from schemas import topics
 from schemas.codec import encode

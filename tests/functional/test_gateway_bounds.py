@@ -224,3 +224,38 @@ def test_two_gateways_on_one_port_and_one_stops_the_other_takes_the_new_calls() 
             await asyncio.wait_for(tasks[1], 10)
 
     asyncio.run(main())
+
+
+def test_port_0_serves_on_a_free_port_and_logs_it(caplog: Any) -> None:
+    """``tokenfleet gateway --port 0`` (as ``tokenfleet up --port 0``): any free port, and the log
+    says which, so a caller can find it."""
+    import logging
+    import re
+
+    async def main() -> None:
+        inventory = parse_inventory(
+            {"instances": [{"id": "e1", "url": "http://127.0.0.1:1", "model": MODEL}]}
+        )
+        gateway = BusFreeGateway(inventory, CountingPrompts(), GatewayOptions())
+        stop = asyncio.Event()
+        with caplog.at_level(logging.INFO, logger="gateway.server"):
+            task = asyncio.ensure_future(serve(gateway, "127.0.0.1", 0, stop))
+            for _ in range(200):
+                found = re.search(r"gateway listening on http://127\.0\.0\.1:(\d+) ", caplog.text)
+                if found:
+                    break
+                await asyncio.sleep(0.02)
+        assert found is not None, caplog.text
+        port = int(found.group(1))
+        try:
+            assert port != 0
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(f"http://127.0.0.1:{port}/health") as answer,
+            ):
+                assert answer.status == 200
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+
+    asyncio.run(main())

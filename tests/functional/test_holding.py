@@ -11,7 +11,8 @@ import pytest
 from agents.handlers import SchedulerAgents
 from agents.policy.baselines import RoundRobin
 from agents.policy.defaults import HomeDc, PassThrough
-from agents.policy.pipeline import HoldLimits, Scheduler
+from agents.policy.pipeline import Scheduler
+from agents.policy.pools import HoldLimits
 from agents.policy.types import BoolArray, ClusterView, Placement, RequestView
 from agents.routing import RoutingService
 from schemas import topics

@@ -14,13 +14,13 @@ from dispatcher.service import run_fleet
 from infra.kafka.batches import collect_results
 from infra.kafka.connection import KafkaConnection
 from infra.kafka.request_client import RequestClient
-from lab.loadgen import publish_and_await, submit_batch
 from lab.stack import ValueCollector
 from schemas.codec import encode
 from schemas.events import InferenceRequest, Response, RoutingDecision
 from schemas.topics import DECISIONS, REQUESTS, key_of
 from sim.workloads.sources import open_workload
 from tests.integration.streaming import request, unique, worker
+from traffic.loadgen import publish_and_await, submit_batch
 
 TIMEOUT_S = 60.0
 POOL = "llama3-8b"  # the emulated fleet's model

@@ -14,7 +14,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from dispatcher.service import run_fleet
 from infra.kafka.connection import KafkaConnection
-from lab.loadgen import parse_duration, publish_workload, submit_batch
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import (
     BatchJob,
@@ -27,6 +26,7 @@ from schemas.events import (
 )
 from schemas.topics import BATCH_JOBS, COMPLETIONS, DECISIONS, FIRST_TOKENS, HEARTBEATS, REQUESTS, key_of
 from sim.workloads.sources import open_workload
+from traffic.loadgen import parse_duration, publish_workload, submit_batch
 
 TIMEOUT_S = 30.0
 

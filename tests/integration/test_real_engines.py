@@ -25,12 +25,12 @@ from infra.kafka.batches import collect_results
 from infra.kafka.connection import KafkaConnection
 from infra.vllm.inventory import dump_inventory
 from lab.engine_stack import EngineStack, StackOptions
-from lab.loadgen import submit_batch
-from lab.vllm_launcher import VllmServers
+from local.vllm_launcher import VllmServers
 from schemas.codec import decode
 from schemas.events import Completion, Heartbeat, InferenceRequest, Response, RoutingDecision, Sampling
 from schemas.topics import COMPLETIONS, DECISIONS, HEARTBEATS, REQUESTS, RESPONSES
 from tests.integration.streaming import Collector, publish, unique
+from traffic.loadgen import submit_batch
 
 MODEL = "tiny-llama"
 T = TypeVar("T")

@@ -25,8 +25,8 @@ import openai
 import pytest
 from openai import OpenAI
 
-from lab.local.state import StackState, alive, group_members, left_over, marked, read_state
-from lab.vllm_launcher import ENGINE_MISSING, engine_python_or_none
+from local.state import StackState, alive, group_members, left_over, marked, read_state
+from local.vllm_launcher import ENGINE_MISSING, engine_python_or_none
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,8 +17,8 @@ import pytest
 import zmq
 from tokenizers import Tokenizer
 
-from lab.tiny_model import ensure_tiny_model, train_tokenizer
-from lab.vllm_launcher import VllmServers, VllmServerSpec, VllmStartError, free_ports, server_specs
+from local.tiny_model import ensure_tiny_model, train_tokenizer
+from local.vllm_launcher import VllmServers, VllmServerSpec, VllmStartError, free_ports, server_specs
 from tests.integration.vllm_servers import MODEL
 
 LABELS = f'{{engine="0",model_name="{MODEL}"}}'

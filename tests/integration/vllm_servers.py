@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from lab.tiny_model import ensure_tiny_model
-from lab.vllm_launcher import ENGINE_MISSING, VllmServers, engine_python_or_none, server_specs
+from local.tiny_model import ensure_tiny_model
+from local.vllm_launcher import ENGINE_MISSING, VllmServers, engine_python_or_none, server_specs
 
 MODEL = "tiny-llama"
 

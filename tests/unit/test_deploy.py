@@ -461,7 +461,7 @@ def test_the_parser_rejects_unknown_options_and_commands() -> None:
     with pytest.raises(AssertionError):
         parse(["db", "migrat"])
     with pytest.raises(typer.BadParameter):
-        parse(["gateway", "--port", "0"])
+        parse(["gateway", "--port", "70000"])
 
 
 # -- the processes, as each container runs them ----------------------------------------------------
@@ -679,7 +679,7 @@ def test_every_tokenfleet_variable_is_a_setting() -> None:
 def served(command: str) -> set[str]:
     """The paths a process serves, read from its source."""
     sources = {
-        "worker": (ROOT / "infra" / "bootstrap.py", r'@app\.page\("(/[^"]*)"\)'),
+        "worker": (ROOT / "worker" / "probes.py", r'@app\.page\("(/[^"]*)"\)'),
         "fleet": (ROOT / "infra" / "probes.py", r'add_get\("(/[^"]*)"'),
         "gateway": (ROOT / "gateway" / "server.py", r'add_get\("(/[^"]*)"'),
     }

@@ -4,10 +4,13 @@ Checked on the source (every module's import statements, lazy ones inside functi
 - the pure core (``agents.policy``) imports only the standard library, numpy and itself, and
   numba in its one module of compiled kernels' decorator (``agents/policy/common/compiled.py``);
 - ``schemas`` imports nothing of the project; ``agents`` nothing of streams, infra, sim, bench;
-- ``streams`` and the simulator never import the adapters (``infra``) or a deployable;
-- the deployables (``worker``, ``dispatcher``, ``gateway``) never import one another;
-- product code never imports the lab, the command line, ``bench`` or ``tests``; the lab never
-  imports the command line;
+- ``streams`` and the simulator never import the adapters (``infra``) or a deployable, and the
+  adapters never import the simulator;
+- the deployables (``worker``, ``dispatcher``, ``gateway``) never import one another; the stack
+  on one machine (``local``: ``tokenfleet up``) and the traffic into it (``traffic``) import
+  the deployables and the adapters;
+- product code (the command line included) never imports the lab, ``bench`` or ``tests``; the lab
+  never imports the command line;
 - the judge of violations (``sim/evaluation/violations.py``) shares no code with the policy it
   judges: it imports nothing of ``agents.policy.fleetmind``, and importing it loads none of it.
 """
@@ -31,12 +34,16 @@ PROJECT = (
     "worker",
     "dispatcher",
     "gateway",
+    "local",
+    "traffic",
     "cli",
     "lab",
     "bench",
     "tests",
 )
 ADAPTERS = ("infra", "agents", "streams", "schemas", "sim")
+DEPLOYABLES = ("worker", "dispatcher", "gateway")
+PRODUCT = ("agents", "schemas", "streams", "infra", "sim", *DEPLOYABLES, "local", "traffic", "cli")
 
 
 def imports_of(package: str) -> dict[str, set[str]]:
@@ -82,13 +89,15 @@ def test_the_pure_core_imports_only_stdlib_numpy_and_itself() -> None:
         ("agents", ("agents", "schemas")),
         ("streams", ("streams", "agents", "schemas")),
         ("sim", ("sim", "agents.policy", "schemas")),
-        ("infra", ADAPTERS),
+        ("infra", ("infra", "agents", "streams", "schemas")),
         ("worker", ("worker", *ADAPTERS)),
         ("dispatcher", ("dispatcher", *ADAPTERS)),
         ("gateway", ("gateway", *ADAPTERS)),
-        ("lab", ("lab", "worker", "dispatcher", "gateway", *ADAPTERS)),
-        ("cli", ("cli", "lab", "worker", "dispatcher", "gateway", *ADAPTERS)),
-        ("bench", ("bench", "lab", "worker", "dispatcher", "gateway", *ADAPTERS)),
+        ("local", ("local", *DEPLOYABLES, *ADAPTERS)),
+        ("traffic", ("traffic", "gateway", *ADAPTERS)),
+        ("cli", ("cli", "local", "traffic", *DEPLOYABLES, *ADAPTERS)),
+        ("lab", ("lab", "local", "traffic", *DEPLOYABLES, *ADAPTERS)),
+        ("bench", ("bench", "lab", "local", "traffic", *DEPLOYABLES, *ADAPTERS)),
     ],
 )
 def test_layers_import_only_inward(package: str, allowed: tuple[str, ...]) -> None:

@@ -34,9 +34,9 @@ block again in the same epoch does not move it). So an evicted block was never t
 than any block kept, except for blocks touched in the same epoch: the error is at most one
 epoch, 1/64 of the capacity (exact LRU for capacity < 65 when each ``add`` touches one block).
 
-The compiled loops do what the previous pure-Python index did, operation for operation (the
-same ids handed out and freed in the same order, the same ring contents), so the index evolves
-exactly as it did: only faster (a prompt block cost ~1.5 us to walk and ~1 us to add there).
+The compiled loops do what a pure-Python index would, operation for operation (the same ids
+handed out and freed in the same order, the same ring contents); what they save:
+docs/results/speed.md.
 """
 
 from __future__ import annotations
@@ -379,8 +379,7 @@ class PrefixIndex:
 
 def sorted_distinct(values: npt.NDArray[IntT]) -> npt.NDArray[IntT]:
     """``np.unique(values)`` through one sort. numpy 2.4's ``unique`` without return arguments
-    takes a hash-table path that is far slower on integer arrays (100 000 ids: 46 ms against
-    0.7 ms); it made up most of the 4096-instance index build."""
+    takes a hash-table path that is far slower on integer arrays (docs/results/speed.md)."""
     ordered = np.sort(values)
     keep = np.empty(len(ordered), dtype=bool)
     keep[:1] = True

@@ -26,20 +26,23 @@ class InstanceSelector:
 
     Subclasses implement ``pick`` (one request, its candidate mask, never empty); this class
     runs the batch in order and keeps the router's own in-flight accounting (``in_flight``), so
-    each placement is counted before the next request of the batch is decided.
+    each placement is counted before the next request of the batch is decided. The hooks, in
+    the order they are called: ``start_batch``; per request ``pick`` then ``on_routed``;
+    ``finish_batch`` (may revise predictions, never rows); and on observations
+    ``on_first_token``, ``on_kv_event`` (only with ``wants_kv_events``) and
+    ``on_placed_elsewhere`` (docs/architecture/stages.md has the table).
 
     Several deciders per pool: another decider's placement (``Placed``) joins ``in_flight`` as
     an own send would, then ``on_placed_elsewhere`` lets the router add it to its own
     bookkeeping. A router whose replicas share no state sets ``shares_placements`` False: it
     ignores ``Placed`` altogether, as its real replicas would.
 
-    ``lane`` (k, n): this decider is number k of the pool's n. Decisions made within the few
-    milliseconds before the deciders see each other's placements can collide: two requests of a
-    burst, decided at once by two deciders on an idle fleet, land on the same instance. A
-    router that picks at random among near-equal instances breaks such a tie towards the
-    instances of its own lane (``in_lane``: the CRC-32 of the instance id, modulo n, is k), so
-    idle deciders spread a burst over disjoint instances; a clear winner is still picked
-    wherever it is. (1 decider: one lane, no effect.)
+    ``lane`` (k, n; ``DecidesInLane``): this decider is number k of the pool's n. Two deciders
+    deciding at the same instant do not see each other, so two requests of a burst can land on
+    the same idle instance. A router that picks at random among near-equal instances breaks
+    such a tie towards the instances of its own lane (``in_lane``: the CRC-32 of the instance
+    id, modulo n, is k), so idle deciders spread a burst over disjoint instances; a clear
+    winner is still picked wherever it is. (1 decider: one lane, no effect.)
     """
 
     name = "routing"

@@ -24,7 +24,7 @@ def tpot(first_token_s: float | None, last_token_s: float | None, output_tokens:
 
 
 def decode_s(tpot_s: float, output_tokens: int) -> float:
-    """First token to last: the time ``tpot`` was measured over."""
+    """First token to last: the span ``tpot`` is averaged over."""
     return tpot_s * (output_tokens - 1)
 
 

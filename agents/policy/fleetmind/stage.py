@@ -118,7 +118,7 @@ class FleetMind:
         return notices
 
     def observe(self, event: Observation) -> None:
-        """Completions feed each DC's measured TPOT (step 6)."""
+        """Completions feed each DC's observed TPOT (step 6)."""
         if isinstance(event, Finished) and event.status == "ok" and event.tpot_s is not None:
             dc = self._dc_of.get(event.instance_id)
             if dc is not None:

@@ -1,4 +1,4 @@
-"""SLOMax: admission, queue pools and capacity shares, closed-loop on measured goodput."""
+"""SLOMax: admission, queue pools and capacity shares, closed-loop on observed goodput."""
 
 from agents.policy.slomax.admission import SloMax
 

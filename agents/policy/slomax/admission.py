@@ -12,7 +12,7 @@ request sent now and ``wait`` the part of it spent waiting (all but its own pref
 instance), each request gets one answer:
 
 - ``reject`` ``cannot_meet_slo`` when its objective is out of reach even if sent now, and even
-  at the low end of the prediction's measured error (``errors.py``: per class and prompt size,
+  at the low end of the prediction's observed error (``errors.py``: per class and prompt size,
   low(ttft) = ttft x the 5th percentile of observed / predicted TTFT, at most 1): waited +
   low(ttft) > its class's TTFT objective; for batch, now + ttft + output budget x ``tpot_estimate_s`` > its
   deadline. A held request that becomes so is rejected with ``expired``: a held request is
@@ -23,11 +23,9 @@ instance), each request gets one answer:
 - ``admit`` when the request is feasible and its class's gate is open:
     interactive:  ttft <= headroom x objective (1.3 s of a 2 s objective by default) and
                   waited + high(ttft) <= objective: the high end of the prediction's own
-                  measured error (``errors.py``, below) for its class and prompt size, not
-                  one margin for all (with a fixed 25 % margin of what is left beside it,
-                  Mooncake at 0.5 x L67 let 409 requests expire that ``tokenpilot`` served,
-                  343 without, on seed 0; 252 and 253 on seed 1; the synthetic and held-out
-                  mixes were unchanged). The pool
+                  observed error (``errors.py``, below) for its class and prompt size, not
+                  one margin for all (a fixed margin beside it let long interactive prompts
+                  expire that ``tokenpilot`` served: docs/results/slomax.md). The pool
                   estimate (below) has no per-row error: there the bound is
                   (objective - waited) / (1 + ``ttft_margin``), 25 % of what is left
     long_context: the same with long_headroom (4.5 s of 15 s), and an instance prefills
@@ -43,10 +41,9 @@ instance), each request gets one answer:
   (``placement.py``); the request may only be placed on such rows (urgent batch: anywhere),
   and, interactive and long context, only on the rows where its own predicted TTFT passes the
   gate: the router prices more than TTFT (the harm its prefill does to decodes), so the
-  instance with the lowest TTFT may lack prefill room, or the router may prefer another; an
-  admission judged on one row and placed on another missed its objective (measured on the
-  synthetic mix at L67: 0.977 of admitted interactive requests met it, 0.999 once the
-  candidates are the rows that pass)
+  instance with the lowest TTFT may lack prefill room, or the router may prefer another, and an
+  admission judged on one row and placed on another misses its objective more often
+  (docs/results/slomax.md, "Why the gates are where they are")
 - ``queue`` in the pool named after its class otherwise: offered again at the next snapshot.
 
 The rule that keeps admission free when there is room: a gate may hold a request only while
@@ -54,7 +51,7 @@ holding it costs nothing, to it or to the others.
 
 - A request is *due* when it could not afford another hold: waited + gap + high(ttft) >
   objective, with gap the mean time between snapshots (when it would be offered again) and
-  high(ttft) >= ttft the high end of its bucket's measured error: the larger of ttft x the
+  high(ttft) >= ttft the high end of its bucket's observed error: the larger of ttft x the
   90th percentile of observed / predicted TTFT and ttft + the 90th percentile of observed -
   predicted (a short prediction's error is mostly fixed costs, which a ratio does not scale).
 - The headroom gate guards the request itself (a margin for prediction error), so a due request
@@ -71,27 +68,27 @@ holding it costs nothing, to it or to the others.
   Without a router's per-row prediction (the pool estimate below) only a request let past a
   gate is held to it: the pool estimate is the same for every row and moves only as the
   class's recent TTFT does, so holding a request for a better one gains nothing, and its
-  measured error (0.2-2.2x) would hold every request that waited (on the synthetic mix at
-  1.5 x L67, ``slomax+least-tokens`` then let 21 941 requests expire and kept 2 404 tokens/s
-  of goodput against 10 738).
+  error is so wide that the test would hold every request that waited until it expired
+  (docs/results/slomax.md, "The predictor stopped learning the holds").
   With several deciders, when no row would meet it at the high end even for its own prefill
   alone (a hold that could only end in ``expired``), it goes where its point prediction meets
-  its objective: a decider's measured error then mostly counts the other deciders' unseen
+  its objective: a decider's observed error then mostly counts the other deciders' unseen
   placements of the same instant (``waiver.py``). One decider keeps the high-end test (there
-  the same rule raised the regret at 0.5 x L67).
+  the same rule raised the regret below capacity: docs/results/scoreboard.md).
 
 So at normal load every gate opens before a request's objective is gone, and a reject means the
-request would most likely have missed anyway; under overload (interactive work waiting, no room below the
-TPOT objective) the gates hold as before. Measured by ``rejected_met_without_admission`` against
-the same router without admission (``sim/evaluation/regret.py``, ``python -m bench.goodput_curve``).
+request would most likely have missed anyway; under overload (interactive work waiting, no room
+below the TPOT objective) the gates hold as before. Judged by ``rejected_met_without_admission``
+against the same router without admission (``sim/evaluation/regret.py``, ``python -m
+bench.goodput_curve``).
 
 Why the gates are on the predicted TTFT well below the objective, and on prefill room: a
 request admitted into a long queue meets its own TTFT, but its prefill then runs beside the
-decodes of its instance, and prefill chunks are what stretch time per output token (measured on
-the synthetic mix at its L67 load, ``python -m bench.slomax``: with the TTFT gate at the
-objective itself, 2 771 of 21 323 interactive requests missed their TPOT). Long prompts
-(48k-80k tokens, ~5 s of prefill at 0.3-0.5 s a step) are the strongest such interference,
-hence their own, tighter gate and their share of the instances.
+decodes of its instance, and prefill chunks are what stretch time per output token (with the
+TTFT gate at the objective itself, admitted requests miss their TPOT instead: docs/results/
+slomax.md, "Why the gates are where they are"). Long prompts (seconds of prefill over many
+engine steps) are the strongest such interference, hence their own, tighter gate and their
+share of the instances.
 
 ``ttft`` is the router's own prediction per row (``predict_rows``, TokenPilot's calibrated
 model) where the router has one, else, on every row alike, what the class's admitted requests
@@ -117,19 +114,19 @@ delays after it came), so it would take room their older holds need: in serving 
 a request of its offer it counts each hold of a later lane's decider that began before the
 request arrived as admitted ahead of it (its prompt at ``prefill_tokens_per_s``, charged to every
 ready row's prefill room and to the next predictions, as an admit of the same offer), so the
-pool's oldest work takes the room first, whichever decider holds it (Azure code at L67, 8
-seeds, goodput against one decider: two 0.946 -> 0.987, four 0.919 -> 0.974;
-``docs/results/scoreboard.md``).
+pool's oldest work takes the room first, whichever decider holds it (without it, several
+deciders kept less goodput than one under overload: docs/results/scoreboard.md, "The pool's
+oldest holds take a snapshot's room first").
 
 Tenants inside a tier are served by token-weighted fair queuing (``fairness.py``), and no tenant
 is crowded out by another's flood: while a tenant holds more than its weighted part of the
 pool's tokens in flight, the tenants below their own part (``fairness.under_share``) are served
 first, whatever their class, and a batch request that keeps its tenant within its part passes
 the saturated batch gate. With one tenant, or every tenant near its part, nothing changes.
-(Letting them take the prefill room below the TPOT objective itself, as a due request does, too
-cost 13 % of the goodput at L67 on a held-out mix: ``docs/results/slomax.md``.) ``headroom``
-and ``batch_share`` are moved by the control loop (``controller.py``) from measured goodput
-read through a ``GoodputSource`` (``bind_feedback``); without one they keep their defaults.
+(They do not take the prefill room below the TPOT objective itself, as a due request does:
+that costs goodput under overload; docs/results/slomax.md, "Fairness".) ``headroom`` and
+``batch_share`` are moved by the control loop (``controller.py``) from the goodput observed
+through a ``GoodputSource`` (``bind_feedback``); without one they keep their defaults.
 """
 
 from __future__ import annotations
@@ -441,7 +438,7 @@ class SloMax:
             return self._past(request, past, _NO_ROOM, where, ttft)
         headroom = self.knobs.headroom if name == INTERACTIVE else self.long_headroom
         limit = headroom * objective
-        if predicted.per_row:  # bounded by its measured error (module docstring)
+        if predicted.per_row:  # bounded by its observed error (module docstring)
             fits = where & (predicted.ttft_s <= limit) & past.meets(predicted.ttft_s)
             bound = "headroom and measured error"
         else:  # the pool estimate: a fixed share of what is left

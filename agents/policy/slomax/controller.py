@@ -1,4 +1,4 @@
-"""SLOMax's control loop: admission thresholds and capacity shares, adjusted from measured goodput.
+"""SLOMax's control loop: admission thresholds and capacity shares, adjusted from observed goodput.
 
 Every ``interval_s`` the loop reads the last ``span_s`` of per-class outcomes (``GoodputSource``)
 and moves two knobs of the admission stage:

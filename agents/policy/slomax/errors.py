@@ -1,4 +1,4 @@
-"""How wrong SLOMax's TTFT predictions are, measured per class and prompt size.
+"""How wrong SLOMax's TTFT predictions are, per class and prompt size.
 
 Every admitted request carries the TTFT admission predicted for it; its first token tells the
 TTFT it got. Per (class, prompt-size bucket) the last ``window`` ratios
@@ -15,9 +15,8 @@ them bound what a new prediction p of that bucket may turn out to be:
 
 with q_low / q_high the ``low_quantile`` / ``high_quantile``. The ratio bounds a long
 prediction; the lateness a short one, whose error is mostly fixed costs a ratio does not scale
-(the step in progress on the instance, the way back to the client): on a held-out mix at
-1.5 x L67, 151 of 197 admitted interactive requests that missed had waited ~1.75 s, were
-predicted 0.15-0.25 s and took ~0.3 s (``python -m bench.slomax``). Buckets are
+(the step in progress on the instance, the way back to the client: a ratio bound alone let
+short predictions miss by tens of milliseconds, docs/results/slomax.md). Buckets are
 powers of four of the prompt (< 4k, 4k-16k, 16k-64k, >= 64k tokens): a 100k-token prompt has an
 error of its own, not the short prompts' one. A bucket with fewer than ``min_samples`` ratios
 borrows its class's pooled ratios, and a class with too few the ``prior`` bounds.
@@ -43,7 +42,7 @@ def size_bucket(input_tokens: int) -> int:
 
 
 class ErrorBounds(NamedTuple):
-    """A bucket's measured error: ratio bounds ``low`` <= 1 <= ``high`` and ``late_s`` >= 0,
+    """A bucket's observed error: ratio bounds ``low`` <= 1 <= ``high`` and ``late_s`` >= 0,
     the ``high_quantile`` of observed - predicted (module docstring)."""
 
     low: float
@@ -122,7 +121,7 @@ class PredictionErrors:
             errors.add(predicted_s, observed_s)
 
     def bounds(self, slo_class: str, input_tokens: int) -> ErrorBounds:
-        """The measured error of a prediction of this class and prompt size."""
+        """The observed error of a prediction of this class and prompt size."""
         bucket = self._buckets.get((slo_class, size_bucket(input_tokens)))
         if bucket is not None and len(bucket) >= self.min_samples:
             return bucket.bounds

@@ -55,8 +55,7 @@ class VirtualTokenCounter:
 CROWDED_OUT = 0.5
 """How far below its part a tenant must be to count as crowded out. Tenants of equal demand
 drift around their parts all the time, and at 1.0 (any tenant below its part) the rule reorders
-the synthetic mix's six equal tenants constantly: 8 992 tokens/s of goodput at L67 against 9 154
-at 0.5 (``python -m bench.slomax --l67 4.172``, one run each)."""
+equal tenants constantly and costs goodput (docs/results/slomax.md, "Fairness")."""
 
 
 def under_share(

@@ -122,7 +122,7 @@ class Rows:
         self, slo_class: str, prefill_s: FloatArray, urgent: bool = False, due: bool = False
     ) -> BoolArray | None:
         """The rows a request of ``slo_class`` may use, ``prefill_s`` its own prefill seconds on
-        each row; None: none has room (it waits). ``due``: measured by ``due_room`` (the room
+        each row; None: none has room (it waits). ``due``: judged by ``due_room`` (the room
         below the TPOT objective itself) instead of ``room`` (below its headroom)."""
         room, budget = (self.due_room, self.due_budget) if due else (self.room, self.budget)
         need = np.minimum(prefill_s, 0.5 * budget)

@@ -5,15 +5,15 @@ request then still goes only to rows where it most likely meets its objective:
 
     rows = allowed & (waited + high(ttft) <= objective)
 
-with ``high`` the high end of its prediction's measured error (``errors.py``: the larger of a
+with ``high`` the high end of its prediction's observed error (``errors.py``: the larger of a
 ratio and a lateness in seconds). With several deciders, when
 not even its own prefill alone (``own``, as on an idle instance) meets the objective at the high
 end on any allowed row, a hold could only end in ``expired``, so the point prediction decides:
 
     rows = allowed & (waited + ttft <= objective)
 
-(a decider's measured error then mostly counts the other deciders' unseen placements of the
-same instant; measured in the scoreboard's "Several deciders per pool").
+(a decider's observed error then mostly counts the other deciders' unseen placements of the
+same instant; docs/results/scoreboard.md, "Several deciders per pool").
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def at_best(predicted: RowPrediction, rows: BoolArray | None = None) -> tuple[fl
 @dataclass(frozen=True, slots=True)
 class Waiver:
     """What letting a request past a gate needs: its class, prediction, wait, objective, the
-    measured error of its prediction, and why it may pass (it is due, or nothing waits)."""
+    observed error of its prediction, and why it may pass (it is due, or nothing waits)."""
 
     slo_class: str
     predicted: RowPrediction

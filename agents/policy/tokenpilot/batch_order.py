@@ -4,18 +4,19 @@ and reports the burst in that order, ``OrdersBatch``).
 The order a batch is decided in (``order``), while the KV cache of the batch's candidate
 instances is less than ``largest_first_below_kv`` used (0.6): first the requests with a home (at
 least half the prompt cached on a candidate), then the others, each **largest prompt first**;
-once the cache is fuller, as it came. Decided in arrival order, a burst's short prompt
-often goes first to an idle instance and a long prompt of the same instant then lands there
-too (an instance with one fresh decode has the fewest decodes to harm): its prefill chunks ride
-in every step of the short answer's decode, and an answer of a few tokens misses its TPOT (on
-Mooncake's trace every interactive miss at x1 was that). Decided largest first, the long
-prompt's queue is known when the short ones are placed, and they go around it. A request with a
-home goes first because its place is where its cache is: placed after a long prompt, it would
-leave its cache to avoid the long prefill (largest first for all cost Mooncake's median TTFT at
-x0.67 14 %). Once the cache fills, the order goes back to arrival: vLLM preempts the request it
-scheduled last when KV runs out, and a short prompt decided after a long one on the same
-instance would be that request (largest first at any KV use doubled the preemptions on Mooncake
-at x3.375 and lost 7-10 % of goodput there).
+once the cache is fuller, as it came.
+
+Why. Decided in arrival order, a burst's short prompt often goes first to an idle instance and a
+long prompt of the same instant then lands there too (an instance with one fresh decode has the
+fewest decodes to harm): its prefill chunks ride in every step of the short answer's decode, and
+an answer of a few tokens misses its TPOT. Decided largest first, the long prompt's queue is
+known when the short ones are placed, and they go around it. A request with a home goes first
+because its place is where its cache is: placed after a long prompt, it would leave its cache to
+avoid the long prefill, and the median TTFT would suffer. Once the cache fills, the order goes
+back to arrival: vLLM preempts the request it scheduled last when KV runs out, and a short
+prompt decided after a long one on the same instance would be that request (largest first at
+any KV use costs goodput past capacity). Figures: docs/results/scoreboard.md, "Where the
+interactive misses on Mooncake as shipped were".
 """
 
 from __future__ import annotations

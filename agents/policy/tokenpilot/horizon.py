@@ -8,12 +8,11 @@ a request's first token to its last, ``tpot · (output tokens - 1)``, and
 
     H = min(cap_s, median of the last ``window`` decode lives)      (cap_s until ``min_samples``)
 
-On a pool of short answers (the Azure code trace: median 13 output tokens, a few tenths of a
-second) a few prefill steps in a row are what make a decode miss its TPOT, and a 4 s horizon
-averages them away (interactive share within objective at x2.6: 0.987 with 4 s, 0.995 learned).
-The cap keeps long answers at the 4 s the term was first measured with: averaged over a whole
-long decode, a burst of prefills within a few seconds looks harmless but is not (uncapped, on
-the synthetic mix at x9.6: 0.947 against 0.991).
+On a pool of short answers (decode lives of a few tenths of a second) a few prefill steps in a
+row are what make a decode miss its TPOT, and a horizon of seconds averages them away. The cap
+keeps long answers' horizon short: averaged over a whole long decode, a burst of prefills within
+a few seconds looks harmless but is not. Figures: docs/results/scoreboard.md, "How TokenPilot
+got here, round by round".
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """TokenPilot's per-row arithmetic, compiled: one loop over the view's rows per step of a decision.
 
 Why compiled: the formulas of ``router.py``, ``queues.py`` and ``stepclock.py`` written as numpy
-array expressions took about 150 numpy calls per decision, at about a microsecond each whatever
-the pool size (a pool of 8 instances paid as much as one of 256). Each kernel here is one call.
+array expressions cost a decision one numpy call per operation, each at a fixed cost whatever the
+pool size, so a small pool paid as much as a large one (docs/results/speed.md). Each kernel here
+is one call.
 
 Contract shared by every kernel: it computes, element by element, exactly the expression named
 in its docstring, with the operations in the order written there, in IEEE float64 (``kernel``:

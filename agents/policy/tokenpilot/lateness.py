@@ -3,15 +3,16 @@
 The calibrated model (``predictor.py``) is linear in the features of the step-time law it was
 written from. An engine whose attention cost per token pair grows with context (long-context
 kernels, memory-bound reads) prefills a long prompt slower than any linear fit of that law
-predicts, while the many short requests keep the fit right for them: measured on the perturbed
-engine, 85k-token prompts reached their first token ~1.5x and 110k-token prompts ~1.8x later
-than predicted. The queue drain then declares such an instance free seconds too early, and the
-interactive requests sent there wait behind the prompt still prefilling.
+predicts, while the many short requests keep the fit right for them (on the simulator's
+perturbed engine the longest prompts reach their first token far later than predicted:
+docs/results/scoreboard.md, "How TokenPilot got here, round by round"). The queue drain then
+declares such an instance free seconds too early, and the interactive requests sent there wait
+behind the prompt still prefilling.
 
 What the router sees is enough to measure it. For every completed send whose own prefill was
 most of its predicted work (its uncached tokens at least half of the prefill tokens ahead of and
 including it) and took at least ``MIN_TOKENS`` (several engine steps), with predicted TTFT p and
-measured TTFT y, in its size bucket ``b = min(floor(log2(tokens / MIN_TOKENS)), BUCKETS - 1)``:
+observed TTFT y, in its size bucket ``b = min(floor(log2(tokens / MIN_TOKENS)), BUCKETS - 1)``:
 
     L_b <- (1 - alpha) L_b + alpha log(y / p)          (alpha = 1 / min(n_b, window))
     lateness(b) = max(1, max over b' <= b of exp(L_b'))    (buckets with >= min_samples)
@@ -19,9 +20,8 @@ measured TTFT y, in its size bucket ``b = min(floor(log2(tokens / MIN_TOKENS)), 
 A ratio below 1 is never applied (an early first token already clips the queue), and a larger
 prompt is never taken to be relatively faster than a smaller one (the envelope over smaller
 buckets also covers a bucket not seen yet). Shorter prompts are left alone: their error is the
-phase of the engine step in progress when they arrive, not their size (on the default engine
-at Mooncake x2, prompts under 8k tokens came ~1.2x late, which slowed every drain when they
-were counted). On the nominal law the ratios stay near 1.
+phase of the engine step in progress when they arrive, not their size (counted, their lateness
+slowed every drain on the default engine). On the nominal law the ratios stay near 1.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class PrefillLateness:
         self.ratio = np.ones(BUCKETS)  # lateness(b), as applied
 
     def add(self, tokens: float, predicted_s: float, measured_s: float) -> None:
-        """One send's own uncached tokens, predicted and measured TTFT (seconds)."""
+        """One send's own uncached tokens, predicted and observed TTFT (seconds)."""
         if tokens < MIN_TOKENS or predicted_s <= 0 or measured_s <= 0:
             return
         b = bucket(tokens)

@@ -9,7 +9,7 @@ Update with one sample ``(x, y)`` and the a-priori prediction ``p = theta . x``:
 * error scale ``m = max(|y|, c/64)`` (``relative``; ``m = c`` otherwise), ``c`` = running mean
   of ``max(|y|, |p|)``. Weighting the sample by ``(c/m)^2`` makes the fit least squares on
   *relative* errors, which is what MAPE scores (the floor only stops a near-zero ``y`` from
-  outweighing thousands of samples). ``m`` comes from the measured ``y``, never from the
+  outweighing thousands of samples). ``m`` comes from the observed ``y``, never from the
   prediction: a model that predicts far too much must learn most from exactly those samples.
 * Huber: ``e = |y - p| / m``, ``h = min(1, k sigma / e)``; ``sigma`` = running mean of
   ``min(e, k sigma)`` (clipped, so outliers cannot inflate it).

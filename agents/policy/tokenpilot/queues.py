@@ -47,9 +47,8 @@ class PrefillQueues:
     prefilling it: the engine is slower than predicted, e.g. a long prompt on an engine whose
     attention cost grows faster than the model's. Its queue is then kept at no less than that
     request's last chunk, until its first token comes: up to one step's budget of its tokens,
-    with their attention pairs at the end of its prompt (measured: Mooncake as shipped, perturbed
-    engine, x0.125: interactive TTFT misses 47 -> 14, of 11 200; at x0.3 the pairs took them
-    from 38 to 27, before the drain learnt the lateness of long prompts: 11).
+    with their attention pairs at the end of its prompt (figures: docs/results/scoreboard.md,
+    "How TokenPilot got here, round by round").
     """
 
     def __init__(self, horizon_s: float = 4.0) -> None:

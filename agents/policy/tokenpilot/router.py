@@ -12,45 +12,32 @@ For a request with ``input`` prompt tokens on candidate instance i:
                 beyond what i has free (heartbeat, less blocks of own sends since): it waits
                 for running requests to finish and free them
     wait_i    = seconds until the engine step in progress on i ends (0 if idle): the step clock
-                (``stepclock.py``), from the step boundaries the router sees (first tokens, ends
-                of responses) and the decode step's length
+                (``stepclock.py``), from the step boundaries the router sees
 
     TTFT_i ≈ θ · [steps_i, steps_i·B_i, steps_i·C_i, Q_i + P_i, pairs_i, short_i, wait_i]
 
-Prefill is FCFS inside the engine, so a request's first token comes once everything queued ahead
-of it is prefilled, plus its own prefill: the engine's step-time law (T0, c, d per step; a, b per
-prefill token and token pair) summed over those steps, after the step in progress (most requests
-of a busy pool are one step of prefill, so that step's phase is most of their error).
+Prefill is FCFS in the engine: the first token comes after the step in progress, the prefill
+queued ahead and its own, each step by the step-time law (T0, c, d per step; a, b per prefill
+token and token pair).
 
 The queue ahead is the router's own bookkeeping (``queues.py``; it sends every request of the
-pool): each send adds its uncached tokens and pairs to ``Q_i, R_i``; between decisions the queue
-drains at the engine's prefill rate, ``prefill_budget`` tokens per step of the predicted step
-time, stretched by the lateness measured for prompts the size of the one at its head
-(``lateness.py``: on an engine whose attention cost grows with context, long prompts reach their
-first token later than any linear fit of the step-time law predicts); an abort
-before the first token removes what the request had left; a first token clips the queue to what
-was sent there after that request (prefill is FCFS: everything before it is done); and an
-instance idle at its heartbeat with nothing sent since has an empty queue. Only token counts
-enter the queue, never predicted seconds, so a prediction error cannot compound from one
-decision to the next.
+pool), in token counts, never predicted seconds, so a prediction error cannot compound from one
+decision to the next: each send adds its uncached tokens and pairs to ``Q_i, R_i``; between
+decisions the queue drains at ``prefill_budget`` tokens per predicted step, stretched by the
+lateness of prompts the size of the one at its head (``lateness.py``); an abort before the first
+token removes what the request had left; a first token clips the queue to what was sent there
+after that request; an instance idle at its heartbeat with nothing sent since has an empty queue.
 
-θ is not hand-tuned: one ``OnlineLinearModel`` per engine profile is calibrated online from
-completions (the features recorded at decision time against the first token's time after the
-send: the TTFT the completion reports, counted from the request's arrival, less what it waited
-before it was sent), so a heterogeneous pool is compared in seconds, not counts. A request an
-admission stage held learns no hold time: the features describe the instance from the send on
-(learning batch requests held for minutes as TTFT once set the prefill cost 200-fold, and a
-3k-token prompt's own prefill to 20 s, on an idle pool).
+θ: one ``OnlineLinearModel`` per engine profile (``predictor.py``), calibrated online on the
+features recorded at decision time against the time from the send to the first token (an
+admission stage's hold before the send is not the instance's doing): seconds, not counts.
 
-The pick minimises ``TTFT_i + spare_others · delay_i``: ``delay_i`` is what the request does to
-the request queued last on i when its first chunk lands in the same engine step as that one's
-last chunk (chunked prefill runs them together, so that first token waits for ours too), priced
-at the calibrated per-token cost. With ``spare_others = 1`` the pick minimises the sum of the
-first-token times it changes; a long prompt no longer lands on a short one just queued.
-
-``spare_decodes · harm_i`` adds the TPOT harm of the request's prefill to the B_i requests
-running on i (vLLM's token budget counts decode tokens, so a step carrying a prefill chunk is a
-slow step for every decode in it):
+The pick minimises ``TTFT_i + spare_others · delay_i + spare_decodes · harm_i`` (near-ties at
+random). ``delay_i``: what the request adds to the first token of the request queued last on i
+when its first chunk shares that one's last prefill step, at the calibrated per-token cost (with
+``spare_others = 1`` the pick minimises the sum of the first-token times it changes). ``harm_i``:
+the TPOT harm of its prefill to the B_i decodes on i (a step with a prefill chunk is slow for
+every decode in it):
 
     own_i   = (θ_a·P_i + θ_b·P_i·(cached_i + P_i/2)) · lateness(P_i)   its own prefill seconds on i
     E_i     = own of the requests sent to i, each decayed by exp(-age / H)
@@ -58,46 +45,26 @@ slow step for every decode in it):
     room_i  = H · (1 - s_i / tpot_s)               prefill seconds per H its decodes absorb
     harm_i  = B_i · [(E_i + own_i - room_i)⁺ - (E_i - room_i)⁺]
 
-A decode on an instance that spends a share φ of its time prefilling streams at s_i / (1 - φ)
-per token, within ``tpot_s`` while φ <= 1 - s_i / tpot_s; E_i / H is φ over the last H seconds.
-H is the life of a typical decode on the pool, learned from completions and at most
-``tpot_horizon_s`` (``horizon.py``): a short answer misses its TPOT over a few prefill steps in a
-row, which a longer window would average away. Only the prefill seconds beyond that room are
-charged, once per request running there: below it the pick is by TTFT alone.
+A decode on an instance prefilling a share φ of its time streams at s_i / (1 - φ) per token,
+within ``tpot_s`` while φ <= 1 - s_i / tpot_s; E_i / H is φ over the last H seconds, H a typical
+decode's life on the pool, at most ``tpot_horizon_s`` (``horizon.py``). Only the prefill seconds
+beyond that room are charged, once per request running there.
 
-A burst (requests decided in one call, as the streaming worker and the simulator hand over
-simultaneous arrivals) is predicted as a whole: when a later request's first chunk joins the
-step that ends an earlier one's prefill on a busy instance, the earlier prediction (and the
-features calibration records for it) includes that chunk.
+A burst (requests decided in one call) is decided in ``batch_order.py``'s order and predicted as
+a whole: a later request's first chunk joining the step that ends an earlier one's prefill is in
+the earlier prediction (and its recorded features); each decision queues its work at once, so a
+burst cannot pile onto one instance.
 
-The order a burst of arrivals is decided in (``order``): ``batch_order.py``.
-
-A cache-warm but busy instance wins only when the prefill it saves outweighs the queue ahead;
-a burst cannot pile onto one instance because each decision immediately adds its work to that
-instance's queue and in-flight counts, and near-ties are broken at random.
-
-Several deciders per pool: another decider's placement, read from the decision log a few
-milliseconds late (``Placed``), is recorded as an own send (``_placed_elsewhere``): the queues
-are drained to when it was placed, its uncached tokens on its instance (this router's prefix
-index) and their pairs join that instance's prefill queue, due at its decider's predicted TTFT
-(stretched by the lateness of its size, as an own send's), the step clock counts the send, its
-prompt's blocks are credited there in the prefix index (as ``on_routed`` does); its first token
-and end clip the queue as an own send's do. Taking its decider's prediction, not computing one,
-keeps a placement about five times cheaper than a decision (the pair of workers of
-``bench.stream_pair`` pays it for every request the other decides). Without a prediction
-(another policy decided it), its features are computed here on the last snapshot this router
-used. The approximation: the queue drain cannot run backwards: if this router decided after
-the placement was made, it joins a queue drained to that later decision (a few milliseconds'
-drain counted on it). A router that has not decided yet (no snapshot) only credits the prefix
-and counts it in flight. Its end calibrates nothing here (θ, lateness, horizon): learning from
-another decider's sends was measured to hurt (synthetic mix, 4 deciders, seeds 0 and 1 at
-x8.75 / x9.25 / x9.75: mean interactive SLO miss 2.04 % with it, 1.01 % without; one decider
-1.22 %).
-
-The per-row arithmetic of these formulas runs in compiled loops (``kernels.py``: the features
-with the boundary wait, the queue drain, the score and the rows near its minimum), the prefix
-walk and the credit in the prefix index's (``common/prefix_kernels.py``); a decision is a few
-such calls, numpy's ``features · θ`` and the Python that records it.
+Several deciders per pool: another decider's placement (``Placed``, from the decision log) is
+recorded as an own send (``_placed_elsewhere``), due at its decider's predicted TTFT (taken, not
+computed: cheaper) stretched by its size's lateness: queues drained to when it was placed, its
+uncached tokens and pairs queued on its instance, the send counted by the step clock, its blocks
+credited in the prefix index; its first token and end clip the queue as an own send's do and
+calibrate nothing (learning from the others' sends hurts: docs/results/scoreboard.md). Without a
+prediction (another policy decided it) its features are computed on this router's last snapshot;
+with no snapshot yet it only credits the prefix and counts in flight. The drain cannot run
+backwards: a placement read after a later decision joins the queue drained to that decision.
+Per-row arithmetic runs in compiled loops (``kernels.py``, ``common/prefix_kernels.py``).
 """
 
 from __future__ import annotations
@@ -613,7 +580,7 @@ def warm_up() -> None:
     """Have numba compile, or load from its cache, the kernels a decision runs, with the
     argument types a decision passes them, by deciding once on a throwaway pool of two
     instances: the first TokenPilot of a process does, so that its first real decision (a
-    worker's first request) does not pay for it (about 4 s on a cold cache, 0.2 s on a warm one)."""
+    worker's first request) does not pay for it (docs/results/speed.md)."""
     global _warmed_up
     if _warmed_up:
         return

@@ -23,16 +23,11 @@ predicted step cluster at k · scale; ``scale`` is a low quantile of the recent 
 less than one step).
 
 Known weakness: where boundaries are sparse (long answers, few per step: Mooncake) one-step gaps
-are rare and the quantile lands on several steps (scale ~3.7x the engine's step there); the
-phase is then almost never known anyway (the last boundary is tens of steps old), so the wait
-is ``lost_share · s_i`` and its coefficient absorbs the error. Counting only gaps of at most
-1-1.5 scaled steps fixes the scale there but biases it low where boundaries are dense (tried:
-worse on the synthetic mix).
-
-Measured (seed 0, ``tokenfleet capacity --workload synthetic:duration_s=1800 --policy tokenpilot
---start 3``): SLO capacity 8.96 -> 9.56; TTFT MAPE at x8.96 14.1 % -> 11.1 %, of prompts under
-2k tokens 14.8 % -> 11.8 %. Where the phase is known, the wait correlates 0.87 with the true
-remainder of the step.
+are rare and the quantile lands on several steps; the phase is then almost never known anyway
+(the last boundary is tens of steps old), so the wait is ``lost_share · s_i`` and its
+coefficient absorbs the error. Counting only the gaps of about one scaled step would fix the
+scale there but bias it low where boundaries are dense. What the clock buys:
+docs/results/scoreboard.md, "How TokenPilot got here, round by round".
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 
 - ``dispatch`` starts one streamed generation per attempt (``openai_http``), in its own task;
   its first token becomes a ``ResponseStarted``, its end a ``Response`` (the text) and a
-  ``Completion`` (TTFT, TPOT and E2E as this dispatcher measured them, from the request's
+  ``Completion`` (TTFT, TPOT and E2E as this dispatcher timed them, from the request's
   ``ts``). A request past its ``deadline_ts`` times out (``timeout``); ``abort`` closes the
   connection, which makes vLLM abort it (``aborted``); an engine that refuses or breaks the
   stream gives ``error``.

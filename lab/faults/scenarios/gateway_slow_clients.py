@@ -19,7 +19,7 @@ HOLD_MAX_S = 60.0
 
 
 async def _body(run: GatewayRun) -> None:
-    """Three phases of 100 calls over 30 s each: ``alone``, ``held`` (``bench.gateway_hold.
+    """Three phases of 100 calls over 30 s each: ``alone``, ``held`` (``lab.gateway_hold.
     Holders``: 1 000 silent connections and 10 clients sending headers at 1 byte/s, each
     reconnecting when cut, opened before the phase's calls and held until every slow client was
     cut once, 60 s at most) and ``alone_again`` (the run-to-run noise). ``p99_*_s``: each

@@ -266,9 +266,6 @@ def test_a_simulate_number_out_of_range_is_one_line(
         ("generate", ["generate", "--out", "OUT", "--rate", "inf"]),
         ("generate", ["generate", "--out", "OUT", "--seed", "-1"]),
         ("generate", ["generate", "--out", "OUT", "--rate", "1e5", "--duration", "1e7"]),
-        ("demo", ["demo", "--duration", "0"]),
-        ("demo", ["demo", "--duration", "nan"]),
-        ("demo", ["demo", "--rate-scale", "0"]),
         ("loadgen", ["loadgen", "--workload", "synthetic", "--duration", "0"]),
         ("loadgen", ["loadgen", "--workload", "synthetic", "--duration", "nan"]),
         ("loadgen", ["loadgen", "--workload", "synthetic", "--rate-scale", "-1"]),
@@ -335,8 +332,8 @@ def test_embedded_publishes_and_warns(
     import contextlib
     from collections.abc import Iterator
 
-    import infra.bootstrap
-    import lab.loadgen
+    import infra.kafka.bus
+    import traffic.loadgen
     from infra.kafka.connection import KafkaConnection
 
     started: list[str] = []
@@ -349,14 +346,12 @@ def test_embedded_publishes_and_warns(
     async def fake_publish(connection: Any, workload: Any, **kwargs: Any) -> int:
         return len(workload.requests)
 
-    async def fake_submit(connection: Any, path: Path, deadline_s: float, model: str) -> Any:
-        from types import SimpleNamespace
+    async def fake_publish_batch(connection: Any, job: Any) -> None:
+        pass
 
-        return SimpleNamespace(job_id="job-1", requests=[1])
-
-    monkeypatch.setattr(infra.bootstrap, "kafka_connection", fake_connection)
-    monkeypatch.setattr(lab.loadgen, "publish_workload", fake_publish)
-    monkeypatch.setattr(lab.loadgen, "submit_batch", fake_submit)
+    monkeypatch.setattr(infra.kafka.bus, "kafka_connection", fake_connection)
+    monkeypatch.setattr(traffic.loadgen, "publish_workload", fake_publish)
+    monkeypatch.setattr(traffic.loadgen, "publish_batch", fake_publish_batch)
     assert main(["loadgen", "--workload", "synthetic:duration_s=5", "--embedded", "--fast"]) == 0
     captured = capsys.readouterr()
     assert captured.out.startswith("published ") and "lost when the command exits" in captured.err
@@ -365,7 +360,7 @@ def test_embedded_publishes_and_warns(
     assert main(["batch", "submit", str(batch), "--deadline", "30m", "--embedded"]) == 0
     captured = capsys.readouterr()
     assert (
-        captured.out.startswith("submitted batch job job-1") and "lost when the command exits" in captured.err
+        captured.out.startswith("submitted batch job job-") and "lost when the command exits" in captured.err
     )
     assert started == ["", ""]
 
@@ -428,6 +423,48 @@ def test_services_never_start_a_private_broker_and_name_a_bad_inventory_first(
     err = _error_line(capsys, main(["gateway", "--inventory", str(tmp_path / "absent.yaml")]), "gateway")
     assert "cannot read the inventory" in err  # not hidden behind the missing broker
     assert not (tmp_path / "data").exists()  # no embedded broker was started
+
+
+@pytest.mark.parametrize("content", [None, "not json at all\n", ""])
+def test_batch_submit_names_a_bad_file_before_looking_for_the_broker(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, content: str | None
+) -> None:
+    import infra.kafka.broker
+
+    looked: list[object] = []
+    monkeypatch.setattr(infra.kafka.broker, "require_reachable", lambda *a, **k: looked.append(a))
+    monkeypatch.setenv("TOKENFLEET_KAFKA_BOOTSTRAP", "127.0.0.1:9")
+    batch = tmp_path / "jobs.jsonl"
+    if content is not None:
+        batch.write_text(content)
+    err = _error_line(capsys, main(["batch", "submit", str(batch), "--deadline", "30m"]), "batch submit")
+    assert "jobs.jsonl" in err and looked == []
+
+
+def test_a_store_another_process_holds_is_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The embedded engine's lock (an exclusive flock on DIR/status, as the running worker holds
+    it) is named before the engine is opened; tests/integration/test_clickhouse.py holds a real one."""
+    store = tmp_path / "data" / "clickhouse"
+    store.mkdir(parents=True)
+    monkeypatch.setenv("TOKENFLEET_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("TOKENFLEET_CLICKHOUSE_DSN", raising=False)
+    hold = (
+        "import fcntl, sys; f = open(sys.argv[1], 'ab'); fcntl.flock(f, fcntl.LOCK_EX); "
+        "print(1, flush=True); sys.stdin.read()"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold, str(store / "status")], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"1\n"
+        for command, args in (("sql", ["sql", "SELECT 1"]), ("slomax status", ["slomax", "status"])):
+            err = _error_line(capsys, main(args), command)
+            assert f"the embedded store {store} is held by a running process" in err
+            assert "tokenfleet down" in err and "TOKENFLEET_CLICKHOUSE_DSN" in err
+    finally:
+        holder.communicate(b"", timeout=30)
 
 
 def test_an_unreachable_broker_is_one_line_within_ten_seconds(

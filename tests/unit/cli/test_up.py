@@ -16,9 +16,9 @@ from cli.main import main
 from gateway.auth import key_hash, load_keys
 from infra.settings import Settings
 from infra.vllm.inventory import load_inventory
-from lab.local.plan import Plan, UpOptions, local_key, make_plan
-from lab.local.report import snippet, table
-from lab.local.state import (
+from local.plan import PRODUCT_POLICY, Plan, UpOptions, local_key, make_plan
+from local.report import snippet, table
+from local.state import (
     LOCK_FILE,
     MARKER_ENV,
     PartState,
@@ -122,6 +122,77 @@ def test_a_busy_gateway_port_is_refused(capsys: pytest.CaptureFixture[str], tmp_
         assert f"port {port} is in use" in one_error(capsys, args)
 
 
+def test_an_unreachable_broker_is_one_line_within_seconds(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import time
+
+    from infra.kafka.broker import free_port
+
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(INVENTORY)
+    monkeypatch.setenv("TOKENFLEET_KAFKA_BOOTSTRAP", f"127.0.0.1:{free_port()}")  # nobody listens
+    started = time.monotonic()
+    err = one_error(
+        capsys, ["up", "--inventory", str(inventory), "--port", "0", "--dir", str(tmp_path / "up")]
+    )
+    assert time.monotonic() - started < 10
+    assert err.startswith("tokenfleet up: error: no Kafka broker answers at 127.0.0.1:")
+    assert "--wait-for-broker" in err
+    assert not (tmp_path / "up").exists()  # nothing planned, nothing started
+
+
+def test_wait_for_broker_starts_anyway_and_says_so(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import local
+    from infra.kafka.broker import free_port
+
+    started: list[UpOptions] = []
+
+    def fake_up(options: UpOptions, settings: Settings, **kwargs: object) -> StackState:
+        started.append(options)
+        return state_of(tmp_path, phase="stopped")
+
+    monkeypatch.setattr(local, "up", fake_up)
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(INVENTORY)
+    monkeypatch.setenv("TOKENFLEET_KAFKA_BOOTSTRAP", f"127.0.0.1:{free_port()}")
+    args = ["up", "--inventory", str(inventory), "--port", "0", "--dir", str(tmp_path / "up")]
+    assert main([*args, "--wait-for-broker"]) == 0
+    assert len(started) == 1
+    assert "no Kafka broker answers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("given", "configured", "runs"),
+    [
+        (None, None, "slomax+tokenpilot"),  # the product, not the settings' baseline default
+        (None, "tokenpilot", "tokenpilot"),  # TOKENFLEET_POLICY
+        ("least-tokens", "tokenpilot", "least-tokens"),  # --policy
+    ],
+)
+def test_the_stack_runs_the_product_unless_told_otherwise(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, given: str | None, configured: str | None, runs: str
+) -> None:
+    from rich.console import Console
+
+    if configured is not None:
+        monkeypatch.setenv("TOKENFLEET_POLICY", configured)
+    plan = make_plan(UpOptions(dir=tmp_path / "up", engines="emulated", policy=given, port=0), Settings())
+    worker = next(p for p in plan.parts if p.kind == "worker")
+    assert plan.policy == runs and worker.argv[-2:] == ["--policy", runs]
+    out = Console(width=200, record=True)  # what up and status print
+    out.print(table(state_of(tmp_path, policy=plan.policy), {}))
+    assert f"policy {runs}" in out.export_text()
+
+
+def test_the_help_names_the_policy_the_stack_runs() -> None:
+    from cli.up import PRODUCT_POLICY as SHOWN
+
+    assert SHOWN == PRODUCT_POLICY
+
+
 def test_up_refuses_a_directory_whose_stack_is_up(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     directory = tmp_path / "up"
     directory.mkdir()
@@ -170,7 +241,8 @@ def test_the_emulated_plan_serves_its_fleet_behind_the_gateway(tmp_path: Path) -
     broker, *servers, worker, dispatcher, gateway, second = plan.parts
     assert plan.bootstrap == broker.address and broker.probe == f"tcp://{broker.address}"
     assert "--storage-engine" in broker.argv and "memory://tansu/" in broker.argv
-    assert worker.argv[-3:] == ["worker", "--loglevel", "info"] and worker.after == ["broker"]
+    assert worker.argv[-5:] == ["worker", "--loglevel", "info", "--policy", "slomax+tokenpilot"]
+    assert worker.after == ["broker"] and plan.policy == PRODUCT_POLICY == "slomax+tokenpilot"
     assert worker.restarts_file == str((tmp_path / "data" / "tokenfleet.worker.ready").resolve())
     inventory_path = str(tmp_path / "up" / "inventory.yaml")
     inventory = load_inventory(inventory_path)
@@ -183,7 +255,7 @@ def test_the_emulated_plan_serves_its_fleet_behind_the_gateway(tmp_path: Path) -
     assert gateway.address == second.address == plan.gateway_url and gateway.probe != second.probe
     assert gateway.probe.endswith(f":{gateway.argv[gateway.argv.index('--probe-port') + 1]}/ready")
     for server, entry in zip(servers, inventory.instances, strict=True):
-        assert server.kind == "emulated" and server.argv[1:3] == ["-m", "lab.emulated_vllm"]
+        assert server.kind == "emulated" and server.argv[1:3] == ["-m", "local.emulated_vllm"]
         assert entry.instance_id == server.name and server.probe == entry.url + "/health"
         flag = {k: v for k, v in zip(server.argv[3::2], server.argv[4::2], strict=True)}
         assert flag["--port"] == entry.url.rsplit(":", 1)[1] and flag["--kv-events"] == entry.kv_events

@@ -301,3 +301,25 @@ def test_tokenfleet_gateway_takes_the_bounds_from_the_settings(
     assert main(["gateway", "--inventory", str(inventory)]) == 0
     (options,) = served
     assert (options.header_timeout_s, options.idle_timeout_s, options.max_connections) == (3.5, 20.0, 50)
+
+
+def test_tokenfleet_gateway_port_0_means_any_free_port(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import cli.service
+    import gateway.server
+    from cli.main import main
+
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("instances: [{id: e1, url: 'http://127.0.0.1:1', model: m}]\n")
+    monkeypatch.setenv("TOKENFLEET_KAFKA_BOOTSTRAP", "127.0.0.1:1")
+    monkeypatch.setattr(cli.service, "require_broker", lambda *_args, **_kwargs: None)
+    monkeypatch.setattr(gateway.server, "Gateway", lambda *args: args[3])
+    ports: list[object] = []
+
+    async def serve(_options: GatewayOptions, _host: str, port: int, *_args: object) -> None:
+        ports.append(port)
+
+    monkeypatch.setattr(gateway.server, "serve", serve)
+    assert main(["gateway", "--inventory", str(inventory), "--port", "0"]) == 0
+    assert ports == [0]  # serve binds any free port and logs it (tests/functional/test_gateway_bounds.py)

@@ -12,7 +12,7 @@ from gateway.openai_api import ApiError, assembled, parse_body, rejection
 from infra.prompts import PromptError, Prompts
 from infra.vllm.inventory import InventoryError, dump_inventory, load_inventory, parse_inventory
 from infra.vllm.openai_http import Generation, engine_call
-from lab.tiny_model import ensure_tiny_model
+from local.tiny_model import ensure_tiny_model
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import AdmissionDecision, ChatMessage, InferenceRequest, Sampling
 
@@ -188,11 +188,10 @@ EXAMPLE_INVENTORY = str(Path(__file__).resolve().parents[3] / "examples" / "inve
             {"TOKENFLEET_KAFKA_BOOTSTRAP": "127.0.0.1:1"},
             "cannot read",
         ),
-        (["gateway", "--port", "0"], {}, "--port"),
+        (["gateway", "--port", "0", "--reuse-port"], {}, "--reuse-port"),  # port 0 alone: any free one
         (["fleet", "--engine", "gpu"], {}, "--engine must be emulated or vllm"),
         (["fleet", "--engine", "vllm"], {}, "no engine inventory"),
         (["batch", "results", "job-1", "--out", "x.jsonl"], {}, "no Kafka broker configured"),
-        (["demo", "--engine", "tpu"], {}, "--engine must be emulated or vllm"),
     ],
 )
 def test_real_engine_commands_say_what_is_wrong_in_one_line(

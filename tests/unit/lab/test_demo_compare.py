@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.console import Console, RenderableType
 
-from lab.demo import Counter, LoadProgress, comparison, summary_line, summary_table
+from lab.demo import LEGEND, Counter, LoadProgress, comparison, summary_line, summary_table
 from schemas.codec import encode
 from schemas.events import AdmissionDecision, Completion
 from schemas.topics import ADMISSION, COMPLETIONS, DECISIONS, DLQ
@@ -54,20 +54,45 @@ def test_comparison_lists_every_class_of_every_policy_side_by_side() -> None:
         },
     }
     lines = _render(comparison(results), width=200)
-    assert lines[0].startswith("comparison (goodput, compliant share, TTFT p50 / p95, rejects")
-    assert lines[1].split() == ["class", "round-robin", "slomax+tokenpilot"]
+    assert lines[0] == "comparison (same load, read back from ClickHouse)"
+    assert lines[1].split() == [
+        "class", "policy", "goodput", "tok/s", "compliant", "TTFT", "p50", "TTFT", "p95", "rejected", "timed",
+        "out",
+    ]  # fmt: skip
+    # A row per class and policy; a class missing from a run reads zero, its latency "-".
     assert [" ".join(row) for row in _rows(lines)] == [
-        "interactive 812.3 tok/s, 70.0%, 0.397 / 1.366 s, 0 rejected 812.3 tok/s, 99.0%, 0.357 / 1.366 s, "
-        "3 rejected",
-        "long_context 0.0 tok/s, 0.0%, - / - s, 0 rejected 0.0 tok/s, 0.0%, 2.055 / - s, 0 rejected",
-        "all 812.3 tok/s, 70.0%, 0.397 / 1.366 s, 0 rejected 1624.6 tok/s, 70.0%, 0.397 / 1.366 s, "
-        "3 rejected",
+        "interactive round-robin 812.3 70.0% 0.397 1.366 0 0",
+        "slomax+tokenpilot 812.3 99.0% 0.357 1.366 3 0",
+        "long_context round-robin 0.0 0.0% - - 0 0",
+        "slomax+tokenpilot 0.0 0.0% 2.055 - 0 0",
+        "all round-robin 812.3 70.0% 0.397 1.366 0 0",
+        "slomax+tokenpilot 1624.6 70.0% 0.397 1.366 3 0",
         "goodput slomax+tokenpilot / round-robin: 2.00x (1624.6 vs 812.3 tok/s)",
         "cost round-robin: $15.590 per million compliant tokens ($0.7600; GPU-seconds busy 900, wasted 610, "
         "idle 20)",
         "cost slomax+tokenpilot: - per million compliant tokens ($0.0000; GPU-seconds busy 0, wasted 0, "
         "idle 0)",
+        *(" ".join(line.split()) for line in LEGEND),
     ]
+
+
+def test_the_last_policy_is_compared_with_the_strongest_baseline_first() -> None:
+    def run(goodput: float, timeouts: int) -> dict[str, Any]:
+        total = {"goodput_tokens_per_s": goodput, "timeout": timeouts}
+        return {"per_class": {"interactive": total}, "total": total}
+
+    results = {
+        "round-robin": run(300.0, 440),
+        "tokenpilot": run(2400.0, 44),
+        "slomax+tokenpilot": run(3240.0, 0),
+    }
+    lines = _render(comparison(results), width=200)
+    assert [line for line in lines if line.startswith("goodput ")] == [
+        "goodput slomax+tokenpilot / tokenpilot, the strongest baseline: 1.35x (3240.0 vs 2400.0 tok/s)",
+        "goodput slomax+tokenpilot / round-robin: 10.80x (3240.0 vs 300.0 tok/s)",
+    ]
+    all_rows = [row for row in _rows(lines) if row[-1] in {"440", "44"}]
+    assert len(all_rows) == 4  # interactive and all, round-robin and tokenpilot: timeouts shown
 
 
 def test_summary_keeps_columns_and_number_formats() -> None:
@@ -86,7 +111,8 @@ def test_summary_keeps_columns_and_number_formats() -> None:
                 "rejected": 3,
                 "held": 5,
                 "rejects_by_reason": {"expired": 3},
-                "holds_by_reason": {"predicted TTFT N s over N s (headroom and margin)": 5},
+                "holds_by_reason": {"predicted TTFT 1.42 to 1.61 s over 1.25 s (headroom and margin)": 5},
+                "timeout": 2,
                 "ttft_p50_s": 0.3456,
                 "ttft_p95_s": 1.2,
                 "goodput_tokens_per_s": 812.345,
@@ -101,17 +127,19 @@ def test_summary_keeps_columns_and_number_formats() -> None:
     )
     lines = _render(summary_table(result), width=160)
     assert lines[0].split() == [
-        "class", "answered", "completed", "rejected", "held", "TTFT", "p50", "TTFT", "p95", "goodput",
-        "tok/s", "compliant",
+        "class", "answered", "completed", "rejected", "timed", "out", "held", "TTFT", "p50", "TTFT", "p95",
+        "goodput", "tok/s", "compliant",
     ]  # fmt: skip
     # Rows keep the summary's class order; missing values read "-" (latency) or zero; then the
-    # top reasons of rejects and holds.
+    # top reasons of rejects and holds (with their numbers), and what the columns and "-" mean.
     assert [" ".join(row) for row in _rows(lines)] == [
-        "interactive 50 47 3 5 0.346 1.200 812.3 95.5%",
-        "batch 11 11 0 0 - - 0.0 0.0%",
+        "interactive 50 47 3 2 5 0.346 1.200 812.3 95.5%",
+        "batch 11 11 0 0 0 - - 0.0 0.0%",
         "interactive rejected: expired (3)",
-        "interactive held: predicted TTFT N s over N s (headroom and margin) (5)",
+        "interactive held: predicted TTFT 1.42 to 1.61 s over 1.25 s (headroom and margin) (5)",
+        *(" ".join(line.split()) for line in LEGEND),
     ]
+    assert any(line.startswith("TTFT -: ") for line in LEGEND)
 
 
 def test_progress_off_a_terminal_writes_a_few_lines() -> None:

@@ -8,7 +8,8 @@ from dataclasses import replace
 
 from agents.policy.baselines import LeastTokens, RoundRobin
 from agents.policy.defaults import HomeDc, PassThrough
-from agents.policy.pipeline import DEFERRED_POOL, NO_CAPACITY_POOL, Scheduler
+from agents.policy.pipeline import Scheduler
+from agents.policy.pools import DEFERRED_POOL, NO_CAPACITY_POOL
 from agents.policy.types import Admission, ClusterView, Observation, RequestView, empty_view
 from tests.unit.policy.helpers import cluster_view
 
@@ -49,8 +50,7 @@ def test_with_several_deciders_a_long_prompt_waits_for_the_log_by_its_lane() -> 
     (now,) = alone.submit([replace(req("x"), slo_class="long_context")], cluster_view(2), 0.0)
     assert now.action == "admit" and alone.next_wake_s() is None
     s = scheduler()
-    s.decide_in_lane(0, 2)
-    s.log_delay_s = 0.005
+    s.decide_in_lane(0, 2, 0.005)
     view = cluster_view(2)
     long_prompt, short = replace(req("a"), slo_class="long_context"), req("b")
     held, placed = s.submit([long_prompt, short], view, 1.0)
@@ -71,8 +71,7 @@ def test_with_several_deciders_decider_k_offers_its_held_requests_k_log_delays_a
     for k in (0, 1, 2):
         s = scheduler()
         (held,) = s.submit([req("a")], empty_view(), 0.0)  # no capacity: held
-        s.decide_in_lane(k, 3)
-        s.log_delay_s = delay
+        s.decide_in_lane(k, 3, delay)
         assert held.pool == NO_CAPACITY_POOL and s.next_wake_s() is None
         room = cluster_view(2)
         offered = s.tick(room, 1.0)
@@ -110,8 +109,7 @@ def test_with_several_deciders_a_burst_is_placed_long_prompts_first_one_decider_
         router = Reversing()
         router.reordering = reordering
         s = Scheduler("test", admission(), HomeDc(), router)  # type: ignore[arg-type]
-        s.decide_in_lane(k, 2)
-        s.log_delay_s = delay
+        s.decide_in_lane(k, 2, delay)
         burst = [replace(req("long"), slo_class="long_context"), req("short-1"), req("short-2")]
         view = cluster_view(3)
         placed_at: dict[str, int] = {}

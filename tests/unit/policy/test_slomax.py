@@ -431,7 +431,7 @@ def test_with_several_deciders_a_due_request_no_row_can_meet_at_the_high_end_goe
         router.own_s = 0.8  # its own prefill: at 3x, 2.4 s even on an idle instance
         for _ in range(admission.errors.min_samples):  # observed 3x what was predicted
             admission.errors.add("interactive", 1000, 1.0, 3.0)
-        s.decide_in_lane(*lane)
+        s.decide_in_lane(*lane, 0.0)  # (decided at once: no deferral to step through)
         (answer,) = s.submit([req("a")], cluster_view(2), 0.0)
         return answer.action
 
@@ -547,8 +547,7 @@ def test_a_decider_leaves_room_for_the_older_holds_of_the_deciders_that_offer_af
         s, admission, router = slomax(predicted=0.3, prefill_tokens_per_s=1000.0)
         router.own_s = 1.0  # its own prefill: 1 s on either row
         admission.prefill = PrefillLoad(tau_s=4.0, law=(0.01, 0.0, 0.0))  # 3.43 s of room a row
-        s.decide_in_lane(lane, 2)
-        s.log_delay_s = 0.0  # (decided at once: no deferral to step through)
+        s.decide_in_lane(lane, 2, 0.0)  # (decided at once: no deferral to step through)
         for event in held:
             s.observe(event)
         (answer,) = s.submit([req("mine", arrival=1.0)], cluster_view(2), 1.0)

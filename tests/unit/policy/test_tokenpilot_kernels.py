@@ -195,7 +195,7 @@ def test_row_features_boundary_wait_and_score_are_the_numpy_formulas(seed: int) 
     assert np.array_equal(wait, wait_ref)
     assert np.array_equal(step_by_slot[slot_of_row], step_ref)
 
-    # reference: TokenPilot.pick's score (_first_chunk_joining, _decode_harm, _pick_near_min)
+    # reference: TokenPilot.pick's scores and near-ties (kernels.score_rows)
     predicted = np.empty(N)
     for k, theta in enumerate(THETAS):
         rows = np.flatnonzero(s["profile"] == k)

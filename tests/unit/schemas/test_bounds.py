@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from lab.loadgen import to_inference_request
 from schemas import events
 from schemas.codec import DecodeError, dead_letter, decode, encode
 from schemas.events import (
@@ -26,6 +25,7 @@ from schemas.events import (
     RoutingDecision,
 )
 from sim.workloads.trace import load_workload
+from traffic.loadgen import to_inference_request
 
 TRACES = Path(__file__).resolve().parents[3] / "sim" / "traces"
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+from matplotlib import pyplot
 
 from cli.main import main
 from sim.engine.fleet import parse_fleet
+from sim.evaluation import plots
 from sim.evaluation.capacity import capacities
 from sim.evaluation.compare import compare
 from sim.loop.config import SimConfig
@@ -76,3 +79,31 @@ def test_a_goodput_curve_gives_goodput_and_compliance_against_load(tmp_path: Pat
     assert main(["report", str(result), "--out", str(tmp_path / "out")]) == 0
     pictures = _written(tmp_path / "out")
     assert list(pictures) == ["goodput_curve.png"] and pictures["goodput_curve.png"].startswith(PNG)
+
+
+def test_a_long_workload_name_wraps_inside_every_title(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def inside(figure: Any, path: Path) -> Path:
+        figure.tight_layout()
+        renderer = figure.canvas.get_renderer()
+        box, frame = figure.axes[0].title.get_window_extent(renderer), figure.bbox
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and box.y1 <= frame.y1, path.name
+        pyplot.close(figure)
+        return path
+
+    monkeypatch.setattr(plots, "_save", inside)
+    result = {
+        "ttft_quantiles_s": [0.1] * 101,
+        "per_class": {"interactive": {"goodput_tokens_per_s": 5.0}, "long_context": {}},
+    }
+    document = {
+        "workload": "synthetic:duration_s=600,rate_per_s=6,interactive_share=0.8,long_share=0.2",
+        "rate_scale": 1.0,
+        "fleet": "2xllama3-8b-h100",
+        "results": {"round-robin": result, "tokenpilot": result},
+    }
+    assert [p.name for p in plots.simulate_plots(document, tmp_path, "")] == [
+        "ttft_cdf.png",
+        "goodput_per_class.png",
+    ]

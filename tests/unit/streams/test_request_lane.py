@@ -116,8 +116,8 @@ def _lane(consumer: _FakeConsumer, handler: _Handler, handoff: Released | None =
     lane.attach(handler)
     lane._lock = asyncio.Lock()
     lane._send_order = asyncio.Lock()
-    lane._consumer = consumer
-    lane._task = asyncio.create_task(lane._run())
+    lane._reader.consumer = consumer
+    lane._reader.task = asyncio.create_task(lane._run())
     return lane
 
 

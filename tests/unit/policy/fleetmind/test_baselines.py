@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 
 from agents.policy.fleetmind.baselines import GlobalLeastLoad, LocalOnly
-from agents.policy.pipeline import NO_CAPACITY_POOL, Scheduler
+from agents.policy.pipeline import Scheduler
+from agents.policy.pools import NO_CAPACITY_POOL
 from agents.policy.registry import build_scheduler
 from tests.unit.policy.fleetmind.helpers import Inst, fleet_view, one, request
 

@@ -16,7 +16,7 @@ import pytest
 
 from agents.policy.fleetmind.health import unit_hash
 from agents.policy.fleetmind.stage import FleetMind
-from agents.policy.pipeline import NO_CAPACITY_POOL
+from agents.policy.pools import NO_CAPACITY_POOL
 from agents.policy.types import BLOCK_TOKENS, BlocksChanged, ClusterView, RequestView
 from tests.unit.policy.fleetmind.helpers import Inst, fleet_view, fleetmind, one, request
 

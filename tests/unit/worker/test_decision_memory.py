@@ -6,9 +6,9 @@ import time
 from pathlib import Path
 
 from agents.routing import RoutingService
-from infra import decision_memory
 from schemas.events import Heartbeat, InferenceRequest
 from streams.snapshot import SnapshotCache
+from worker import decision_memory
 
 
 def view_of_beats(beats: list[Heartbeat]):  # type: ignore[no-untyped-def]

@@ -1,4 +1,4 @@
-"""``python -m lab.emulated_vllm``: one emulated vLLM server (the package docstring is its contract).
+"""``python -m local.emulated_vllm``: one emulated vLLM server (the package docstring is its contract).
 
 Serves until SIGTERM or SIGINT. A bad argument, a port or endpoint already taken, a tokenizer
 that cannot be read: one line on stderr, exit status 2.
@@ -21,15 +21,15 @@ from aiohttp import web
 
 from infra.prompts import PromptError, PromptTokenizer
 from infra.settings import Settings
-from lab.emulated_vllm.engine import EmulatedEngine
-from lab.emulated_vllm.kv_events import KvPublisher, PromptBlocks
-from lab.emulated_vllm.server import EmulatedServer
+from local.emulated_vllm.engine import EmulatedEngine
+from local.emulated_vllm.kv_events import KvPublisher, PromptBlocks
+from local.emulated_vllm.server import EmulatedServer
 from sim.engine.profiles import PROFILE_MODELS, PROFILES, get_profile
 
-PROG = "python -m lab.emulated_vllm"
+PROG = "python -m local.emulated_vllm"
 TINY_MODEL = "tiny-llama"
 
-log = logging.getLogger("lab.emulated_vllm")
+log = logging.getLogger("local.emulated_vllm")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -147,7 +147,7 @@ async def _serve(server: EmulatedServer, host: str, port: int, banner: str) -> N
 
 
 def _tiny_model() -> Path:
-    from lab.tiny_model import ensure_tiny_model
+    from local.tiny_model import ensure_tiny_model
 
     return ensure_tiny_model(Settings().data_dir.resolve() / "models" / TINY_MODEL, TINY_MODEL)
 

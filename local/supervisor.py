@@ -18,7 +18,7 @@ the stack in order — gateway, dispatcher, worker, the engine servers, the brok
 process group signalled (SIGINT for the dispatcher and the gateway, as Ctrl-C; SIGTERM for the
 others), SIGKILL after its grace.
 
-Every change is written to ``state.json``. Run it as ``python -m lab.local DIR [LOCK_FD]``
+Every change is written to ``state.json``. Run it as ``python -m local DIR [LOCK_FD]``
 (``tokenfleet up`` does, detached) or in-process (``tokenfleet up --foreground``).
 """
 
@@ -39,8 +39,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from lab.local.plan import PartSpec, Plan
-from lab.local.state import (
+from local.plan import PartSpec, Plan
+from local.state import (
     MARKER_ENV,
     SUPERVISOR_LOG,
     PartState,
@@ -113,6 +113,7 @@ class Supervisor:
             api_key_file=plan.api_key_file,
             clickhouse=plan.clickhouse,
             data_dir=plan.data_dir,
+            policy=plan.policy,
             parts=[PartState(s.name, s.kind, s.address, s.probe, s.log) for s in plan.parts]
             + [
                 PartState(i, "engine", url, url.rstrip("/") + "/health", "", state="external")
@@ -315,7 +316,7 @@ class Supervisor:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m lab.local DIR [LOCK_FD]``: supervise the plan in DIR (holding the lock fd)."""
+    """``python -m local DIR [LOCK_FD]``: supervise the plan in DIR (holding the lock fd)."""
     directory = Path(argv[0]).resolve()
     plan = Plan.from_json((directory / "plan.json").read_text())
     lock: IO[bytes] | None = os.fdopen(int(argv[1]), "rb") if len(argv) > 1 else None

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from lab.local.state import StackState
+from local.state import StackState
 
 
 def console() -> Console:
@@ -24,7 +24,8 @@ def table(state: StackState, now: dict[str, str] | None = None) -> Table:
     worker, its decider's (started again by the worker's supervisor): ``1``, ``decider 2``,
     ``1 + decider 2``."""
     directory = Path(state.dir)
-    grid = Table(title=f"tokenfleet stack in {directory} (engines: {state.mode}, {state.phase})")
+    policy = f", policy {state.policy}" if state.policy else ""
+    grid = Table(title=f"tokenfleet stack in {directory} (engines: {state.mode}{policy}, {state.phase})")
     for column in ("part", "state", "restarts", "pid", "address", "log"):
         grid.add_column(column, overflow="fold")
     for part in state.parts:

@@ -77,6 +77,7 @@ class StackState:
     parts: list[PartState] = field(default_factory=list)
     error: str = ""
     updated: float = 0.0
+    policy: str = ""  # the worker's routing policy
 
     def part(self, name: str) -> PartState:
         return next(p for p in self.parts if p.name == name)

@@ -162,21 +162,15 @@ async def publish_and_await(
         await client.stop()
 
 
-async def submit_batch(
-    connection: KafkaConnection,
-    path: Path,
-    deadline_s: float,
-    model: str = "llama3-8b",
-    job_id: str | None = None,
-    *,
-    partitions: int | None = None,
-    retry_budget_s: float = 60.0,
+def read_batch_job(
+    path: Path, deadline_s: float, model: str = "llama3-8b", job_id: str | None = None
 ) -> BatchJob:
-    """Publish the requests of a Mooncake-style JSONL file as one batch job to ``tf.batch.jobs``
-    (keyed by job id), every request of class ``batch`` due ``deadline_s`` from now; returns it.
+    """The batch job of a JSONL file: a Mooncake-style trace or OpenAI batch lines
+    (``prompt_requests``), every request of class ``batch`` due ``deadline_s`` from now.
 
     Request ids become ``JOB/ID`` so two jobs from the same file never share one.
-    ``ValueError``: unreadable file, bad deadline, or a job too large for one message.
+    ``ValueError`` (or ``OSError``): unreadable file, bad deadline, or a job too large for one
+    message. Reads nothing but the file: a command checks its input before it looks for a broker.
     """
     if not 0 < deadline_s <= LONGEST_OPTION_S:  # NaN too
         raise ValueError(f"the deadline must be > 0 and at most {LONGEST_OPTION_S:.0e} s")
@@ -200,11 +194,19 @@ async def submit_batch(
         deadline_s=deadline_s,
         requests=requests,
     )
-    value = encode(job)
-    if len(value) > _MAX_JOB_BYTES:
+    size = len(encode(job))
+    if size > _MAX_JOB_BYTES:
         raise ValueError(
-            f"{path}: the job is {len(value)} bytes as one message (limit {_MAX_JOB_BYTES}); split the file"
+            f"{path}: the job is {size} bytes as one message (limit {_MAX_JOB_BYTES}); split the file"
         )
+    return job
+
+
+async def publish_batch(
+    connection: KafkaConnection, job: BatchJob, *, partitions: int | None = None, retry_budget_s: float = 60.0
+) -> None:
+    """Publish ``job`` (``read_batch_job``) to ``tf.batch.jobs``, keyed by its id; a broker
+    outage is retried for ``retry_budget_s`` as ``publish_workload`` retries it."""
     producer = ResilientProducer(
         connection,
         lambda: AIOKafkaProducer(
@@ -220,6 +222,21 @@ async def submit_batch(
         await producer.flush()
     finally:
         await producer.stop()
+
+
+async def submit_batch(
+    connection: KafkaConnection,
+    path: Path,
+    deadline_s: float,
+    model: str = "llama3-8b",
+    job_id: str | None = None,
+    *,
+    partitions: int | None = None,
+    retry_budget_s: float = 60.0,
+) -> BatchJob:
+    """``read_batch_job`` then ``publish_batch``; returns the job published."""
+    job = read_batch_job(path, deadline_s, model, job_id)
+    await publish_batch(connection, job, partitions=partitions, retry_budget_s=retry_budget_s)
     return job
 
 

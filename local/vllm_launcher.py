@@ -5,7 +5,7 @@ transformers pins do not mix with the control plane's packages, so the servers a
 processes of that environment's python. Each server is one OpenAI-compatible HTTP server on
 127.0.0.1 (``/health``, ``/v1/*``, ``/metrics``) with prefix caching on and its KV events
 published over ZMQ (a PUB socket with a ROUTER replay socket), serving one model directory with
-random weights (``--load-format dummy``, e.g. ``lab.tiny_model``).
+random weights (``--load-format dummy``, e.g. ``local.tiny_model``).
 
 Start-up time is Python imports, not the model: ``--enforce-eager`` (no torch.compile), an
 explicit KV size (``--num-gpu-blocks-override``, so no memory profiling) and, by default, the

@@ -5,7 +5,7 @@ starts what it lists): the broker (embedded Tansu on a free port, unless
 ``TOKENFLEET_KAFKA_BOOTSTRAP`` names one), the engines' servers and their inventory (written to
 the directory), the worker, the dispatcher and the gateway (an API key for local use in the
 directory). The servers: with ``--engines local`` vLLM CPU servers (the tiny model, or a model
-directory); with ``--engines emulated`` emulated vLLM servers (``lab.emulated_vllm``: the
+directory); with ``--engines emulated`` emulated vLLM servers (``local.emulated_vllm``: the
 simulator's engine model behind vLLM's HTTP API and KV events), one per instance of ``--fleet``
 (default ``--servers`` x ``EMULATED_PROFILE``), prompts counted with the tiny model's tokenizer;
 with ``--engines inventory`` none (the inventory's servers are not the stack's). Either way the
@@ -31,13 +31,17 @@ from infra.files import write_atomic
 from infra.kafka.broker import free_port, tansu_command, tansu_env
 from infra.settings import Settings
 from infra.vllm.inventory import InstanceEntry, Inventory, ModelEntry, dump_inventory, load_inventory
-from lab.local.state import INVENTORY_FILE, KEY_FILE, KEYS_FILE, MARKER_ENV
+from local.state import INVENTORY_FILE, KEY_FILE, KEYS_FILE, MARKER_ENV
 from worker.ready import ready_file
 
 ENGINES = ("inventory", "local", "emulated")
 SERVER_KINDS = ("vllm", "emulated")  # the parts that are engines: the dispatcher starts after them
 TINY_MODEL = "tiny-llama"
 EMULATED_PROFILE = "llama3-8b-h100"
+# The product: SLOMax admission in front of TokenPilot (agents/policy/registry.py). A stack runs
+# it unless --policy or the settings (TOKENFLEET_POLICY, the settings file) name another; the
+# settings' own default stays the baseline the simulator and the demo compare against.
+PRODUCT_POLICY = "slomax+tokenpilot"
 DEFAULT_SERVERS = 2
 LOCAL_TENANT = "local"
 MAX_SERVERS = 16
@@ -54,7 +58,7 @@ class UpOptions:
     servers: int | None = None  # local, emulated: how many servers (None: DEFAULT_SERVERS)
     gateways: int = 2  # gateway processes sharing the port
     fleet: str | None = None  # emulated: the servers' profiles, COUNTxPROFILE[+...] or a fleet file
-    policy: str | None = None
+    policy: str | None = None  # None: the settings' if they name one, else PRODUCT_POLICY
     host: str = "127.0.0.1"
     port: int = 8000
     timeout_s: float = 300.0
@@ -96,6 +100,7 @@ class Plan:
     data_dir: str
     timeout_s: float
     engines: list[tuple[str, str]] = field(default_factory=list)  # an inventory's (id, url): not ours
+    policy: str = ""  # the worker's
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2) + "\n"
@@ -147,14 +152,14 @@ def make_plan(options: UpOptions, settings: Settings) -> Plan:
         "TOKENFLEET_INVENTORY": str(inventory_path),
         "TOKENFLEET_POOLS": json.dumps(pools),
     }
-    policy = ["--policy", options.policy] if options.policy else []
+    policy = stack_policy(options, settings)
     broker_parts = [p.name for p in parts if p.kind == "broker"]
     probe_host = _local(settings.http_host)
     parts.append(
         PartSpec(
             "worker",
             "worker",
-            [*cli, "worker", "--loglevel", "info", *policy],
+            [*cli, "worker", "--loglevel", "info", "--policy", policy],
             str(directory / "worker.log"),
             f"http://{probe_host}:{worker_port}/metrics",
             f"http://{probe_host}:{worker_port}/ready",
@@ -228,7 +233,16 @@ def make_plan(options: UpOptions, settings: Settings) -> Plan:
         data_dir=str(settings.data_dir.resolve()),
         timeout_s=options.timeout_s,
         engines=engines,
+        policy=policy,
     )
+
+
+def stack_policy(options: UpOptions, settings: Settings) -> str:
+    """The policy the stack's worker runs: ``--policy``, else the one the settings name
+    (``TOKENFLEET_POLICY`` or the settings file), else ``PRODUCT_POLICY``."""
+    if options.policy:
+        return options.policy
+    return settings.policy if "policy" in settings.model_fields_set else PRODUCT_POLICY
 
 
 def _broker(directory: Path, port: int) -> PartSpec:
@@ -247,8 +261,8 @@ def _broker(directory: Path, port: int) -> PartSpec:
 
 def _local_servers(options: UpOptions, directory: Path) -> tuple[Path, list[PartSpec]]:
     """The vLLM servers of ``--engines local`` and the inventory listing them (written)."""
-    from lab.tiny_model import ensure_tiny_model
-    from lab.vllm_launcher import ENGINE_MISSING, VllmServers, engine_python_or_none, server_specs
+    from local.tiny_model import ensure_tiny_model
+    from local.vllm_launcher import ENGINE_MISSING, VllmServers, engine_python_or_none, server_specs
 
     servers_wanted = options.servers or DEFAULT_SERVERS
     if not 1 <= servers_wanted <= MAX_SERVERS:
@@ -309,8 +323,8 @@ def _emulated_servers(options: UpOptions, directory: Path) -> tuple[Path, list[P
     (written): one server per instance of ``--fleet`` (default ``--servers`` x
     ``EMULATED_PROFILE``), with its profile, model, data centre and price, each counting prompts
     with the tiny model's tokenizer (the inventory's, so the gateway's and the worker's too)."""
-    from lab.tiny_model import ensure_tiny_model
-    from lab.vllm_launcher import HOST, free_ports
+    from local.tiny_model import ensure_tiny_model
+    from local.vllm_launcher import HOST, free_ports
     from sim.engine.fleet import parse_fleet
 
     if options.fleet is not None and options.servers is not None:
@@ -329,7 +343,7 @@ def _emulated_servers(options: UpOptions, directory: Path) -> tuple[Path, list[P
         http, events, replay = ports[3 * index : 3 * index + 3]
         url = f"http://{HOST}:{http}"
         kv_events, kv_replay = f"tcp://{HOST}:{events}", f"tcp://{HOST}:{replay}"
-        argv = [sys.executable, "-m", "lab.emulated_vllm", "--port", str(http)]
+        argv = [sys.executable, "-m", "local.emulated_vllm", "--port", str(http)]
         argv += ["--profile", spec.profile.name, "--served-model-name", spec.model]
         argv += ["--tokenizer", str(tokenizer), "--kv-events", kv_events, "--kv-replay", kv_replay]
         parts.append(

@@ -26,10 +26,10 @@ from gateway.request_ids import HEADER as REQUEST_ID_HEADER
 from gateway.request_ids import RequestId
 from infra.prompts import PromptError, PromptTokenizer
 from infra.vllm.openai_http import Generation
-from lab.emulated_vllm import answers
-from lab.emulated_vllm.engine import Call, EmulatedEngine
-from lab.emulated_vllm.kv_events import KvPublisher
-from lab.emulated_vllm.metrics import render
+from local.emulated_vllm import answers
+from local.emulated_vllm.engine import Call, EmulatedEngine
+from local.emulated_vllm.kv_events import KvPublisher
+from local.emulated_vllm.metrics import render
 from schemas.events import InferenceRequest
 
 _TENANT = "emulated"  # parse_body's tenant: an engine has none

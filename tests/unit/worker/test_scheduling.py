@@ -1,4 +1,4 @@
-"""The bootstrap's stage parameters: FleetMind's rules from the fleet YAML, the heartbeat
+"""The worker's stage parameters: FleetMind's rules from the fleet YAML, the heartbeat
 interval, explicit parameters first; an unusable rules file is one line, at start-up."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 
 from agents.policy import build_scheduler
 from agents.policy.fleetmind import FleetMind
-from infra.bootstrap import policy_params
 from infra.settings import Settings
+from worker.scheduling import policy_params
 
 ROOT = Path(__file__).resolve().parents[3]
 RULES = "data_centres:\n  - {name: dc-a, region: eu}\ntenants:\n  resident: {regions: [eu]}\n"
@@ -64,14 +64,3 @@ def test_the_worker_command_refuses_a_missing_rules_file_in_one_line(tmp_path: P
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == (f"tokenfleet worker: error: fleet rules '{missing}': No such file or directory\n")
-
-
-def test_the_worker_app_creates_its_data_directory(tmp_path: Path) -> None:
-    """Without a store nothing else creates it, and Faust keeps its state there."""
-    from infra.bootstrap import build_worker_app
-    from infra.kafka.connection import KafkaConnection
-
-    data = tmp_path / "not" / "there" / "yet"
-    settings = Settings(data_dir=data, clickhouse_dsn="off", worker_web_port=0)
-    app, store = build_worker_app(settings, KafkaConnection.plaintext("127.0.0.1:1"), feedback=False)
-    assert data.is_dir() and store is None and app.conf.id == settings.app_id

@@ -23,14 +23,14 @@ from dispatcher.engines.vllm.metrics import EngineMetrics, heartbeat_fields, par
 from dispatcher.engines.vllm.router_blocks import RouterBlocks
 from infra.prompts import Prompts, PromptTokenizer
 from infra.vllm.openai_http import EngineHttpError, Generation, engine_call, stream_generation
-from lab.emulated_vllm import answers
-from lab.emulated_vllm.__main__ import main
-from lab.emulated_vllm.engine import EmulatedEngine
-from lab.emulated_vllm.kv_events import KvPublisher, PromptBlocks, encode_batch, vllm_hash
-from lab.emulated_vllm.metrics import render
-from lab.emulated_vllm.server import EmulatedServer
-from lab.tiny_model import ensure_tiny_model
-from lab.vllm_launcher import free_ports
+from local.emulated_vllm import answers
+from local.emulated_vllm.__main__ import main
+from local.emulated_vllm.engine import EmulatedEngine
+from local.emulated_vllm.kv_events import KvPublisher, PromptBlocks, encode_batch, vllm_hash
+from local.emulated_vllm.metrics import render
+from local.emulated_vllm.server import EmulatedServer
+from local.tiny_model import ensure_tiny_model
+from local.vllm_launcher import free_ports
 from schemas.events import ChatMessage, Heartbeat, InferenceRequest, KvEvent, Sampling
 from sim.engine.profiles import get_profile
 
@@ -312,7 +312,8 @@ def test_bad_arguments_are_one_line_and_exit_2(
         main(args)
     assert stopped.value.code == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("python -m lab.emulated_vllm: error: ") and message in err
+    assert err.count("\n") == 1 and message in err
+    assert err.startswith("python -m local.emulated_vllm: error: ")
 
 
 def test_a_refused_call_is_reported_to_the_gateways_client(tokenizer_dir: Path) -> None:

@@ -36,7 +36,7 @@ from schemas.events import KvEvent
 
 log = logging.getLogger(__name__)
 
-TOPIC = b"kv"  # as lab.vllm_launcher configures real servers
+TOPIC = b"kv"  # as local.vllm_launcher configures real servers
 REPLAY_BATCHES = 10_000  # vLLM's default buffer_steps
 SEND_HIGH_WATER_MARK = 100_000  # vLLM's default hwm
 _UINT64 = 2**64

@@ -1,9 +1,17 @@
 """A whole TokenFleet on this machine, supervised: what ``tokenfleet up``, ``status`` and ``down`` do.
 
-``up`` plans the stack (``lab.local.plan``: the embedded broker unless one is configured, with
+The folder is the product's one-machine deployment: every part a process, started and watched
+by one supervisor. It holds the plan (``plan.py``), the supervisor (``supervisor.py``), the
+stack's files and processes (``state.py``), what ``up`` and ``status`` print (``report.py``)
+and the engines a stack may start itself: vLLM CPU servers (``vllm_launcher.py``, over a model
+directory or the tiny test model of ``tiny_model.py``) and emulated vLLM servers
+(``emulated_vllm/``: try the stack without vLLM or GPUs). It imports the deployables and the
+adapters, never the lab, the command line or ``bench``.
+
+``up`` plans the stack (``local.plan``: the embedded broker unless one is configured, with
 ``--engines local`` vLLM CPU servers or with ``--engines emulated`` emulated vLLM servers and
 their inventory, the worker, the dispatcher, the gateway and an API key for local use), then
-starts the supervisor (``lab.local.supervisor``) as a detached process (``python -m lab.local
+starts the supervisor (``local.supervisor``) as a detached process (``python -m local
 DIR``; with ``foreground``, in this process) and returns once every part is ready, or raises
 ``UpFailed`` naming the part that failed and its log (everything already stopped). One stack per
 directory: the supervisor holds an exclusive lock on ``supervisor.lock`` while it lives (``up``
@@ -33,8 +41,8 @@ from typing import IO
 
 from infra.files import write_atomic
 from infra.settings import Settings
-from lab.local.plan import ENGINES, Plan, UpOptions, make_plan
-from lab.local.state import (
+from local.plan import ENGINES, Plan, UpOptions, make_plan
+from local.state import (
     LOCK_FILE,
     MARKER_ENV,
     PLAN_FILE,
@@ -49,7 +57,7 @@ from lab.local.state import (
     stop_groups,
     write_state,
 )
-from lab.local.supervisor import STOP_ORDER, Supervisor, probe
+from local.supervisor import STOP_ORDER, Supervisor, probe
 
 __all__ = ["ENGINES", "UpFailed", "UpOptions", "down", "refresh", "up"]
 
@@ -93,6 +101,7 @@ def up(
         if running:
             raise ValueError(_already_up(directory, f"processes {running} of an earlier stack still run in"))
         plan = make_plan(options, settings)
+        say(f"up: policy {plan.policy}, engines {plan.mode}, in {directory}")
         write_atomic(directory / PLAN_FILE, plan.to_json())
         (directory / STATE_FILE).unlink(missing_ok=True)
         if foreground:
@@ -115,7 +124,7 @@ def up(
 def _spawn(directory: Path, lock: IO[bytes]) -> subprocess.Popen[bytes]:
     with (directory / SUPERVISOR_LOG).open("ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "lab.local", str(directory), str(lock.fileno())],
+            [sys.executable, "-m", "local", str(directory), str(lock.fileno())],
             env={**os.environ, MARKER_ENV: str(directory)},
             stdin=subprocess.DEVNULL,
             stdout=log,

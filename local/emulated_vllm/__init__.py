@@ -2,7 +2,7 @@
 (``sim/engine``), run in wall time, behind vLLM's HTTP API, so the gateway, the dispatcher's vLLM
 engine port and the fault suite run against it as against vLLM, without vLLM.
 
-Run one with ``python -m lab.emulated_vllm --port N --profile llama3-8b-h100 --served-model-name
+Run one with ``python -m local.emulated_vllm --port N --profile llama3-8b-h100 --served-model-name
 NAME --kv-events tcp://127.0.0.1:PORT [--kv-replay tcp://127.0.0.1:PORT] [--tokenizer DIR]
 [--speed X]`` (``tokenfleet up --engines emulated`` starts them). The contract:
 
@@ -20,7 +20,7 @@ NAME --kv-events tcp://127.0.0.1:PORT [--kv-replay tcp://127.0.0.1:PORT] [--toke
   ``max_model_len`` (400). A client that disconnects aborts its call (waiting: it leaves the
   queue; running: at the end of the step in progress), as vLLM aborts it.
 - **Tokens.** A prompt is tokenized as ``infra.prompts.PromptTokenizer`` does for the gateway
-  and the worker, with ``--tokenizer DIR`` (default: the tiny model of ``lab.tiny_model``), so
+  and the worker, with ``--tokenizer DIR`` (default: the tiny model of ``local.tiny_model``), so
   ``usage.prompt_tokens`` and the prompt's block hashes agree with theirs. The answer's length
   is ``answers.answer_length``: ``max_tokens`` with ``ignore_eos``, else ``max_tokens`` unless
   the prompt's own length rule ends it sooner (``finish_reason`` ``stop``); its text is

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agents.routing import Answer
+from agents.routing import Answer, RoutingService
 from infra.files import write_atomic
 from schemas.events import AdmissionDecision, InferenceRequest, RoutingDecision
 
@@ -30,6 +30,20 @@ log = logging.getLogger(__name__)
 
 FILE_NAME = "decided.jsonl"
 MAX_AGE_S = 900.0
+
+
+def restore(service: RoutingService, path: Path) -> int:
+    """Hand ``service`` the decisions its previous process kept at ``path`` (``load``); returns
+    how many (and says so in one log line when there were any)."""
+    restored = service.restore(load(path))
+    if restored:
+        log.warning("worker: %d decisions of its previous process restored from %s", restored, path)
+    return restored
+
+
+def keep(service: RoutingService, path: Path) -> None:
+    """Write what ``service`` decided to ``path``, for the next process (``save``)."""
+    save(path, service.answers())
 
 
 def save(path: Path, answers: Sequence[Answer]) -> None:
