@@ -1,9 +1,12 @@
 """Benchmark: SLO capacity with several deciders per pool against one (``make bench-deciders``).
 
-``python -m bench.deciders [--deciders 2,4] [--splits affinity,random] [--jobs N] [--json OUT]``
+``python -m bench.deciders [--held-out] [--deciders 2,4] [--splits affinity,random] [--jobs N]
+[--json OUT]``
 
 For each workload (Mooncake's conversation trace as shipped and with arrivals spread by 3 s,
-the synthetic mix of 30 minutes; the default fleet and engine, seed 0) and each policy
+the synthetic mix of 30 minutes; with ``--held-out`` the workloads the several-decider rules
+were not tuned on: Mooncake spread by 1 s, both Azure traces, synthetic mixes with sharp bursts
+and with slow waves; the default fleet and engine, ``--seed``) and each policy
 (``tokenpilot``, ``slomax+tokenpilot``): the SLO capacity (``sim/evaluation/capacity.py``, to
 ``--precision``) of one decider, and of N deciders per pool for each N and split
 (``sim/loop/deciders.py``; the others' placements read ``--decision-log-delay`` late). Printed:

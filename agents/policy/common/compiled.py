@@ -42,7 +42,8 @@ def fallback_cache_dir() -> str:
     try:
         user = getpass.getuser()
     except (KeyError, OSError):  # no name for this uid (a bare container)
-        user = str(os.getuid()) if hasattr(os, "getuid") else "user"
+        getuid = getattr(os, "getuid", None)  # (not on every platform)
+        user = str(getuid()) if getuid is not None else "user"
     return os.path.join(tempfile.gettempdir(), f"tokenfleet-numba-{user}")
 
 
