@@ -310,8 +310,8 @@ class Settings(BaseSettings):
     )
     vllm_python: Path | None = Field(
         default=None,
-        description="the Python of a vLLM installation, for the lab's CPU engines (demo, tests); "
-        "empty = .venv-engine/bin/python of the checkout",
+        description="the Python of a vLLM installation, for the CPU engines `tokenfleet up --engines "
+        "local` starts (and the demo's, the tests'); empty = .venv-engine/bin/python of the checkout",
     )
 
     @model_validator(mode="after")
