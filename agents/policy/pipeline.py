@@ -103,7 +103,7 @@ class Scheduler:
 
     def bind_feedback(self, source: GoodputSource, record: Callable[[Any], None] | None = None) -> bool:
         """Bind ``source`` (and ``record`` for each control step) to the admission stage if it
-        closes a loop on measured outcomes (``ClosesLoop``); whether it does."""
+        closes a loop on observed outcomes (``ClosesLoop``); whether it does."""
         if isinstance(self.admission, ClosesLoop):
             self.admission.bind_feedback(source, record)
             return True

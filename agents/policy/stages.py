@@ -190,7 +190,7 @@ class Noticing(Protocol):
 
 @runtime_checkable
 class ClosesLoop(Protocol):
-    """An admission stage that steers itself on measured outcomes (SLOMax's control loop): it
+    """An admission stage that steers itself on observed outcomes (SLOMax's control loop): it
     reads per-class windows from a ``GoodputSource`` and hands each control step to ``record``.
     The simulator binds an in-memory or ClickHouse source, the worker the store's; both through
     ``Scheduler.bind_feedback``."""

@@ -43,8 +43,8 @@ def output_tokens(g: Generation) -> int:
 def completion(decision: RoutingDecision, g: Generation, status: Status, now: float) -> Completion:
     request = decision.request
     output = output_tokens(g)
-    measured_tpot = timing.tpot(g.first_token_ts, g.last_token_ts, output)
-    measured_ttft = timing.ttft(g.first_token_ts, request.ts)
+    observed_tpot = timing.tpot(g.first_token_ts, g.last_token_ts, output)
+    observed_ttft = timing.ttft(g.first_token_ts, request.ts)
     return Completion(
         ts=now,
         request_id=decision.request_id,
@@ -55,8 +55,8 @@ def completion(decision: RoutingDecision, g: Generation, status: Status, now: fl
         slo_class=decision.slo_class,
         status=status,
         arrival_ts=request.ts,
-        ttft_s=None if measured_ttft is None else duration(measured_ttft),
-        tpot_s=None if measured_tpot is None else duration(measured_tpot),
+        ttft_s=None if observed_ttft is None else duration(observed_ttft),
+        tpot_s=None if observed_tpot is None else duration(observed_tpot),
         e2e_s=duration(now - request.ts),
         input_tokens=g.prompt_tokens or request.input_tokens,
         cached_tokens=g.cached_tokens,

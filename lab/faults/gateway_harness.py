@@ -50,7 +50,7 @@ from lab.faults.gateway_tally import (
     unended,
     wait_p99,
 )
-from lab.faults.harness import stored_completions
+from lab.faults.harness import missing_from_store, stored_completions
 from lab.faults.tally import FIGURES, Key, count_lost, once_and_twice, recovered_after, rounded, tally
 from local import UpOptions, down, up
 from local.plan import Plan
@@ -405,13 +405,7 @@ class GatewayRun:
         """Completions seen on ``tf.completions`` and not stored; after a broker restart, also how
         many of those the old broker's log held (the collector read them before the restart)."""
         assert self.collector is not None
-        completions = self.collector.completions
-        missing = {e for _, e, _ in completions} - stored
-        out = {"completions_missing": len(missing)}
-        if self.broker_restarted_at is not None:
-            old = {e for _, e, _ in completions[: self.collector.completions_before_restart]}
-            out["completions_missing_with_broker_log"] = len(missing & old)
-        return out
+        return missing_from_store(self.collector, stored, self.broker_restarted_at is not None)[0]
 
 
 def _words(counts: dict[str, int]) -> str:

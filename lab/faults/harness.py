@@ -344,12 +344,8 @@ class Run:
         also how many of them only the old broker's log held (read by the collector before the
         restart: the worker may not have read them yet) or the new broker no longer serves."""
         assert self.collector is not None
-        completions = self.collector.completions
-        missing = {e for _, e, _ in completions} - stored
-        out = {"completions_missing": len(missing)}
+        out, missing, old = missing_from_store(self.collector, stored, self.served is not None)
         if self.served is not None:
-            old = {e for _, e, _ in completions[: self.collector.completions_before_restart]}
-            out["completions_missing_with_broker_log"] = len(missing & old)
             unserved = missing - old - self.served.completion_ids
             out["completions_missing_unserved_by_new_broker"] = len(unserved)
             collided = (missing - old - unserved) & self.served.collided_completion_ids
@@ -368,6 +364,23 @@ class Run:
         return stored_completions(
             d / "clickhouse" for d in [self.data_dir, *(w.data_dir for w in self.workers)]
         )
+
+
+def missing_from_store(
+    collector: Collector, stored: set[str], broker_restarted: bool
+) -> tuple[dict[str, int], set[str], set[str]]:
+    """The completions ``collector`` saw on ``tf.completions`` that are not in ``stored``:
+    their count (``completions_missing``) and, after a broker restart, how many of them the old
+    broker's log held (``completions_missing_with_broker_log``); with the missing ids and those
+    the collector read before the restart (empty without one)."""
+    completions = collector.completions
+    missing = {e for _, e, _ in completions} - stored
+    out = {"completions_missing": len(missing)}
+    old: set[str] = set()
+    if broker_restarted:
+        old = {e for _, e, _ in completions[: collector.completions_before_restart]}
+        out["completions_missing_with_broker_log"] = len(missing & old)
+    return out, missing, old
 
 
 def stored_completions(stores: Iterable[Path]) -> set[str] | None:

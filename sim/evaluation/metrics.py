@@ -93,8 +93,8 @@ def outcomes(
         if not window[0] <= first.arrival_s <= window[1]:
             continue
         request = last.request
-        measured = timing.ttft(last.first_token_s, first.arrival_s)  # from the request's first arrival
-        ttft = math.inf if measured is None else measured
+        observed = timing.ttft(last.first_token_s, first.arrival_s)  # from the request's first arrival
+        ttft = math.inf if observed is None else observed
         completed = last.status == "ok"
         tpot = timing.tpot(last.first_token_s, last.end_s, last.generated) if completed else None
         e2e = last.end_s - first.arrival_s if completed and last.end_s is not None else math.inf

@@ -1,4 +1,4 @@
-"""How a response's latencies are measured, wherever they are taken (the simulator, the emulated
+"""How a response's latencies are taken, wherever they come from (the simulator, the emulated
 fleet, a real engine's stream):
 
 - TTFT = first token - arrival (no first token: none);

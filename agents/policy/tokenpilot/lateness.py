@@ -45,14 +45,14 @@ class PrefillLateness:
         self._count = np.zeros(BUCKETS, dtype=np.int64)
         self.ratio = np.ones(BUCKETS)  # lateness(b), as applied
 
-    def add(self, tokens: float, predicted_s: float, measured_s: float) -> None:
+    def add(self, tokens: float, predicted_s: float, observed_s: float) -> None:
         """One send's own uncached tokens, predicted and observed TTFT (seconds)."""
-        if tokens < MIN_TOKENS or predicted_s <= 0 or measured_s <= 0:
+        if tokens < MIN_TOKENS or predicted_s <= 0 or observed_s <= 0:
             return
         b = bucket(tokens)
         self._count[b] += 1
         alpha = 1.0 / min(int(self._count[b]), self.window)
-        self._log_ratio[b] += alpha * (math.log(measured_s / predicted_s) - self._log_ratio[b])
+        self._log_ratio[b] += alpha * (math.log(observed_s / predicted_s) - self._log_ratio[b])
         seen = np.where(self._count >= self.min_samples, np.exp(self._log_ratio), 1.0)
         self.ratio = np.maximum.accumulate(np.maximum(seen, 1.0))
 

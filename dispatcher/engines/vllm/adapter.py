@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 
 _REMEMBERED_ATTEMPTS = 100_000  # redeliveries come soon after the original: a bounded memory
 _DEFAULT_TIMEOUT_S = 600.0  # a generation with no deadline gives up after this
-_NOTHING_MEASURED = {
+_NO_METRICS = {
     "waiting": 0,
     "running": 0,
     "tokens_in_flight": 0,
@@ -161,7 +161,7 @@ class VllmEngines:
         beats = []
         for entry in self.inventory.instances:
             scraped = self._scraped[entry.instance_id]
-            fields = _NOTHING_MEASURED
+            fields = _NO_METRICS
             if scraped.metrics is not None:
                 fields = heartbeat_fields(scraped.metrics, None, None, in_flight.get(entry.instance_id, 0))
             beats.append(
@@ -312,9 +312,9 @@ class VllmEngines:
                 if response.status != 200:
                     raise EngineHttpError(f"/metrics answered {response.status}", response.status)
                 text = await response.text()
-            measured = parse_metrics(text, entry.served_model_name or entry.model)
-            heartbeat_fields(measured, None, None, 0)  # the KV geometry is there (ValueError if not)
-            scraped.metrics = measured
+            metrics = parse_metrics(text, entry.served_model_name or entry.model)
+            heartbeat_fields(metrics, None, None, 0)  # the KV geometry is there (ValueError if not)
+            scraped.metrics = metrics
             scraped.ready = ready
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError, EngineHttpError) as exc:
             if scraped.ready:
