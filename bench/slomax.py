@@ -57,8 +57,7 @@ def run(workload: Workload, fleet: FleetSpec, policy: str, config: SimConfig) ->
     result = Simulation(workload, fleet, scheduler, config).run()
     metrics = report(result.attempts, result.window, config.slo_classes, result.busy_s)
     requests = outcomes(result.attempts, result.window, config.slo_classes)
-    window_s = result.window[1] - result.window[0]
-    spend = costs(result.attempts, requests, fleet.instances, result.busy_s, window_s)["total"]
+    spend = costs(result.attempts, requests, result.instances, result.busy_s, result.held_s)["total"]
     assert isinstance(spend, dict)
     interactive = [r for r in requests if r.slo_class == "interactive" and r.status != "rejected"]
     batch = [r for r in requests if r.slo_class == "batch"]

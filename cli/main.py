@@ -1,7 +1,7 @@
 """``tokenfleet`` command line: the composition root that wires workloads, fleets and policies.
 
 The commands live by job: ``cli.simulator`` (simulate, capacity, tail, report, generate),
-``cli.service`` (worker, fleet, gateway), ``cli.traffic`` (loadgen, batch), ``cli.store`` (sql,
+``cli.service`` (worker, fleet, gateway, planner), ``cli.traffic`` (loadgen, batch), ``cli.store`` (sql,
 db, slomax, schemas), ``cli.up`` (up, status, down); ``cli.options`` holds what they share.
 This module registers them on the typer ``app`` and runs it (``main``). Every command runs
 from the installed wheel alone: the command line never imports the lab (the demo is
@@ -48,6 +48,7 @@ for name, command in (
     ("worker", service.worker),
     ("fleet", service.fleet_command),
     ("gateway", service.gateway),
+    ("planner", service.planner),
     ("loadgen", traffic.loadgen),
     ("sql", store.sql),
     ("up", up.up),

@@ -1,5 +1,5 @@
-"""What the commands share: option types, their validators and help texts, the settings, the
-policy checks, and the one-line error.
+"""What the commands share: option types, their validators and help texts, the settings, and
+the one-line error (the checks of policy and planner names: ``cli/choices.py``).
 
 Validators raise ``typer.BadParameter`` (click reports it as ``Invalid value for '--x'``) or
 ``ValueError`` (``cli.main.main`` prints it); either way one line on stderr and exit status 2.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -232,53 +232,6 @@ def require_broker(settings: Any, embedded: bool | None) -> None:
         "what it publishes is lost when the command exits",
         file=sys.stderr,
     )
-
-
-def no_bounds(policies: Sequence[str]) -> None:
-    """``ideal`` and ``ideal-fleet-cache`` are latency floors ``simulate`` reports, not policies."""
-    from sim.evaluation.compare import BOUNDS
-
-    bounds = [name for name in policies if name in BOUNDS]
-    if bounds:
-        names = ", ".join(bounds)
-        raise typer.BadParameter(f"{names} is a latency bound, not a policy", param_hint="--policy")
-
-
-def checked_policies(policies: Sequence[str], seed: int, policy_config: Path | None) -> Any:
-    """The stage parameters, once every policy name and parameter was checked (before any trace
-    is read or policy run)."""
-    from agents.policy import PolicyError, build_scheduler
-    from agents.policy.registry import params_for
-    from sim.evaluation.compare import BOUNDS, check_policies
-
-    params = load_policy_config(policy_config) if policy_config is not None else None
-    try:
-        check_policies(policies, params)
-    except PolicyError as exc:
-        raise PolicyError(f"{exc}; bounds: {', '.join(BOUNDS)}") from None
-    for name in policies:
-        if name not in BOUNDS:
-            build_scheduler(name, seed=seed, params=params_for(name, params))
-    return params
-
-
-def load_policy_config(path: Path) -> dict[str, dict[str, Any]]:
-    """Stage parameters from a YAML file (stage name -> keyword parameters); ValueError with
-    one line saying what is wrong if the file is missing, not YAML or not that shape."""
-    from infra.files import read_yaml
-
-    data = read_yaml(path, "policy config")
-    shape = "must map stage names to parameter mappings, e.g. 'tokenpilot: {tie_tolerance: 0.05}'"
-    if not isinstance(data, dict):
-        raise ValueError(f"policy config {str(path)!r} {shape}")
-    for stage, kwargs in data.items():
-        if (
-            not isinstance(stage, str)
-            or not isinstance(kwargs, dict)
-            or not all(isinstance(k, str) for k in kwargs)
-        ):
-            raise ValueError(f"policy config {str(path)!r}: stage {stage!r} {shape}")
-    return data
 
 
 def write_json(path: str | None, document: Any) -> None:

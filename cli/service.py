@@ -1,9 +1,10 @@
-"""The service commands: the deployables (``worker``, ``fleet``, ``gateway``)."""
+"""The service commands: the deployables (``worker``, ``fleet``, ``gateway``, ``planner``)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -97,7 +98,11 @@ def fleet_command(
     if engine == "vllm":
         from dispatcher.engines.vllm.adapter import VllmEngines
 
-        engines = VllmEngines(_inventory(inventory, settings), scrape_s=settings.scrape_interval_s)
+        engines = VllmEngines(
+            _inventory(inventory, settings),
+            scrape_s=settings.scrape_interval_s,
+            source=Path(inventory or settings.inventory),  # followed: engines added, drained
+        )
     elif engine == "emulated":
         from sim.engine.fleet import parse_fleet
 
@@ -185,6 +190,63 @@ def gateway(
         _run_until_interrupted(
             serve(gw, host or settings.http_host, port, asyncio.Event(), reuse_port, probe_port)
         )
+
+
+def planner(
+    name: Annotated[
+        str | None,
+        typer.Option(
+            "--planner",
+            metavar="NAME",
+            help="static, hpa, dynamo-sla or fleetmind (default: TOKENFLEET_PLANNER, fleetmind)",
+        ),
+    ] = None,
+    fleet: Annotated[
+        Path | None,
+        typer.Option("--fleet", metavar="FILE", help="the fleet file (default: TOKENFLEET_FLEET_RULES)"),
+    ] = None,
+    interval: Annotated[
+        float | None,
+        typer.Option(
+            "--interval",
+            metavar="S",
+            help="seconds between plans (default: TOKENFLEET_PLANNER_INTERVAL_S, else the planner's own)",
+            callback=real(0.0, MAX_SECONDS),
+        ),
+    ] = None,
+    param: Annotated[
+        list[str] | None,
+        typer.Option("--param", metavar="NAME=VALUE", help="a planner parameter (repeatable)"),
+    ] = None,
+) -> None:
+    """The planner: replicas per model version and data centre, on tf.plans and a gauge.
+
+    One planner per fleet is active (a Kafka consumer group chooses); start a second one and it
+    waits, and takes over if the first dies.
+
+    \b
+    Example:
+      TOKENFLEET_KAFKA_BOOTSTRAP=localhost:9092 tokenfleet planner --planner fleetmind --fleet fleet.yaml
+    """
+    from agents.policy import planners
+    from infra.kafka.bus import kafka_connection
+    from planner.main import load_facts, make_planner, plan_interval, serve
+
+    settings = load_settings()
+    planners.check_planner(name or settings.planner)  # an unknown name before the file is read
+    facts = load_facts(fleet or settings.fleet_rules)  # a bad file is one line here, not a restart loop
+    pairs = [p.partition("=") for p in param or []]
+    if any(not key or not eq for key, eq, _ in pairs):
+        raise typer.BadParameter("give NAME=VALUE", param_hint="'--param'")
+    chosen = make_planner(name or settings.planner, facts, settings, {k: v for k, _, v in pairs})
+    if not settings.kafka_bootstrap:
+        raise ValueError("no Kafka broker configured: set TOKENFLEET_KAFKA_BOOTSTRAP=host:port (the fleet's)")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    with kafka_connection(settings) as connection:  # an unreachable broker is waited for, quietly
+        counts = _run_until_interrupted(
+            serve(settings, connection, chosen, facts, interval_s=plan_interval(settings, chosen, interval))
+        )
+    print(f"planner stopped: {counts}")
 
 
 def _inventory(path: str | None, settings: Any) -> Any:

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
+from cli.choices import PlannerOpt, checked_planners, checked_policies, no_bounds
 from cli.options import (
     DEFAULT_FLEET,
     MAX_SECONDS,
@@ -32,8 +33,6 @@ from cli.options import (
     WorkloadOpt,
     check_rate_scale,
     check_seed,
-    checked_policies,
-    no_bounds,
     real,
     sim_config,
     whole,
@@ -66,6 +65,7 @@ def simulate(
     split: DeciderSplitOpt = "affinity",
     json_out: JsonOpt = None,
     policy_config: PolicyConfigOpt = None,
+    planner: PlannerOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress bar")] = False,
 ) -> None:
     """Compare routing policies on a trace, or on a multi-DC scenario, in simulation.
@@ -92,13 +92,14 @@ def simulate(
     if not policy:
         raise typer.BadParameter("give at least one --policy", param_hint="'--policy'")
     params = checked_policies(policy, seed, policy_config)
+    planners = checked_planners(planner)
     spec = parse_fleet(fleet)
     trace = open_workload(workload, seed=seed).jittered(jitter_arrivals, seed)
     if quiet:
-        document, timings = compare(trace, spec, policy, config, rate_scale, None, params)
+        document, timings = compare(trace, spec, policy, config, rate_scale, None, params, planners)
     else:
         with progress_bar() as progress:
-            document, timings = compare(trace, spec, policy, config, rate_scale, progress, params)
+            document, timings = compare(trace, spec, policy, config, rate_scale, progress, params, planners)
     Console(width=TABLE_WIDTH, highlight=False).print(comparison(document))
     for timing in timings:
         rate = timing.requests / timing.wall_s if timing.wall_s > 0 else float("inf")

@@ -13,6 +13,8 @@ import typer
 from cli.options import MAX_SECONDS, POLICY_HELP, error, load_settings, real, whole
 
 PRODUCT_POLICY = "slomax+tokenpilot"  # local.plan.PRODUCT_POLICY, not imported: -h stays fast
+# A planned stack's server states that are as its planner wants them (local/follower.py).
+FOLLOWED = ("loading", "draining", "stopping", "standby")
 
 DirOpt = Annotated[
     Path | None,
@@ -122,16 +124,55 @@ def up(
             "for it (up to --timeout)",
         ),
     ] = False,
+    planner: Annotated[
+        str | None,
+        typer.Option(
+            "--planner", metavar="NAME", help="run this planner and follow its plans (hpa, fleetmind, ...)"
+        ),
+    ] = None,
+    max_servers: Annotated[
+        int | None,
+        typer.Option(
+            "--max-servers", metavar="N", help="with --planner: at most N servers", callback=whole(1, 16)
+        ),
+    ] = None,
+    planner_interval: Annotated[
+        float | None,
+        typer.Option(
+            "--planner-interval",
+            metavar="S",
+            help="with --planner: plan every S s",
+            callback=real(0.0, 3600.0),
+        ),
+    ] = None,
+    planner_param: Annotated[
+        list[str] | None,
+        typer.Option("--planner-param", metavar="NAME=VALUE", help="with --planner: passed on (repeatable)"),
+    ] = None,
+    load_s: Annotated[
+        float | None,
+        typer.Option("--load-s", metavar="S", help="emulated: servers load S s", callback=real(0.0, 3600.0)),
+    ] = None,
+    max_num_seqs: Annotated[
+        int | None,
+        typer.Option(
+            "--max-num-seqs", metavar="N", help="calls a server runs at once", callback=whole(1, 100_000)
+        ),
+    ] = None,
 ) -> None:
     """Start the broker, worker, dispatcher and gateway (and local engine servers) here, supervised.
 
     Returns once every part is ready and prints every address, an API key and the openai
     snippet; the stack keeps running until `tokenfleet down`.
 
+    With --planner it also runs that planner and follows its plans: servers start, drain and stop
+    (`tokenfleet status` shows each loading, ready, draining or standby).
+
     \b
     Example:
       tokenfleet up --engines local --servers 2 --port 8000
       tokenfleet up --engines emulated --servers 2 --policy slomax+tokenpilot
+      tokenfleet up --engines local --servers 1 --max-servers 3 --planner fleetmind
     """
     from local import UpFailed, UpOptions
     from local import up as start
@@ -140,7 +181,8 @@ def up(
     _only(engines, (Engines.local,), model=model)
     _only(engines, (Engines.local, Engines.emulated), servers=servers)
     _only(engines, (Engines.inventory,), inventory=inventory)
-    _only(engines, (Engines.emulated,), fleet=fleet)
+    _only(engines, (Engines.emulated,), fleet=fleet, load_s=load_s)
+    _only(engines, (Engines.local, Engines.emulated), planner=planner, max_num_seqs=max_num_seqs)
     settings = load_settings(policy)
     options = UpOptions(
         dir=_directory(directory, settings),
@@ -154,6 +196,12 @@ def up(
         port=port,
         gateways=gateways,
         timeout_s=timeout,
+        planner=planner,
+        max_servers=max_servers,
+        planner_interval_s=planner_interval,
+        planner_params=tuple(planner_param or ()),
+        load_s=load_s,
+        max_num_seqs=max_num_seqs,
     )
     if inventory is not None and not inventory.is_file():
         raise ValueError(f"--inventory {inventory}: no such file")
@@ -188,13 +236,17 @@ def _only(engines: Engines, modes: tuple[Engines, ...], **given: object) -> None
     for name, value in given.items():
         if value is not None and engines not in modes:
             allowed = " or ".join(mode.value for mode in modes)
-            raise typer.BadParameter(f"only with --engines {allowed}", param_hint=f"--{name}")
+            raise typer.BadParameter(
+                f"only with --engines {allowed}", param_hint=f"--{name.replace('_', '-')}"
+            )
 
 
 def status(directory: DirOpt = None) -> None:
     """Show the stack `tokenfleet up` started: each part's state, restarts, pid, address and log.
 
-    Exit status 0 when the supervisor and every part run and each part is ready, 1 otherwise.
+    Exit status 0 when the supervisor and every part run and each part is ready (a planned
+    stack's servers: or loading, draining, stopping, standby, as its planner wants them), 1
+    otherwise.
 
     \b
     Example:
@@ -209,8 +261,9 @@ def status(directory: DirOpt = None) -> None:
         raise ValueError(f"no stack in {where} (start one with `tokenfleet up`)")
     state, now = found
     show(state, now)
+    fine = {"ready", *FOLLOWED}
     ours = [part.name for part in state.parts if part.kind != "engine"]
-    if state.phase != "ready" or not all(now[name] == "ready" for name in ours):
+    if state.phase != "ready" or not all(now[name] in fine for name in ours):
         raise typer.Exit(1)
 
 

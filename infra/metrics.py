@@ -105,9 +105,26 @@ fleet_events_total = Counter(
 )
 desired_replicas = Gauge(
     "desired_replicas",
-    "FleetMind's latest replica advice: the instances of the pool it asks for in the data centre "
-    "(absent until it advises; an autoscaler such as KEDA or an HPA external metric reads it).",
+    "The replicas of the pool wanted in the data centre: in the active planner (tokenfleet "
+    "planner) its newest plan on tf.plans, summed over the model's versions; in a worker, "
+    "FleetMind's latest replica advice. Absent until there is one; an autoscaler such as KEDA or "
+    "an HPA external metric reads it.",
     ["pool", "dc"],
+    namespace=NAMESPACE,
+    registry=REGISTRY,
+)
+planner_active = Gauge(
+    "planner_active",
+    "1 while this planner process is the fleet's active planner (it holds partition 0 of tf.plans "
+    "in the planners' consumer group), 0 while it waits.",
+    namespace=NAMESPACE,
+    registry=REGISTRY,
+)
+replica_plans_total = Counter(
+    "replica_plans",
+    "Plans this planner process published on tf.plans, by planner (one per pool it named: "
+    "changed, or sent again as a keep-alive).",
+    ["planner"],
     namespace=NAMESPACE,
     registry=REGISTRY,
 )

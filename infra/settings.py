@@ -308,6 +308,33 @@ class Settings(BaseSettings):
         description="names one run of a worker supervisor in its ready marker (set by whoever starts "
         "it and waits for it); empty = a fresh random token",
     )
+    planner: str = Field(
+        default="fleetmind",
+        description="the planner `tokenfleet planner` runs (agents/policy/planners: static, hpa, "
+        "dynamo-sla, fleetmind): the fleet's replicas per model version and DC, on tf.plans",
+    )
+    planner_interval_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="seconds between the planner's plans; empty = the planner's own interval "
+        "(30 s for one that has none, such as static)",
+    )
+    planner_history_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="how far back a starting planner reads the topics (heartbeats, requests, "
+        "admissions, completions, its own plans) to rebuild its state; keep it above "
+        "planner_keepalive_intervals plans",
+    )
+    planner_keepalive_intervals: int = Field(
+        default=10,
+        ge=1,
+        description="a pool's plan is published on tf.plans when it changes, and again after this "
+        "many intervals without a change (so a reader that starts late learns it)",
+    )
+    planner_web_port: int = Field(
+        default=6068, ge=0, le=65535, description="the planner's /metrics, /health, /ready; 0 = any free port"
+    )
     vllm_python: Path | None = Field(
         default=None,
         description="the Python of a vLLM installation, for the CPU engines `tokenfleet up --engines "

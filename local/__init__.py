@@ -10,7 +10,8 @@ adapters, never the lab, the command line or ``bench``.
 
 ``up`` plans the stack (``local.plan``: the embedded broker unless one is configured, with
 ``--engines local`` vLLM CPU servers or with ``--engines emulated`` emulated vLLM servers and
-their inventory, the worker, the dispatcher, the gateway and an API key for local use), then
+their inventory, the worker, the dispatcher, the gateway and an API key for local use; with
+``--planner`` also the planner, whose plans the supervisor follows: ``local/follower.py``), then
 starts the supervisor (``local.supervisor``) as a detached process (``python -m local
 DIR``; with ``foreground``, in this process) and returns once every part is ready, or raises
 ``UpFailed`` naming the part that failed and its log (everything already stopped). One stack per
@@ -19,7 +20,9 @@ takes it first and hands it over), and ``up`` refuses a directory where a proces
 stack still runs.
 
 ``status`` reads ``state.json`` and asks every process whether it is still the one started
-(pid and start time) and every part's probe whether it is ready. ``down`` asks the supervisor to
+(pid and start time) and every part's probe whether it is ready; a planned stack's servers
+(``--planner``) show the follower's state: ``loading``, ``ready``, ``draining``, ``stopping``
+or ``standby``. ``down`` asks the supervisor to
 stop the stack (SIGTERM: it stops the parts in order), then makes sure: each part's process
 group gets SIGTERM and SIGKILL, and any process still carrying the stack's marker
 (``TOKENFLEET_UP_DIR`` in its environment) SIGKILL; it reports what, if anything, is left.
@@ -181,11 +184,15 @@ def refresh(directory: Path) -> tuple[StackState, dict[str, str]] | None:
             now[part.name] = "up" if probe(part.probe) else "down"
         elif alive(part.pid, part.start_time):
             ready = probe(part.probe)
-            now[part.name] = (
-                "ready" if ready else ("restarting" if part.state == "restarting" else "not ready")
-            )
+            if part.state in ("draining", "stopping") or (part.state == "loading" and not ready):
+                now[part.name] = part.state  # the follower's: it says what the probe cannot
+            else:
+                now[part.name] = (
+                    "ready" if ready else ("restarting" if part.state == "restarting" else "not ready")
+                )
         else:
-            recorded = part.state if part.state in ("exited", "failed", "waiting") else "stopped"
+            kept = ("exited", "failed", "waiting", "standby")
+            recorded = part.state if part.state in kept else "stopped"
             now[part.name] = recorded if supervised else "stopped"
     return state, now
 

@@ -10,6 +10,16 @@ simulator's engine model behind vLLM's HTTP API and KV events), one per instance
 (default ``--servers`` x ``EMULATED_PROFILE``), prompts counted with the tiny model's tokenizer;
 with ``--engines inventory`` none (the inventory's servers are not the stack's). Either way the
 dispatcher drives the servers of the inventory as vLLM engines and the gateway proxies to them.
+
+With ``--planner NAME`` (``--engines local`` or ``emulated``) the stack's size follows a
+planner: the plan lists ``--max-servers`` server slots, of which the first ``--servers`` start
+with the stack and the rest wait (``standby``); a ``planner`` part runs ``tokenfleet planner
+--planner NAME --fleet FILE [--interval S] [--param NAME=VALUE ...]`` over a fleet file of the
+stack's own (``fleet_document``: one DC whose ``gpus`` are ``--max-servers`` servers' GPUs, the
+one model with ``min_replicas: 1`` and its load time), and ``Scaling`` tells the supervisor what to follow
+(``local/follower.py``). The gateway's inventory lists every slot (it must reach a server the
+moment a decider picks it); the dispatcher's (``ENGINES_FILE``) lists the servers started and
+not draining, and is rewritten as they change (the dispatcher follows it).
 """
 
 from __future__ import annotations
@@ -25,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+import yaml
 
 from gateway.auth import add_key, key_hash, load_keys
 from infra.files import write_atomic
@@ -45,6 +57,20 @@ PRODUCT_POLICY = "slomax+tokenpilot"
 DEFAULT_SERVERS = 2
 LOCAL_TENANT = "local"
 MAX_SERVERS = 16
+ENGINES_FILE = "engines.yaml"  # with --planner: the dispatcher's inventory, the servers it drives
+FLEET_FILE = "fleet.yaml"  # with --planner: the planner's fleet file
+# Start -> ready of a vLLM CPU server over the tiny model (what `up` tells a user to expect); the
+# fleet file says it until the stack's own servers were timed (local/supervisor.py).
+VLLM_CPU_LOAD_S = 60.0
+# The planner's fleet file needs an engine profile: a stack's servers are one GPU each (a vLLM
+# CPU server has no profile of its own; the planners read its GPUs and load times from it).
+PLANNED_PROFILE = EMULATED_PROFILE
+MIN_REPLICAS = 1  # a planned stack keeps at least one server: the gateway always has an engine
+# A draining server is stopped once its heartbeats said it idle for this many heartbeat
+# intervals (at least DRAIN_GRACE_MIN_S): a decision made on a heartbeat from before the drain
+# reaches the engine, or the log, within that time.
+DRAIN_GRACE_BEATS = 8
+DRAIN_GRACE_MIN_S = 2.0
 # A Unix socket's path has at most 107 bytes; vLLM names its IPC sockets TMPDIR/<uuid4> (36).
 IPC_DIR_MAX = 107 - 1 - 36
 
@@ -62,6 +88,12 @@ class UpOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     timeout_s: float = 300.0
+    planner: str | None = None  # local, emulated: the planner the servers' count follows
+    max_servers: int | None = None  # with a planner: the most servers (None: twice --servers)
+    planner_interval_s: float | None = None  # the planner's interval (None: the planner's own)
+    planner_params: tuple[str, ...] = ()  # NAME=VALUE: the planner's parameters, passed on
+    load_s: float | None = None  # emulated: each server's load time (start -> ready; None: 0)
+    max_num_seqs: int | None = None  # local, emulated: calls running at once per server
 
 
 @dataclass
@@ -87,6 +119,33 @@ class PartSpec:
 
 
 @dataclass
+class Scaling:
+    """What the supervisor follows with ``--planner`` (``local/follower.py``): the plans for
+    ``model`` at ``version`` in ``dc`` from ``planner``, between ``MIN_REPLICAS`` and
+    ``len(servers)`` servers; ``servers`` are the slots (part names), the first ``initial``
+    started with the stack. ``inventory``: every slot (the gateway's); ``engines_file``: the
+    dispatcher's, rewritten as servers start and drain; ``fleet_file``: the planner's
+    (``fleet_document``), its load time ``load_s`` until the stack's servers were timed.
+    A draining server stops once its heartbeats (every ``heartbeat_s``) said it idle for
+    ``drain_grace_s``."""
+
+    planner: str
+    model: str
+    version: str
+    dc: str
+    servers: list[str]
+    initial: int
+    inventory: str
+    engines_file: str
+    fleet_file: str
+    profile: str
+    gpus_per_server: int
+    load_s: float
+    heartbeat_s: float
+    drain_grace_s: float
+
+
+@dataclass
 class Plan:
     dir: str
     mode: str
@@ -101,6 +160,7 @@ class Plan:
     timeout_s: float
     engines: list[tuple[str, str]] = field(default_factory=list)  # an inventory's (id, url): not ours
     policy: str = ""  # the worker's
+    scaling: Scaling | None = None  # --planner: the servers follow its plans
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2) + "\n"
@@ -110,6 +170,8 @@ class Plan:
         raw: dict[str, Any] = json.loads(text)
         raw["parts"] = [PartSpec(**part) for part in raw["parts"]]
         raw["engines"] = [tuple(pair) for pair in raw.get("engines", [])]
+        if raw.get("scaling") is not None:
+            raw["scaling"] = Scaling(**raw["scaling"])
         return cls(**raw)
 
 
@@ -127,8 +189,9 @@ def make_plan(options: UpOptions, settings: Settings) -> Plan:
         bootstrap = f"127.0.0.1:{port}"
         parts.append(_broker(directory, port))
     cli = [sys.executable, "-m", "cli.main"]
+    slots = _slots(options)
     if options.engines == "local":
-        inventory_path, vllm = _local_servers(options, directory)
+        inventory_path, vllm = _local_servers(options, directory, slots)
         parts += vllm
     elif options.engines == "inventory":
         chosen = options.inventory or settings.inventory
@@ -139,11 +202,18 @@ def make_plan(options: UpOptions, settings: Settings) -> Plan:
             )
         inventory_path = Path(chosen).resolve()
     elif options.engines == "emulated":
-        inventory_path, emulated = _emulated_servers(options, directory)
+        inventory_path, emulated = _emulated_servers(options, directory, slots)
         parts += emulated
     else:
         raise ValueError(f"--engines must be one of {', '.join(ENGINES)}, not {options.engines!r}")
     inventory = load_inventory(inventory_path)
+    scaling = None
+    dispatcher_inventory = inventory_path
+    if options.planner is not None:
+        scaling = _scaling(
+            options, settings, directory, inventory, [p for p in parts if p.kind in SERVER_KINDS]
+        )
+        dispatcher_inventory = Path(scaling.engines_file)
     pools = sorted({i.model for i in inventory.instances})
     worker_port = _port_or_free(settings.worker_web_port)
     worker_env = {
@@ -174,15 +244,17 @@ def make_plan(options: UpOptions, settings: Settings) -> Plan:
         PartSpec(
             "dispatcher",
             "dispatcher",
-            [*cli, "fleet", "--engine", "vllm", "--inventory", str(inventory_path)],
+            [*cli, "fleet", "--engine", "vllm", "--inventory", str(dispatcher_inventory)],
             str(directory / "dispatcher.log"),
             f"http://{probe_host}:{dispatcher_port}/metrics",
             f"http://{probe_host}:{dispatcher_port}/ready",
             env={"TOKENFLEET_DISPATCHER_WEB_PORT": str(dispatcher_port)},
-            after=["worker", *(p.name for p in parts if p.kind in SERVER_KINDS)],
+            after=["worker", *(p.name for p in parts if p.kind in SERVER_KINDS and _starts(p, scaling))],
             stop_signal=int(signal.SIGINT),  # as Ctrl-C: it stops cleanly
         )
     )
+    if scaling is not None:
+        parts.append(_planner(options, directory, scaling, cli, probe_host, settings))
     gateway_url = f"http://{_local(options.host)}:{gateway_port}/v1"
     # Several gateway processes share the port (SO_REUSEPORT): one that dies, and the seconds
     # until the supervisor has started it again, cost only the calls it held; each one's probes
@@ -234,6 +306,134 @@ def make_plan(options: UpOptions, settings: Settings) -> Plan:
         timeout_s=options.timeout_s,
         engines=engines,
         policy=policy,
+        scaling=scaling,
+    )
+
+
+def _slots(options: UpOptions) -> int:
+    """How many servers the plan lists: ``--max-servers`` with a planner, else ``--servers``."""
+    servers = options.servers or DEFAULT_SERVERS
+    if options.planner is None:
+        for flag, value in (
+            ("--max-servers", options.max_servers),
+            ("--planner-interval", options.planner_interval_s),
+            ("--planner-param", options.planner_params or None),
+        ):
+            if value is not None:
+                raise ValueError(f"{flag} needs --planner NAME")
+        return servers
+    from agents.policy.planners import check_planner
+
+    check_planner(options.planner)
+    for param in options.planner_params:
+        key, equals, setting = param.partition("=")
+        if not (equals and key.strip() and setting.strip()):
+            raise ValueError(f"--planner-param {param!r} is not NAME=VALUE")
+    if options.engines not in ("local", "emulated"):
+        raise ValueError(
+            "--planner needs --engines local or emulated: the stack starts and stops its servers"
+        )
+    if options.fleet is not None:
+        raise ValueError("--planner follows one model in one DC: give --servers N, not --fleet")
+    most = options.max_servers if options.max_servers is not None else min(2 * servers, MAX_SERVERS)
+    if not servers <= most <= MAX_SERVERS:
+        raise ValueError(f"--max-servers must be in [--servers ({servers}), {MAX_SERVERS}], not {most}")
+    return most
+
+
+def _starts(part: PartSpec, scaling: Scaling | None) -> bool:
+    """Whether ``part`` starts with the stack (not a server slot waiting for a plan)."""
+    return scaling is None or part.name not in scaling.servers[scaling.initial :]
+
+
+def _scaling(
+    options: UpOptions, settings: Settings, directory: Path, inventory: Inventory, servers: list[PartSpec]
+) -> Scaling:
+    """What the supervisor follows; writes the dispatcher's inventory and the planner's fleet file."""
+    initial = options.servers or DEFAULT_SERVERS
+    first = inventory.instances[0]
+    known = VLLM_CPU_LOAD_S if options.engines == "local" else (options.load_s or 0.0)
+    beat = settings.heartbeat_interval_s
+    scaling = Scaling(
+        planner=str(options.planner),
+        model=first.model,
+        version=first.version,
+        dc=first.dc,
+        servers=[p.name for p in servers],
+        initial=initial,
+        inventory=str(directory / INVENTORY_FILE),
+        engines_file=str(directory / ENGINES_FILE),
+        fleet_file=str(directory / FLEET_FILE),
+        profile=PLANNED_PROFILE,
+        gpus_per_server=first.gpus,
+        load_s=known,
+        heartbeat_s=beat,
+        drain_grace_s=max(DRAIN_GRACE_MIN_S, DRAIN_GRACE_BEATS * beat),
+    )
+    write_engines(scaling, scaling.servers[:initial])
+    write_atomic(Path(scaling.fleet_file), fleet_yaml(scaling, known))
+    return scaling
+
+
+def write_engines(scaling: Scaling, servers: list[str]) -> None:
+    """The dispatcher's inventory: the gateway's with only ``servers`` (started, not draining)."""
+    everything = load_inventory(scaling.inventory)
+    chosen = tuple(i for i in everything.instances if i.instance_id in servers)
+    write_atomic(Path(scaling.engines_file), dump_inventory(Inventory(everything.models, chosen)))
+
+
+def fleet_document(scaling: Scaling, load_s: float) -> dict[str, Any]:
+    """The planner's fleet file (``sim/engine/fleet.py``): one DC whose GPU budget is every
+    slot's GPUs, the servers that start with the stack, and the model with its floor
+    (``MIN_REPLICAS``) and load time ``load_s`` (cold and warm alike: nothing is staged here)."""
+    group = {"count": scaling.initial, "profile": scaling.profile, "model": scaling.model}
+    if scaling.version:
+        group["version"] = scaling.version
+    return {
+        "data_centres": [
+            {
+                "name": scaling.dc,
+                "gpus": len(scaling.servers) * scaling.gpus_per_server,
+                "instances": [group],
+            }
+        ],
+        "models": {
+            scaling.model: {
+                "load_s": {"cold": round(load_s, 1), "warm": round(load_s, 1)},
+                "min_replicas": MIN_REPLICAS,
+                "profile": scaling.profile,
+            }
+        },
+    }
+
+
+def fleet_yaml(scaling: Scaling, load_s: float) -> str:
+    head = (
+        f"# The fleet {scaling.planner!r} plans for, written by tokenfleet up --planner: "
+        f"{len(scaling.servers)} server slots of {scaling.gpus_per_server} GPU(s).\n"
+    )
+    return head + yaml.safe_dump(fleet_document(scaling, load_s), sort_keys=False)
+
+
+def _planner(
+    options: UpOptions, directory: Path, scaling: Scaling, cli: list[str], host: str, settings: Settings
+) -> PartSpec:
+    """``tokenfleet planner`` over the stack's fleet file; ready once its state is rebuilt."""
+    argv = [*cli, "planner", "--planner", scaling.planner, "--fleet", scaling.fleet_file]
+    if options.planner_interval_s is not None:
+        argv += ["--interval", f"{options.planner_interval_s:g}"]
+    for param in options.planner_params:
+        argv += ["--param", param]
+    port = _port_or_free(settings.planner_web_port)
+    return PartSpec(
+        "planner",
+        "planner",
+        argv,
+        str(directory / "planner.log"),
+        f"http://{host}:{port}/metrics",
+        f"http://{host}:{port}/ready",
+        env={"TOKENFLEET_PLANNER_WEB_PORT": str(port)},
+        after=["dispatcher"],
     )
 
 
@@ -259,14 +459,21 @@ def _broker(directory: Path, port: int) -> PartSpec:
     )
 
 
-def _local_servers(options: UpOptions, directory: Path) -> tuple[Path, list[PartSpec]]:
-    """The vLLM servers of ``--engines local`` and the inventory listing them (written)."""
+def _local_servers(options: UpOptions, directory: Path, count: int) -> tuple[Path, list[PartSpec]]:
+    """``count`` vLLM servers of ``--engines local`` and the inventory listing them (written)."""
     from local.tiny_model import ensure_tiny_model
-    from local.vllm_launcher import ENGINE_MISSING, VllmServers, engine_python_or_none, server_specs
+    from local.vllm_launcher import (
+        ENGINE_MISSING,
+        MAX_NUM_SEQS,
+        VllmServers,
+        engine_python_or_none,
+        server_specs,
+    )
 
-    servers_wanted = options.servers or DEFAULT_SERVERS
-    if not 1 <= servers_wanted <= MAX_SERVERS:
-        raise ValueError(f"--servers must be in [1, {MAX_SERVERS}], not {servers_wanted}")
+    if not 1 <= count <= MAX_SERVERS:
+        raise ValueError(f"--servers must be in [1, {MAX_SERVERS}], not {count}")
+    if options.load_s is not None:
+        raise ValueError("--load-s is for --engines emulated: a vLLM server takes the time it takes")
     python = engine_python_or_none()
     if python is None:
         raise ValueError(ENGINE_MISSING)
@@ -284,13 +491,14 @@ def _local_servers(options: UpOptions, directory: Path) -> tuple[Path, list[Part
         positions = json.loads(config.read_text()).get("max_position_embeddings")
         max_len = min(max_len, positions) if isinstance(positions, int) and positions > 0 else max_len
     servers = VllmServers(
-        server_specs(servers_wanted),
+        server_specs(count),
         model_dir,
         directory,
         served_model_name=name,
         python=python,
         max_model_len=max_len,
         extra_args=extra_args,
+        max_num_seqs=options.max_num_seqs or MAX_NUM_SEQS,
     )
     parts = []
     for spec in servers.specs:
@@ -318,11 +526,12 @@ def _local_servers(options: UpOptions, directory: Path) -> tuple[Path, list[Part
     return path, parts
 
 
-def _emulated_servers(options: UpOptions, directory: Path) -> tuple[Path, list[PartSpec]]:
+def _emulated_servers(options: UpOptions, directory: Path, count: int) -> tuple[Path, list[PartSpec]]:
     """The emulated vLLM servers of ``--engines emulated`` and the inventory listing them
-    (written): one server per instance of ``--fleet`` (default ``--servers`` x
-    ``EMULATED_PROFILE``), with its profile, model, data centre and price, each counting prompts
-    with the tiny model's tokenizer (the inventory's, so the gateway's and the worker's too)."""
+    (written): one server per instance of ``--fleet`` (default ``count`` x ``EMULATED_PROFILE``),
+    with its profile, model, data centre and price, each counting prompts with the tiny model's
+    tokenizer (the inventory's, so the gateway's and the worker's too), ``--max-num-seqs`` and
+    ``--load-s`` passed on."""
     from local.tiny_model import ensure_tiny_model
     from local.vllm_launcher import HOST, free_ports
     from sim.engine.fleet import parse_fleet
@@ -332,7 +541,7 @@ def _emulated_servers(options: UpOptions, directory: Path) -> tuple[Path, list[P
             f"give --servers N ({EMULATED_PROFILE} servers) or --fleet SPEC (its servers and their "
             "profiles), not both"
         )
-    fleet = parse_fleet(options.fleet or f"{options.servers or DEFAULT_SERVERS}x{EMULATED_PROFILE}")
+    fleet = parse_fleet(options.fleet or f"{count}x{EMULATED_PROFILE}")
     if len(fleet.instances) > MAX_SERVERS:
         raise ValueError(f"--fleet {options.fleet}: at most {MAX_SERVERS} emulated servers here")
     tokenizer = ensure_tiny_model(directory / "model", TINY_MODEL)
@@ -346,6 +555,10 @@ def _emulated_servers(options: UpOptions, directory: Path) -> tuple[Path, list[P
         argv = [sys.executable, "-m", "local.emulated_vllm", "--port", str(http)]
         argv += ["--profile", spec.profile.name, "--served-model-name", spec.model]
         argv += ["--tokenizer", str(tokenizer), "--kv-events", kv_events, "--kv-replay", kv_replay]
+        if options.max_num_seqs is not None:
+            argv += ["--max-num-seqs", str(options.max_num_seqs)]
+        if options.load_s:
+            argv += ["--load-s", f"{options.load_s:g}"]
         parts.append(
             PartSpec(name, "emulated", argv, str(directory / f"{name}.log"), url + "/v1", url + "/health")
         )

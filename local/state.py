@@ -45,15 +45,17 @@ class PartState:
     the part started its own child again, over all its processes (the worker's decider)."""
 
     name: str
-    # broker, vllm, emulated (an emulated vLLM server), worker, dispatcher, gateway; engine: an
-    # inventory's server (not the stack's)
+    # broker, vllm, emulated (an emulated vLLM server), worker, dispatcher, gateway, planner;
+    # engine: an inventory's server (not the stack's)
     kind: str
     address: str  # what the table shows: host:port or a URL
     probe: str  # http://... (200 = ready) or tcp://host:port (accepts = ready); "" none
     log: str
     pid: int | None = None
     start_time: int | None = None
-    state: str = "waiting"  # waiting, starting, ready, exited, restarting, stopped, failed, external
+    # waiting, starting, ready, exited, restarting, stopped, failed, external; a server slot of a
+    # planned stack also standby (not running), loading, draining, stopping (local/follower.py)
+    state: str = "waiting"
     restarts: int = 0
     detail: str = ""
     child_restarts: int = 0

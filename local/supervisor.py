@@ -18,6 +18,15 @@ the stack in order — gateway, dispatcher, worker, the engine servers, the brok
 process group signalled (SIGINT for the dispatcher and the gateway, as Ctrl-C; SIGTERM for the
 others), SIGKILL after its grace.
 
+With a planner (``Plan.scaling``) the engine servers are slots: those the plan starts with
+come up as above, the others wait in ``standby``; the planner part starts once the dispatcher
+is ready (its fleet file written first, with the load time the stack's servers just took). Once
+the stack is ready the supervisor follows the plans (``local/follower.py``): every poll it hands
+the plans and heartbeats read since to the ``Follower``, which starts servers (``loading``, then
+``ready`` once their probe answers, watched and restarted as any part), takes servers out of the
+dispatcher's inventory (``draining``) and stops the drained ones (``stopping``, then
+``standby``: SIGTERM, SIGKILL after the part's grace, without holding up the loop).
+
 Every change is written to ``state.json``. Run it as ``python -m local DIR [LOCK_FD]``
 (``tokenfleet up`` does, detached) or in-process (``tokenfleet up --foreground``).
 """
@@ -39,20 +48,26 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from local.plan import PartSpec, Plan
+from infra.files import write_atomic
+from infra.kafka.connection import KafkaConnection
+from infra.settings import Settings
+from local.follower import Follower, PlanFeed, engine_busy
+from local.plan import PartSpec, Plan, Scaling, fleet_yaml, write_engines
 from local.state import (
     MARKER_ENV,
     SUPERVISOR_LOG,
     PartState,
     StackState,
     group_members,
+    signal_group,
     start_time,
     stop_groups,
     write_state,
 )
 from worker.ready import child_restarts
 
-STOP_ORDER = ("gateway", "dispatcher", "worker", "vllm", "emulated", "broker")
+STOP_ORDER = ("planner", "gateway", "dispatcher", "worker", "vllm", "emulated", "broker")
+FOLLOWED = ("standby", "draining", "stopping")  # a server slot's states that are the follower's
 POLL_S = 0.25
 BACKOFF_MAX_S = 30.0
 RESET_AFTER_S = 60.0
@@ -84,6 +99,8 @@ class _Part:
         self.next_start = 0.0
         self.child_restarts_before = 0  # by the part's earlier processes
         self.child_restarts_now = 0  # by its current process
+        self.ready_s: float | None = None  # launch -> ready, the last time it started
+        self.kill_at = 0.0  # stopping (a drained server): SIGKILL from then on
 
 
 class Supervisor:
@@ -101,6 +118,10 @@ class Supervisor:
         self.say = say or (lambda line: print(time.strftime("%H:%M:%S ") + line, flush=True))
         self.parts = {spec.name: _Part(spec) for spec in plan.parts}
         self.stopping = False
+        scaling = plan.scaling
+        self.follower = None if scaling is None else Follower(scaling, _Slots(self, scaling), self.say)
+        self.feed: PlanFeed | None = None
+        self.started_wall = time.time()  # the plans are read from then on
         self.state = StackState(
             dir=plan.dir,
             mode=plan.mode,
@@ -114,7 +135,10 @@ class Supervisor:
             clickhouse=plan.clickhouse,
             data_dir=plan.data_dir,
             policy=plan.policy,
-            parts=[PartState(s.name, s.kind, s.address, s.probe, s.log) for s in plan.parts]
+            parts=[
+                PartState(s.name, s.kind, s.address, s.probe, s.log, state=_first_state(s, scaling))
+                for s in plan.parts
+            ]
             + [
                 PartState(i, "engine", url, url.rstrip("/") + "/health", "", state="external")
                 for i, url in plan.engines
@@ -145,6 +169,8 @@ class Supervisor:
                     self.on_ready(self.state)
                 self._watch()
         finally:
+            if self.feed is not None:
+                self.feed.close()
             self.state.phase = "stopping"
             write_state(self.dir, self.state)
             self._stop_all()
@@ -165,7 +191,7 @@ class Supervisor:
         while not self.stopping:
             for part in self.parts.values():
                 needs = [self.state.part(name).state == "ready" for name in part.spec.after]
-                if part.process is None and all(needs):
+                if part.process is None and all(needs) and not self._standby(part):
                     try:
                         self._launch(part)
                     except OSError as exc:
@@ -177,11 +203,18 @@ class Supervisor:
                 if code is not None:
                     return self._fail(part, f"exited with code {code}")
                 if self._ready(part):
-                    self._mark(part, "ready", f"ready in {time.monotonic() - part.launched:.0f} s")
-            if all(self.state.part(name).state == "ready" for name in self.parts):
+                    part.ready_s = time.monotonic() - part.launched
+                    self._mark(part, "ready", f"ready in {part.ready_s:.0f} s")
+            if all(
+                self.state.part(p.spec.name).state == "ready" or self._standby(p) for p in self.parts.values()
+            ):
                 return True
             if time.monotonic() > deadline:
-                waiting = [p for p in self.parts.values() if self.state.part(p.spec.name).state != "ready"]
+                waiting = [
+                    p
+                    for p in self.parts.values()
+                    if self.state.part(p.spec.name).state != "ready" and not self._standby(p)
+                ]
                 started = [p for p in waiting if p.process is not None]  # the one the others wait for
                 return self._fail(
                     (started or waiting)[0], f"was not ready within {self.plan.timeout_s:.0f} s"
@@ -196,8 +229,14 @@ class Supervisor:
         self.say(self.state.error)
         return False
 
+    def _standby(self, part: _Part) -> bool:
+        """A server slot waiting for a plan (not started, not waited for)."""
+        return part.process is None and self.state.part(part.spec.name).state == "standby"
+
     def _launch(self, part: _Part, state: str = "starting", detail: str = "") -> None:
         spec = part.spec
+        if spec.kind == "planner" and self.plan.scaling is not None:
+            self._write_fleet(self.plan.scaling)
         env = {k: v for k, v in os.environ.items() if k not in spec.drop_env}
         env.update(spec.env)
         with open(spec.log, "ab") as log:  # the child holds its own copy
@@ -218,6 +257,12 @@ class Supervisor:
         entry = self.state.part(spec.name)
         entry.pid, entry.start_time = part.process.pid, start_time(part.process.pid)
         self._mark(part, state, f"{detail}pid {part.process.pid}")
+
+    def _write_fleet(self, scaling: Scaling) -> None:
+        """The planner's fleet file, with the load time the stack's servers took (the slowest)."""
+        timed = [p.ready_s for p in self.parts.values() if p.spec.name in scaling.servers and p.ready_s]
+        load_s = max(timed) if timed else scaling.load_s
+        write_atomic(Path(scaling.fleet_file), fleet_yaml(scaling, load_s))
 
     def _ready(self, part: _Part) -> bool:
         if not probe(part.spec.probe):
@@ -244,13 +289,34 @@ class Supervisor:
     # -- watch ----------------------------------------------------------------------------------
 
     def _watch(self) -> None:
+        if self.follower is not None:
+            self.feed = PlanFeed(self._connection(), self.started_wall)
+            self.feed.start()
         while not self.stopping:
             now = time.monotonic()
+            if self.follower is not None and self.feed is not None:
+                for event in self.feed.take():
+                    self.follower.observe(event)
+                self.follower.step(time.time())
             for part in self.parts.values():
                 entry = self.state.part(part.spec.name)
+                if entry.state in FOLLOWED:
+                    continue  # a server slot the follower starts and stops
                 assert part.process is not None
                 self._count_child_restarts(part)
-                if entry.state in ("ready", "restarting"):
+                if entry.state == "loading":  # a server the follower started
+                    code = part.process.poll()
+                    if code is not None:
+                        part.failures += 1
+                        delay = min(BACKOFF_MAX_S, 2.0 ** (part.failures - 1))
+                        part.next_start = now + delay
+                        self._mark(part, "exited", f"code {code} while loading; restart in {delay:.0f} s")
+                    elif self._ready(part):
+                        part.ready_s = now - part.launched
+                        self._mark(part, "ready", f"ready in {part.ready_s:.0f} s")
+                    elif now - part.launched > self.plan.timeout_s:
+                        stop_groups([part.process.pid], signal.SIGKILL, 0)  # seen as exited next
+                elif entry.state in ("ready", "restarting"):
                     code = part.process.poll()
                     if code is not None:
                         ran = now - part.launched
@@ -275,6 +341,10 @@ class Supervisor:
                         continue
             time.sleep(POLL_S)
 
+    def _connection(self) -> KafkaConnection:
+        """The broker's connection as the parts' settings describe it (TLS, SASL), to the stack's."""
+        return KafkaConnection.from_settings(Settings(), bootstrap=self.plan.bootstrap)
+
     def _count_child_restarts(self, part: _Part) -> None:
         """The restarts the part made of its own child, as its ``restarts_file`` says now."""
         if not part.spec.restarts_file or part.process is None:
@@ -289,7 +359,13 @@ class Supervisor:
 
     def _stop_all(self) -> None:
         for kind in STOP_ORDER:
-            parts = [p for p in self.parts.values() if p.spec.kind == kind and p.process is not None]
+            parts = [
+                p
+                for p in self.parts.values()
+                if p.spec.kind == kind
+                and p.process is not None
+                and self.state.part(p.spec.name).state != "standby"
+            ]  # (a standby server's process and group are gone: its group id may be another's now)
             if not parts:
                 continue
             by_signal: dict[int, list[_Part]] = {}
@@ -313,6 +389,65 @@ class Supervisor:
                     shutil.rmtree(part.spec.scratch, ignore_errors=True)
                 write_state(self.dir, self.state)
                 self.say(f"{part.spec.name}: stopped ({entry.detail})")
+
+
+def _first_state(spec: PartSpec, scaling: Scaling | None) -> str:
+    """``standby`` for a server slot that does not start with the stack, else ``waiting``."""
+    waits = scaling is not None and spec.name in scaling.servers[scaling.initial :]
+    return "standby" if waits else "waiting"
+
+
+class _Slots:
+    """The supervisor's side of ``local.follower.Servers``: the server slots as its parts."""
+
+    def __init__(self, supervisor: Supervisor, scaling: Scaling) -> None:
+        self.supervisor = supervisor
+        self.scaling = scaling
+
+    def _part(self, name: str) -> _Part:
+        return self.supervisor.parts[name]
+
+    def state(self, name: str) -> str:
+        return self.supervisor.state.part(name).state
+
+    def start(self, name: str) -> None:
+        part = self._part(name)
+        part.failures = 0
+        try:
+            self.supervisor._launch(part, "loading")
+        except OSError as exc:  # tried again at the next step
+            self.supervisor._mark(part, "standby", f"could not be started: {exc}")
+
+    def mark(self, name: str, state: str, detail: str) -> None:
+        if state == "standby":  # its process and group are gone: no pid to show or to stop
+            entry = self.supervisor.state.part(name)
+            entry.pid = entry.start_time = None
+        self.supervisor._mark(self._part(name), state, detail)
+
+    def stop(self, name: str) -> None:
+        part = self._part(name)
+        assert part.process is not None
+        signal_group(part.process.pid, part.spec.stop_signal)
+        part.kill_at = time.monotonic() + part.spec.stop_grace_s
+        self.supervisor._mark(part, "stopping", f"signal {part.spec.stop_signal} sent")
+
+    def gone(self, name: str) -> bool:
+        part = self._part(name)
+        if part.process is None:
+            return True
+        if part.process.poll() is None or group_members(part.process.pid):
+            if self.state(name) == "stopping" and time.monotonic() > part.kill_at:
+                signal_group(part.process.pid, signal.SIGKILL)
+            return False
+        return True
+
+    def busy(self, name: str) -> bool:
+        metrics = self._part(name).spec.probe.removesuffix("/health") + "/metrics"
+        return engine_busy(metrics, self.scaling.model)
+
+    def publish(self, active: list[str]) -> None:
+        write_engines(self.scaling, active)
+        self.supervisor.say(f"dispatcher's engines: {', '.join(active)}")
 
 
 def main(argv: list[str]) -> int:

@@ -24,6 +24,7 @@ import atexit
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -46,6 +47,7 @@ ENGINE_MISSING = (
 )
 HOST = "127.0.0.1"
 STOP_GRACE_S = 10.0
+MAX_NUM_SEQS = 32  # calls a server runs at once (vLLM's --max-num-seqs), the rest wait
 LOG_TAIL_LINES = 20
 # Values of the caller's environment that would mix its packages into the engine's interpreter.
 _DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV")
@@ -100,18 +102,46 @@ def engine_python_or_none() -> str | None:
 
 
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports free on every interface right now (another process may still
-    take one before it is bound: good enough on a test machine)."""
+    """``n`` distinct TCP ports free on every interface right now, drawn at random below the
+    kernel's ephemeral range (``/proc/sys/net/ipv4/ip_local_port_range``), which ``bind(0)``
+    and outgoing connections take ports from: a port chosen here stays free until a server binds
+    it, however long that server waits to start (a stack's standby slot), unless another program
+    asks for that very port. Where there is no room below the range: ports ``bind(0)`` gives."""
+    low = _ephemeral_low()
+    below = range(max(1024, low - 16384), low)
+    chosen: list[int] = []
+    if len(below) >= 4 * n:
+        for port in random.sample(below, len(below)):
+            if _bindable(port):
+                chosen.append(port)
+                if len(chosen) == n:
+                    return chosen
     sockets: list[socket.socket] = []
     try:
-        for _ in range(n):
+        for _ in range(n - len(chosen)):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("", 0))  # all held at once, so the n ports differ
+            sock.bind(("", 0))  # all held at once, so the ports differ
             sockets.append(sock)
-        return [int(sock.getsockname()[1]) for sock in sockets]
+        return chosen + [int(sock.getsockname()[1]) for sock in sockets]
     finally:
         for sock in sockets:
             sock.close()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+    return True
 
 
 def server_specs(n: int, prefix: str = "vllm", dc: str = "local") -> list[VllmServerSpec]:
@@ -152,7 +182,7 @@ class VllmServers:
         block_size: int = 32,
         num_blocks: int = 256,
         max_model_len: int = 4096,
-        max_num_seqs: int = 32,
+        max_num_seqs: int = MAX_NUM_SEQS,
         worker_in_engine_process: bool = True,
         extra_args: Sequence[str] = (),
         extra_env: Mapping[str, str] | None = None,

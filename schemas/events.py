@@ -280,7 +280,9 @@ class Heartbeat(Event):
     - ``endpoint_ready``: the engine's ``/health`` answers 200; ``model`` / ``model_version`` /
       ``profile`` / ``dc``: the deployment that started it;
     - ``gpus`` / ``price_per_hour``: what the instance holds and what an hour of it costs (the
-      engine profile's or the inventory's price; None: no price, cost figures report GPU-seconds).
+      engine profile's or the inventory's price; None: no price, cost figures report GPU-seconds);
+    - ``draining``: the instance is being removed (a plan on ``tf.plans`` shrank its pool): no
+      decider sends it anything new, and what it runs finishes before it stops.
     """
 
     instance_id: Name
@@ -299,6 +301,7 @@ class Heartbeat(Event):
     preemptions: Total = 0
     gpus: int = Field(default=1, ge=1, le=1024)
     price_per_hour: float | None = Field(default=None, ge=0, lt=1e6)
+    draining: bool = False
 
 
 class KvEvent(Event):
@@ -457,6 +460,24 @@ class FleetEvent(Event):
     replicas: int | None = Field(default=None, ge=0, le=MAX_COUNT)
 
 
+class ReplicaPlan(Event):
+    """A planner's desired shape of one pool, on ``tf.plans`` keyed by model: ``replicas``
+    replicas of ``model`` at ``model_version`` in ``dc`` (ready and loading; the rest drain),
+    ``warm``: the models whose weights ``dc`` should keep staged (None: unchanged), ``reason``
+    in words with the figures it was based on. ``planner``: which planner (``static``, ``hpa``,
+    ``dynamo-sla``, ``fleetmind``) and ``worker``: the process that published it (host:pid).
+    """
+
+    planner: Label
+    model: Name
+    model_version: Label = ""
+    dc: Label
+    replicas: int = Field(ge=0, le=MAX_COUNT)
+    warm: tuple[Label, ...] | None = Field(default=None, max_length=1024)
+    reason: Reason = ""
+    worker: Label = ""
+
+
 class DeciderAnnouncement(Event):
     """A decider of the deciders' group ``scheduler`` says where gateways may ask it directly
     (``address``, host:port of its direct lane, ``streams/direct.py``) and which partitions of
@@ -487,4 +508,5 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     DeadLetter,
     FleetEvent,
     DeciderAnnouncement,
+    ReplicaPlan,
 )

@@ -15,6 +15,7 @@ from schemas.events import (
     Heartbeat,
     InferenceRequest,
     KvEvent,
+    ReplicaPlan,
     Response,
     ResponseStarted,
     RoutingDecision,
@@ -47,6 +48,8 @@ FLEET_EVENTS = TopicSpec("tf.fleet-events", FleetEvent, "model")
 RESPONSES = TopicSpec("tf.responses", Response, "request_id")
 # Where each decider can be asked directly and which request partitions it owns, for gateways.
 DECIDERS = TopicSpec("tf.deciders", DeciderAnnouncement, "worker")
+# The fleet's desired shape (replicas per model version and DC) from the one active planner.
+PLANS = TopicSpec("tf.plans", ReplicaPlan, "model")
 
 ALL_TOPICS = (
     REQUESTS,
@@ -61,6 +64,7 @@ ALL_TOPICS = (
     RESPONSES,
     FLEET_EVENTS,
     DECIDERS,
+    PLANS,
 )
 
 

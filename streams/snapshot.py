@@ -66,7 +66,7 @@ class SnapshotCache:
         if row is None or pool.identity[row] != identity:
             self._pools[beat.model] = _columns(pool.beats)
             return
-        pool.ready[row] = beat.endpoint_ready
+        pool.ready[row] = _takes_requests(beat)
         pool.numbers[row] = [getattr(beat, name) for name in _NUMBERS]
         pool.last_heartbeat_s[row] = beat.ts
         pool.view = None
@@ -113,10 +113,16 @@ def _columns(beats: dict[str, Heartbeat]) -> _Columns:
         model=np.array([b.model for b in ordered], dtype=str),
         model_version=np.array([b.model_version for b in ordered], dtype=str),
         profile=np.array([b.profile for b in ordered], dtype=str),
-        ready=np.array([b.endpoint_ready for b in ordered], dtype=bool),
+        ready=np.array([_takes_requests(b) for b in ordered], dtype=bool),
         numbers=np.array([[getattr(b, n) for n in _NUMBERS] for b in ordered], dtype=np.int64).reshape(
             len(ordered), len(_NUMBERS)
         ),
         last_heartbeat_s=np.array([b.ts for b in ordered], dtype=np.float64),
         beats=dict(beats),
     )
+
+
+def _takes_requests(beat: Heartbeat) -> bool:
+    """A row is ready when its endpoint answers and it is not draining (a draining instance
+    finishes what it runs and gets nothing new)."""
+    return beat.endpoint_ready and not beat.draining

@@ -64,7 +64,9 @@ class EnginePort(Protocol):
 
     @property
     def endpoints(self) -> Sequence[Endpoint]:
-        """The endpoints behind the port, fixed for its lifetime (``load``'s order)."""
+        """The endpoints behind the port now, in ``load``'s order: fixed for the port's
+        lifetime, but for an adapter that follows its inventory file (the vLLM one with a
+        ``source``), whose endpoints change between calls as the file does."""
         ...
 
     @property
@@ -94,7 +96,8 @@ class EnginePort(Protocol):
         """Each endpoint's load and cache state, one ``Heartbeat`` per endpoint in ``endpoints``
         order: waiting and running requests, tokens in flight, KV blocks used / total, readiness
         (``endpoint_ready``; False: it cannot take requests or could not be read), model
-        version. ``ts`` is when it was read (an adapter may return its last scrape)."""
+        version, ``draining`` (being removed: nothing new for it). ``ts`` is when it was read
+        (an adapter may return its last scrape)."""
         ...
 
     async def events(self, now_wall: float) -> list[EngineEvent]:

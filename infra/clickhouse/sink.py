@@ -42,6 +42,7 @@ from schemas.events import (
     FleetEvent,
     Heartbeat,
     InferenceRequest,
+    ReplicaPlan,
     RoutingDecision,
 )
 
@@ -80,6 +81,12 @@ FLEET_EVENT_COLUMNS = (
 HEARTBEAT_COLUMNS = (
     "event_id", "ts", "schema_version", "instance_id", "dc", "model", "profile", "endpoint_ready",
     "waiting", "running", "kv_blocks_used", "kv_blocks_total", "gpus", "price_per_hour", "interval_s",
+    "draining",
+)  # fmt: skip
+
+PLAN_COLUMNS = (
+    "event_id", "ts", "schema_version", "planner", "model", "model_version", "dc", "replicas", "warm",
+    "warm_given", "reason", "worker",
 )  # fmt: skip
 
 RUN_COLUMNS = ("run_id", "run_policy")
@@ -192,11 +199,14 @@ class FeedbackSink:
     def write_heartbeats(self, events: Sequence[Heartbeat]) -> int:
         return self._write("heartbeats", HEARTBEAT_COLUMNS, events, self._heartbeat_row)
 
+    def write_plans(self, events: Sequence[ReplicaPlan]) -> int:
+        return self._write("replica_plans", PLAN_COLUMNS, events, _plan_row)
+
     def _heartbeat_row(self, h: Heartbeat) -> Row:
         return [
             h.event_id, ms_time(h.ts), h.schema_version, h.instance_id, h.dc, h.model, h.profile,
             int(h.endpoint_ready), h.waiting, h.running, h.kv_blocks_used, h.kv_blocks_total, h.gpus,
-            h.price_per_hour, self._interval_s,
+            h.price_per_hour, self._interval_s, int(h.draining),
         ]  # fmt: skip
 
     def _completion_row(self, c: Completion) -> Row:
@@ -261,4 +271,11 @@ def _fleet_event_row(f: FleetEvent) -> Row:
     return [
         f.event_id, ms_time(f.ts), f.schema_version, f.kind, f.dc, f.model, f.model_version, f.tenant,
         f.delta, f.detail, f.worker,
+    ]  # fmt: skip
+
+
+def _plan_row(p: ReplicaPlan) -> Row:
+    return [
+        p.event_id, ms_time(p.ts), p.schema_version, p.planner, p.model, p.model_version, p.dc, p.replicas,
+        list(p.warm or ()), int(p.warm is not None), p.reason, p.worker,
     ]  # fmt: skip

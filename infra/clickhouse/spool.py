@@ -59,6 +59,7 @@ from schemas.events import (
     FleetEvent,
     Heartbeat,
     InferenceRequest,
+    ReplicaPlan,
     RoutingDecision,
 )
 
@@ -71,6 +72,7 @@ TABLES: dict[str, type[Event]] = {
     "completions": Completion,
     "fleet_events": FleetEvent,
     "heartbeats": Heartbeat,
+    "replica_plans": ReplicaPlan,
 }
 """The feedback tables, and the event kind each stores."""
 

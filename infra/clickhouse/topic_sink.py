@@ -67,6 +67,7 @@ TOPIC_TABLES: dict[topics.TopicSpec, str] = {
     topics.COMPLETIONS: "completions",
     topics.FLEET_EVENTS: "fleet_events",
     topics.HEARTBEATS: "heartbeats",
+    topics.PLANS: "replica_plans",
 }
 """Every topic whose messages are rows, and the feedback table each one fills."""
 

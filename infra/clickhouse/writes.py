@@ -28,6 +28,7 @@ WRITERS: dict[str, Callable[[FeedbackSink, Sequence[Any]], int]] = {
     "completions": FeedbackSink.write_completions,
     "fleet_events": FeedbackSink.write_fleet_events,
     "heartbeats": FeedbackSink.write_heartbeats,
+    "replica_plans": FeedbackSink.write_plans,
 }
 assert set(WRITERS) == set(TABLES)
 

@@ -4,12 +4,16 @@ engine port and the fault suite run against it as against vLLM, without vLLM.
 
 Run one with ``python -m local.emulated_vllm --port N --profile llama3-8b-h100 --served-model-name
 NAME --kv-events tcp://127.0.0.1:PORT [--kv-replay tcp://127.0.0.1:PORT] [--tokenizer DIR]
-[--speed X]`` (``tokenfleet up --engines emulated`` starts them). The contract:
+[--speed X] [--max-num-seqs N] [--load-s S]`` (``tokenfleet up --engines emulated`` starts them).
+The contract:
 
 - **Timing.** The instance is ``sim.engine.instance.Instance`` with the named profile (vLLM V1's
   scheduler: FCFS queue, chunked prefill under the token budget, prefix cache in 512-token
   blocks, recompute pre-emption) driven by ``sim.loop.live.LiveFleet``; emulated time runs
-  ``--speed`` times faster than the clock. A call's first token leaves at the end of the step
+  ``--speed`` times faster than the clock. ``--max-num-seqs`` caps the calls running at once
+  (the profile's ``max_seqs``; the rest wait, as vLLM's flag makes them). ``--load-s``: the
+  HTTP port opens that many seconds after the start, as vLLM's opens once the weights are
+  loaded (a replica's load time, for the planners). A call's first token leaves at the end of the step
   that finishes its prefill; later tokens go out as the steps generate them, those of one
   ``engine.STREAM_INTERVAL_S`` in one chunk (as vLLM's ``--stream-interval`` merges them).
 - **Calls.** ``POST /v1/chat/completions`` and ``/v1/completions``, streamed (server-sent events,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import signal
@@ -49,6 +50,20 @@ def _speed(text: str) -> float:
     return value
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and 0 <= value <= 3600):
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds in [0, 3600]")
+    return value
+
+
+def _seqs(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 100_000:
+        raise argparse.ArgumentTypeError(f"{text} is not a whole number in [1, 100000]")
+    return value
+
+
 def _zmq_endpoint(text: str) -> str:
     if not text.startswith(("tcp://", "ipc://")):
         raise argparse.ArgumentTypeError(f"{text!r} is not a ZMQ endpoint (tcp://host:port)")
@@ -83,6 +98,19 @@ def parser() -> argparse.ArgumentParser:
     cli.add_argument(
         "--speed", type=_speed, default=1.0, metavar="X", help="emulated time runs X times faster"
     )
+    cli.add_argument(
+        "--max-num-seqs",
+        type=_seqs,
+        metavar="N",
+        help="the most calls running at once, the rest wait (vLLM's flag; default: the profile's)",
+    )
+    cli.add_argument(
+        "--load-s",
+        type=_seconds,
+        default=0.0,
+        metavar="S",
+        help="seconds before the HTTP port opens, as vLLM's opens once its weights are loaded (default 0)",
+    )
     return cli
 
 
@@ -97,6 +125,8 @@ def main(argv: list[str]) -> int:
     if not 0 < args.port < 65536:
         fail(f"--port {args.port} is not in [1, 65535]")
     model = args.served_model_name or PROFILE_MODELS.get(profile.name, profile.name)
+    if args.max_num_seqs is not None:
+        profile = dataclasses.replace(profile, max_seqs=args.max_num_seqs)
     try:
         tokenizer = PromptTokenizer.from_dir(args.tokenizer or _tiny_model())
     except (PromptError, OSError, ValueError) as exc:
@@ -113,8 +143,9 @@ def main(argv: list[str]) -> int:
         f"emulated vLLM: {profile.name} as {model!r} on http://{args.host}:{args.port}, speed "
         f"{args.speed:g}, KV events {args.kv_events or 'off'}"
     )
+    server = EmulatedServer(engine, tokenizer, model, kv)
     try:
-        asyncio.run(_serve(EmulatedServer(engine, tokenizer, model, kv), args.host, args.port, banner))
+        asyncio.run(_serve(server, args.host, args.port, banner, args.load_s))
     except OSError as exc:  # the address is taken or cannot be bound
         fail(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}")
     finally:
@@ -123,7 +154,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-async def _serve(server: EmulatedServer, host: str, port: int, banner: str) -> None:
+async def _serve(server: EmulatedServer, host: str, port: int, banner: str, load_s: float = 0.0) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -134,6 +165,12 @@ async def _serve(server: EmulatedServer, host: str, port: int, banner: str) -> N
     if server.kv is not None:
         tasks.append(loop.create_task(server.kv.serve_replay()))
     try:
+        if load_s > 0:  # "loading the weights": the port opens afterwards (a signal stops the wait)
+            log.info("loading for %g s", load_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), load_s)
+            if stop.is_set():
+                return
         await web.TCPSite(runner, host, port).start()
         log.info("%s", banner)
         await stop.wait()

@@ -28,6 +28,10 @@ Two forms:
       reservations:           # capacity owned by a tenant, booked in one DC at a time
         - {tenant: bank, model: llama3-8b, instances: 2, dcs: [B, C]}
       gpu_budget: 40          # instances the fleet may grow to (replica advice)
+      # The fleet's shape over time (``agents/policy/planners/shape.py``; read by a planner
+      # other than ``static``): per DC ``gpus`` (its GPU budget), ``warm_capacity`` and
+      # ``warm_models``; per model ``load_s: {cold, warm}``, ``min_replicas`` and ``profile``
+      # (the engine profile its new replicas run; default: that of its first instance listed).
       outages:                # simulated failures (simulator only): DC D is cut off
         - {dc: D, down_s: 120, up_s: 180}
 
@@ -51,6 +55,7 @@ from typing import Any, Literal
 import yaml
 
 from agents.policy.fleetmind.rules import FleetRules, parse_rules
+from agents.policy.planners.shape import FleetShape, parse_shape
 from sim.engine.profiles import PROFILE_MODELS, EngineProfile, get_profile
 
 
@@ -89,6 +94,26 @@ class FleetSpec:
     rules: FleetRules = field(default_factory=FleetRules)
     outages: tuple[Outage, ...] = ()
     document: Mapping[str, Any] | None = None  # the fleet file as parsed (None: a COUNTxPROFILE spec)
+    shape: FleetShape = field(default_factory=FleetShape)
+    model_profiles: Mapping[str, EngineProfile] = field(default_factory=dict)  # a new replica's
+
+    def profile_of(self, model: str) -> EngineProfile:
+        """The engine profile a new replica of ``model`` runs (``models.NAME.profile``, else
+        that of the model's first instance listed)."""
+        if model in self.model_profiles:
+            return self.model_profiles[model]
+        return next(spec.profile for spec in self.instances if spec.model == model)
+
+    def models(self) -> tuple[str, ...]:
+        """Every model the fleet serves or may serve, in order of first mention."""
+        return tuple(dict.fromkeys([*(spec.model for spec in self.instances), *self.model_profiles]))
+
+    def gpu_budget(self, dc: str) -> int:
+        """DC ``dc``'s GPU budget: its ``gpus``, else the GPUs of the instances listed there."""
+        budget = self.shape.dc(dc).gpus
+        if budget is not None:
+            return budget
+        return sum(spec.profile.gpus for spec in self.instances if spec.dc == dc)
 
     @property
     def dc_names(self) -> tuple[str, ...]:
@@ -216,6 +241,12 @@ def fleet_from_doc(doc: Any, path: Path) -> FleetSpec:
             Outage(str(o["dc"]), float(o["down_s"]), float(o["up_s"])) for o in doc.get("outages") or []
         )
         rules = parse_rules(doc)
+        shape = parse_shape(doc)
+        profiles = {
+            str(name): get_profile(str(entry["profile"]))
+            for name, entry in (doc.get("models") or {}).items()
+            if isinstance(entry, dict) and "profile" in entry
+        }
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path}: not a fleet file ({type(exc).__name__}: {exc})") from None
     except ValueError as exc:
@@ -229,4 +260,11 @@ def fleet_from_doc(doc: Any, path: Path) -> FleetSpec:
     for o in outages:
         if not 0 <= o.down_s < o.up_s:
             raise ValueError(f"{path}: outage of {o.dc}: need 0 <= down_s < up_s, got {o.down_s}, {o.up_s}")
-    return FleetSpec(path.name, tuple(instances), rtt, ingress, tuple(names), rules, outages, doc)
+    served = {spec.model for spec in instances} | set(profiles)
+    for dc_name, budget in shape.dcs.items():
+        for model in budget.warm_models:
+            if model not in served:
+                raise ValueError(f"{path}: data centre {dc_name!r}: warm model {model!r} is not served")
+    return FleetSpec(
+        path.name, tuple(instances), rtt, ingress, tuple(names), rules, outages, doc, shape, profiles
+    )

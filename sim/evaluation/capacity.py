@@ -79,8 +79,7 @@ def probe(
     run = simulate(workload.scaled(rate_scale), fleet, policy, config, None, params_for(policy, params))
     requests = judged(run.attempts, run.window, config.slo_classes)
     totals = report(run.attempts, run.window, config.slo_classes, run.busy_s, requests)
-    window_s = run.window[1] - run.window[0]
-    spend = costs(run.attempts, requests, fleet.instances, run.busy_s, window_s)["total"]
+    spend = costs(run.attempts, requests, run.instances, run.busy_s, run.held_s)["total"]
     assert isinstance(spend, dict)
     return Probe(
         rate_scale=rate_scale,

@@ -1,4 +1,8 @@
-"""Several policies side by side on one workload and one fleet: same seed, same clients."""
+"""Several policies side by side on one workload and one fleet: same seed, same clients.
+
+With several planners (``sim/loop/planning.py``) every policy runs under each, and a result's
+key is ``POLICY@PLANNER``; with one, the key is the policy's name. Every result says which
+``planner`` shaped its fleet and carries the shape's figures (``sim/loop/replicas.py``)."""
 
 from __future__ import annotations
 
@@ -15,7 +19,8 @@ from sim.evaluation.metrics import RequestOutcome, judged, report
 from sim.evaluation.regret import pass_through_twin, rejected_met_without_admission
 from sim.evaluation.violations import judge_run
 from sim.loop.config import SimConfig
-from sim.loop.runner import simulate
+from sim.loop.planning import planner_for
+from sim.loop.runner import RunResult, simulate
 from sim.workloads.trace import Workload
 
 IDEAL = "ideal"
@@ -54,6 +59,7 @@ def compare(
     rate_scale: float = 1.0,
     progress: ProgressFactory | None = None,
     params: StageParams | None = None,
+    planners: Sequence[str] = ("static",),
 ) -> tuple[dict[str, object], list[Timing]]:
     """The simulate JSON document and, separately, wall-clock timings (not part of the JSON,
     so the same seed gives byte-identical JSON). ``params``: stage parameters (registry).
@@ -65,29 +71,33 @@ def compare(
     results: dict[str, dict[str, object]] = {}
     requests: dict[str, list[RequestOutcome]] = {}
     timings = []
-    for name in runs:
-        started = time.perf_counter()
-        if name in BOUNDS:
-            window = (scaled.requests[0].arrival_s, scaled.requests[-1].arrival_s)
-            blocks = sum(spec.profile.kv_tokens // BLOCK_TOKENS for spec in fleet.instances)
-            cache = blocks if name == IDEAL_FLEET_CACHE else None
-            attempts = ideal_attempts(scaled, fleet, config.budget_for, window[1], cache)
-            results[name] = report(attempts, window, config.slo_classes, None)
-        else:
-            tick = progress(name, len(scaled.requests)) if progress else None
-            run = simulate(scaled, fleet, name, config, tick, params_for(name, params))
-            requests[name] = judged(run.attempts, run.window, config.slo_classes)
-            results[name] = report(run.attempts, run.window, config.slo_classes, run.busy_s, requests[name])
-            window_s = run.window[1] - run.window[0]
-            _add_costs(
-                results[name], costs(run.attempts, requests[name], fleet.instances, run.busy_s, window_s)
-            )
-            violations = judge_run(run, fleet, config.heartbeat_s)
-            if violations is not None:  # a fleet file: its rules judged (``violations.py``)
-                results[name]["violations"] = violations
-        timings.append(Timing(name, time.perf_counter() - started, len(scaled.requests)))
-    for name, twin in twins.items():
-        _add_regret(results[name], twin, rejected_met_without_admission(requests[name], requests[twin]))
+    several = len(planners) > 1
+    for planner in planners:
+        for name in runs:
+            key = f"{name}@{planner}" if several and name not in BOUNDS else name
+            if key in results:
+                continue  # a bound is the same under every planner
+            started = time.perf_counter()
+            if name in BOUNDS:
+                window = (scaled.requests[0].arrival_s, scaled.requests[-1].arrival_s)
+                blocks = sum(spec.profile.kv_tokens // BLOCK_TOKENS for spec in fleet.instances)
+                cache = blocks if name == IDEAL_FLEET_CACHE else None
+                attempts = ideal_attempts(scaled, fleet, config.budget_for, window[1], cache)
+                results[key] = report(attempts, window, config.slo_classes, None)
+            else:
+                tick = progress(key, len(scaled.requests)) if progress else None
+                shaper = planner_for(planner, fleet, config)
+                run = simulate(scaled, fleet, name, config, tick, params_for(name, params), None, shaper)
+                requests[key] = judged(run.attempts, run.window, config.slo_classes)
+                results[key] = _result(run, requests[key], config)
+                violations = judge_run(run, fleet, config.heartbeat_s)
+                if violations is not None:  # a fleet file: its rules judged (``violations.py``)
+                    results[key]["violations"] = violations
+            timings.append(Timing(key, time.perf_counter() - started, len(scaled.requests)))
+        for name, twin in twins.items():
+            key, twin_key = (f"{name}@{planner}", f"{twin}@{planner}") if several else (name, twin)
+            regret = rejected_met_without_admission(requests[key], requests[twin_key])
+            _add_regret(results[key], twin_key, regret)
     document = {
         "workload": workload.name,
         "fleet": fleet.name,
@@ -101,6 +111,15 @@ def compare(
         "results": results,
     }
     return document, timings
+
+
+def _result(run: RunResult, requests: list[RequestOutcome], config: SimConfig) -> dict[str, object]:
+    """One run's metrics (``metrics.py``), costs (``cost.py``), its planner and its shape."""
+    result = report(run.attempts, run.window, config.slo_classes, run.busy_s, requests, run.held_s)
+    _add_costs(result, costs(run.attempts, requests, run.instances, run.busy_s, run.held_s))
+    result["planner"] = run.planner
+    result.update(run.shape)
+    return result
 
 
 def _add_regret(result: dict[str, object], twin: str, regret: dict[str, int]) -> None:

@@ -1,9 +1,11 @@
 """What a compliant token cost: GPU time and money per policy, SLO class and tenant.
 
-Capacity is paid for whether it works or not: instance i costs ``price_i`` per hour over the
-whole measurement window W (its ``InstanceSpec.price``; None when the fleet gives no price, then
-only GPU-seconds are reported). Over W each instance is busy ``busy_i`` seconds (running engine
-steps) and idle the rest.
+Capacity is paid for whether it works or not: instance i costs ``price_i`` per hour for the
+``held_i`` seconds of the measurement window W it holds its GPUs (the whole of W for a fleet
+that never changes; from its start to its stop for a replica a planner adds or removes; its
+``InstanceSpec.price``; None when the fleet gives no price, then only GPU-seconds are reported).
+Over W each instance is busy ``busy_i`` seconds (running engine steps) and idle the rest of
+``held_i``.
 
 Attribution (``Instance._account_busy``): every engine step's busy time is shared among the
 requests in the step by the tokens each computed in it, a prefill chunk of c tokens counting c
@@ -14,7 +16,7 @@ profile's GPUs; money is instance-seconds x price / 3600.
 Per policy (``total``):
     gpu_seconds_busy, gpu_seconds_idle      sum over instances (idle is reported apart: it is
                                             not any tenant's and not hidden in their figures)
-    cost                                    sum over instances of W x price_i / 3600
+    cost                                    sum over instances of held_i x price_i / 3600
     cost_per_million_goodput_tokens         cost / goodput tokens x 10^6 (busy and idle)
     wasted_gpu_seconds                      attributed busy GPU-seconds of attempts that
                                             delivered no compliant output: every attempt of a
@@ -62,11 +64,11 @@ def costs(
     requests: Sequence[RequestOutcome],
     instances: Sequence[InstanceSpec],
     busy_s: Sequence[float],
-    window_s: float,
+    held_s: Sequence[float],
 ) -> dict[str, object]:
     """``{"total": ..., "per_class": {CLASS: ...}, "per_tenant": {TENANT: ...}}`` (module
-    docstring); ``requests`` are the judged outcomes of the run's cohort, ``busy_s`` the
-    instances' busy seconds in the window, in ``instances``' order."""
+    docstring); ``requests`` are the judged outcomes of the run's cohort, ``busy_s`` and
+    ``held_s`` the instances' busy and held seconds in the window, in ``instances``' order."""
     priced = all(spec.price is not None for spec in instances)
     outcome = {r.request_id: r for r in requests}
     by_request: dict[str, list[Attempt]] = defaultdict(list)
@@ -96,8 +98,8 @@ def costs(
                 tally.wasted_gpu_s += gpu_s if wasted else 0.0
             total.wasted_gpu_s += gpu_s if wasted else 0.0
     total.busy_gpu_s = sum(b * spec.profile.gpus for b, spec in zip(busy_s, instances, strict=True))
-    total.cost = sum(window_s * (spec.price or 0.0) / 3600.0 for spec in instances)
-    idle = sum((window_s - b) * spec.profile.gpus for b, spec in zip(busy_s, instances, strict=True))
+    total.cost = sum(h * (spec.price or 0.0) / 3600.0 for h, spec in zip(held_s, instances, strict=True))
+    idle = sum((h - b) * spec.profile.gpus for h, b, spec in zip(held_s, busy_s, instances, strict=True))
     return {
         "total": {**total.figures(priced), "gpu_seconds_idle": round(idle, 6)},
         "per_class": {name: t.figures(priced) for name, t in sorted(per_class.items())},

@@ -18,7 +18,8 @@ what happened inside W and divide by |W|:
   over completed requests with at least two output tokens;
 - ``cache_hit_ratio``: prompt tokens served from the prefix cache / prompt tokens, over
   attempts admitted to an instance;
-- ``busy_fraction``: mean share of W the instances spent running steps (None when W was
+- ``busy_fraction``: the share of the time the instances held their GPUs inside W (all of W
+  for a fleet that never changes) that they spent running steps (None when W was
   extended past the arrival span: the simulator only measures busy time inside that span);
 - ``ttft_quantiles_s``: the TTFT at percentiles 0, 1, ..., 100 of the cohort (for CDFs).
 """
@@ -205,10 +206,12 @@ def report(
     slo_classes: dict[str, SloClass],
     busy_s: Sequence[float] | None,
     requests: Sequence[RequestOutcome] | None = None,
+    held_s: Sequence[float] | None = None,
 ) -> dict[str, object]:
     """Metrics in total and ``per_class``, rounded so equal runs print equal JSON. ``window`` is
     the arrival span; the metrics are taken over ``measurement_window`` of it. ``requests``:
-    the run's ``judged`` outcomes, if the caller has them already."""
+    the run's ``judged`` outcomes, if the caller has them already; ``held_s``: the seconds of
+    the window each instance held its GPUs (default: all of it)."""
     attempts = list(attempts)
     arrivals = window
     window = measurement_window(attempts, arrivals)
@@ -216,7 +219,8 @@ def report(
     if requests is None:
         requests = judged(attempts, arrivals, slo_classes)
     window_s = max(window[1] - window[0], 1e-9)
-    busy = None if busy_s is None or extended else sum(busy_s) / (len(busy_s) * window_s)
+    held = len(busy_s or ()) * window_s if held_s is None else max(sum(held_s), 1e-9)
+    busy = None if busy_s is None or extended else sum(busy_s) / held
     total: dict[str, object] = dict(_rounded(summarize(requests, window_s, busy)))
     mape = prediction_mape(attempts, arrivals)
     total["ttft_prediction_mape"] = None if mape is None else round(mape, 6)

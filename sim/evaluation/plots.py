@@ -3,6 +3,9 @@
 What it draws depends on what the file holds:
 - a ``simulate`` document (``results``): ``ttft_cdf.png`` (one TTFT CDF per policy, from
   ``ttft_quantiles_s``) and ``goodput_per_class.png`` (goodput per SLO class, bars per policy);
+  and per run whose fleet a planner changed (``timeline``), ``replicas-RUN.png``: one panel per
+  model, its replicas ready, loading and draining and the planner's target over time, summed
+  over its DCs, next to the model's demand (arrivals per second);
 - a ``capacity`` document: ``capacity.png`` (interactive requests within their objective
   against the rate scale, one line per policy through every probe the search made, the 99 %
   target and each policy's capacity marked);
@@ -61,7 +64,41 @@ def simulate_plots(document: Mapping[str, Any], out: Path, prefix: str) -> list[
     if policies:
         written.append(_ttft_cdf(policies, title, out / f"{prefix}ttft_cdf.png"))
     written.append(_goodput_per_class(document["results"], title, out / f"{prefix}goodput_per_class.png"))
+    for name, result in document["results"].items():
+        if result.get("replica_starts") and result.get("timeline"):
+            slug = name.replace("@", "-at-").replace("+", "-").replace("/", "-")
+            written.append(_replicas(name, result["timeline"], title, out / f"{prefix}replicas-{slug}.png"))
     return written
+
+
+_STATES = (("ready", "tab:green"), ("loading", "tab:orange"), ("draining", "tab:red"))
+
+
+def _replicas(name: str, timeline: Mapping[str, Any], title: str, path: Path) -> Path:
+    """Replicas per model over time, by state, with the target and the demand."""
+    minutes = [t / 60 for t in timeline["t_s"]]
+    models = sorted({pool.split("@")[0] for pool in timeline["pools"]})
+    figure, panels = plt.subplots(len(models), 1, figsize=(9, 2.6 * len(models) + 0.8), squeeze=False)
+    for axes, model in zip(panels[:, 0], models, strict=True):
+        pools = [v for pool, v in timeline["pools"].items() if pool.split("@")[0] == model]
+
+        def total(key: str, pools: list[Mapping[str, Any]] = pools) -> list[int]:
+            return [sum(p[key][k] for p in pools) for k in range(len(minutes))]
+
+        axes.stackplot(minutes, *(total(key) for key, _ in _STATES), labels=[k for k, _ in _STATES],
+                       colors=[c for _, c in _STATES], alpha=0.6, step="post")  # fmt: skip
+        axes.step(minutes, total("desired"), where="post", color="black", linewidth=1, label="target")
+        axes.set_ylabel(f"{model}\nreplicas")
+        demand = timeline.get("demand_per_s", {}).get(model)
+        if demand:
+            twin = axes.twinx()
+            twin.plot(minutes[: len(demand)], demand, color="tab:blue", linewidth=0.8, label="demand")
+            twin.set_ylabel("arrivals/s", color="tab:blue")
+        axes.grid(True, alpha=0.3)
+    panels[0, 0].legend(fontsize=7, loc="upper left", ncol=4)
+    panels[-1, 0].set_xlabel("minutes")
+    _title(panels[0, 0], f"Replicas per model — {name} — {title}")
+    return _save(figure, path)
 
 
 def _ttft_cdf(results: Mapping[str, Mapping[str, Any]], title: str, path: Path) -> Path:

@@ -75,7 +75,7 @@ def _cell(fmt: str, value: Any) -> str:
 
 def comparison(document: Mapping[str, Any]) -> Group:
     """A header line, then one table per section: every policy's totals, then one per SLO class
-    (when there are several), a row per policy."""
+    (when there are several), a row per policy; then the fleet's shape per run (``_shape``)."""
     results: Mapping[str, Mapping[str, Any]] = document["results"]
     sections = [("all requests", dict(results))]
     classes = sorted({c for r in results.values() for c in r.get("per_class", {})})
@@ -95,7 +95,47 @@ def comparison(document: Mapping[str, Any]) -> Group:
     parts: list[RenderableType] = [Text(header)]
     for index, (title, rows) in enumerate(sections):
         parts += [Text(""), _section(title, rows, violations=judged and index == 0)]
+    shaped = {name: r for name, r in results.items() if "gpu_hours" in r}
+    if shaped:
+        parts += [Text(""), _shape(shaped)]
     return Group(*parts)
+
+
+_SHAPE_COLUMNS = (
+    ("planner", "planner", "{}"),
+    ("GPU-h", "gpu_hours", "{:.2f}"),
+    ("$/Mgood", "cost_per_million_goodput_tokens", "{:.2f}"),
+    ("goodput", "goodput_tokens_per_s", "{:.0f}"),
+    ("starts", "replica_starts", "{}"),
+    ("cold", "cold_starts", "{}"),
+    ("warm", "warm_starts", "{}"),
+    ("ready p50", "p50", "{:.0f}"),
+    ("p95", "p95", "{:.0f}"),
+    ("lost in scale-down", "lost_in_scale_down", "{}"),
+)
+
+
+def _shape(rows: Mapping[str, Mapping[str, Any]]) -> Table:
+    """The fleet's shape per run: who planned it, GPU-hours held, what a compliant token cost,
+    replica starts (cold, warm), start-to-ready seconds and requests lost in scale-down."""
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    table.add_column(Text("fleet shape"), justify="left", no_wrap=True)
+    for name, _, _ in _SHAPE_COLUMNS:
+        table.add_column(Text(name), justify="right", no_wrap=True)
+    for name, metrics in rows.items():
+        ready = metrics.get("time_to_ready_s") or {}
+        values = [
+            ready.get(key) if key in ("p50", "p95") else metrics.get(key) for _, key, _ in _SHAPE_COLUMNS
+        ]
+        cells = [
+            name,
+            *(
+                "-" if v is None else fmt.format(v)
+                for (_, _, fmt), v in zip(_SHAPE_COLUMNS, values, strict=True)
+            ),
+        ]
+        table.add_row(*(Text(c) for c in cells))
+    return table
 
 
 def _section(title: str, rows: Mapping[str, Mapping[str, Any]], violations: bool = False) -> Table:

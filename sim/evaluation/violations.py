@@ -107,7 +107,8 @@ class FleetFile:
         }
         tenants = {str(name): _tenant(terms or {}) for name, terms in (document.get("tenants") or {}).items()}
         default = tenants.pop("default", Tenant())
-        pinned = {str(model): str(spec["version"]) for model, spec in (document.get("models") or {}).items()}
+        models = (document.get("models") or {}).items()
+        pinned = {str(model): str(spec["version"]) for model, spec in models if "version" in (spec or {})}
         outages = tuple(
             Outage(str(o["dc"]), float(o["down_s"]), float(o["up_s"])) for o in document.get("outages") or []
         )

@@ -39,6 +39,7 @@ and completions are not (a router that proxies the response sees them as they ha
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import count
@@ -49,6 +50,7 @@ import numpy as np
 from agents.policy import Scheduler, build_scheduler
 from agents.policy.common.slo import meets_slo
 from agents.policy.fleetmind.notices import FleetNotice
+from agents.policy.planners import Planner, StaticPlanner
 from agents.policy.registry import StageParams, with_deployment
 from agents.policy.types import (
     BlocksChanged,
@@ -59,16 +61,32 @@ from agents.policy.types import (
     Outcome,
     RequestView,
 )
-from sim.engine.fleet import FleetSpec
+from sim.engine.fleet import FleetSpec, InstanceSpec
 from sim.engine.instance import Attempt, Instance
 from sim.engine.profiles import EngineOptions
 from sim.loop.config import SimConfig
 from sim.loop.deciders import Deciders, PoolDecider
+from sim.loop.demand import DemandLedger
 from sim.loop.feedback import EndedAttempt, MemoryOutcomes, OutcomeSink, bind_feedback
 from sim.loop.lifecycle import AttemptLifecycle, Measures
+from sim.loop.replicas import Replicas, slot_fleet
 from sim.workloads.trace import TraceRequest, Workload
 
-_STEP_END, _WINDOW_END, _ARRIVAL, _TIMEOUT, _HEARTBEAT, _SIGNAL, _DISPATCH, _OUTAGE, _WAKE = range(9)
+(
+    _STEP_END,
+    _WINDOW_END,
+    _ARRIVAL,
+    _TIMEOUT,
+    _HEARTBEAT,
+    _SIGNAL,
+    _DISPATCH,
+    _OUTAGE,
+    _WAKE,
+    _PLAN,
+    _READY,
+    _DRAIN_CHECK,
+    _SAMPLE,
+) = range(13)
 MAX_FAILURE_RETRIES = 2
 """Attempts a client adds after its request failed with its DC (a gateway retries at once)."""
 
@@ -100,6 +118,10 @@ class RunResult:
     busy_s: list[float]
     sends: list[Send] = field(default_factory=list)  # every admit, in the order decided
     notices: list[FleetNotice] = field(default_factory=list)
+    held_s: list[float] = field(default_factory=list)  # GPUs held inside the window, per row
+    instances: tuple[InstanceSpec, ...] = ()  # the rows (the fleet's, and the planner's slots)
+    planner: str = "static"
+    shape: dict[str, object] = field(default_factory=dict)  # ``Replicas.figures``
 
 
 ProgressFn = Callable[[int], None]
@@ -116,10 +138,12 @@ class Simulation(AttemptLifecycle):
         scheduler: PoolDecider,
         config: SimConfig,
         feedback: OutcomeSink | None = None,
+        planner: Planner | None = None,
     ) -> None:
         """``feedback``: where ended attempts and rejects are recorded for an admission stage
         that closes its loop on them (default: in memory, if the stage wants feedback).
-        ``ValueError`` if a request names an SLO class ``config`` does not have."""
+        ``planner``: who shapes the fleet (``sim/loop/replicas.py``; default ``static``, the
+        fleet as listed). ``ValueError`` if a request names an SLO class ``config`` does not have."""
         unknown = sorted({r.slo_class for r in workload.requests} - set(config.slo_classes))
         if unknown:
             raise ValueError(
@@ -127,12 +151,20 @@ class Simulation(AttemptLifecycle):
                 f"(classes: {', '.join(sorted(config.slo_classes))})"
             )
         self.workload = workload
-        self.fleet = fleet
+        self.planner = planner or StaticPlanner()
+        self._plans = math.isfinite(self.planner.interval_s)
+        listed = len(fleet.instances)
+        fleet = self.fleet = slot_fleet(fleet) if self._plans else fleet
         self.scheduler = scheduler
         self.config = config
         self.clients = config.clients()
         arrivals = [r.arrival_s for r in workload.requests]
         self.window = (min(arrivals), max(arrivals))
+        longest_trip = max(fleet.rtt(fleet.ingress_dc, dc) for dc in fleet.dc_names) / 2
+        grace = 2 * config.heartbeat_s + config.signal_delay_s + longest_trip
+        self.replicas = Replicas(fleet, listed, self.window, grace)
+        self.demand = DemandLedger(self.window[0], self.replicas.timeline_step_s)
+        self._held_once: set[str] = set()
         kv_events = scheduler.wants_kv_events
         self.instances = [
             Instance(spec, self.window, kv_events, self._engine_options(spec.profile.options))
@@ -148,13 +180,16 @@ class Simulation(AttemptLifecycle):
         self._offered: dict[tuple[str, int], Attempt] = {}  # attempts the scheduler holds or decides
         self._versions = count(1)
         self._dcs = _dc_view(fleet)
+        self._versions_of = {spec.model: spec.version for spec in reversed(fleet.instances)}
         self._down: set[int] = set()  # instances of a DC that is down
         self._last_beat: list[tuple[int, int, int, int]] = [(0, 0, 0, 0)] * len(self.instances)
         self._beat_s = np.zeros(len(self.instances))
         self._row_dc = [spec.dc for spec in fleet.instances]
         self.sends: list[Send] = []
         self.notices: list[FleetNotice] = []
+        self._slot_of_id = {spec.instance_id: index for index, spec in enumerate(fleet.instances)}
         self._view = self._snapshot(0.0)
+        self._view_slots = self._slots_of(self._view)
         self.feedback = bind_feedback(scheduler, feedback or MemoryOutcomes())
 
     def _engine_options(self, own: EngineOptions) -> EngineOptions:
@@ -174,6 +209,9 @@ class Simulation(AttemptLifecycle):
             self._push(self.window[0] + outage.up_s, _OUTAGE, (outage.dc, False))
         self._push(self.window[0], _HEARTBEAT, None)
         self._push(self.window[1], _WINDOW_END, None)
+        self._push(self.window[0], _SAMPLE, None)
+        if self._plans:
+            self._push(self.window[0], _PLAN, None)
         done = 0
         while self._heap:
             now, kind, _, payload = heapq.heappop(self._heap)
@@ -205,12 +243,35 @@ class Simulation(AttemptLifecycle):
             elif kind == _WAKE:  # a deferred request is due (several deciders)
                 self._wake_s = None
                 self._apply(self.scheduler.tick(self._view, now), now)
+            elif kind == _PLAN:
+                self._plan(now)
+            elif kind == _READY:
+                self.replicas.became_ready(cast(int, payload), now)
+            elif kind == _DRAIN_CHECK:
+                self._stop_if_done(cast(int, payload), now)
+            elif kind == _SAMPLE:
+                self.replicas.sample(now)
+                if now + self.replicas.timeline_step_s <= self.window[1]:
+                    self._push(now + self.replicas.timeline_step_s, _SAMPLE, None)
             else:
                 self._deliver(cast(ClusterView | list[BlocksChanged], payload), now)
         if progress is not None:
             progress(done)
         busy = [i.busy_s for i in self.instances]
-        return RunResult(self.scheduler.name, self._attempts, self.window, busy, self.sends, self.notices)
+        end = self.window[1]  # the shape's figures count inside the window
+        steps = len(self.replicas.timeline)
+        return RunResult(
+            self.scheduler.name,
+            self._attempts,
+            self.window,
+            busy,
+            self.sends,
+            self.notices,
+            self.replicas.held_s(end),
+            self.fleet.instances,
+            self.planner.name,
+            self.replicas.figures(end, self.demand.per_step(steps)),
+        )
 
     # --- event handlers -----------------------------------------------------------------------
 
@@ -218,6 +279,10 @@ class Simulation(AttemptLifecycle):
         for attempt in attempts:
             if attempt.attempt == 1:
                 self._arrivals_left -= 1
+                request = attempt.request
+                self.demand.arrived(
+                    *self._demand_key(request), request.input_tokens, attempt.output_budget, now
+                )
             self._attempts.append(attempt)
             self._open += 1
             timeout = self._timeout_at(attempt)
@@ -237,6 +302,9 @@ class Simulation(AttemptLifecycle):
         for outcome in outcomes:
             if outcome.action != "queue":
                 self._settle(self._offered.pop(outcome.request.key), outcome, now)
+            elif outcome.request.request_id not in self._held_once:
+                self._held_once.add(outcome.request.request_id)
+                self.demand.held(*self._demand_key(self._offered[outcome.request.key].request))
         self.notices += self.scheduler.notices()
         wake = self.scheduler.next_wake_s()
         if wake is not None and (self._wake_s is None or wake < self._wake_s):
@@ -246,9 +314,10 @@ class Simulation(AttemptLifecycle):
     def _settle(self, attempt: Attempt, outcome: Outcome, now: float) -> None:
         attempt.predicted_ttft_s = outcome.predicted_ttft_s
         if outcome.action == "admit":
-            index = outcome.instance
+            row = outcome.instance
+            index = self._view_slots[row]
             instance = self.instances[index]
-            self._record_send(attempt, index, now)
+            self._record_send(attempt, index, row, now)
             attempt.dc, attempt.sent_s = self._row_dc[index], now
             one_way = self.fleet.rtt(self.fleet.ingress_dc, attempt.dc) / 2
             if one_way > 0:
@@ -259,6 +328,7 @@ class Simulation(AttemptLifecycle):
             return
         if self.feedback is not None:
             self.feedback.rejected(now, attempt.request.slo_class)
+        self.demand.rejected(*self._demand_key(attempt.request))
         attempt.status = "rejected"
         self._end(attempt, now)
 
@@ -267,6 +337,8 @@ class Simulation(AttemptLifecycle):
         if attempt.status != "pending":
             return  # its client gave up while it travelled
         if index in self._down or self.instances[index] is not instance:
+            if index not in self._down:  # its replica stopped, or started again, meanwhile
+                self.replicas.lost_in_scale_down += 1
             attempt.instance = instance
             self._fail(attempt, now)
             return
@@ -278,9 +350,10 @@ class Simulation(AttemptLifecycle):
         attempt.status = "rejected"
         self._end(attempt, now)
 
-    def _record_send(self, attempt: Attempt, index: int, now: float) -> None:
-        """The admit as it happened (``Send``): judged later, never here, so that no policy's
-        own reading of the rules decides whether it broke them."""
+    def _record_send(self, attempt: Attempt, index: int, row: int, now: float) -> None:
+        """The admit to instance ``index`` (row ``row`` of the view) as it happened (``Send``):
+        judged later, never here, so that no policy's own reading of the rules decides whether
+        it broke them."""
         spec = self.fleet.instances[index]
         view = self._view
         self.sends.append(
@@ -292,8 +365,8 @@ class Simulation(AttemptLifecycle):
                 spec.dc,
                 spec.model,
                 spec.version,
-                bool(view.ready[index]),
-                float(view.last_heartbeat_s[index]),
+                bool(view.ready[row]),
+                float(view.last_heartbeat_s[row]),
             )
         )
 
@@ -318,14 +391,57 @@ class Simulation(AttemptLifecycle):
             self._down.add(index)
             old = self.instances[index]
             held = [*old.waiting, *old.running]
-            fresh = Instance(spec, self.window, self.scheduler.wants_kv_events, old.options)
-            fresh.busy_s = old.busy_s
-            self.instances[index] = fresh
-            del self._index_of[old]
-            self._index_of[fresh] = index
+            self._fresh_instance(index)
             for attempt in held:
                 if attempt.status == "pending":
                     self._fail(attempt, now)
+
+    def _plan(self, now: float) -> None:
+        """Ask the planner for the fleet's shape and converge to it."""
+        slo = self.config.slo_classes.get("interactive")
+        targets = (slo.ttft_s or 2.0, slo.tpot_s or 0.1) if slo else (2.0, 0.1)
+        state = self.replicas.fleet_state(now, self._view, self._view_slots, self.demand.take(now), targets)
+        self.replicas.apply(self.planner.plan(state), now)
+        self._converge(now)
+        if self._open > 0 or self._arrivals_left > 0:
+            self._push(now + self.planner.interval_s, _PLAN, None)
+
+    def _converge(self, now: float) -> None:
+        """Start and drain replicas towards the plan (``Replicas.converge``)."""
+        loads = [instance.tokens_in_flight for instance in self.instances]
+        starts, drains = self.replicas.converge(now, loads)
+        for index, ready_s in starts:
+            self._fresh_instance(index)
+            self._push(ready_s, _READY, index)
+        for index in drains:
+            self._push(now + self.replicas.grace_s, _DRAIN_CHECK, index)
+
+    def _stop_if_done(self, index: int, now: float) -> None:
+        """A draining replica that runs nothing stops once its grace has passed; its GPUs
+        free, the plan may start others."""
+        instance = self.instances[index]
+        idle = not instance.waiting and not instance.running
+        if self.replicas.stop_if_done(index, idle, now):
+            self._fresh_instance(index)
+            self._last_beat[index] = (0, 0, 0, 0)
+            self._converge(now)
+
+    def _fresh_instance(self, index: int) -> None:
+        """Row ``index`` gets a new engine with an empty cache (what reaches the old one fails)."""
+        old = self.instances[index]
+        fresh = Instance(
+            self.fleet.instances[index], self.window, self.scheduler.wants_kv_events, old.options
+        )
+        fresh.busy_s = old.busy_s
+        self.instances[index] = fresh
+        del self._index_of[old]
+        self._index_of[fresh] = index
+
+    def _demand_key(self, request: TraceRequest) -> tuple[str, str, str]:
+        """``(model, version, home DC)`` of a request as its planner counts it."""
+        model = request.model or self.fleet.default_model
+        version = request.model_version or self._versions_of.get(model, "")
+        return model, version, request.home_dc or self.fleet.ingress_dc
 
     def _give_up(self, attempt: Attempt, now: float) -> None:
         if not self._gives_up(attempt):
@@ -365,6 +481,7 @@ class Simulation(AttemptLifecycle):
     def _deliver(self, signal: ClusterView | list[BlocksChanged], now: float) -> None:
         if isinstance(signal, ClusterView):
             self._view = signal
+            self._view_slots = self._slots_of(signal)
             self._apply(self.scheduler.tick(signal, now), now)
         else:
             for event in signal:
@@ -374,9 +491,11 @@ class Simulation(AttemptLifecycle):
 
     def _after(self, instance: Instance, now: float) -> None:
         """Schedule the instance's next step end and forward its KV events."""
+        index = self._index_of[instance]
         if instance.scheduled:
-            index = self._index_of[instance]
             self._push(instance.step_end_s, _STEP_END, (index, instance, instance.version))
+        elif self.replicas.is_draining(index):
+            self._stop_if_done(index, now)
         if instance.cache.events:
             iid = instance.spec.instance_id
             changes = [BlocksChanged(iid, kind, blocks, now) for kind, blocks in instance.cache.events]
@@ -390,6 +509,8 @@ class Simulation(AttemptLifecycle):
 
     def _ended(self, attempt: Attempt, now: float) -> None:
         self._open -= 1
+        if self._plans and attempt.status != "rejected":  # rejects are counted apart
+            self._planned_end(attempt)
         if attempt.instance is None:
             return
         measures = Measures.of(attempt)
@@ -410,21 +531,25 @@ class Simulation(AttemptLifecycle):
             )
         )
 
+    def _planned_end(self, attempt: Attempt) -> None:
+        """What a planner learns of an ended attempt: it ended (ok, timed out or failed), its
+        tokens, whether it met its objective; an ok one also tells its pool its TPOT."""
+        measures = Measures.of(attempt)
+        request = attempt.request
+        met = self._met(attempt, measures)
+        key = self._demand_key(request)
+        self.demand.completed(*key, request.input_tokens, attempt.cached_tokens, attempt.generated, met)
+        if measures.status == "ok" and attempt.instance is not None:
+            self.replicas.ended_ok(attempt.instance.spec.instance_id, measures.tpot_s)
+
     def _record(self, attempt: Attempt, measures: Measures, now: float) -> None:
         """The attempt's end, judged as the feedback sink judges a completion (``met_slo``)."""
         assert self.feedback is not None and attempt.instance is not None
         request = attempt.request
-        slo = self.config.slo_classes.get(request.slo_class)
         status, ttft, tpot, e2e = measures.status, measures.ttft_s, measures.tpot_s, measures.e2e_s
         assert e2e is not None
         deadline = _deadline_at(request)
-        relative = None if deadline is None else deadline - attempt.arrival_s
-        met = (
-            status == "ok"
-            and slo is not None
-            and ttft is not None
-            and meets_slo(slo, ttft, tpot, e2e, relative)
-        )
+        met = self._met(attempt, measures)
         self.feedback.ended(
             EndedAttempt(
                 now,
@@ -449,6 +574,16 @@ class Simulation(AttemptLifecycle):
 
     # --- helpers ------------------------------------------------------------------------------
 
+    def _met(self, attempt: Attempt, measures: Measures) -> bool:
+        """Whether the ended attempt met its class's objective (as the feedback sink judges)."""
+        slo = self.config.slo_classes.get(attempt.request.slo_class)
+        ttft, e2e = measures.ttft_s, measures.e2e_s
+        if measures.status != "ok" or slo is None or ttft is None or e2e is None:
+            return False
+        deadline = _deadline_at(attempt.request)
+        relative = None if deadline is None else deadline - attempt.arrival_s
+        return meets_slo(slo, ttft, measures.tpot_s, e2e, relative)
+
     def _timeout_at(self, attempt: Attempt) -> float | None:
         return self.clients.give_up_at(attempt, _deadline_at(attempt.request))
 
@@ -472,14 +607,23 @@ class Simulation(AttemptLifecycle):
         )
 
     def _snapshot(self, now: float) -> ClusterView:
-        """Every instance's heartbeat now; an instance of a DC that is down sends none, so its
+        """Every running instance's heartbeat now (a replica that is off sends none and has no
+        row, as in a deployment); an instance of a DC that is down sends none either, so its
         last row stays, with its age."""
-        for index, instance in enumerate(self.instances):
+        on = self.replicas.on_rows() if self._plans else None
+        for index in range(len(self.instances)) if on is None else on:
             if index not in self._down:
-                self._last_beat[index] = instance.heartbeat(now)
+                self._last_beat[index] = self.instances[index].heartbeat(now)
                 self._beat_s[index] = now
-        rows = self._last_beat
         specs = self.fleet.instances
+        beats, instances, beat_s = self._last_beat, self.instances, self._beat_s
+        if on is not None:
+            specs, beats, instances = (
+                tuple(specs[i] for i in on),
+                [beats[i] for i in on],
+                [instances[i] for i in on],
+            )
+            beat_s = beat_s[on]
         return ClusterView(
             version=next(self._versions),
             instance_ids=tuple(s.instance_id for s in specs),
@@ -487,15 +631,19 @@ class Simulation(AttemptLifecycle):
             model=np.array([s.model for s in specs]),
             model_version=np.array([s.version for s in specs]),
             profile=np.array([s.profile.name for s in specs]),
-            ready=np.ones(len(specs), dtype=bool),
-            waiting=np.array([r[0] for r in rows], dtype=np.int64),
-            running=np.array([r[1] for r in rows], dtype=np.int64),
-            tokens_in_flight=np.array([r[2] for r in rows], dtype=np.int64),
-            kv_used=np.array([r[3] for r in rows], dtype=np.int64),
-            kv_total=np.array([i.cache.capacity for i in self.instances], dtype=np.int64),
-            last_heartbeat_s=self._beat_s.copy(),
+            ready=self.replicas.ready_mask()[on] if on is not None else np.ones(len(specs), dtype=bool),
+            waiting=np.array([r[0] for r in beats], dtype=np.int64),
+            running=np.array([r[1] for r in beats], dtype=np.int64),
+            tokens_in_flight=np.array([r[2] for r in beats], dtype=np.int64),
+            kv_used=np.array([r[3] for r in beats], dtype=np.int64),
+            kv_total=np.array([i.cache.capacity for i in instances], dtype=np.int64),
+            last_heartbeat_s=beat_s.copy(),
             dcs=self._dcs,
         )
+
+    def _slots_of(self, view: ClusterView) -> list[int]:
+        """Row -> instance index, for a view (its rows are the instances that were on)."""
+        return [self._slot_of_id[iid] for iid in view.instance_ids]
 
     def _push(self, time_s: float, kind: int, payload: object) -> None:
         heapq.heappush(self._heap, (time_s, kind, next(self._seq), payload))
@@ -509,12 +657,13 @@ def simulate(
     progress: ProgressFn | None = None,
     params: StageParams | None = None,
     feedback: OutcomeSink | None = None,
+    planner: Planner | None = None,
 ) -> RunResult:
     """Run one policy (a fresh scheduler seeded with ``config.seed``, or ``config.deciders`` of
     them) over the workload; ``feedback``: where a closed-loop admission stage's outcomes go
-    (default: in memory)."""
+    (default: in memory); ``planner``: who shapes the fleet (default: ``static``)."""
     scheduler = pool_decider_for(policy_name, fleet, config, params)
-    return Simulation(workload, fleet, scheduler, config, feedback).run(progress)
+    return Simulation(workload, fleet, scheduler, config, feedback, planner).run(progress)
 
 
 def pool_decider_for(

@@ -89,7 +89,7 @@ def _source_records(
     if home not in fleet.dc_names:
         raise ValueError(f"{where}: home_dc {home!r} is not a data centre of the fleet")
     mix_options = {k: v for k, v in source.items() if k in _MIX_KEYS}
-    for listed in ("batch_job_size", "models"):  # YAML lists; the mix takes tuples
+    for listed in ("batch_job_size", "models", "phases", "model_shares"):  # YAML lists; the mix takes tuples
         if isinstance(mix_options.get(listed), list):
             mix_options[listed] = tuple(mix_options[listed])
     try:

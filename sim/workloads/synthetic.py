@@ -18,6 +18,34 @@ Several models: ``models`` names them, each ``NAME`` or ``NAME@VERSION``; tenant
 ``models[k mod len(models)]`` (its ``model``, and its ``model_version`` when one is named), so a
 tenant's sessions stay with one model. Empty (the default): no request names a model (each runs
 on the fleet's default model) and the records are exactly those of a mix without the option.
+
+A day of several models (``swing`` > 0, or ``model_shares`` given): each model m (the tenants k
+with ``k mod n == m``, n = ``len(models)``, or one group of all tenants when ``models`` is empty)
+is a mix of its own, with its own bursts, whose mean rate follows a daily cosine::
+
+    rate_m(t) = rate_per_s * share_m * (1 + swing * cos(2 pi (t / day_s - phase_m)))
+
+times the burst factor of its MMPP (calm ``2 / (1 + burst_factor)``, burst ``burst_factor``
+times that). Every kind of the model's traffic follows it (chat sessions start, document
+questions, API calls, batch job submissions at ``batch_jobs_per_hour * share_m`` on average);
+the turns of a session already started keep their think time. Model m peaks at
+``phase_m * day_s`` (and every ``day_s`` after), at ``(1 + swing)`` times its mean, and bottoms
+out half a day later at ``(1 - swing)`` times it; over whole days its mean is
+``rate_per_s * share_m``. The shape is that of Dynamo's sinusoidal load generator
+(ai-dynamo/dynamo, ``benchmarks/sin_load_generator/sin_synth.py``: a rate moving between a min
+and a max along a sine, here ``swing = (max - min) / (max + min)``), but drawn exactly, by
+thinning (Lewis and Shedler): candidates of the MMPP at ``(1 + swing)`` times the mean, each
+kept with probability ``level_m(t) / (1 + swing)`` where ``level_m`` is the bracket above.
+
+- ``day_s``: length of one simulated day in seconds; 0 (the default) means ``duration_s``.
+- ``swing`` in [0, 1]: 0 is no daily swing; 1 makes a model silent at its trough.
+- ``phases``: each model's peak time as a fraction of the day, in [0, 1]; default evenly spread,
+  ``phase_m = (m + 0.5) / n``, so no model peaks at the very start or end of a one-day run.
+- ``model_shares``: each model's share of the mean rate (normalised to sum 1); default the share
+  of the tenants that ask for it (equal shares when ``tenants`` is a multiple of n).
+
+With ``swing`` 0 and no ``model_shares`` the records are exactly those of a mix without these
+options; ``day_s`` and ``phases`` alone change nothing.
 """
 
 from __future__ import annotations
@@ -72,6 +100,10 @@ class SyntheticMix:
     burst_factor: float = 3.0
     mean_phase_s: float = 60.0
     models: tuple[str, ...] = ()  # NAME or NAME@VERSION; tenant k asks for models[k mod len]
+    day_s: float = 0.0  # one simulated day; 0 means duration_s
+    swing: float = 0.0  # daily swing of each model's rate, in [0, 1]
+    phases: tuple[float, ...] = ()  # per model: its peak as a fraction of the day
+    model_shares: tuple[float, ...] = ()  # per model: its share of the mean rate
 
     def __post_init__(self) -> None:
         """``ValueError`` naming the first option out of range (NaN and infinities included)."""
@@ -102,6 +134,35 @@ class SyntheticMix:
             raise ValueError(
                 f"synthetic batch_job_size must be (low, high) with 1 <= low < high, got {low, high}"
             )
+        self._check_day()
+
+    def _check_day(self) -> None:
+        """The options of a day of several models (module docstring)."""
+        _check("day_s", self.day_s, 0.0, MAX_TRAFFIC_S, low_open=False)
+        _check("swing", self.swing, 0.0, 1.0, low_open=False)
+        groups = max(1, len(self.models))
+        for name in ("phases", "model_shares"):
+            values = getattr(self, name)
+            if not isinstance(values, tuple) or (values and len(values) != groups):
+                raise ValueError(
+                    f"synthetic {name} must be a list of one number per model ({groups}), got {values!r}"
+                )
+            for value in values:
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    raise ValueError(f"synthetic {name} must be numbers, got {value!r}")
+                high = 1.0 if name == "phases" else MAX_RATE_PER_S
+                _check(name, float(value), 0.0, high, low_open=False)
+        if self.model_shares and sum(self.model_shares) <= 0:
+            raise ValueError("synthetic model_shares must not all be 0")
+        if self.has_day and self.tenants < groups:
+            raise ValueError(
+                f"synthetic tenants must be >= the number of models ({groups}) with swing or model_shares"
+            )
+
+    @property
+    def has_day(self) -> bool:
+        """True when each model has its own curve (``swing`` > 0 or ``model_shares`` given)."""
+        return self.swing > 0 or bool(self.model_shares)
 
     def generate(self) -> list[Record]:
         """All requests, sorted by timestamp (ms)."""
@@ -110,6 +171,16 @@ class SyntheticMix:
         records = list(gen.interactive()) + list(gen.batch_jobs())
         records.sort(key=lambda r: (r["timestamp"], r["request_id"]))
         return records
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """Tenants whose traffic shares one daily curve: ``share`` of the mix's rates, peaking at
+    ``phase`` (a fraction of the day); ``phase`` None is a flat rate (no day)."""
+
+    tenants: tuple[int, ...]
+    share: float = 1.0
+    phase: float | None = None
 
 
 class _Generator:
@@ -126,6 +197,40 @@ class _Generator:
         ranks = np.arange(1, mix.documents + 1, dtype=np.float64)
         self.doc_popularity = (1 / ranks) / (1 / ranks).sum()
         self.count = 0
+        self.jobs = 0  # batch jobs so far, over every group: each job's instruction blocks are its own
+        self.day_s = mix.day_s or mix.duration_s
+        self.groups = self.make_groups()
+
+    def make_groups(self) -> list[_Group]:
+        """One flat group of every tenant, or with a day one group per model (module docstring)."""
+        mix = self.mix
+        if not mix.has_day:
+            return [_Group(tuple(range(mix.tenants)))]
+        n = max(1, len(mix.models))
+        members = [tuple(k for k in range(mix.tenants) if k % n == m) for m in range(n)]
+        weights = mix.model_shares or tuple(float(len(tenants)) for tenants in members)
+        phases = mix.phases or tuple((m + 0.5) / n for m in range(n))
+        total = float(sum(weights))
+        return [_Group(members[m], weights[m] / total, float(phases[m])) for m in range(n)]
+
+    def pick_tenant(self, group: _Group) -> int:
+        return group.tenants[int(self.rng.integers(len(group.tenants)))]
+
+    def level(self, t: float, group: _Group) -> float:
+        """The group's daily curve at ``t``: ``1 + swing * cos(2 pi (t / day_s - phase))``."""
+        if group.phase is None:
+            return 1.0
+        return 1.0 + self.mix.swing * math.cos(2 * math.pi * (t / self.day_s - group.phase))
+
+    def peak(self, group: _Group) -> float:
+        """The most ``level`` reaches: the rate the candidates of the thinning arrive at."""
+        return 1.0 if group.phase is None else 1.0 + self.mix.swing
+
+    def kept(self, t: float, group: _Group) -> bool:
+        """Thinning: a candidate at ``t`` is kept with probability ``level(t) / peak``."""
+        if group.phase is None:
+            return True  # no draw: a mix without a day keeps its exact records
+        return bool(self.rng.random() * self.peak(group) < self.level(t, group))
 
     def unique_ids(self, n: int) -> list[int]:
         ids = list(range(self.next_unique, self.next_unique + n))
@@ -158,9 +263,17 @@ class _Generator:
         name, _, version = self.mix.models[tenant % len(self.mix.models)].partition("@")
         return {"model": name, "model_version": version} if version else {"model": name}
 
-    def arrivals(self, rate: float) -> Iterator[float]:
+    def arrivals(self, rate: float, group: _Group) -> Iterator[float]:
+        """Arrivals of mean ``rate`` times the group's curve: MMPP candidates, thinned."""
+        for t in self.mmpp(rate * self.peak(group)):
+            if self.kept(t, group):
+                yield t
+
+    def mmpp(self, rate: float) -> Iterator[float]:
         """Markov-modulated Poisson arrivals with mean ``rate`` over the duration."""
         mix, rng = self.mix, self.rng
+        if rate <= 0:
+            return  # a kind or a model with no share has no arrivals
         calm = 2 * rate / (1 + mix.burst_factor)
         t, bursting = 0.0, False
         phase_end = rng.exponential(mix.mean_phase_s)
@@ -179,25 +292,30 @@ class _Generator:
             yield t
 
     def interactive(self) -> Iterator[Record]:
+        for group in self.groups:
+            yield from self.group_interactive(group)
+
+    def group_interactive(self, group: _Group) -> Iterator[Record]:
         mix, rng = self.mix, self.rng
         shares = np.array([mix.share_chat, mix.share_doc_qa, mix.share_api])
         shares = shares / shares.sum()
+        rate = mix.rate_per_s * group.share
         mean_turns = 4.0
         # Chat sessions start less often than chat requests arrive: each has several turns.
-        session_rate = mix.rate_per_s * shares[0] / mean_turns
-        for start in self.arrivals(session_rate):
-            yield from self.chat_session(start, mean_turns)
-        for t in self.arrivals(mix.rate_per_s * shares[1]):
-            yield self.doc_question(t)
-        for t in self.arrivals(mix.rate_per_s * shares[2]):
-            tenant = int(rng.integers(mix.tenants))
+        session_rate = rate * shares[0] / mean_turns
+        for start in self.arrivals(session_rate, group):
+            yield from self.chat_session(start, mean_turns, group)
+        for t in self.arrivals(rate * shares[1], group):
+            yield self.doc_question(t, group)
+        for t in self.arrivals(rate * shares[2], group):
+            tenant = self.pick_tenant(group)
             prompt = int(rng.integers(200, 3000))
             ids = [_SYSTEM_BASE + tenant * 100]  # one shared instruction block per tenant
             yield self.record(t, tenant, prompt + BLOCK_TOKENS, int(rng.lognormal(5.0, 0.7)), ids, "api")
 
-    def chat_session(self, start: float, mean_turns: float) -> Iterator[Record]:
+    def chat_session(self, start: float, mean_turns: float, group: _Group) -> Iterator[Record]:
         mix, rng = self.mix, self.rng
-        tenant = int(rng.integers(mix.tenants))
+        tenant = self.pick_tenant(group)
         system = [_SYSTEM_BASE + tenant * 100 + i for i in range(self.system_blocks[tenant])]
         history_tokens = len(system) * BLOCK_TOKENS
         history_ids = list(system)
@@ -214,9 +332,9 @@ class _Generator:
             history_tokens = prompt + min(output, self.max_tokens[tenant])
             t += float(rng.exponential(20.0)) + 2.0
 
-    def doc_question(self, t: float) -> Record:
+    def doc_question(self, t: float, group: _Group) -> Record:
         rng = self.rng
-        tenant = int(rng.integers(self.mix.tenants))
+        tenant = self.pick_tenant(group)
         doc = int(rng.choice(self.mix.documents, p=self.doc_popularity))
         tokens = self.doc_tokens[doc]
         ids = [_DOC_BASE + doc * 1000 + i for i in range(tokens // BLOCK_TOKENS)]
@@ -224,17 +342,23 @@ class _Generator:
         return self.record(t, tenant, tokens + question, int(rng.lognormal(4.8, 0.6)), ids, "doc_qa")
 
     def batch_jobs(self) -> Iterator[Record]:
+        for group in self.groups:
+            yield from self.group_batch_jobs(group)
+
+    def group_batch_jobs(self, group: _Group) -> Iterator[Record]:
         mix, rng = self.mix, self.rng
+        jobs_per_hour = mix.batch_jobs_per_hour * group.share * self.peak(group)
         t = 0.0
-        job = 0
-        while mix.batch_jobs_per_hour > 0:
-            t += float(rng.exponential(3600.0 / mix.batch_jobs_per_hour))
+        while jobs_per_hour > 0:
+            t += float(rng.exponential(3600.0 / jobs_per_hour))
             if t >= mix.duration_s:
                 return
-            tenant = int(rng.integers(mix.tenants))
+            if not self.kept(t, group):
+                continue
+            tenant = self.pick_tenant(group)
             size = int(rng.integers(*mix.batch_job_size))
             deadline = float(rng.choice([600.0, 1200.0, 1800.0]))
-            instruction = [_JOB_BASE + job * 100 + i for i in range(int(rng.integers(1, 4)))]
+            instruction = [_JOB_BASE + self.jobs * 100 + i for i in range(int(rng.integers(1, 4)))]
             for _ in range(size):
                 prompt = len(instruction) * BLOCK_TOKENS + int(rng.integers(500, 4000))
                 yield self.record(
@@ -247,7 +371,7 @@ class _Generator:
                     slo_class="batch",
                     deadline_s=deadline,
                 )
-            job += 1
+            self.jobs += 1
 
 
 def write_jsonl(records: list[Record], path: Path) -> int:

@@ -286,6 +286,8 @@ def _optional_text(value: object, field: str) -> str | None:
 def _block_ids(value: object) -> list[int] | None:
     if value is None:
         return None
+    if type(value) is list and all(type(v) is int for v in value):
+        return list(value)  # the common case, checked fast (JSON integers are ``int``)
     if not isinstance(value, list) or not all(
         isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value
     ):

@@ -9,7 +9,7 @@ import pytest
 
 from agents.policy import build_scheduler
 from agents.policy.registry import with_deployment
-from cli.options import load_policy_config
+from cli.choices import load_policy_config
 from infra.settings import Settings
 from infra.vllm.inventory import load_inventory
 from worker.scheduling import load_fleet_rules

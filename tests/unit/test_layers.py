@@ -6,9 +6,9 @@ Checked on the source (every module's import statements, lazy ones inside functi
 - ``schemas`` imports nothing of the project; ``agents`` nothing of streams, infra, sim, bench;
 - ``streams`` and the simulator never import the adapters (``infra``) or a deployable, and the
   adapters never import the simulator;
-- the deployables (``worker``, ``dispatcher``, ``gateway``) never import one another; the stack
-  on one machine (``local``: ``tokenfleet up``) and the traffic into it (``traffic``) import
-  the deployables and the adapters;
+- the deployables (``worker``, ``dispatcher``, ``gateway``, ``planner``) never import one
+  another; the stack on one machine (``local``: ``tokenfleet up``) and the traffic into it
+  (``traffic``) import the deployables and the adapters;
 - product code (the command line included) never imports the lab, ``bench`` or ``tests``; the lab
   never imports the command line;
 - the judge of violations (``sim/evaluation/violations.py``) shares no code with the policy it
@@ -34,6 +34,7 @@ PROJECT = (
     "worker",
     "dispatcher",
     "gateway",
+    "planner",
     "local",
     "traffic",
     "cli",
@@ -42,7 +43,7 @@ PROJECT = (
     "tests",
 )
 ADAPTERS = ("infra", "agents", "streams", "schemas", "sim")
-DEPLOYABLES = ("worker", "dispatcher", "gateway")
+DEPLOYABLES = ("worker", "dispatcher", "gateway", "planner")
 PRODUCT = ("agents", "schemas", "streams", "infra", "sim", *DEPLOYABLES, "local", "traffic", "cli")
 
 
@@ -93,6 +94,7 @@ def test_the_pure_core_imports_only_stdlib_numpy_and_itself() -> None:
         ("worker", ("worker", *ADAPTERS)),
         ("dispatcher", ("dispatcher", *ADAPTERS)),
         ("gateway", ("gateway", *ADAPTERS)),
+        ("planner", ("planner", *ADAPTERS)),
         ("local", ("local", *DEPLOYABLES, *ADAPTERS)),
         ("traffic", ("traffic", "gateway", *ADAPTERS)),
         ("cli", ("cli", "local", "traffic", *DEPLOYABLES, *ADAPTERS)),

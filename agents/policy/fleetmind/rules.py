@@ -125,7 +125,13 @@ def parse_rules(doc: Mapping[str, Any]) -> FleetRules:
             )
         tenants = {str(name): _tenant(name, rule or {}) for name, rule in (doc.get("tenants") or {}).items()}
         default = tenants.pop("default", TenantRule())
-        versions = {str(model): str(spec["version"]) for model, spec in (doc.get("models") or {}).items()}
+        models = doc.get("models") or {}
+        for model, spec in models.items():
+            if spec is not None and not isinstance(spec, dict):
+                raise ValueError(f"model {model!r} must be a mapping (version, load_s, ...), got {spec!r}")
+        versions = {
+            str(model): str(spec["version"]) for model, spec in models.items() if "version" in (spec or {})
+        }
         reservations = tuple(
             Reservation(
                 str(r["tenant"]),

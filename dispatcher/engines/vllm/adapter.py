@@ -18,6 +18,15 @@
 - ``events`` also returns the instances' KV-cache changes (``kv_events.KvEventSubscriber``),
   mapped onto TokenFleet's 512-token prefix blocks.
 
+With a ``source`` (the inventory file it was read from) the engines follow that file: ``load``
+reads it again whenever it changed (a file that cannot be read keeps the engines as they are,
+logged). An instance added is scraped and heartbeat from then on; an instance taken out
+**drains**: its heartbeats say ``draining: true`` (no decider sends it anything new), what it
+runs finishes, and a decision about it still runs there (one made before the drain). It is
+forgotten (no more heartbeats) once it has no attempt of this dispatcher open and its server no
+longer answers (it was stopped); the heartbeat that says so is the last. Listed again before
+that, it serves again.
+
 Background tasks (scrapers, generations) start at the first call, in the caller's loop.
 """
 
@@ -26,9 +35,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 
@@ -37,7 +48,7 @@ from dispatcher.engines.vllm.kv_events import KvEventSubscriber
 from dispatcher.engines.vllm.metrics import EngineMetrics, heartbeat_fields, parse_metrics
 from infra.errors import first_line
 from infra.vllm import outcome
-from infra.vllm.inventory import InstanceEntry, Inventory
+from infra.vllm.inventory import InstanceEntry, Inventory, InventoryError, load_inventory
 from infra.vllm.openai_http import (
     EngineHttpError,
     Generation,
@@ -88,31 +99,29 @@ class VllmEngines:
         scrape_s: float = 0.5,
         kv_events: bool = True,
         request_timeout_s: float = _DEFAULT_TIMEOUT_S,
+        source: Path | None = None,
     ) -> None:
         if scrape_s <= 0:
             raise ValueError("scrape_s must be > 0")
         self.inventory = inventory
         self.scrape_s = scrape_s
         self.request_timeout_s = request_timeout_s
-        self._endpoints = tuple(
-            Endpoint(i.instance_id, i.dc, i.model, i.version, "vllm") for i in inventory.instances
-        )
-        self._entries = {i.instance_id: i for i in inventory.instances}
-        self._scraped = {i.instance_id: _Scraped() for i in inventory.instances}
+        self.kv_events = kv_events
+        self.source = source  # the inventory file followed (None: the instances never change)
+        self._source_stamp: tuple[int, int, int] | None = None  # read again at the first load
+        self._entries: dict[str, InstanceEntry] = {}  # listed and draining, in the order added
+        self._draining: set[str] = set()
+        self._scraped: dict[str, _Scraped] = {}
+        self._subscribers: dict[str, KvEventSubscriber] = {}
+        self._scrapers: dict[str, asyncio.Task[None]] = {}
+        self._endpoints: tuple[Endpoint, ...] = ()
+        for entry in inventory.instances:
+            self._add(entry)
         self._open: dict[tuple[str, int], _Attempt] = {}
         self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._outbox: list[EngineEvent] = []
-        self._subscribers = (
-            [
-                KvEventSubscriber(i.instance_id, i.model, i.kv_events, i.kv_replay)
-                for i in inventory.instances
-                if i.kv_events is not None
-            ]
-            if kv_events
-            else []
-        )
         self._session: aiohttp.ClientSession | None = None
-        self._scrapers: list[asyncio.Task[None]] = []
+        self._started = False  # the scrapers run (from the first call, in the caller's loop)
         self._closed = False
 
     # -- the port -----------------------------------------------------------------------------
@@ -153,17 +162,20 @@ class VllmEngines:
 
     async def load(self, now_wall: float) -> list[Heartbeat]:
         self._check()
+        self._follow()
         self._start_scrapers()
         in_flight: dict[str, int] = {}
         for attempt in self._open.values():
             tokens = attempt.decision.request.input_tokens + attempt.streamed
             in_flight[attempt.entry.instance_id] = in_flight.get(attempt.entry.instance_id, 0) + tokens
         beats = []
-        for entry in self.inventory.instances:
+        for entry in list(self._entries.values()):
             scraped = self._scraped[entry.instance_id]
             fields = _NO_METRICS
             if scraped.metrics is not None:
                 fields = heartbeat_fields(scraped.metrics, None, None, in_flight.get(entry.instance_id, 0))
+            ready = scraped.ready and scraped.metrics is not None
+            draining = entry.instance_id in self._draining
             beats.append(
                 Heartbeat(
                     ts=scraped.ts or now_wall,
@@ -172,12 +184,15 @@ class VllmEngines:
                     model=entry.model,
                     model_version=entry.version,
                     profile="vllm",
-                    endpoint_ready=scraped.ready and scraped.metrics is not None,
+                    endpoint_ready=ready,
                     gpus=entry.gpus,
                     price_per_hour=entry.price_per_hour,
+                    draining=draining,
                     **fields,  # type: ignore[arg-type]
                 )
             )
+            if draining and not scraped.ready and entry.instance_id not in in_flight:
+                self._forget(entry.instance_id)  # drained and stopped: this beat was its last
         return beats
 
     async def events(self, now_wall: float) -> list[EngineEvent]:
@@ -185,7 +200,7 @@ class VllmEngines:
         self._start_scrapers()
         events: list[EngineEvent] = self._outbox
         self._outbox = []
-        for subscriber in self._subscribers:
+        for subscriber in list(self._subscribers.values()):
             events.extend(await subscriber.poll())
         events.sort(key=lambda e: e.ts)
         return events
@@ -198,13 +213,13 @@ class VllmEngines:
         if self._closed:
             return
         self._closed = True
-        tasks = [*self._scrapers, *(a.task for a in self._open.values() if a.task is not None)]
+        tasks = [*self._scrapers.values(), *(a.task for a in self._open.values() if a.task is not None)]
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
-        for subscriber in self._subscribers:
+        for subscriber in self._subscribers.values():
             subscriber.close()
         if self._session is not None:
             await self._session.close()
@@ -213,11 +228,15 @@ class VllmEngines:
         """Instance id -> whether its last scrape found it ready (not part of the port)."""
         return {i: s.ready and s.metrics is not None for i, s in self._scraped.items()}
 
+    def draining(self) -> set[str]:
+        """The instances taken out of the followed file and not forgotten yet (not part of the port)."""
+        return set(self._draining)
+
     def kv_stats(self) -> dict[str, dict[str, int]]:
         """Instance id -> its KV-event counters and ``stored_blocks`` (512-token prefix blocks
         it holds now, as its events tell)."""
         found = {}
-        for subscriber in self._subscribers:
+        for subscriber in self._subscribers.values():
             stats = subscriber.stats
             found[subscriber.instance_id] = {
                 "stored_blocks": len(subscriber.blocks.held),
@@ -291,9 +310,74 @@ class VllmEngines:
     # -- scraping -----------------------------------------------------------------------------
 
     def _start_scrapers(self) -> None:
-        if not self._scrapers:
-            loop = asyncio.get_running_loop()
-            self._scrapers = [loop.create_task(self._scrape_forever(e)) for e in self.inventory.instances]
+        if not self._started:
+            self._started = True
+            for instance_id in self._entries:
+                self._start_scraper(instance_id)
+
+    def _start_scraper(self, instance_id: str) -> None:
+        entry = self._entries[instance_id]
+        self._scrapers[instance_id] = asyncio.get_running_loop().create_task(self._scrape_forever(entry))
+
+    # -- following the inventory file -----------------------------------------------------------
+
+    def _follow(self) -> None:
+        """Take up the followed file's changes (module docstring), if it changed since last read."""
+        if self.source is None:
+            return
+        stamp = _stamp(self.source)
+        if stamp is None or stamp == self._source_stamp:
+            return  # unchanged, or being replaced: next time
+        self._source_stamp = stamp
+        try:
+            fresh = load_inventory(self.source)
+        except InventoryError as exc:
+            log.warning("the engines stay as they are: %s", exc)
+            return
+        listed = {entry.instance_id: entry for entry in fresh.instances}
+        for instance_id, entry in listed.items():
+            known = self._entries.get(instance_id)
+            if known is not None and known != entry:  # another server under the same id
+                self._forget(instance_id)
+                known = None
+            if known is None:
+                self._add(entry)
+                if self._started:
+                    self._start_scraper(instance_id)
+                log.info("engine %s added (%s)", instance_id, entry.url)
+            elif instance_id in self._draining:
+                self._draining.discard(instance_id)
+                log.info("engine %s listed again: it serves again", instance_id)
+        for instance_id in self._entries.keys() - listed.keys() - self._draining:
+            self._draining.add(instance_id)
+            log.info("engine %s taken out: draining", instance_id)
+        self.inventory = fresh
+
+    def _add(self, entry: InstanceEntry) -> None:
+        self._entries[entry.instance_id] = entry
+        self._scraped[entry.instance_id] = _Scraped()
+        if self.kv_events and entry.kv_events is not None:
+            self._subscribers[entry.instance_id] = KvEventSubscriber(
+                entry.instance_id, entry.model, entry.kv_events, entry.kv_replay
+            )
+        self._endpoints = (
+            *self._endpoints,
+            Endpoint(entry.instance_id, entry.dc, entry.model, entry.version, "vllm"),
+        )
+
+    def _forget(self, instance_id: str) -> None:
+        """No more scrapes, KV events or heartbeats of ``instance_id`` (a decision about it fails)."""
+        self._entries.pop(instance_id, None)
+        self._scraped.pop(instance_id, None)
+        self._draining.discard(instance_id)
+        scraper = self._scrapers.pop(instance_id, None)
+        if scraper is not None:
+            scraper.cancel()
+        subscriber = self._subscribers.pop(instance_id, None)
+        if subscriber is not None:
+            subscriber.close()
+        self._endpoints = tuple(e for e in self._endpoints if e.instance_id != instance_id)
+        log.info("engine %s forgotten", instance_id)
 
     async def _scrape_forever(self, entry: InstanceEntry) -> None:
         while True:
@@ -303,7 +387,7 @@ class VllmEngines:
 
     async def scrape(self, entry: InstanceEntry) -> _Scraped:
         """Read ``entry``'s ``/health`` and ``/metrics`` once (each within ``scrape_s``)."""
-        scraped = self._scraped[entry.instance_id]
+        scraped = self._scraped.get(entry.instance_id, _Scraped())  # (forgotten meanwhile: unused)
         timeout = aiohttp.ClientTimeout(total=self.scrape_s)
         try:
             async with self._http().get(entry.url + "/health", timeout=timeout) as health:
@@ -332,3 +416,14 @@ class VllmEngines:
     def _check(self) -> None:
         if self._closed:
             raise EngineError("the vLLM engines are closed")
+
+
+def _stamp(path: Path | None) -> tuple[int, int, int] | None:
+    """What tells a file changed: its inode, size and modification time (None: unreadable)."""
+    if path is None:
+        return None
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return (found.st_ino, found.st_size, found.st_mtime_ns)

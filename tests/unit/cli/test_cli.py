@@ -498,3 +498,32 @@ def test_several_deciders_per_pool_are_simulated_and_named(
     doc = json.loads(out.read_text())
     assert (doc["deciders"], doc["decider_split"], doc["decision_log_delay_s"]) == (2, "random", 0.005)
     assert main([*SMALL, "--policy", "tokenpilot", "--decider-split", "sideways"]) == 2
+
+
+def test_planners_are_compared_each_result_keyed_and_named_by_its_planner(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "r.json"
+    args = [
+        *SMALL,
+        "--policy",
+        "tokenpilot",
+        "--planner",
+        "static",
+        "--planner",
+        "fleetmind",
+        "--json",
+        str(out),
+    ]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "fleet shape" in printed and "lost in scale-down" in printed
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"tokenpilot@static", "tokenpilot@fleetmind"}
+    for key, result in results.items():
+        assert result["planner"] == key.split("@")[1]
+        assert result["lost_in_scale_down"] == 0 and result["gpu_hours"] > 0
+        assert {"t_s", "pools", "demand_per_s"} <= set(result["timeline"])
+    assert results["tokenpilot@static"]["replica_starts"] == 0
+    err = _error_line(capsys, main([*SMALL, "--policy", "tokenpilot", "--planner", "keda"]), "simulate")
+    assert "unknown planner 'keda'; known: static, hpa, dynamo-sla, fleetmind" in err

@@ -29,7 +29,7 @@ def test_a_request_alone_pays_for_every_busy_second_and_idle_is_apart() -> None:
     a = next(x for x in run.attempts if x.request.request_id == "a")
     assert a.busy_s > 0 and a.busy_s == pytest.approx(run.busy_s[0], rel=1e-9)  # nothing unattributed
     spend = costs(
-        run.attempts, judged(run.attempts, run.window, SLO), fleet_of(1).instances, run.busy_s, 100.0
+        run.attempts, judged(run.attempts, run.window, SLO), fleet_of(1).instances, run.busy_s, [100.0]
     )
     total = spend["total"]
     assert isinstance(total, dict)
@@ -61,7 +61,7 @@ def test_work_that_missed_its_objective_is_wasted() -> None:
     late = request("batch", 0.0, 2000, 400, deadline_s=0.5, task_type="batch", slo_class="batch")
     run = simulate(workload(late, request("end", 30.0, 10, 1)), fleet_of(1), "round-robin", SimConfig())
     spend = costs(
-        run.attempts, judged(run.attempts, run.window, SLO), fleet_of(1).instances, run.busy_s, 30.0
+        run.attempts, judged(run.attempts, run.window, SLO), fleet_of(1).instances, run.busy_s, [30.0]
     )
     per_class = spend["per_class"]
     assert isinstance(per_class, dict)
@@ -90,7 +90,9 @@ def test_prices_come_from_the_fleet_file_and_null_means_gpu_hours_only() -> None
         "round-robin",
         SimConfig(),
     )
-    spend = costs(run.attempts, judged(run.attempts, run.window, SLO), fleet.instances[3:], run.busy_s, 10.0)
+    spend = costs(
+        run.attempts, judged(run.attempts, run.window, SLO), fleet.instances[3:], run.busy_s, [10.0]
+    )
     total = spend["total"]
     assert isinstance(total, dict)
     assert total["cost"] is None and total["gpu_seconds_busy"] == pytest.approx(run.busy_s[0], abs=1e-6)

@@ -126,7 +126,7 @@ def test_reservations_and_budget_are_parsed() -> None:
         ({"tenants": {"t": ["eu"]}}, "'t'"),
         ({"reservations": [{"tenant": "a", "model": "m", "instances": 1, "dcs": "eu-1"}]}, "dcs"),
         ({"data_centres": [{"region": "eu"}]}, "name"),
-        ({"models": {"m": {}}}, "version"),
+        ({"models": {"m": "v2"}}, "model .m."),
     ],
 )
 def test_malformed_fields_are_value_errors_naming_the_field(doc: dict[str, Any], field: str) -> None:
