@@ -54,7 +54,7 @@ from aiokafka.errors import KafkaError
 from dispatcher.engines.vllm.metrics import parse_metrics
 from infra.kafka.clients import LogWatch, TopicsMissing, partition_reader
 from infra.kafka.connection import KafkaConnection
-from local.plan import MIN_REPLICAS, Scaling
+from local.scaling import MIN_REPLICAS, Scaling
 from schemas.codec import DecodeError, decode
 from schemas.events import Heartbeat, ReplicaPlan
 from schemas.topics import HEARTBEATS, PLANS

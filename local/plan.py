@@ -36,13 +36,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import yaml
-
 from gateway.auth import add_key, key_hash, load_keys
 from infra.files import write_atomic
 from infra.kafka.broker import free_port, tansu_command, tansu_env
 from infra.settings import Settings
 from infra.vllm.inventory import InstanceEntry, Inventory, ModelEntry, dump_inventory, load_inventory
+from local.scaling import ENGINES_FILE, FLEET_FILE, Scaling, fleet_yaml, write_engines
 from local.state import INVENTORY_FILE, KEY_FILE, KEYS_FILE, MARKER_ENV
 from worker.ready import ready_file
 
@@ -57,15 +56,12 @@ PRODUCT_POLICY = "slomax+tokenpilot"
 DEFAULT_SERVERS = 2
 LOCAL_TENANT = "local"
 MAX_SERVERS = 16
-ENGINES_FILE = "engines.yaml"  # with --planner: the dispatcher's inventory, the servers it drives
-FLEET_FILE = "fleet.yaml"  # with --planner: the planner's fleet file
 # Start -> ready of a vLLM CPU server over the tiny model (what `up` tells a user to expect); the
 # fleet file says it until the stack's own servers were timed (local/supervisor.py).
 VLLM_CPU_LOAD_S = 60.0
 # The planner's fleet file needs an engine profile: a stack's servers are one GPU each (a vLLM
 # CPU server has no profile of its own; the planners read its GPUs and load times from it).
 PLANNED_PROFILE = EMULATED_PROFILE
-MIN_REPLICAS = 1  # a planned stack keeps at least one server: the gateway always has an engine
 # A draining server is stopped once its heartbeats said it idle for this many heartbeat
 # intervals (at least DRAIN_GRACE_MIN_S): a decision made on a heartbeat from before the drain
 # reaches the engine, or the log, within that time.
@@ -116,33 +112,6 @@ class PartSpec:
     # A file in which the part reports restarts of its own: the worker's ready marker, whose
     # ``start`` counts the worker supervisor's starts of its decider child (``worker/ready.py``).
     restarts_file: str = ""
-
-
-@dataclass
-class Scaling:
-    """What the supervisor follows with ``--planner`` (``local/follower.py``): the plans for
-    ``model`` at ``version`` in ``dc`` from ``planner``, between ``MIN_REPLICAS`` and
-    ``len(servers)`` servers; ``servers`` are the slots (part names), the first ``initial``
-    started with the stack. ``inventory``: every slot (the gateway's); ``engines_file``: the
-    dispatcher's, rewritten as servers start and drain; ``fleet_file``: the planner's
-    (``fleet_document``), its load time ``load_s`` until the stack's servers were timed.
-    A draining server stops once its heartbeats (every ``heartbeat_s``) said it idle for
-    ``drain_grace_s``."""
-
-    planner: str
-    model: str
-    version: str
-    dc: str
-    servers: list[str]
-    initial: int
-    inventory: str
-    engines_file: str
-    fleet_file: str
-    profile: str
-    gpus_per_server: int
-    load_s: float
-    heartbeat_s: float
-    drain_grace_s: float
 
 
 @dataclass
@@ -373,46 +342,6 @@ def _scaling(
     write_engines(scaling, scaling.servers[:initial])
     write_atomic(Path(scaling.fleet_file), fleet_yaml(scaling, known))
     return scaling
-
-
-def write_engines(scaling: Scaling, servers: list[str]) -> None:
-    """The dispatcher's inventory: the gateway's with only ``servers`` (started, not draining)."""
-    everything = load_inventory(scaling.inventory)
-    chosen = tuple(i for i in everything.instances if i.instance_id in servers)
-    write_atomic(Path(scaling.engines_file), dump_inventory(Inventory(everything.models, chosen)))
-
-
-def fleet_document(scaling: Scaling, load_s: float) -> dict[str, Any]:
-    """The planner's fleet file (``sim/engine/fleet.py``): one DC whose GPU budget is every
-    slot's GPUs, the servers that start with the stack, and the model with its floor
-    (``MIN_REPLICAS``) and load time ``load_s`` (cold and warm alike: nothing is staged here)."""
-    group = {"count": scaling.initial, "profile": scaling.profile, "model": scaling.model}
-    if scaling.version:
-        group["version"] = scaling.version
-    return {
-        "data_centres": [
-            {
-                "name": scaling.dc,
-                "gpus": len(scaling.servers) * scaling.gpus_per_server,
-                "instances": [group],
-            }
-        ],
-        "models": {
-            scaling.model: {
-                "load_s": {"cold": round(load_s, 1), "warm": round(load_s, 1)},
-                "min_replicas": MIN_REPLICAS,
-                "profile": scaling.profile,
-            }
-        },
-    }
-
-
-def fleet_yaml(scaling: Scaling, load_s: float) -> str:
-    head = (
-        f"# The fleet {scaling.planner!r} plans for, written by tokenfleet up --planner: "
-        f"{len(scaling.servers)} server slots of {scaling.gpus_per_server} GPU(s).\n"
-    )
-    return head + yaml.safe_dump(fleet_document(scaling, load_s), sort_keys=False)
 
 
 def _planner(

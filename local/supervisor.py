@@ -52,7 +52,8 @@ from infra.files import write_atomic
 from infra.kafka.connection import KafkaConnection
 from infra.settings import Settings
 from local.follower import Follower, PlanFeed, engine_busy
-from local.plan import PartSpec, Plan, Scaling, fleet_yaml, write_engines
+from local.plan import PartSpec, Plan
+from local.scaling import Scaling, fleet_yaml, write_engines
 from local.state import (
     MARKER_ENV,
     SUPERVISOR_LOG,

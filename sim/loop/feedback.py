@@ -15,7 +15,9 @@ from typing import Protocol, get_args
 
 from agents.policy.slomax.feedback import ClassWindow, GoodputSource, InMemoryGoodput
 from schemas.events import Completion
+from sim.engine.instance import Attempt
 from sim.loop.deciders import PoolDecider
+from sim.loop.lifecycle import Measures, deadline_at
 
 _STATUSES = get_args(Completion.model_fields["status"].annotation)
 
@@ -41,6 +43,19 @@ class EndedAttempt:
     output_tokens: int
     deadline_s: float | None  # absolute
     met: bool
+
+    @classmethod
+    def of(cls, attempt: Attempt, measures: Measures, model: str, met: bool, now: float) -> EndedAttempt:
+        """The end at ``now`` of ``attempt``, which ran on an instance (``model``: the one it
+        asked for, or the fleet's default); ``met``: within its objective (``met_objective``)."""
+        assert attempt.instance is not None and measures.e2e_s is not None
+        request = attempt.request
+        return cls(
+            now, request.request_id, attempt.attempt, request.tenant, model,
+            attempt.instance.spec.instance_id, request.slo_class, measures.status, attempt.arrival_s,
+            measures.ttft_s, measures.tpot_s, measures.e2e_s if measures.status == "ok" else None,
+            request.input_tokens, attempt.cached_tokens, attempt.generated, deadline_at(request), met,
+        )  # fmt: skip
 
     def completion(self) -> Completion:
         """The ``Completion`` event of this end (a status the wire does not know is ``error``)."""

@@ -24,8 +24,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from agents.policy.common import timing
+from agents.policy.common.slo import SloClass, meets_slo
 from sim.engine.instance import Attempt, Instance
 from sim.loop.clients import ClientRules
+from sim.workloads.trace import TraceRequest
 
 ReportedStatus = Literal["ok", "timeout", "error"]
 REPORTED_STATUS: dict[str, ReportedStatus] = {"ok": "ok", "aborted": "timeout"}
@@ -51,6 +53,22 @@ class Measures:
             timing.tpot(first, end, attempt.generated),
             None if end is None else end - attempt.arrival_s,
         )
+
+
+def deadline_at(request: TraceRequest) -> float | None:
+    """The request's absolute deadline (its own is relative to its first arrival)."""
+    return None if request.deadline_s is None else request.arrival_s + request.deadline_s
+
+
+def met_objective(attempt: Attempt, measures: Measures, slo: SloClass | None) -> bool:
+    """Whether the ended attempt met its class's objective ``slo`` (as the feedback sink
+    judges a completion: finished ok, and its TTFT, TPOT and deadline within the class's)."""
+    ttft, e2e = measures.ttft_s, measures.e2e_s
+    if measures.status != "ok" or slo is None or ttft is None or e2e is None:
+        return False
+    deadline = deadline_at(attempt.request)
+    relative = None if deadline is None else deadline - attempt.arrival_s
+    return meets_slo(slo, ttft, measures.tpot_s, e2e, relative)
 
 
 class AttemptLifecycle(ABC):

@@ -13,6 +13,9 @@ Events, in time order (ties: step ends, then arrivals, then client timeouts, the
 - dispatch (fleets of several DCs): an attempt sent to a DC at round trip r from the ingress
   reaches its instance r/2 later, and what it streams back reaches the client r/2 after the
   instance produced it (TTFT and E2E are taken at the client, network included);
+- plan, ready, drain check (a planner other than ``static``): the fleet's shape changes
+  (``sim/loop/shaping.py``): replicas start with an empty cache, serve once loaded, drain and
+  stop; what reaches a stopped one fails (lost in scale-down);
 - outage (``FleetSpec.outages``): a DC goes down — what its instances run fails (the client
   retries it at once), they stop heartbeating (the scheduler keeps their last row, ageing) and
   whatever reaches them fails — and comes back later with cold caches.
@@ -39,7 +42,6 @@ and completions are not (a router that proxies the response sees them as they ha
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import count
@@ -48,28 +50,25 @@ from typing import cast
 import numpy as np
 
 from agents.policy import Scheduler, build_scheduler
-from agents.policy.common.slo import meets_slo
 from agents.policy.fleetmind.notices import FleetNotice
-from agents.policy.planners import Planner, StaticPlanner
+from agents.policy.planners import Planner
 from agents.policy.registry import StageParams, with_deployment
 from agents.policy.types import (
     BlocksChanged,
     ClusterView,
-    DcView,
     Finished,
     FirstToken,
     Outcome,
-    RequestView,
 )
 from sim.engine.fleet import FleetSpec, InstanceSpec
 from sim.engine.instance import Attempt, Instance
 from sim.engine.profiles import EngineOptions
 from sim.loop.config import SimConfig
 from sim.loop.deciders import Deciders, PoolDecider
-from sim.loop.demand import DemandLedger
 from sim.loop.feedback import EndedAttempt, MemoryOutcomes, OutcomeSink, bind_feedback
-from sim.loop.lifecycle import AttemptLifecycle, Measures
-from sim.loop.replicas import Replicas, slot_fleet
+from sim.loop.lifecycle import AttemptLifecycle, Measures, deadline_at, met_objective
+from sim.loop.shaping import FleetShaper
+from sim.loop.views import dc_view, request_view
 from sim.workloads.trace import TraceRequest, Workload
 
 (
@@ -142,7 +141,7 @@ class Simulation(AttemptLifecycle):
     ) -> None:
         """``feedback``: where ended attempts and rejects are recorded for an admission stage
         that closes its loop on them (default: in memory, if the stage wants feedback).
-        ``planner``: who shapes the fleet (``sim/loop/replicas.py``; default ``static``, the
+        ``planner``: who shapes the fleet (``sim/loop/shaping.py``; default ``static``, the
         fleet as listed). ``ValueError`` if a request names an SLO class ``config`` does not have."""
         unknown = sorted({r.slo_class for r in workload.requests} - set(config.slo_classes))
         if unknown:
@@ -151,20 +150,13 @@ class Simulation(AttemptLifecycle):
                 f"(classes: {', '.join(sorted(config.slo_classes))})"
             )
         self.workload = workload
-        self.planner = planner or StaticPlanner()
-        self._plans = math.isfinite(self.planner.interval_s)
-        listed = len(fleet.instances)
-        fleet = self.fleet = slot_fleet(fleet) if self._plans else fleet
         self.scheduler = scheduler
         self.config = config
         self.clients = config.clients()
         arrivals = [r.arrival_s for r in workload.requests]
         self.window = (min(arrivals), max(arrivals))
-        longest_trip = max(fleet.rtt(fleet.ingress_dc, dc) for dc in fleet.dc_names) / 2
-        grace = 2 * config.heartbeat_s + config.signal_delay_s + longest_trip
-        self.replicas = Replicas(fleet, listed, self.window, grace)
-        self.demand = DemandLedger(self.window[0], self.replicas.timeline_step_s)
-        self._held_once: set[str] = set()
+        self.shaper = FleetShaper(planner, fleet, self.window, config)
+        fleet = self.fleet = self.shaper.fleet
         kv_events = scheduler.wants_kv_events
         self.instances = [
             Instance(spec, self.window, kv_events, self._engine_options(spec.profile.options))
@@ -179,8 +171,7 @@ class Simulation(AttemptLifecycle):
         self._arrivals_left = 0
         self._offered: dict[tuple[str, int], Attempt] = {}  # attempts the scheduler holds or decides
         self._versions = count(1)
-        self._dcs = _dc_view(fleet)
-        self._versions_of = {spec.model: spec.version for spec in reversed(fleet.instances)}
+        self._dcs = dc_view(fleet)
         self._down: set[int] = set()  # instances of a DC that is down
         self._last_beat: list[tuple[int, int, int, int]] = [(0, 0, 0, 0)] * len(self.instances)
         self._beat_s = np.zeros(len(self.instances))
@@ -210,7 +201,7 @@ class Simulation(AttemptLifecycle):
         self._push(self.window[0], _HEARTBEAT, None)
         self._push(self.window[1], _WINDOW_END, None)
         self._push(self.window[0], _SAMPLE, None)
-        if self._plans:
+        if self.shaper.plans:
             self._push(self.window[0], _PLAN, None)
         done = 0
         while self._heap:
@@ -246,20 +237,18 @@ class Simulation(AttemptLifecycle):
             elif kind == _PLAN:
                 self._plan(now)
             elif kind == _READY:
-                self.replicas.became_ready(cast(int, payload), now)
+                self.shaper.replicas.became_ready(cast(int, payload), now)
             elif kind == _DRAIN_CHECK:
                 self._stop_if_done(cast(int, payload), now)
             elif kind == _SAMPLE:
-                self.replicas.sample(now)
-                if now + self.replicas.timeline_step_s <= self.window[1]:
-                    self._push(now + self.replicas.timeline_step_s, _SAMPLE, None)
+                self.shaper.replicas.sample(now)
+                if now + self.shaper.replicas.timeline_step_s <= self.window[1]:
+                    self._push(now + self.shaper.replicas.timeline_step_s, _SAMPLE, None)
             else:
                 self._deliver(cast(ClusterView | list[BlocksChanged], payload), now)
         if progress is not None:
             progress(done)
         busy = [i.busy_s for i in self.instances]
-        end = self.window[1]  # the shape's figures count inside the window
-        steps = len(self.replicas.timeline)
         return RunResult(
             self.scheduler.name,
             self._attempts,
@@ -267,10 +256,10 @@ class Simulation(AttemptLifecycle):
             busy,
             self.sends,
             self.notices,
-            self.replicas.held_s(end),
+            self.shaper.held_s(),
             self.fleet.instances,
-            self.planner.name,
-            self.replicas.figures(end, self.demand.per_step(steps)),
+            self.shaper.planner.name,
+            self.shaper.figures(),
         )
 
     # --- event handlers -----------------------------------------------------------------------
@@ -279,10 +268,7 @@ class Simulation(AttemptLifecycle):
         for attempt in attempts:
             if attempt.attempt == 1:
                 self._arrivals_left -= 1
-                request = attempt.request
-                self.demand.arrived(
-                    *self._demand_key(request), request.input_tokens, attempt.output_budget, now
-                )
+                self.shaper.arrived(attempt, now)
             self._attempts.append(attempt)
             self._open += 1
             timeout = self._timeout_at(attempt)
@@ -293,7 +279,7 @@ class Simulation(AttemptLifecycle):
     def _offer(self, attempts: list[Attempt], now: float) -> None:
         views = []
         for attempt in attempts:
-            view = self._request_view(attempt)
+            view = request_view(attempt, self.fleet.default_model)
             self._offered[view.key] = attempt
             views.append(view)
         self._apply(self.scheduler.submit(views, self._view, now), now)
@@ -302,9 +288,8 @@ class Simulation(AttemptLifecycle):
         for outcome in outcomes:
             if outcome.action != "queue":
                 self._settle(self._offered.pop(outcome.request.key), outcome, now)
-            elif outcome.request.request_id not in self._held_once:
-                self._held_once.add(outcome.request.request_id)
-                self.demand.held(*self._demand_key(self._offered[outcome.request.key].request))
+            else:
+                self.shaper.held(self._offered[outcome.request.key].request)
         self.notices += self.scheduler.notices()
         wake = self.scheduler.next_wake_s()
         if wake is not None and (self._wake_s is None or wake < self._wake_s):
@@ -328,7 +313,7 @@ class Simulation(AttemptLifecycle):
             return
         if self.feedback is not None:
             self.feedback.rejected(now, attempt.request.slo_class)
-        self.demand.rejected(*self._demand_key(attempt.request))
+        self.shaper.rejected(attempt.request)
         attempt.status = "rejected"
         self._end(attempt, now)
 
@@ -338,7 +323,7 @@ class Simulation(AttemptLifecycle):
             return  # its client gave up while it travelled
         if index in self._down or self.instances[index] is not instance:
             if index not in self._down:  # its replica stopped, or started again, meanwhile
-                self.replicas.lost_in_scale_down += 1
+                self.shaper.replicas.lost_in_scale_down += 1
             attempt.instance = instance
             self._fail(attempt, now)
             return
@@ -398,30 +383,27 @@ class Simulation(AttemptLifecycle):
 
     def _plan(self, now: float) -> None:
         """Ask the planner for the fleet's shape and converge to it."""
-        slo = self.config.slo_classes.get("interactive")
-        targets = (slo.ttft_s or 2.0, slo.tpot_s or 0.1) if slo else (2.0, 0.1)
-        state = self.replicas.fleet_state(now, self._view, self._view_slots, self.demand.take(now), targets)
-        self.replicas.apply(self.planner.plan(state), now)
+        self.shaper.plan(now, self._view, self._view_slots)
         self._converge(now)
         if self._open > 0 or self._arrivals_left > 0:
-            self._push(now + self.planner.interval_s, _PLAN, None)
+            self._push(now + self.shaper.planner.interval_s, _PLAN, None)
 
     def _converge(self, now: float) -> None:
         """Start and drain replicas towards the plan (``Replicas.converge``)."""
         loads = [instance.tokens_in_flight for instance in self.instances]
-        starts, drains = self.replicas.converge(now, loads)
+        starts, drains = self.shaper.replicas.converge(now, loads)
         for index, ready_s in starts:
             self._fresh_instance(index)
             self._push(ready_s, _READY, index)
         for index in drains:
-            self._push(now + self.replicas.grace_s, _DRAIN_CHECK, index)
+            self._push(now + self.shaper.replicas.grace_s, _DRAIN_CHECK, index)
 
     def _stop_if_done(self, index: int, now: float) -> None:
         """A draining replica that runs nothing stops once its grace has passed; its GPUs
         free, the plan may start others."""
         instance = self.instances[index]
         idle = not instance.waiting and not instance.running
-        if self.replicas.stop_if_done(index, idle, now):
+        if self.shaper.replicas.stop_if_done(index, idle, now):
             self._fresh_instance(index)
             self._last_beat[index] = (0, 0, 0, 0)
             self._converge(now)
@@ -436,12 +418,6 @@ class Simulation(AttemptLifecycle):
         self.instances[index] = fresh
         del self._index_of[old]
         self._index_of[fresh] = index
-
-    def _demand_key(self, request: TraceRequest) -> tuple[str, str, str]:
-        """``(model, version, home DC)`` of a request as its planner counts it."""
-        model = request.model or self.fleet.default_model
-        version = request.model_version or self._versions_of.get(model, "")
-        return model, version, request.home_dc or self.fleet.ingress_dc
 
     def _give_up(self, attempt: Attempt, now: float) -> None:
         if not self._gives_up(attempt):
@@ -494,7 +470,7 @@ class Simulation(AttemptLifecycle):
         index = self._index_of[instance]
         if instance.scheduled:
             self._push(instance.step_end_s, _STEP_END, (index, instance, instance.version))
-        elif self.replicas.is_draining(index):
+        elif self.shaper.replicas.is_draining(index):
             self._stop_if_done(index, now)
         if instance.cache.events:
             iid = instance.spec.instance_id
@@ -509,13 +485,15 @@ class Simulation(AttemptLifecycle):
 
     def _ended(self, attempt: Attempt, now: float) -> None:
         self._open -= 1
-        if self._plans and attempt.status != "rejected":  # rejects are counted apart
-            self._planned_end(attempt)
+        if self.shaper.plans and attempt.status != "rejected":  # rejects are counted apart
+            measures = Measures.of(attempt)
+            self.shaper.ended(attempt, self._met(attempt, measures), measures.tpot_s)
         if attempt.instance is None:
             return
         measures = Measures.of(attempt)
         if self.feedback is not None:
-            self._record(attempt, measures, now)
+            model = attempt.request.model or self.fleet.default_model
+            self.feedback.ended(EndedAttempt.of(attempt, measures, model, self._met(attempt, measures), now))
         self.scheduler.observe(
             Finished(
                 request_id=attempt.request.request_id,
@@ -531,86 +509,18 @@ class Simulation(AttemptLifecycle):
             )
         )
 
-    def _planned_end(self, attempt: Attempt) -> None:
-        """What a planner learns of an ended attempt: it ended (ok, timed out or failed), its
-        tokens, whether it met its objective; an ok one also tells its pool its TPOT."""
-        measures = Measures.of(attempt)
-        request = attempt.request
-        met = self._met(attempt, measures)
-        key = self._demand_key(request)
-        self.demand.completed(*key, request.input_tokens, attempt.cached_tokens, attempt.generated, met)
-        if measures.status == "ok" and attempt.instance is not None:
-            self.replicas.ended_ok(attempt.instance.spec.instance_id, measures.tpot_s)
-
-    def _record(self, attempt: Attempt, measures: Measures, now: float) -> None:
-        """The attempt's end, judged as the feedback sink judges a completion (``met_slo``)."""
-        assert self.feedback is not None and attempt.instance is not None
-        request = attempt.request
-        status, ttft, tpot, e2e = measures.status, measures.ttft_s, measures.tpot_s, measures.e2e_s
-        assert e2e is not None
-        deadline = _deadline_at(request)
-        met = self._met(attempt, measures)
-        self.feedback.ended(
-            EndedAttempt(
-                now,
-                request.request_id,
-                attempt.attempt,
-                request.tenant,
-                request.model or self.fleet.default_model,
-                attempt.instance.spec.instance_id,
-                request.slo_class,
-                status,
-                attempt.arrival_s,
-                ttft,
-                tpot,
-                e2e if status == "ok" else None,
-                request.input_tokens,
-                attempt.cached_tokens,
-                attempt.generated,
-                deadline,
-                met,
-            )
-        )
-
     # --- helpers ------------------------------------------------------------------------------
-
     def _met(self, attempt: Attempt, measures: Measures) -> bool:
-        """Whether the ended attempt met its class's objective (as the feedback sink judges)."""
-        slo = self.config.slo_classes.get(attempt.request.slo_class)
-        ttft, e2e = measures.ttft_s, measures.e2e_s
-        if measures.status != "ok" or slo is None or ttft is None or e2e is None:
-            return False
-        deadline = _deadline_at(attempt.request)
-        relative = None if deadline is None else deadline - attempt.arrival_s
-        return meets_slo(slo, ttft, measures.tpot_s, e2e, relative)
+        return met_objective(attempt, measures, self.config.slo_classes.get(attempt.request.slo_class))
 
     def _timeout_at(self, attempt: Attempt) -> float | None:
-        return self.clients.give_up_at(attempt, _deadline_at(attempt.request))
-
-    def _request_view(self, attempt: Attempt) -> RequestView:
-        request = attempt.request
-        return RequestView(
-            request_id=request.request_id,
-            attempt=attempt.attempt,
-            tenant=request.tenant,
-            model=request.model or self.fleet.default_model,
-            slo_class=request.slo_class,
-            input_tokens=request.input_tokens,
-            output_budget=attempt.output_budget,
-            block_hashes=request.block_hashes,
-            arrival_s=attempt.arrival_s,
-            deadline_s=_deadline_at(request),
-            task_type=request.task_type,
-            allowed_regions=request.allowed_regions,
-            home_dc=request.home_dc,
-            model_version=request.model_version,
-        )
+        return self.clients.give_up_at(attempt, deadline_at(attempt.request))
 
     def _snapshot(self, now: float) -> ClusterView:
         """Every running instance's heartbeat now (a replica that is off sends none and has no
         row, as in a deployment); an instance of a DC that is down sends none either, so its
         last row stays, with its age."""
-        on = self.replicas.on_rows() if self._plans else None
+        on = self.shaper.replicas.on_rows() if self.shaper.plans else None
         for index in range(len(self.instances)) if on is None else on:
             if index not in self._down:
                 self._last_beat[index] = self.instances[index].heartbeat(now)
@@ -631,7 +541,9 @@ class Simulation(AttemptLifecycle):
             model=np.array([s.model for s in specs]),
             model_version=np.array([s.version for s in specs]),
             profile=np.array([s.profile.name for s in specs]),
-            ready=self.replicas.ready_mask()[on] if on is not None else np.ones(len(specs), dtype=bool),
+            ready=self.shaper.replicas.ready_mask()[on]
+            if on is not None
+            else np.ones(len(specs), dtype=bool),
             waiting=np.array([r[0] for r in beats], dtype=np.int64),
             running=np.array([r[1] for r in beats], dtype=np.int64),
             tokens_in_flight=np.array([r[2] for r in beats], dtype=np.int64),
@@ -686,15 +598,3 @@ def scheduler_for(
     """A fresh scheduler for ``policy_name`` as the simulator deploys it on ``fleet``."""
     deployed = with_deployment(policy_name, params, config.heartbeat_s, fleet.rules)
     return build_scheduler(policy_name, seed=config.seed, params=deployed)
-
-
-def _deadline_at(request: TraceRequest) -> float | None:
-    """The request's absolute deadline (its own is relative to its first arrival)."""
-    return None if request.deadline_s is None else request.arrival_s + request.deadline_s
-
-
-def _dc_view(fleet: FleetSpec) -> DcView:
-    """The fleet's data centres seen from its ingress."""
-    names = fleet.dc_names
-    ingress = fleet.ingress_dc
-    return DcView(names, tuple(fleet.rtt(ingress, dc) for dc in names), (True,) * len(names))

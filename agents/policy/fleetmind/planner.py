@@ -66,10 +66,10 @@ exists). Per pool the target is ceil(need), and then:
   does not apply: GPUs move between models as their peaks pass;
 
 **Warm weights.** Each DC keeps staged the models whose warm starts would save the most GPU
-time in the next ``warm_horizon_s`` (H): per model, the starts it expects there times what one
-warm start saves,
+time once staged (staging takes a cold load) and over the ``warm_horizon_s`` (H) after: per
+model, the starts it expects there times what one warm start saves,
 
-    score(m) = max(0, need(m, t + H) - replicas(m)) x (cold_s(m) - warm_s(m)) x gpus(m)
+    score(m) = max(0, need(m, t + cold_s(m) + H) - replicas(m)) x (cold_s(m) - warm_s(m)) x gpus(m)
 
 highest first (ties: the larger saving per start), up to its ``warm_capacity``; a staged model
 is replaced only by one scoring at least one start's saving more (the one that saves least
@@ -200,9 +200,8 @@ class FleetMindPlanner:
             lead = (self._load_s(spec, dcs[dc], state.now_s) + self.interval_s) / self.interval_s
             margin = 1 + self.params.burst_margin
             need[(model, version, dc)] += margin * holt.forecast(lead) / mu
-            later[(model, version, dc)] += (
-                margin * holt.forecast(self.params.warm_horizon_s / self.interval_s) / mu
-            )
+            horizon = spec.load_cold_s + self.params.warm_horizon_s  # staging takes a cold load
+            later[(model, version, dc)] += margin * holt.forecast(horizon / self.interval_s) / mu
             why[(model, version, dc)].append(f"{home}: {holt.forecast(lead):.2f}/s forecast")
         target = self._targets(state, dcs, need)
         replicas = self._steady(state, dcs, target, need)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from local.follower import ACTIVE, Follower
-from local.plan import Scaling
+from local.scaling import Scaling
 from schemas.events import Heartbeat, ReplicaPlan
 
 SERVERS = ["e-0", "e-1", "e-2"]

@@ -13,7 +13,8 @@ from cli.main import main
 from infra.settings import Settings
 from infra.vllm.inventory import load_inventory
 from local import refresh
-from local.plan import ENGINES_FILE, FLEET_FILE, TINY_MODEL, Plan, UpOptions, make_plan
+from local.plan import TINY_MODEL, Plan, UpOptions, make_plan
+from local.scaling import ENGINES_FILE, FLEET_FILE
 from local.state import PartState, StackState, start_time, write_state
 from local.tiny_model import ensure_tiny_model
 from local.vllm_launcher import free_ports
