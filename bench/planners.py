@@ -5,9 +5,10 @@
 
 Each cell is one ``tokenfleet simulate --fleet F --workload W --policy fleetmind+tokenpilot
 --planner static --planner hpa --planner dynamo-sla --planner fleetmind`` (``--rate-scale 1.5``
-with the tight budget), its JSON written to ``DIR/DAY-BUDGET.json`` (a cell whose file exists is
-read, not run again). The fleets are ``sim/scenarios/model-day/ample.yaml`` (the static fleet
-sized for each model's own peak; GPU budgets far above it) and ``tight.yaml`` (each DC holds
+with the tight budget), each planner's run written to ``DIR/DAY-BUDGET@PLANNER.json`` (a run
+whose file exists is read, not run again: a planner's runs do not depend on the others'). The
+fleets are ``sim/scenarios/model-day/ample.yaml`` (the static fleet sized for each model's own
+peak; GPU budgets far above it) and ``tight.yaml`` (each DC holds
 exactly the static fleet's GPUs); ``slow`` doubles every load time of the ample fleet.
 
 The days (``DAYS``): the tuning day, and the held-out ones: other seeds, other phase offsets
@@ -78,16 +79,19 @@ def fleet_for(budget: str) -> Any:
     return fleet_from_doc(doc, Path(f"{budget}.yaml"))
 
 
-def run(cell: Cell, out: Path) -> dict[str, Any]:
-    """One cell's simulate document (read back if ``out`` has it)."""
-    path = out / f"{cell.name}.json"
+def run(cell: Cell, planner: str, out: Path) -> dict[str, Any]:
+    """One planner's simulate document of a cell (read back if ``out`` has it: a planner
+    changed since is run again by deleting its files, ``DIR/DAY-BUDGET@PLANNER.json``)."""
+    path = out / f"{cell.name}@{planner}.json"
     if path.exists():
         return json.loads(path.read_text())  # type: ignore[no-any-return]
     _, scale, _ = BUDGETS[cell.budget]
     workload = open_workload(DAYS[cell.day])
-    document, _ = compare(
-        workload, fleet_for(cell.budget), [POLICY], SimConfig(), scale, None, None, PLANNERS
-    )
+    fleet = fleet_for(cell.budget)
+    document, _ = compare(workload, fleet, [POLICY], SimConfig(), scale, None, None, [planner])
+    results = document["results"]
+    assert isinstance(results, dict)
+    document["results"] = {f"{POLICY}@{planner}": results[POLICY]}
     path.write_text(json.dumps(document, indent=1))
     return document
 
@@ -149,10 +153,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     cells = [Cell(d, b) for b in args.budgets.split(",") for d in args.days.split(",")]
+    jobs = [(cell, planner) for cell in cells for planner in PLANNERS]
     with ProcessPoolExecutor(args.jobs) as pool:
-        documents = list(pool.map(run, cells, [args.out] * len(cells)))
-    for cell, document in zip(cells, documents, strict=True):
-        print("\n".join(rows(cell, document)))
+        documents = list(pool.map(run, *zip(*jobs, strict=True), [args.out] * len(jobs)))
+    for k, cell in enumerate(cells):
+        parts = documents[k * len(PLANNERS) : (k + 1) * len(PLANNERS)]
+        merged = {**parts[0], "results": {key: r for d in parts for key, r in d["results"].items()}}
+        print("\n".join(rows(cell, merged)))
 
 
 if __name__ == "__main__":

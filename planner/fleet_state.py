@@ -123,6 +123,7 @@ class _Window:
     output_tokens: int = 0
     completed_input_tokens: int = 0
     cached_tokens: int = 0
+    met_input_tokens: int = 0
 
 
 class FleetFold:
@@ -215,7 +216,9 @@ class FleetFold:
         known.completed.add(completion.attempt)
         window = self._window_of(known.key, completion.ts)
         window.completed += 1
-        window.met_slo += int(self.met_slo(completion))
+        met = self.met_slo(completion)
+        window.met_slo += int(met)
+        window.met_input_tokens += completion.input_tokens if met else 0
         window.output_tokens += completion.output_tokens
         window.completed_input_tokens += completion.input_tokens
         window.cached_tokens += completion.cached_tokens
@@ -384,4 +387,5 @@ def _counts(window: _Window) -> dict[str, int]:
         "output_tokens": window.output_tokens,
         "completed_input_tokens": window.completed_input_tokens,
         "cached_tokens": window.cached_tokens,
+        "met_input_tokens": window.met_input_tokens,
     }

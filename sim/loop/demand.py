@@ -57,6 +57,7 @@ class DemandLedger:
         sample.completed += 1
         sample.cached_tokens += cached_tokens
         sample.met_slo += int(met)
+        sample.met_input_tokens += input_tokens if met else 0
         sample.output_tokens += output_tokens
         sample.completed_input_tokens += input_tokens
 

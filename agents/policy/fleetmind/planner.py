@@ -36,7 +36,9 @@ and whose KV fits ``kv_share`` of its cache K::
 
 **Fed back from measured goodput.** kappa (per model version, 1 at the start) corrects the
 model by what the completions say: over an interval with at least ``feedback_min_completed``
-completions, of which a share q met their objective,
+completions, q is the smaller of the share of them that met their objective and the share of
+their prompt tokens that did (one long prompt that missed weighs as much as its size: a pool
+too small for its long prompts shows here, where by count it would hide among short ones),
 
     q' <- f q + (1 - f) q'          (f = ``feedback_smoothing``; q' starts at the first q)
     q' < target:  kappa <- max(kappa_min, kappa (1 - feedback_gain (target - q')))
@@ -46,7 +48,10 @@ with target = ``compliance_target``; kappa is not lowered while replicas of the 
 loading (the objective missed for want of replicas already planned is not an error of the
 model). Where the fluid estimate is too optimistic (long prompts
 blocking a small pool, prefill slower than the prior), the pool gets more replicas until its
-requests meet their objectives again, and gives them back slowly once they do.
+requests meet their objectives again, and gives them back slowly once they do. kappa stays
+above ``kappa_min``: where more replicas do not help (a new replica starts with an empty prefix
+cache, so a pool that grows can miss more long prompts for a while), the correction must not
+feed on itself.
 
 **Replicas.** need(m, h) = (1 + ``burst_margin``) f(L) / mu, served in h's DC; what h's budget
 cannot hold overflows to the DCs of h's region, then to any other (fail closed is the request
@@ -60,9 +65,9 @@ exists). Per pool the target is ceil(need), and then:
 - budgets: while a DC's targets need more GPUs than it has, the pool with the most target above
   its need loses one (never below its floor);
 - no flapping: a pool grows at once; it shrinks to the largest target of the last
-  ``down_hold_s`` (the stabilisation window of a Kubernetes HPA: one dip of demand does not
-  drain a replica that the next rise needs again), by at most ``max_down_share`` of its size
-  (at least one) per plan. When its DC cannot fit what another pool must grow by, the window
+  ``down_hold_s`` (a stabilisation window, as a Kubernetes HPA's: one dip of demand does not
+  drain a replica, and its warm prefix cache, that the next rise needs again), by at most
+  ``max_down_share`` of its size (at least one) per plan. When its DC cannot fit what another pool must grow by, the window
   does not apply: GPUs move between models as their peaks pass;
 
 **Warm weights.** Each DC keeps staged the models whose warm starts would save the most GPU
@@ -107,7 +112,7 @@ class PlannerParams:
     burst_margin: float = 0.2
     tpot_headroom: float = 0.7
     kv_share: float = 0.85
-    down_hold_s: float = 300.0
+    down_hold_s: float = 600.0
     max_down_share: float = 0.25
     warm_horizon_s: float = 900.0
     compliance_target: float = 0.99
@@ -115,7 +120,7 @@ class PlannerParams:
     feedback_gain: float = 2.0
     feedback_recovery: float = 0.02
     feedback_min_completed: int = 20
-    kappa_min: float = 0.3
+    kappa_min: float = 0.7
 
 
 @dataclass(slots=True)
@@ -243,14 +248,18 @@ class FleetMindPlanner:
             self._work[(sample.model, sample.version)].update(sample, p.level_smoothing)
         for key, rate in arrivals.items():
             self._demand[key].update(rate, p.level_smoothing, p.trend_smoothing)
-        outcomes: dict[ModelKey, list[int]] = defaultdict(lambda: [0, 0])
+        outcomes: dict[ModelKey, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
         for sample in state.demand:
-            outcomes[(sample.model, sample.version)][0] += sample.completed
-            outcomes[(sample.model, sample.version)][1] += sample.met_slo
+            tally = outcomes[(sample.model, sample.version)]
+            tally[0] += sample.completed
+            tally[1] += sample.met_slo
+            tally[2] += sample.completed_input_tokens
+            tally[3] += sample.met_input_tokens
         loading = {(pool.model, pool.version) for pool in state.pools if pool.loading}
-        for model, (completed, met) in outcomes.items():
+        for model, (completed, met, tokens, met_tokens) in outcomes.items():
             if completed >= p.feedback_min_completed:
-                self._feed_back(self._work[model], met / completed, model in loading)
+                share = min(met / completed, met_tokens / tokens if tokens else 1.0)
+                self._feed_back(self._work[model], share, model in loading)
         for pool in state.pools:
             spec = state.model_spec(pool.model, pool.version)
             if spec is None or pool.tpot_s is None or not pool.ready or not pool.running:

@@ -103,7 +103,7 @@ class DemandSample:
     ``rejected``. ``completed`` attempts ended in the interval (finished, timed out or failed;
     not rejected), with ``output_tokens`` and ``completed_input_tokens``, ``cached_tokens`` of
     which their instance had in its prefix cache; ``met_slo`` of them finished within their
-    objective."""
+    objective, with ``met_input_tokens`` prompt tokens."""
 
     model: str
     version: str
@@ -120,6 +120,7 @@ class DemandSample:
     output_tokens: int = 0
     completed_input_tokens: int = 0
     cached_tokens: int = 0
+    met_input_tokens: int = 0
 
     @property
     def rate_per_s(self) -> float:

@@ -27,6 +27,7 @@ def demand(model: str, rate: float, now: float, interval: float = 30.0, home: st
     return DemandSample(
         model, "1", home, now - interval, now, arrivals=n, input_tokens=n * 1000, output_budget=n * 512,
         completed=n, met_slo=n, output_tokens=n * 200, completed_input_tokens=n * 1000,
+        met_input_tokens=n * 1000,
     )  # fmt: skip
 
 
@@ -110,3 +111,22 @@ def test_the_latency_model_learns_a_slower_engine_and_plans_more_replicas_for_it
             )
             planner.plan(state(t, (pool,), (demand("llama", 5.0, t),)))
     assert slow.replica_rate(LLAMA, 0.1) < fast.replica_rate(LLAMA, 0.1) / 2
+
+
+def test_missed_objectives_feed_back_more_replicas_and_long_prompts_weigh_by_their_size() -> None:
+    def replicas_after(missed_tokens: int, missed: int) -> int:
+        planner = FleetMindPlanner(RULES)
+        plan = None
+        for k in range(1, 6):
+            t = 30.0 * k
+            sample = demand("llama", 50.0, t)
+            sample.met_slo -= missed
+            sample.met_input_tokens -= missed_tokens
+            plan = planner.plan(state(t, (), (sample,)))
+        assert plan is not None
+        return sum(n for (m, _, _), n in plan.replicas.items() if m == "llama")
+
+    met = replicas_after(0, 0)
+    assert replicas_after(0, 150) > met  # one in ten requests missed its objective
+    # three requests missed, but they held a fifth of the prompt tokens (long prompts)
+    assert replicas_after(300_000, 3) > met
