@@ -67,8 +67,8 @@ exists). Per pool the target is ceil(need), and then:
 - no flapping: a pool grows at once; it shrinks to the largest target of the last
   ``down_hold_s`` (a stabilisation window, as a Kubernetes HPA's: one dip of demand does not
   drain a replica, and its warm prefix cache, that the next rise needs again), by at most
-  ``max_down_share`` of its size (at least one) per plan. When its DC cannot fit what another pool must grow by, the window
-  does not apply: GPUs move between models as their peaks pass;
+  ``max_down_share`` of its size (at least one) per plan. When its DC cannot fit what another
+  pool must grow by, the window does not apply: GPUs move between models as their peaks pass;
 
 **Warm weights.** Each DC keeps staged the models whose warm starts would save the most GPU
 time once staged (staging takes a cold load) and over the ``warm_horizon_s`` (H) after: per
