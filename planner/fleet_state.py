@@ -38,6 +38,7 @@ order with snapshots at the same instants gives the same states again.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,21 +112,6 @@ class _Request:
     completed: set[int] = field(default_factory=set)
 
 
-@dataclass(slots=True)
-class _Window:
-    arrivals: int = 0
-    input_tokens: int = 0
-    output_budget: int = 0
-    held: int = 0
-    rejected: int = 0
-    completed: int = 0
-    met_slo: int = 0
-    output_tokens: int = 0
-    completed_input_tokens: int = 0
-    cached_tokens: int = 0
-    met_input_tokens: int = 0
-
-
 class FleetFold:
     """The topics folded into a ``FleetState`` (module docstring).
 
@@ -159,7 +145,7 @@ class FleetFold:
         self._peak_gpus: dict[str, int] = {}
         self._warm: dict[str, tuple[str, ...]] = {}
         self._requests: dict[str, _Request] = {}  # insertion order = first seen
-        self._window: dict[DemandKey, _Window] = {}
+        self._window: dict[DemandKey, DemandSample] = {}  # the demand since the last snapshot
         self._window_start: float | None = None
 
     # -- the inputs -----------------------------------------------------------------------------
@@ -254,8 +240,8 @@ class FleetFold:
             self._peak_gpus[dc] = max(self._peak_gpus.get(dc, 0), gpus)
         start = min(self._window_start, now_s) if self._window_start is not None else now_s
         demand = tuple(
-            DemandSample(model, version, home, start, now_s, **_counts(window))
-            for (model, version, home), window in sorted(self._window.items())
+            dataclasses.replace(window, start_s=start, end_s=now_s)
+            for _, window in sorted(self._window.items())
         )
         self._window, self._window_start = {}, now_s
         self._forget(now_s)
@@ -315,12 +301,12 @@ class FleetFold:
         versions = {v for (m, v) in self._models if m == model}
         return versions.pop() if len(versions) == 1 else ""
 
-    def _window_of(self, key: DemandKey, ts: float) -> _Window:
+    def _window_of(self, key: DemandKey, ts: float) -> DemandSample:
         if self._window_start is None:
             self._window_start = ts
         window = self._window.get(key)
         if window is None:
-            window = self._window[key] = _Window()
+            window = self._window[key] = DemandSample(*key, start_s=ts, end_s=ts)
         return window
 
     def _remember(self, request_id: str, key: DemandKey, ts: float) -> _Request:
@@ -373,19 +359,3 @@ def _pools(live: Iterable[Heartbeat], ended: Mapping[str, list[float]]) -> tuple
             )
         )
     return tuple(pools)
-
-
-def _counts(window: _Window) -> dict[str, int]:
-    return {
-        "arrivals": window.arrivals,
-        "input_tokens": window.input_tokens,
-        "output_budget": window.output_budget,
-        "held": window.held,
-        "rejected": window.rejected,
-        "completed": window.completed,
-        "met_slo": window.met_slo,
-        "output_tokens": window.output_tokens,
-        "completed_input_tokens": window.completed_input_tokens,
-        "cached_tokens": window.cached_tokens,
-        "met_input_tokens": window.met_input_tokens,
-    }
