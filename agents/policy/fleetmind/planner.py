@@ -30,8 +30,9 @@ and whose KV fits ``kv_share`` of its cache K::
 
     B* = min((h tau - T0) / (c + d (I + O/2)),  kv_share K / k)
     decode rate r = B* / (T0 + B* (c + d (I + O/2))) tokens/s
-    prefill takes p = a_prefill (1 - s) I of each request's time (s: the share of prompt
-    tokens the completions found in their instance's prefix cache)
+    prefill takes p = a_prefill (1 - s) I of each request's time (a_prefill: the prior's cost
+    of a prompt token; s: the share of prompt tokens the completions found in their
+    instance's prefix cache)
     mu = kappa (r / O) / (1 + (r / O) p)      requests/s per replica
 
 **Fed back from measured goodput.** kappa (per model version, 1 at the start) corrects the
@@ -46,12 +47,11 @@ too small for its long prompts shows here, where by count it would hide among sh
 
 with target = ``compliance_target``; kappa is not lowered while replicas of the model are still
 loading (the objective missed for want of replicas already planned is not an error of the
-model). Where the fluid estimate is too optimistic (long prompts
-blocking a small pool, prefill slower than the prior), the pool gets more replicas until its
-requests meet their objectives again, and gives them back slowly once they do. kappa stays
-above ``kappa_min``: where more replicas do not help (a new replica starts with an empty prefix
-cache, so a pool that grows can miss more long prompts for a while), the correction must not
-feed on itself.
+model). Where the fluid estimate is too optimistic (long prompts blocking a small pool, prefill
+slower than the prior), the pool gets more replicas until its requests meet their objectives
+again, and gives them back slowly once they do. kappa stays above ``kappa_min``: where more
+replicas do not help (a new replica starts with an empty prefix cache, so a pool that grows can
+miss more long prompts for a while), the correction must not feed on itself.
 
 **Replicas.** need(m, h) = (1 + ``burst_margin``) f(L) / mu, served in h's DC; what h's budget
 cannot hold overflows to the DCs of h's region, then to any other (fail closed is the request
