@@ -10,7 +10,7 @@ random weights (``--load-format dummy``, e.g. ``local.tiny_model``).
 Start-up time is Python imports, not the model: ``--enforce-eager`` (no torch.compile), an
 explicit KV size (``--num-gpu-blocks-override``, so no memory profiling) and, by default, the
 model worker inside the engine-core process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: one spawned
-interpreter fewer, about 10 s and 650 MiB less per server). vLLM's own worker process is what
+interpreter fewer per server: its start-up time and memory saved). vLLM's own worker process is what
 pins the OpenMP threads to ``VLLM_CPU_OMP_THREADS_BIND``; without it the same pinning is asked
 of the OpenMP runtime directly (``OMP_PLACES``/``OMP_PROC_BIND``, one thread per server).
 

@@ -81,7 +81,7 @@ class Workload:
     def jittered(self, bin_s: float, seed: int) -> Workload:
         """Arrivals spread uniformly inside their time bin: each moves to ``arrival + U[0, bin_s)``
         (seeded), then all are sorted again. For traces whose timestamps were rounded into bins
-        (Mooncake: 3 s bins, about 10 requests per instant), so a burst the recording made does not
+        (Mooncake's, into 3 s bins: many requests share an instant), so a burst the recording made does not
         reach the router as one. ``bin_s`` 0 returns the workload unchanged."""
         if not bin_s >= 0 or math.isinf(bin_s):
             raise ValueError("--jitter-arrivals must be a finite number of seconds >= 0")

@@ -11,7 +11,7 @@ all of this, as numba documents.
 
 numba itself is imported when a module's first kernel is first called, not when the module is
 imported: a process that imports the policy package without deciding (the gateway, the
-dispatcher) does not load it (about 70 MB and 0.15 s). At that first call every kernel of the
+dispatcher) does not pay numba's memory and import time. At that first call every kernel of the
 module becomes numba's dispatcher in the module's namespace (so kernels calling each other by
 name compile together, and ``module.kernel(...)`` calls numba directly from then on).
 
