@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from agents.policy import planners
-from agents.policy.planners.contract import Planner
+from agents.policy.planners.contract import Planner, planned_objective
 from infra.clickhouse.sink import met_slo
 from infra.files import read_yaml
 from infra.kafka.connection import KafkaConnection
@@ -52,7 +52,7 @@ def make_planner(
     planners.check_planner(name)
     profiles = None
     if name == "dynamo-sla":
-        ttft_s, tpot_s = interactive_objective(settings)
+        ttft_s, tpot_s = planned_objective(settings.slo())
         profiles = {
             key: profile_engine(get_profile(engine), ttft_s, tpot_s) for key, engine in facts.engines.items()
         }
@@ -62,15 +62,6 @@ def make_planner(
                 "models.NAME.profile, in the fleet file (--fleet)"
             )
     return planners.build_planner(name, facts.rules, profiles, params)
-
-
-def interactive_objective(settings: Settings) -> tuple[float, float]:
-    """The interactive class's TTFT and TPOT (seconds) the fleet is planned for (2 s and 0.1 s
-    where the class does not set them)."""
-    interactive = settings.slo().get("interactive")
-    if interactive is None:
-        return 2.0, 0.1
-    return interactive.ttft_s or 2.0, interactive.tpot_s or 0.1
 
 
 def load_facts(path: Path | None) -> FleetFacts:
@@ -99,7 +90,7 @@ def make_fold(settings: Settings, facts: FleetFacts) -> FleetFold:
     """The fold of the topics with the settings' objectives: completions judged as the store
     judges them (``met_slo``), the fleet planned for the ``interactive`` class."""
     classes = settings.slo()
-    ttft_s, tpot_s = interactive_objective(settings)
+    ttft_s, tpot_s = planned_objective(settings.slo())
 
     def met(completion: Completion) -> bool:
         return met_slo(completion, classes.get(completion.slo_class))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from agents.policy.planners import Planner, build_planner, check_planner
+from agents.policy.planners.contract import planned_objective
 from sim.engine.fleet import FleetSpec
 from sim.engine.profiling import profiles_for_fleet
 from sim.loop.config import SimConfig
@@ -14,7 +15,5 @@ def planner_for(name: str, fleet: FleetSpec, config: SimConfig) -> Planner:
     check_planner(name)
     profiles = None
     if name == "dynamo-sla":
-        slo = config.slo_classes.get("interactive")
-        ttft, tpot = (slo.ttft_s or 2.0, slo.tpot_s or 0.1) if slo else (2.0, 0.1)
-        profiles = profiles_for_fleet(fleet, ttft, tpot)
+        profiles = profiles_for_fleet(fleet, *planned_objective(config.slo_classes))
     return build_planner(name, fleet.rules, profiles)

@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 
 from agents.policy.planners import Planner, StaticPlanner
+from agents.policy.planners.contract import planned_objective
 from agents.policy.types import ClusterView
 from sim.engine.fleet import FleetSpec
 from sim.engine.instance import Attempt
@@ -39,8 +40,7 @@ class FleetShaper:
         self.replicas = Replicas(self.fleet, listed, window, grace)
         self.demand = DemandLedger(window[0], self.replicas.timeline_step_s)
         self.window = window
-        slo = config.slo_classes.get("interactive")
-        self._objective = (slo.ttft_s or 2.0, slo.tpot_s or 0.1) if slo else (2.0, 0.1)
+        self._objective = planned_objective(config.slo_classes)
         self._versions_of = {spec.model: spec.version for spec in reversed(self.fleet.instances)}
         self._held_once: set[str] = set()
 

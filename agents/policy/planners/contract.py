@@ -28,8 +28,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from agents.policy.common.slo import SloClass
+
 PoolKey = tuple[str, str, str]
 """``(model, version, dc)``: one deployment of a model version in a data centre."""
+
+PLANNED_TTFT_S, PLANNED_TPOT_S = 2.0, 0.1
+"""The objective a fleet is planned for where the interactive class sets none."""
+
+
+def planned_objective(slo_classes: Mapping[str, SloClass]) -> tuple[float, float]:
+    """The TTFT and TPOT (seconds) a fleet is planned for: the interactive class's, else
+    ``PLANNED_TTFT_S`` / ``PLANNED_TPOT_S``."""
+    slo = slo_classes.get("interactive")
+    if slo is None:
+        return PLANNED_TTFT_S, PLANNED_TPOT_S
+    return slo.ttft_s or PLANNED_TTFT_S, slo.tpot_s or PLANNED_TPOT_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +153,8 @@ class FleetState:
     dcs: tuple[DcState, ...]
     pools: tuple[PoolState, ...]
     demand: tuple[DemandSample, ...]
-    slo_ttft_s: float = 2.0
-    slo_tpot_s: float = 0.1
+    slo_ttft_s: float = PLANNED_TTFT_S
+    slo_tpot_s: float = PLANNED_TPOT_S
 
     def pool(self, model: str, version: str, dc: str) -> PoolState:
         """The pool's state (an empty one if it has no replica)."""
