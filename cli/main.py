@@ -26,7 +26,7 @@ try:  # recent typer carries its own copy of click
 except ImportError:  # older typer runs on click itself
     from click.exceptions import ClickException, UsageError  # type: ignore[assignment]
 
-from cli import service, simulator, store, traffic, up
+from cli import replay, service, simulator, store, traffic, up
 from cli.options import error
 
 app = typer.Typer(
@@ -60,6 +60,7 @@ app.add_typer(traffic.batch_app, name="batch")
 app.add_typer(store.schemas_app, name="schemas")
 app.add_typer(store.db_app, name="db")
 app.add_typer(store.slomax_app, name="slomax")
+app.add_typer(replay.replay_app, name="replay")
 
 
 def _print_version(value: bool) -> None:

@@ -56,8 +56,11 @@ DEFAULT_RETRY_FOR_S = 30.0
 REQUEST_COLUMNS = (
     "event_id", "ts", "schema_version", "request_id", "attempt", "tenant", "model", "task_type",
     "slo_class", "input_tokens", "output_budget", "prompt_blocks", "deadline_ts", "allowed_regions",
-    "home_dc",
+    "home_dc", "prompt_block_hashes", "model_version",
 )  # fmt: skip
+"""A request's row: counts, class, budget, placement constraints and its prompt's block-hash chain
+(``prompt_block_hashes``), never the prompt itself (``prompt``, ``messages``, ``prompt_token_ids``
+are not stored)."""
 ADMISSION_COLUMNS = (
     "event_id", "ts", "schema_version", "request_id", "attempt", "tenant", "model", "slo_class",
     "action", "reason", "policy", "queue_pool", "predicted_ttft_s", "retry_after_s",
@@ -65,8 +68,10 @@ ADMISSION_COLUMNS = (
 ROUTING_COLUMNS = (
     "event_id", "ts", "schema_version", "request_id", "attempt", "tenant", "model", "slo_class", "dc",
     "instance_id", "policy", "reason", "predicted_ttft_s", "decision_latency_s", "input_tokens",
-    "output_budget",
+    "output_budget", "prompt_block_hashes",
 )  # fmt: skip
+"""``input_tokens``, ``output_budget`` and ``prompt_block_hashes`` are those of the request as the
+decider routed it: counted and hashed by the worker when its client sent only the prompt's text."""
 COMPLETION_COLUMNS = (
     "event_id", "ts", "schema_version", "request_id", "attempt", "instance_id", "model", "tenant",
     "slo_class", "status", "arrival_ts", "ttft_s", "tpot_s", "e2e_s", "input_tokens", "cached_tokens",
@@ -81,7 +86,7 @@ FLEET_EVENT_COLUMNS = (
 HEARTBEAT_COLUMNS = (
     "event_id", "ts", "schema_version", "instance_id", "dc", "model", "profile", "endpoint_ready",
     "waiting", "running", "kv_blocks_used", "kv_blocks_total", "gpus", "price_per_hour", "interval_s",
-    "draining",
+    "draining", "model_version",
 )  # fmt: skip
 
 PLAN_COLUMNS = (
@@ -206,7 +211,7 @@ class FeedbackSink:
         return [
             h.event_id, ms_time(h.ts), h.schema_version, h.instance_id, h.dc, h.model, h.profile,
             int(h.endpoint_ready), h.waiting, h.running, h.kv_blocks_used, h.kv_blocks_total, h.gpus,
-            h.price_per_hour, self._interval_s, int(h.draining),
+            h.price_per_hour, self._interval_s, int(h.draining), h.model_version,
         ]  # fmt: skip
 
     def _completion_row(self, c: Completion) -> Row:
@@ -248,7 +253,8 @@ def _request_row(r: InferenceRequest) -> Row:
     return [
         r.event_id, ms_time(r.ts), r.schema_version, r.request_id, r.attempt, r.tenant, r.model, r.task_type,
         r.slo_class or "", r.input_tokens, r.output_budget, len(r.prompt_block_hashes),
-        ms_time(r.deadline_ts), list(r.allowed_regions), r.home_dc,
+        ms_time(r.deadline_ts), list(r.allowed_regions), r.home_dc, list(r.prompt_block_hashes),
+        r.model_version,
     ]  # fmt: skip
 
 
@@ -263,7 +269,7 @@ def _routing_row(d: RoutingDecision) -> Row:
     return [
         d.event_id, ms_time(d.ts), d.schema_version, d.request_id, d.attempt, d.tenant, d.model, d.slo_class,
         d.dc, d.instance_id, d.policy, d.reason, d.predicted_ttft_s, d.decision_latency_s,
-        d.request.input_tokens, d.request.output_budget,
+        d.request.input_tokens, d.request.output_budget, list(d.request.prompt_block_hashes),
     ]  # fmt: skip
 
 

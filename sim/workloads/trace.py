@@ -168,7 +168,7 @@ def load_records(records: Iterable[dict[str, Any]], name: str) -> Workload:
     requests = []
     for i, row in enumerate(records):
         try:
-            requests.append(_from_record(row, f"r{i}"))
+            requests.append(_from_record(row, f"r{i}", i))
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{name}: record {i}: {exc}") from None
     if not requests:
@@ -184,8 +184,9 @@ RECORD_FIELDS = (
 be silently ignored)."""
 
 
-def _from_record(row: object, default_id: str) -> TraceRequest:
-    """One request from a Mooncake record; ``ValueError`` naming the first bad field."""
+def _from_record(row: object, default_id: str, position: int) -> TraceRequest:
+    """One request from a Mooncake record; ``ValueError`` naming the first bad field. A record
+    without ``hash_ids`` shares no block: its ids derive from its ``position`` in the trace."""
     if not isinstance(row, dict):
         raise ValueError(f"expected a JSON object, got {type(row).__name__}")
     unknown = sorted(str(key) for key in row if key not in RECORD_FIELDS)
@@ -211,6 +212,7 @@ def _from_record(row: object, default_id: str) -> TraceRequest:
         input_tokens=_integer(row["input_length"], "input_length"),
         output_tokens=_integer(row["output_length"], "output_length"),
         block_ids=_block_ids(row.get("hash_ids")),
+        unique_key=position,
         tenant=_text(row.get("tenant", "default"), "tenant", allow_int=True),
         slo_class=_optional_text(row.get("slo_class"), "slo_class"),
         deadline_s=deadline,
@@ -314,7 +316,7 @@ def _load_jsonl(path: Path) -> list[TraceRequest]:
                 message = getattr(exc, "msg", str(exc))
                 raise ValueError(f"{path}:{number}: not valid JSON ({message})") from None
             try:
-                requests.append(_from_record(row, f"r{number - 1}"))
+                requests.append(_from_record(row, f"r{number - 1}", number))
             except (ValueError, TypeError) as exc:
                 raise ValueError(f"{path}:{number}: {exc}") from None
     return requests

@@ -363,6 +363,8 @@ def test_migrate_repairs_dropped_tables_and_their_columns(
         "0006_create_goodput_per_minute (repaired: missing goodput_per_minute)",
         "0008_add_admission_pool_and_home_dc (repaired: missing requests.home_dc)",
         "0011_add_run_columns (repaired: missing requests.run_id, requests.run_policy)",
+        "0017_add_request_replay_columns"
+        " (repaired: missing requests.prompt_block_hashes, requests.model_version)",
     ]
     with connect(store) as opened:
         columns = {row[0] for row in opened.query("DESCRIBE TABLE requests").result_rows}

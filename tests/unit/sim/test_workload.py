@@ -32,6 +32,15 @@ def test_azure_trace_loads_without_prefix_sharing() -> None:
     assert len(blocks) == len(set(blocks))
 
 
+def test_records_without_hash_ids_share_no_block(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    line = json.dumps({"timestamp": 0, "input_length": 2048, "output_length": 8})
+    trace.write_text(f"{line}\n{line}\n")
+    first, second = load_workload(trace).requests
+    assert len(first.block_hashes) == 4
+    assert set(first.block_hashes).isdisjoint(second.block_hashes)
+
+
 def test_chained_hashes_make_equal_ids_after_a_difference_unequal() -> None:
     a, b = chain_hashes([1, 2, 3], 3), chain_hashes([1, 9, 3], 3)
     assert a[0] == b[0] and a[2] != b[2]

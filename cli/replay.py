@@ -1,0 +1,124 @@
+"""``tokenfleet replay``: a run's traffic, read back from the store, as the simulator's input.
+
+``replay export`` writes the run's workload (Mooncake JSONL) and the fleet that served it (fleet
+YAML), read by ``infra/clickhouse/replay_export.py``. The group takes a command of its own later
+(``tokenfleet replay --run RUN --policy P``); until then, without a subcommand it says what to give
+and exits 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.options import first_line, load_settings
+
+replay_app = typer.Typer(
+    help="replay a run's traffic from the store\n\n\b\nExample:\n"
+    "  tokenfleet replay export --run tokenfleet-20260501T120000Z --out out/replay",
+    rich_markup_mode=None,
+)
+
+NO_SUBCOMMAND = "replay: give a subcommand (export, calibrate) or --run"
+
+
+@replay_app.callback(invoke_without_command=True)
+def replay(ctx: typer.Context) -> None:
+    if ctx.invoked_subcommand is None:
+        print(NO_SUBCOMMAND, file=sys.stderr)
+        raise typer.Exit(2)
+
+
+def parse_time(text: str, option: str) -> float:
+    """``text`` as Unix seconds: a number of seconds, or an ISO 8601 time (UTC unless it names an
+    offset: ``2026-05-01T12:00:00``, ``2026-05-01 12:00:00+02:00``). ``ValueError`` names ``option``."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            moment = datetime.fromisoformat(text.strip())
+        except ValueError:
+            raise ValueError(
+                f"{option} {text[:64]!r} is not a time: give Unix seconds or ISO 8601 (2026-05-01T12:00:00)"
+            ) from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        seconds = moment.timestamp()
+    if not 0 <= seconds < 1e11:  # NaN and infinities too
+        raise ValueError(f"{option} {text[:64]!r} is not a time after 1970")
+    return seconds
+
+
+@replay_app.command("export")
+def export(
+    run: Annotated[str, typer.Option("--run", metavar="RUN", help="the run_id of the run to export")],
+    out: Annotated[
+        str, typer.Option("--out", metavar="DIR", help="writes DIR/workload.jsonl, DIR/fleet.yaml")
+    ],
+    since: Annotated[
+        str | None,
+        typer.Option(
+            "--since", metavar="T", help="only requests arriving at or after T (Unix s or ISO 8601, UTC)"
+        ),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option(
+            "--until", metavar="T", help="only requests arriving before T (Unix s or ISO 8601, UTC)"
+        ),
+    ] = None,
+) -> None:
+    """Write a run's requests as a Mooncake workload (one record per request, at its first arrival;
+    hashes of prompt blocks only) and the instances that served it as a fleet YAML; print one line.
+
+    \b
+    Example:
+      tokenfleet replay export --run tokenfleet-20260501T120000Z --since 2026-05-01T12:00:00 --out out/replay
+    """
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    from cli.store import _open_store
+    from infra.clickhouse.migrate import migrate
+    from infra.clickhouse.replay_export import export_run
+    from infra.files import write_atomic
+
+    if not run.strip():
+        raise ValueError("--run must name a run")
+    since_ts = None if since is None else parse_time(since, "--since")
+    until_ts = None if until is None else parse_time(until, "--until")
+    if since_ts is not None and until_ts is not None and since_ts >= until_ts:
+        raise ValueError("--since must be before --until")
+    client = _open_store(load_settings().clickhouse_url)
+    try:
+        migrate(client)  # an older store gains the replay's columns (its rows: no hashes)
+        exported = export_run(client, run, since_ts, until_ts)
+    except ClickHouseError as exc:
+        raise ValueError(f"cannot read the store: {first_line(exc)}") from None
+    finally:
+        client.close()
+    directory = Path(out)
+    directory.mkdir(parents=True, exist_ok=True)
+    workload, fleet = directory / "workload.jsonl", directory / "fleet.yaml"
+    write_atomic(workload, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in exported.records))
+    write_atomic(fleet, _fleet_yaml(run, exported.fleet))
+    left_out = f", {exported.unsized} left out (prompt size unknown)" if exported.unsized else ""
+    print(
+        f"run {run}: {len(exported.records)} requests ({exported.unhashed} without block hashes: "
+        f"replayed without prefix reuse{left_out}), {exported.instances} instances -> {workload}, {fleet}"
+    )
+
+
+def _fleet_yaml(run: str, doc: dict[str, object]) -> str:
+    import yaml
+
+    header = (
+        f"# The instances that heartbeated in run {run} (tokenfleet replay export), each as its last\n"
+        "# heartbeat describes it. gpus: per instance, informative (the profile sets what the\n"
+        "# simulator counts); price_per_hour null: the instances had no price.\n"
+    )
+    return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None)
