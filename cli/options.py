@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
+    from sim.engine.fleet import FleetSpec
     from sim.loop.config import SimConfig
 
 DEFAULT_FLEET = "8xllama3-8b-h100"
@@ -159,6 +160,15 @@ PolicyConfigOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[str | None, typer.Option("--json", metavar="OUT", help="write the results as JSON")]
+ProfilesOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--profiles",
+        metavar="FILE",
+        help="engine profiles YAML (e.g. from 'tokenfleet replay calibrate'): they join the built-in "
+        "profiles for this run, replacing those of the same name, so --fleet can name them",
+    ),
+]
 ScenarioOpt = Annotated[
     str | None,
     typer.Option(
@@ -168,6 +178,24 @@ ScenarioOpt = Annotated[
         "YAML): its fleet and workload replace --fleet and --workload",
     ),
 ]
+
+
+def check_scenario(scenario: str | None, workload: str | None, profiles: Path | None = None) -> None:
+    """A scenario brings its own fleet and workload: ``--workload`` or ``--profiles`` beside
+    ``--scenario`` is a one-line error."""
+    if scenario is not None and workload is not None:
+        raise typer.BadParameter(OWN_WORKLOAD, param_hint="--scenario")
+    if scenario is not None and profiles is not None:
+        raise typer.BadParameter("a scenario brings its own fleet: drop --profiles", param_hint="--scenario")
+
+
+def fleet_spec(fleet: str, profiles: Path | None = None) -> FleetSpec:
+    """``--fleet`` parsed with the profiles of ``--profiles`` beside the built-in ones; a bad
+    fleet or profiles file is a ``ValueError`` (one line, exit 2)."""
+    from sim.engine.fleet import parse_fleet
+    from sim.engine.profiles import BUILT_IN, load_profiles
+
+    return parse_fleet(fleet, BUILT_IN if profiles is None else load_profiles(profiles))
 
 
 def sim_config(

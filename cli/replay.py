@@ -16,6 +16,7 @@ from typing import Annotated
 
 import typer
 
+from cli import replay_calibrate
 from cli.options import first_line, load_settings
 
 replay_app = typer.Typer(
@@ -25,6 +26,8 @@ replay_app = typer.Typer(
 )
 
 NO_SUBCOMMAND = "replay: give a subcommand (export, calibrate) or --run"
+
+replay_app.command("calibrate")(replay_calibrate.calibrate)
 
 
 @replay_app.callback(invoke_without_command=True)
@@ -82,7 +85,7 @@ def export(
     """
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
-    from cli.store import _open_store
+    from cli.store import open_store
     from infra.clickhouse.migrate import migrate
     from infra.clickhouse.replay_export import export_run
     from infra.files import write_atomic
@@ -93,7 +96,7 @@ def export(
     until_ts = None if until is None else parse_time(until, "--until")
     if since_ts is not None and until_ts is not None and since_ts >= until_ts:
         raise ValueError("--since must be before --until")
-    client = _open_store(load_settings().clickhouse_url)
+    client = open_store(load_settings().clickhouse_url)
     try:
         migrate(client)  # an older store gains the replay's columns (its rows: no hashes)
         exported = export_run(client, run, since_ts, until_ts)

@@ -13,7 +13,6 @@ from cli.choices import PlannerOpt, checked_planners, checked_policies, no_bound
 from cli.options import (
     DEFAULT_FLEET,
     MAX_SECONDS,
-    OWN_WORKLOAD,
     POLICY_HELP,
     WORKLOAD_HELP,
     DecidersOpt,
@@ -25,6 +24,7 @@ from cli.options import (
     JsonOpt,
     OutputBudgetOpt,
     PolicyConfigOpt,
+    ProfilesOpt,
     RateScaleOpt,
     RetryShareOpt,
     ScenarioOpt,
@@ -32,7 +32,9 @@ from cli.options import (
     SignalDelayOpt,
     WorkloadOpt,
     check_rate_scale,
+    check_scenario,
     check_seed,
+    fleet_spec,
     real,
     sim_config,
     whole,
@@ -53,6 +55,7 @@ def simulate(
     ] = None,
     scenario: ScenarioOpt = None,
     fleet: FleetOpt = DEFAULT_FLEET,
+    profiles: ProfilesOpt = None,
     rate_scale: RateScaleOpt = 1.0,
     seed: SeedOpt = 0,
     heartbeat: HeartbeatOpt = 0.25,
@@ -76,15 +79,13 @@ def simulate(
     """
     from rich.console import Console
 
-    from sim.engine.fleet import parse_fleet
     from sim.evaluation.compare import compare
     from sim.evaluation.report import TABLE_WIDTH, comparison, progress_bar
     from sim.workloads.sources import open_workload
 
     config = sim_config(seed, heartbeat, signal_delay, retry_share, output_budget, deciders, log_delay, split)
+    check_scenario(scenario, workload, profiles)
     if scenario is not None:
-        if workload is not None:
-            raise typer.BadParameter(OWN_WORKLOAD, param_hint="--scenario")
         _simulate_scenario(scenario, policy, config, rate_scale, policy_config, json_out)
         return
     if workload is None:
@@ -93,7 +94,7 @@ def simulate(
         raise typer.BadParameter("give at least one --policy", param_hint="'--policy'")
     params = checked_policies(policy, seed, policy_config)
     planners = checked_planners(planner)
-    spec = parse_fleet(fleet)
+    spec = fleet_spec(fleet, profiles)
     trace = open_workload(workload, seed=seed).jittered(jitter_arrivals, seed)
     if quiet:
         document, timings = compare(trace, spec, policy, config, rate_scale, None, params, planners)
@@ -179,8 +180,7 @@ def capacity(
         raise typer.BadParameter("give --workload (or --scenario)", param_hint="'--workload'")
     if scenario is None and not policy:
         raise typer.BadParameter("give at least one --policy", param_hint="'--policy'")
-    if scenario is not None and workload is not None:
-        raise typer.BadParameter(OWN_WORKLOAD, param_hint="--scenario")
+    check_scenario(scenario, workload)
     if not policy:
         from sim.evaluation.scenario import DEFAULT_POLICIES
 

@@ -49,7 +49,7 @@ def db_migrate() -> None:
     from infra.clickhouse.migrate import migrate
 
     settings = load_settings()
-    client = _open_store(settings.clickhouse_url)
+    client = open_store(settings.clickhouse_url)
     try:
         applied = migrate(client)
     except ClickHouseError as exc:
@@ -78,7 +78,7 @@ def slomax_status(
     from infra.slomax_status import status_lines
 
     settings = load_settings()
-    client = _open_store(settings.clickhouse_url)
+    client = open_store(settings.clickhouse_url)
     try:
         migrate(client)  # a fresh store has the tables (and nothing in them) rather than an error
         print("\n".join(status_lines(client, settings, steps)))
@@ -128,7 +128,7 @@ def sql(
     if not write:
         check_read_only(query)  # before the store is opened
     settings = load_settings()
-    client = _open_store(settings.clickhouse_url)
+    client = open_store(settings.clickhouse_url)
     try:
         try:
             result = client.query(query, settings=query_settings(max_rows, timeout, write))
@@ -144,7 +144,7 @@ def sql(
         client.close()
 
 
-def _open_store(url: str) -> Any:
+def open_store(url: str) -> Any:
     """A client on the store at ``url``; a store that cannot be opened is one line (exit 2), and so
     is an embedded store another process holds (the worker of a running stack: the engine admits
     one process at a time)."""

@@ -56,7 +56,7 @@ import yaml
 
 from agents.policy.fleetmind.rules import FleetRules, parse_rules
 from agents.policy.planners.shape import FleetShape, parse_shape
-from sim.engine.profiles import PROFILE_MODELS, EngineProfile, get_profile
+from sim.engine.profiles import BUILT_IN, EngineProfile, ProfileSet
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,10 +154,11 @@ def _count(text: object, where: str, total: int) -> int:
     return count
 
 
-def parse_fleet(spec: str) -> FleetSpec:
-    """A fleet from ``N x profile [+ ...]`` or from a YAML file path; ``ValueError`` if invalid."""
+def parse_fleet(spec: str, profiles: ProfileSet = BUILT_IN) -> FleetSpec:
+    """A fleet from ``N x profile [+ ...]`` or from a YAML file path, its profiles named among
+    ``profiles`` (default: the built-in ones); ``ValueError`` if invalid."""
     if spec.endswith((".yaml", ".yml")) or _is_file(spec):
-        return _fleet_from_yaml(Path(spec))
+        return _fleet_from_yaml(Path(spec), profiles)
     groups = []
     total = 0
     for part in spec.split("+"):
@@ -166,8 +167,8 @@ def parse_fleet(spec: str) -> FleetSpec:
             raise ValueError(f"bad fleet group {part!r}: expected COUNTxPROFILE, e.g. 8xllama3-8b-h100")
         count = _count(match.group(1), f"bad fleet group {part!r}", total)
         total += count
-        groups.append((count, get_profile(match.group(2))))
-    model = PROFILE_MODELS.get(groups[0][1].name, groups[0][1].name)
+        groups.append((count, profiles.get(match.group(2))))
+    model = profiles.model_of(groups[0][1])
     instances: list[InstanceSpec] = []
     for count, profile in groups:
         for _ in range(count):
@@ -198,17 +199,17 @@ def _is_file(spec: str) -> bool:
         return False
 
 
-def _fleet_from_yaml(path: Path) -> FleetSpec:
+def _fleet_from_yaml(path: Path, profiles: ProfileSet) -> FleetSpec:
     try:
         doc: Any = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise ValueError(f"cannot read fleet file {path}: {exc}") from exc
-    return fleet_from_doc(doc, path)
+    return fleet_from_doc(doc, path, profiles)
 
 
-def fleet_from_doc(doc: Any, path: Path) -> FleetSpec:
-    """A fleet from a parsed YAML document (the module docstring's format); ``path`` names it in
-    errors and its file name is the fleet's name."""
+def fleet_from_doc(doc: Any, path: Path, profiles: ProfileSet = BUILT_IN) -> FleetSpec:
+    """A fleet from a parsed YAML document (the module docstring's format), its profiles named
+    among ``profiles``; ``path`` names it in errors and its file name is the fleet's name."""
     if not isinstance(doc, dict) or not isinstance(doc.get("data_centres"), list):
         raise ValueError(f"{path}: expected a mapping with a 'data_centres' list")
     instances: list[InstanceSpec] = []
@@ -220,8 +221,8 @@ def fleet_from_doc(doc: Any, path: Path) -> FleetSpec:
             names.append(dc_name)
             dc_price = _price(dc, f"data centre {dc_name!r}")
             for group in dc.get("instances") or []:
-                profile = get_profile(str(group["profile"]))
-                model = str(group.get("model", PROFILE_MODELS.get(profile.name, profile.name)))
+                profile = profiles.get(str(group["profile"]))
+                model = str(group.get("model", profiles.model_of(profile)))
                 version = str(group.get("version", "1"))
                 count = _count(group.get("count", 1), f"{path}: data centre {dc_name!r}", len(instances))
                 price = _price(group, f"data centre {dc_name!r}, group {profile.name}", dc_price)
@@ -242,8 +243,8 @@ def fleet_from_doc(doc: Any, path: Path) -> FleetSpec:
         )
         rules = parse_rules(doc)
         shape = parse_shape(doc)
-        profiles = {
-            str(name): get_profile(str(entry["profile"]))
+        replica_profiles = {
+            str(name): profiles.get(str(entry["profile"]))
             for name, entry in (doc.get("models") or {}).items()
             if isinstance(entry, dict) and "profile" in entry
         }
@@ -260,11 +261,11 @@ def fleet_from_doc(doc: Any, path: Path) -> FleetSpec:
     for o in outages:
         if not 0 <= o.down_s < o.up_s:
             raise ValueError(f"{path}: outage of {o.dc}: need 0 <= down_s < up_s, got {o.down_s}, {o.up_s}")
-    served = {spec.model for spec in instances} | set(profiles)
+    served = {spec.model for spec in instances} | set(replica_profiles)
     for dc_name, budget in shape.dcs.items():
         for model in budget.warm_models:
             if model not in served:
                 raise ValueError(f"{path}: data centre {dc_name!r}: warm model {model!r} is not served")
     return FleetSpec(
-        path.name, tuple(instances), rtt, ingress, tuple(names), rules, outages, doc, shape, profiles
+        path.name, tuple(instances), rtt, ingress, tuple(names), rules, outages, doc, shape, replica_profiles
     )

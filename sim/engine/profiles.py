@@ -48,9 +48,14 @@ near 50k), noise sigma 0.10: cheaper than the nominal law on short requests, dea
 
 from __future__ import annotations
 
+import math
 import zlib
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
 
 KvAllocation = Literal["on-demand", "reserve"]
 EngineAdmission = Literal["first-chunk", "kv-fits"]
@@ -200,13 +205,142 @@ PROFILE_MODELS: dict[str, str] = {
 """The model each named profile serves (used when a fleet spec names no model)."""
 
 
+@dataclass(frozen=True, slots=True)
+class ProfileSet:
+    """Named engine profiles and the model each serves: the built-in ones (``BUILT_IN``), or
+    those joined with a profiles file's (``load_profiles``)."""
+
+    profiles: Mapping[str, EngineProfile]
+    models: Mapping[str, str]
+
+    def get(self, name: str) -> EngineProfile:
+        """The profile named ``name``; ``ValueError`` naming the known ones if none is."""
+        try:
+            return self.profiles[name]
+        except KeyError:
+            raise ValueError(f"unknown engine profile {name!r}; known: {', '.join(self.profiles)}") from None
+
+    def model_of(self, profile: EngineProfile) -> str:
+        """The model ``profile`` serves (its own name if none is recorded)."""
+        return self.models.get(profile.name, profile.name)
+
+
+BUILT_IN = ProfileSet(PROFILES, PROFILE_MODELS)
+
+
 def get_profile(name: str) -> EngineProfile:
-    try:
-        return PROFILES[name]
-    except KeyError:
-        raise ValueError(f"unknown engine profile {name!r}; known: {', '.join(PROFILES)}") from None
+    return BUILT_IN.get(name)
 
 
 def noise_seed(instance_id: str, profile: EngineProfile, options: EngineOptions) -> int:
     """The seed of one instance's step-time noise: stable across runs and processes."""
     return zlib.crc32(f"{profile.name}/{instance_id}/{options.noise_seed}".encode())
+
+
+# --- profiles files ---------------------------------------------------------------------------
+
+_LAW = (
+    "t0_s",
+    "prefill_s_per_token",
+    "prefill_s_per_token_pair",
+    "decode_s_per_seq",
+    "decode_s_per_context_token",
+)
+_REALS = (*_LAW, "attention_growth_tokens", "noise_sigma")
+_COUNTS = {"kv_tokens": 1, "max_seqs": 1, "prefill_budget_tokens": 1, "gpus": 1}  # field: least value
+_FILE_FIELDS = (*_LAW, "kv_tokens", "max_seqs", "prefill_budget_tokens", "gpus", "price_per_hour", "model")
+
+
+def load_profiles(path: Path) -> ProfileSet:
+    """The built-in profiles joined with those of the profiles file ``path`` (one of the same
+    name replaces the built-in one); ``ValueError`` naming the file and what is wrong in one line.
+
+    The file (as ``profiles_text`` writes it)::
+
+        profiles:
+          NAME:
+            t0_s: 0.0065                    # the nominal law's T0, a, b, c, d (seconds)
+            prefill_s_per_token: 2.5e-05
+            prefill_s_per_token_pair: 1.0e-09
+            decode_s_per_seq: 3.5e-05
+            decode_s_per_context_token: 7.6e-08
+            kv_tokens: 420000               # KV cache capacity in tokens
+            max_seqs: 1024                  # optional: vLLM's max_num_seqs (default 1024)
+            prefill_budget_tokens: 8192     # optional: max_num_batched_tokens (default 8192)
+            gpus: 1                         # optional (default 1)
+            price_per_hour: 3.0             # optional: an instance-hour; null: no price (default)
+            model: llama3-8b                # optional: the model it serves (default: NAME)
+
+    ``attention_growth_tokens`` and ``noise_sigma`` (the perturbed law) are accepted too. A
+    profile named after a built-in one may leave out any field: it keeps the built-in one's.
+    """
+    try:
+        doc: Any = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"cannot read profiles file {path}: {' '.join(str(exc).split())}") from None
+    entries = doc.get("profiles") if isinstance(doc, dict) else None
+    if not isinstance(entries, dict) or not entries:
+        raise ValueError(f"{path}: expected a mapping 'profiles' of NAME -> profile fields")
+    profiles, models = dict(PROFILES), dict(PROFILE_MODELS)
+    for name, entry in entries.items():
+        profile, model = _profile_from_entry(str(name), entry, f"{path}: profile {name!r}")
+        profiles[profile.name], models[profile.name] = profile, model
+    return ProfileSet(profiles, models)
+
+
+def _profile_from_entry(name: str, entry: Any, where: str) -> tuple[EngineProfile, str]:
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: expected a mapping of fields")
+    unknown = sorted(set(map(str, entry)) - set(_FILE_FIELDS) - set(_REALS))
+    if unknown:
+        raise ValueError(f"{where}: unknown field {unknown[0]!r}; known: {', '.join(_FILE_FIELDS)}")
+    base = PROFILES.get(name)
+    missing = [f for f in (*_LAW, "kv_tokens") if f not in entry] if base is None else []
+    if missing:
+        raise ValueError(
+            f"{where}: missing {', '.join(missing)} (a profile of a new name needs the law and kv_tokens)"
+        )
+    values: dict[str, Any] = {}
+    for key in _REALS:
+        if key in entry:
+            value = entry[key]
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+                raise ValueError(f"{where}: {key} must be a finite number >= 0, got {value!r}")
+            values[key] = float(value)
+    for key, least in _COUNTS.items():
+        if key in entry:
+            value = entry[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{where}: {key} must be an integer >= {least}, got {value!r}")
+            values[key] = value
+    if "price_per_hour" in entry:
+        price = entry["price_per_hour"]
+        if price is not None and (
+            isinstance(price, bool) or not isinstance(price, int | float) or not 0 <= price < math.inf
+        ):
+            raise ValueError(f"{where}: price_per_hour must be a number >= 0 or null, got {price!r}")
+        values["price_per_hour"] = None if price is None else float(price)
+    model = entry.get("model", PROFILE_MODELS.get(name, name))
+    if not isinstance(model, str) or not model:
+        raise ValueError(f"{where}: model must be a name, got {model!r}")
+    profile = replace(base, **values) if base is not None else EngineProfile(name=name, **values)
+    return profile, model
+
+
+def profiles_text(profiles: Mapping[str, EngineProfile], models: Mapping[str, str]) -> str:
+    """``profiles`` (by name) as a profiles file ``load_profiles`` reads, each with the model
+    ``models`` names for it (default: its name); the perturbed law's fields only when set."""
+    entries: dict[str, dict[str, Any]] = {}
+    for name, profile in profiles.items():
+        entry: dict[str, Any] = {}
+        for key in (*_FILE_FIELDS[:-1], "attention_growth_tokens", "noise_sigma"):
+            value = getattr(profile, key)
+            if key in _COUNTS:
+                entry[key] = int(value)
+            elif value is not None and (value or key not in ("attention_growth_tokens", "noise_sigma")):
+                entry[key] = float(value)  # plain floats (numpy's would not dump)
+            elif key == "price_per_hour":
+                entry[key] = None
+        entry["model"] = models.get(name, name)
+        entries[name] = entry
+    return yaml.safe_dump({"profiles": entries}, sort_keys=False)

@@ -54,7 +54,7 @@ def test_bad_times_and_runs_are_one_line_before_the_store_is_opened(
     def no_store(url: str) -> None:
         raise AssertionError("the store was opened")
 
-    monkeypatch.setattr(cli.store, "_open_store", no_store)
+    monkeypatch.setattr(cli.store, "open_store", no_store)
     assert main(["replay", "export", "--run", "run-a", "--out", "out/x", *extra]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"tokenfleet replay export: error: {message}") and err.count("\n") == 1
@@ -68,7 +68,7 @@ def test_an_unknown_or_empty_run_is_one_line(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, run_count: int, message: str
 ) -> None:
     store = EmptyStore(run_count)
-    monkeypatch.setattr(cli.store, "_open_store", lambda url: store)
+    monkeypatch.setattr(cli.store, "open_store", lambda url: store)
     import infra.clickhouse.migrate  # noqa: F401  (the module; the package exports its function)
 
     monkeypatch.setattr(sys.modules["infra.clickhouse.migrate"], "migrate", lambda client: [])

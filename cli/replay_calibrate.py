@@ -1,0 +1,135 @@
+"""``tokenfleet replay calibrate``: fit each engine group's step-time law to what the store
+recorded of a run (``sim/engine/calibration.py``, from the samples of
+``infra/clickhouse/calibration_samples.py``), print the fit per group and write the profiles file
+``simulate --profiles`` and ``replay`` read.
+
+A group's profile is named as its heartbeats name it (the name ``replay export``'s fleet file
+gives its instances), so that file and this one replay together; a name several models share is
+written once per model as ``NAME@MODEL``. The prior of a fit (the value of each term the data do
+not pin) is the built-in profile of that name; for a name the simulator does not know (a real
+engine's), a built-in profile of the same model, else ``llama3-8b-h100``, its law scaled to the
+observed decode steps (``rescaled``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from cli.options import first_line, load_settings
+
+if TYPE_CHECKING:
+    from infra.clickhouse.calibration_samples import GroupSamples
+    from sim.engine.calibration import Calibration
+    from sim.engine.profiles import EngineProfile
+
+DEFAULT_PRIOR = "llama3-8b-h100"
+
+
+def calibrate(
+    run: Annotated[str, typer.Option("--run", metavar="RUN", help="the run_id of the run to calibrate on")],
+    out: Annotated[str, typer.Option("--out", metavar="FILE", help="the profiles YAML to write")],
+) -> None:
+    """Fit each engine group's step-time law to a run's TTFT and TPOT (least squares), print the
+    fit and its residual error per group, and write the profiles for simulate --profiles.
+
+    \b
+    Example:
+      tokenfleet replay calibrate --run tokenfleet-20260501T120000Z --out out/replay/profiles.yaml
+    """
+    calibrate_command(run, Path(out), load_settings().clickhouse_url)
+
+
+def calibrate_command(run: str, out: Path, store_url: str) -> None:
+    """Read run ``run``'s samples from the store at ``store_url``, fit every engine group, print
+    each fit and write ``out``; ``ValueError`` (one line, exit 2) for no such run or no store."""
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    from cli.store import open_store
+    from infra.clickhouse.calibration_samples import calibration_samples
+    from infra.clickhouse.migrate import migrate
+    from infra.files import write_atomic
+    from sim.engine.profiles import profiles_text
+
+    if not run.strip():
+        raise ValueError("--run must name a run")
+    client = open_store(store_url)
+    try:
+        migrate(client)  # a fresh or older store has the tables, and nothing of the run
+        groups = calibration_samples(client, run)
+    except ClickHouseError as exc:
+        raise ValueError(f"cannot read the store: {first_line(exc)}") from None
+    finally:
+        client.close()
+    if not groups:
+        raise ValueError(f"run {run!r} has no completions in the store: nothing to calibrate on")
+    names = _profile_names(groups)
+    profiles: dict[str, EngineProfile] = {}
+    models: dict[str, str] = {}
+    for group, name in zip(groups, names, strict=True):
+        fit = _fit(group, name)
+        print("\n".join(_lines(group, fit)))
+        profiles[name], models[name] = fit.profile, group.model
+    out.parent.mkdir(parents=True, exist_ok=True)
+    header = f"# Engine profiles fitted to run {run} (tokenfleet replay calibrate).\n"
+    write_atomic(out, header + profiles_text(profiles, models))
+    print(
+        f"wrote {out} ({len(profiles)} profile{'s' * (len(profiles) != 1)}): simulate with --profiles {out}"
+    )
+
+
+def _profile_names(groups: list[GroupSamples]) -> list[str]:
+    """Each group's profile name: its heartbeats' (its model's when they named none), as
+    ``NAME@MODEL`` when several models share it."""
+    names = [g.profile or g.model for g in groups]
+    return [f"{n}@{g.model}" if names.count(n) > 1 else n for n, g in zip(names, groups, strict=True)]
+
+
+def _fit(group: GroupSamples, name: str) -> Calibration:
+    from sim.engine import calibration
+    from sim.engine.profiles import PROFILE_MODELS, PROFILES
+
+    observations = calibration.Observations.of(**group.completions)
+    beats = calibration.HeartbeatSummary(group.kv_blocks_total, group.max_running, group.beats_at_seat_limit)
+    prior = PROFILES.get(group.profile)
+    notes = []
+    if prior is None:
+        same_model = [p for p, model in PROFILE_MODELS.items() if model == group.model]
+        base = PROFILES[same_model[0] if same_model else DEFAULT_PRIOR]
+        prior = calibration.rescaled(base, observations)
+        factor = prior.t0_s / base.t0_s
+        notes.append(
+            f"no built-in profile {group.profile or '(none)'!r}: the prior is {base.name}'s law "
+            f"x{factor:.3g} (scaled to the observed decode steps)"
+        )
+    if group.kv_blocks_total > 0:  # what the heartbeats said of the instances
+        prior = replace(prior, gpus=group.gpus, price_per_hour=group.price_per_hour)
+    fit = calibration.calibrate(observations, prior, beats, name=name)
+    return replace(fit, messages=(*notes, *fit.messages))
+
+
+def _lines(group: GroupSamples, fit: Calibration) -> list[str]:
+    """What the command prints of one group's fit."""
+    from sim.engine.calibration import TERMS
+
+    profile = fit.profile
+    instances = len(group.instances)
+    lines = [
+        f"{group.model} / {group.profile or '(no profile)'} -> {profile.name}: {instances} instance"
+        f"{'s' * (instances != 1)}, {group.attempts} attempts "
+        f"({fit.ttft_rows} TTFT rows, {fit.tpot_rows} TPOT rows)",
+        "  " + "  ".join(f"{term} {getattr(profile, term):.4g}" for term in TERMS),
+        f"  attention_growth_tokens {profile.attention_growth_tokens:.0f}  kv_tokens {profile.kv_tokens}  "
+        f"max_seqs {profile.max_seqs}  gpus {profile.gpus}  price_per_hour {profile.price_per_hour}",
+        f"  residual error (relative RMS): TTFT {_share(fit.ttft_error)} "
+        f"(prior {_share(fit.prior_ttft_error)}), "
+        f"TPOT {_share(fit.tpot_error)} (prior {_share(fit.prior_tpot_error)})",
+    ]
+    return lines + [f"  note: {message}" for message in fit.messages]
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f} %"
