@@ -1,43 +1,9 @@
 """Calibration: fit an engine group's step-time law to what its instances recorded.
 
-What the store keeps of every ended attempt (``Observations``) is enough to rebuild, per
-instance, when each request prefilled and decoded: attempt j arrived at a_j, got its first token
-at f_j = a_j + TTFT_j and generated o_j tokens until e_j (a_j + E2E_j when it ended ok, else its
-completion's time); the u_j = n_j - k_j uncached tokens of its prompt (at least 1) were computed
-by the step ending at f_j and, when more than a step holds, by steps before it; its o_j - 1 later
-tokens by the steps ending in (f_j, e_j].
-
-The busy-window identity. While an instance is busy its steps follow one another, so the length
-of a window it is busy throughout is the sum of its steps' durations; by the law of
-``sim/engine/profiles.py`` (nominal for L infinite)::
-
-    t2 - t1 = T0*N + a*P + b*(Q + Q2/L) + c*D + d*(E + E2/L)
-
-over the steps of (t1, t2]: N steps, P prefill tokens, Q = sum P_new*m and Q2 = sum P_new*m*m
-(m = n_ctx + P_new/2, per chunk), D decode tokens (one per decoder per step: the sum of the batch
-sizes), E and E2 the sums of their contexts and of their squares. Each attempt gives one or two
-such windows (rows):
-- TTFT row, (a_i, f_i]: the steps it waited for (the queue ahead of it included) and its own
-  prefill; no model of the queue is needed, the window holds it;
-- TPOT row (ended ok, two tokens or more), (f_i, e_i]: N = o_i - 1 exactly.
-
-The window quantities are integrals of work *densities* rebuilt per instance (``_Timeline``;
-integrated exactly over any window, so a step under way at a_i counts by its part inside):
-- prefill steps (``_prefill_steps``): one ends at each distinct first-token time. The prompts
-  are one stream of tokens, computed in the order their first tokens came; a step computes up
-  to ``prefill_budget_tokens`` less its decoders' tokens of it: what is left of the prompts
-  ending with it (in steps of a full budget before it when one cannot hold that), and the rest
-  of its budget goes to the next prompt in line if that one was waiting when the step started
-  (vLLM's chunked prefill). A step lasts what the law says of it (at the current estimate) and
-  spreads its P, Q, Q2 and its one step evenly over that time, starting no earlier than the
-  step before it nor than the arrival of a prompt it begins; the steps of a long prompt run back
-  to back from when it could start to its first token, and share that time as the law says;
-- decoders: every decoder makes one token in each prefill step during its decode, and the rest
-  at the pace of decode-only steps: 1 / (T0 + c*B + d*(C + C2/L)) at the current estimate (B
-  decoders then, their contexts summing to C, their squares to C2), then ``PACE_ROUNDS`` times
-  rescaled, each stretch of time by the mean (geometric) ratio of its decoders' tokens to what
-  the pace gives them, and each decoder's share scaled so that it makes exactly o_j - 1; its context
-  grows evenly from n_j.
+The rows. Each attempt gives one or two busy windows (a TTFT row, a TPOT row), whose length the
+law predicts from the work its instance did in them (N steps, the prefill quantities P, Q, Q2 and
+the decode ones D, E, E2): ``sim/engine/busy_windows.py`` rebuilds that work per instance from
+the store's ``Observations`` (the busy-window identity and the rebuild: its module docstring).
 Where steps lie depends on the law, so the fit alternates until it settles (``CONVERGED``, at
 most ``ITERATIONS`` rounds): rebuild the rows with the current estimate (the prior first), fit.
 
@@ -70,24 +36,16 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
 
 from agents.policy.types import BLOCK_TOKENS
+from sim.engine.busy_windows import TERMS, Observations, StepLaw, WindowRows, term_factors, window_rows
 from sim.engine.instance import Attempt
 from sim.engine.profiles import PROFILES, EngineProfile
-
-TERMS = (
-    "t0_s",
-    "prefill_s_per_token",
-    "prefill_s_per_token_pair",
-    "decode_s_per_seq",
-    "decode_s_per_context_token",
-)
-"""The law's terms (``EngineProfile`` fields): T0, a, b, c, d."""
 
 _WHY_NOT = {
     "t0_s": "steps too alike to part the fixed cost from the batch's",
@@ -99,8 +57,6 @@ _WHY_NOT = {
 ITERATIONS = 12
 CONVERGED = 0.002
 """The fit stops after ``ITERATIONS`` rounds, or when no term moved by more than this share."""
-PACE_ROUNDS = 5
-"""Rounds that fit the pace of decode-only steps to every decoder's count at once."""
 MAX_STANDARD_ERROR = 0.5
 """A term is fitted when its standard error is at most this share of the prior's value."""
 GROWTH_LENGTHS = tuple(4096.0 * 2**k for k in range(8))
@@ -110,47 +66,8 @@ MIN_GROWTH_GAIN = 0.02
 MIN_ROWS = 10
 """Fewest TTFT rows, and TPOT rows, to fit anything."""
 SEAT_LIMIT_BEATS = 3
-SAME_STEP_S = 1e-3
-"""First tokens closer than this came from one step (the store keeps arrivals to the millisecond)."""
 _SCALE = np.array([getattr(PROFILES["llama3-8b-h100"], term) for term in TERMS])
 """Units of a term whose prior is 0 (for the multipliers and their standard errors)."""
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Observations:
-    """The ended attempts of one engine group, one entry per attempt (numpy arrays of one
-    length): ``instance`` (its id), ``arrival_s``, ``ttft_s``, ``tpot_s``, ``e2e_s`` (seconds;
-    NaN: not taken), ``end_s`` (its completion's time, on the arrivals' clock), the tokens
-    ``input_tokens``, ``cached_tokens`` and ``output_tokens``, and ``ok`` (ended with status ok)."""
-
-    instance: np.ndarray
-    arrival_s: np.ndarray
-    ttft_s: np.ndarray
-    tpot_s: np.ndarray
-    e2e_s: np.ndarray
-    end_s: np.ndarray
-    input_tokens: np.ndarray
-    cached_tokens: np.ndarray
-    output_tokens: np.ndarray
-    ok: np.ndarray
-
-    @classmethod
-    def of(cls, **columns: Any) -> Observations:
-        """From sequences (None in a float column: NaN); ``ValueError`` if lengths differ."""
-        kinds: dict[str, type] = {"instance": str, "ok": bool}
-        kinds.update(dict.fromkeys(("input_tokens", "cached_tokens", "output_tokens"), np.int64))
-        arrays: dict[str, np.ndarray] = {
-            f.name: np.asarray(columns[f.name], dtype=kinds.get(f.name, float)) for f in fields(cls)
-        }
-        if len({len(a) for a in arrays.values()}) > 1:
-            raise ValueError("observation columns differ in length")
-        return cls(**arrays)
-
-    def __len__(self) -> int:
-        return len(self.arrival_s)
-
-    def subset(self, mask: np.ndarray) -> Observations:
-        return Observations(**{f.name: getattr(self, f.name)[mask] for f in fields(self)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,37 +97,6 @@ class Calibration:
     messages: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class _Law:
-    """The law's terms (``TERMS`` order) and 1/L (0: the nominal law)."""
-
-    theta: np.ndarray
-    inverse_growth: float = 0.0
-
-    @classmethod
-    def of(cls, profile: EngineProfile) -> _Law:
-        growth = profile.attention_growth_tokens
-        return cls(
-            np.array([getattr(profile, t) for t in TERMS], dtype=float), 1 / growth if growth > 0 else 0.0
-        )
-
-    def design(self, x: np.ndarray) -> np.ndarray:
-        return _factors(x, self.inverse_growth)
-
-
-def _factors(x: np.ndarray, inverse_growth: float) -> np.ndarray:
-    """The rows' seven window quantities (N, P, Q, Q2, D, E, E2) as the five terms' factors."""
-    g = inverse_growth
-    return np.column_stack([x[:, 0], x[:, 1], x[:, 2] + g * x[:, 3], x[:, 4], x[:, 5] + g * x[:, 6]])
-
-
-@dataclass(frozen=True, slots=True)
-class _Rows:
-    x: np.ndarray  # (rows, 7): N, P, Q, Q2, D, E, E2 of each window
-    y: np.ndarray  # each window's observed length (s)
-    ttft: np.ndarray  # True: a TTFT row; False: a TPOT row
-
-
 def calibrate(
     observations: Observations,
     prior: EngineProfile,
@@ -219,9 +105,9 @@ def calibrate(
 ) -> Calibration:
     """Fit ``prior``'s law to ``observations`` (module docstring); the profile is named
     ``name`` (default: the prior's)."""
-    start = law = _Law.of(prior)
+    start = law = StepLaw.of(prior)
     budget = prior.prefill_budget_tokens
-    rows = _rows(observations, law, budget)
+    rows = window_rows(observations, law, budget)
     prior_errors = _errors(rows, law)
     kept: tuple[str, ...] = TERMS
     messages: list[str] = []
@@ -236,7 +122,7 @@ def calibrate(
         for _ in range(ITERATIONS):
             previous = law
             law, kept, reasons = _fit(rows, start.theta)
-            rows = _rows(observations, law, budget)
+            rows = window_rows(observations, law, budget)
             if law.inverse_growth == previous.inverse_growth and np.allclose(
                 law.theta, previous.theta, rtol=CONVERGED, atol=0.0
             ):
@@ -266,8 +152,8 @@ def rescaled(prior: EngineProfile, observations: Observations) -> EngineProfile:
     """``prior`` with every term of its law times one factor: the median ratio of the observed
     decode windows to what the prior predicts of them (a prior for an engine no profile
     describes, of the right order of magnitude); ``prior`` itself without such windows."""
-    law = _Law.of(prior)
-    rows = _rows(observations, law, prior.prefill_budget_tokens)
+    law = StepLaw.of(prior)
+    rows = window_rows(observations, law, prior.prefill_budget_tokens)
     tpot = ~rows.ttft
     if not tpot.any():
         return prior
@@ -308,267 +194,10 @@ def observations_from_attempts(attempts: Iterable[Attempt]) -> Observations:
     return Observations.of(**columns)
 
 
-# --- rows ---------------------------------------------------------------------------------------
-
-
-def _rows(observations: Observations, law: _Law, budget: int) -> _Rows:
-    parts = [
-        _instance_rows(observations.subset(observations.instance == instance), law, budget)
-        for instance in np.unique(observations.instance)
-    ]
-    if not parts:
-        return _Rows(np.zeros((0, 7)), np.zeros(0), np.zeros(0, dtype=bool))
-    return _Rows(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("x", "y", "ttft")))
-
-
-def _instance_rows(obs: Observations, law: _Law, budget: int) -> _Rows:
-    """The TTFT and TPOT rows of one instance's attempts (times from its first arrival, so
-    that powers of times stay exact)."""
-    origin = np.nanmin(obs.arrival_s)
-    arrival = obs.arrival_s - origin
-    first = np.isfinite(obs.ttft_s) & (obs.ttft_s > 0)
-    token = np.where(first, arrival + np.nan_to_num(obs.ttft_s), np.nan)
-    end = np.where(obs.ok & np.isfinite(obs.e2e_s), arrival + np.nan_to_num(obs.e2e_s), obs.end_s - origin)
-    decodes = first & (obs.output_tokens >= 2) & (end > token)
-    timeline = _Timeline(
-        token[decodes], end[decodes], obs.input_tokens[decodes], obs.output_tokens[decodes] - 1
-    )
-    uncached = np.maximum(obs.input_tokens - obs.cached_tokens, 1)
-    prompts = (arrival[first], token[first], uncached[first], (obs.input_tokens - uncached)[first])
-    timeline.place_prefill(*prompts, law, budget)
-    tpot = decodes & obs.ok
-    tpot_x = timeline.window(token[tpot], end[tpot])
-    tpot_x[:, 0] = obs.output_tokens[tpot] - 1  # a decoding attempt makes one token per step
-    x = np.vstack([timeline.window(arrival[first], token[first]), tpot_x])
-    y = np.concatenate([token[first] - arrival[first], end[tpot] - token[tpot]])
-    return _Rows(x, y, np.arange(len(y)) < int(first.sum()))
-
-
-class _Timeline:
-    """One instance's work densities (module docstring): decoders given at construction
-    (``start``, ``end``, ``prompt`` and the ``tokens`` made after the first), prefill steps by
-    ``place_prefill``; ``window`` integrates them."""
-
-    def __init__(self, start: np.ndarray, end: np.ndarray, prompt: np.ndarray, tokens: np.ndarray) -> None:
-        self._start, self._end, self._tokens = start, end, tokens
-        growth = tokens / (end - start)
-        base = prompt - growth * start  # its context at time t: base + growth*t
-        # Per decoder: 1, and the coefficients of its context and of its context's square.
-        self._decoder = np.column_stack(
-            [np.ones_like(growth), base, growth, base * base, base * growth, growth**2]
-        )
-        self._grid, self._state = _sweep(np.concatenate([start, end]), _opening(self._decoder))
-
-    def decoders_at(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The number of decoders just before ``t``, the sum of their contexts and of squares."""
-        count, base, growth, base2, cross, growth2 = self._state[
-            np.searchsorted(self._grid, t, side="left")
-        ].T
-        return count, base + growth * t, base2 + 2 * cross * t + growth2 * t * t
-
-    def place_prefill(
-        self,
-        arrival: np.ndarray,
-        token: np.ndarray,
-        uncached: np.ndarray,
-        cached: np.ndarray,
-        law: _Law,
-        budget: int,
-    ) -> None:
-        """Place the prefill steps of the prompts that got their first token at ``token``
-        (``_prefill_steps``), then the decoders' tokens around them."""
-        steps = _prefill_steps(arrival, token, uncached, cached, law, budget, self.decoders_at)
-        self._build(steps, law)
-
-    def _build(self, steps: np.ndarray, law: _Law) -> None:
-        """The densities on the grid of every decoder's and prefill step's start and end."""
-        span = steps[:, 1] - steps[:, 0]
-        per_step = np.column_stack([np.ones(len(span)), 1 / span, *(steps[:, k] / span for k in (2, 3, 4))])
-        times = np.concatenate([self._start, self._end, steps[:, 0], steps[:, 1]])
-        order = np.argsort(times, kind="stable")
-        grid = times[order]
-        opened = 2 * len(self._start)
-        deltas = np.zeros((len(times), 11))
-        deltas[:opened, :6] = _opening(self._decoder)
-        deltas[opened:, 6:] = _opening(per_step)
-        state = np.cumsum(deltas[order], axis=0)
-        count, base, growth, base2, cross, growth2, inside, rate, p, q, q2 = state.T
-        ramp = inside > 0.5  # within a prefill step: every decoder makes one token
-        middle = (grid + np.append(grid[1:], grid[-1:])) / 2 if len(grid) else grid
-        contexts = base + growth * middle
-        squares = base2 + 2 * cross * middle + growth2 * middle * middle
-        theta, g = law.theta, law.inverse_growth
-        law_s = theta[0] + theta[3] * count + theta[4] * (contexts + g * squares)
-        pace = np.where(ramp, 0.0, 1 / np.maximum(law_s, 1e-9))  # decode-only steps per second
-        zero = np.zeros((len(grid), 1))
-        in_steps = _cumulative(grid, rate[:, None], zero, zero, self._start, self._end)[:, 0]
-        left = np.maximum(self._tokens - in_steps, 0)
-        for _ in range(PACE_ROUNDS):  # each segment's pace times the mean ratio of its decoders
-            paced = _cumulative(grid, pace[:, None], zero, zero, self._start, self._end)[:, 0]
-            fits = (paced > 1e-12) & (left > 0)
-            log_ratio = np.where(fits, np.log(np.maximum(left, 1e-12) / np.maximum(paced, 1e-12)), 0.0)
-            per = np.zeros(len(times))
-            per[:opened] = np.concatenate([log_ratio, -log_ratio])
-            pace = pace * np.exp(np.where(count > 0.5, np.cumsum(per[order]) / np.maximum(count, 1.0), 0.0))
-        paced = _cumulative(grid, pace[:, None], zero, zero, self._start, self._end)[:, 0]
-        share = np.where(paced > 1e-12, left / np.maximum(paced, 1e-12), 0.0)
-        shares = np.zeros((len(times), 6))
-        shares[:opened] = _opening(self._decoder * share[:, None])
-        s_count, s_base, s_growth, s_base2, s_cross, s_growth2 = np.cumsum(shares[order], axis=0).T
-
-        def by_phase(in_ramp: np.ndarray, outside: np.ndarray) -> np.ndarray:
-            density: np.ndarray = np.where(ramp, rate * in_ramp, pace * outside)
-            return density
-
-        steps_made = np.where(ramp, rate, pace * s_count / np.maximum(count, 1.0))
-        constant = [
-            steps_made,
-            p,
-            q,
-            q2,
-            by_phase(count, s_count),
-            by_phase(base, s_base),
-            by_phase(base2, s_base2),
-        ]
-        linear = [*([np.zeros(len(grid))] * 5), by_phase(growth, s_growth), by_phase(2 * cross, 2 * s_cross)]
-        square = [*([np.zeros(len(grid))] * 6), by_phase(growth2, s_growth2)]
-        self._grid = grid
-        self._c0, self._c1, self._c2 = (np.column_stack(c) for c in (constant, linear, square))
-
-    def window(self, t1: np.ndarray, t2: np.ndarray) -> np.ndarray:
-        """N, P, Q, Q2, D, E, E2 over (t1, t2], one row per window."""
-        return _cumulative(self._grid, self._c0, self._c1, self._c2, t1, t2)
-
-
-def _prefill_steps(
-    arrival: np.ndarray,
-    token: np.ndarray,
-    uncached: np.ndarray,
-    cached: np.ndarray,
-    law: _Law,
-    budget: int,
-    decoders_at: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]],
-) -> np.ndarray:
-    """One instance's prefill steps as rows (start, end, P, Q, Q2), in time order (module
-    docstring)."""
-    if len(token) == 0:
-        return np.zeros((0, 5))
-    order = np.lexsort((arrival, token))
-    arrival, token, uncached, cached = arrival[order], token[order], uncached[order], cached[order]
-    stream = np.cumsum(uncached).astype(float)  # where each prompt ends in the stream of tokens
-    begins = stream - uncached
-    group = np.concatenate([[0], np.cumsum(np.diff(token) > SAME_STEP_S)])
-    bounds = np.flatnonzero(np.diff(group, prepend=-1))
-    last = np.append(bounds[1:], len(token)) - 1  # the last prompt of each group
-    ends = np.maximum.reduceat(token, bounds)
-    count, contexts, squares = decoders_at(ends)
-    room = np.maximum(budget - count, 1.0)
-    theta, g = law.theta, law.inverse_growth
-    decode_s = theta[0] + theta[3] * count + theta[4] * (contexts + g * squares)
-    edge, at = _step_bounds(stream, last, room, arrival, ends - decode_s, theta[1])
-    # Each step computes the pieces of prompts between its bounds: one chunk of each.
-    cuts = np.union1d(edge, np.concatenate([[0.0], stream]))
-    lo, hi = cuts[:-1], cuts[1:]
-    prompt = np.searchsorted(stream, lo, side="right")
-    step = np.searchsorted(edge, lo, side="right") - 1
-    size = hi - lo
-    position = cached[prompt] + (lo - begins[prompt]) + size / 2
-    p = np.bincount(step, size, len(at))
-    q = np.bincount(step, size * position, len(at))
-    q2 = np.bincount(step, size * position * position, len(at))
-    duration = decode_s[at] + theta[1] * p + theta[2] * (q + g * q2)
-    begun = np.full(len(p), -np.inf)  # the latest arrival of a prompt a step begins
-    np.maximum.at(begun, np.searchsorted(edge, begins, side="right") - 1, arrival)
-    first_step = np.flatnonzero(np.diff(at, prepend=-1))
-    # A group of several steps (a long prompt) runs them back to back from when it could start
-    # (the group before it done, its prompt arrived) to its first-token time: the law only
-    # shares that time out among them.
-    opens = np.maximum(np.concatenate([[-np.inf], ends[:-1]]), begun[first_step])
-    several = np.bincount(at) > 1
-    span, lawful = ends - opens, np.bincount(at, duration)
-    duration = duration * np.where(several & (span > 0), span / np.maximum(lawful, 1e-12), 1.0)[at]
-    # A group's steps end one after another, the last at the group's first-token time.
-    after = np.cumsum(duration[::-1])[::-1] - duration
-    last_step = np.append(first_step[1:], len(at)) - 1
-    step_end = ends[at] - (after - after[last_step][at])
-    previous = np.concatenate([[-np.inf], step_end[:-1]])
-    start = np.minimum(np.maximum.reduce([step_end - duration, begun, previous]), step_end - 1e-6)
-    return np.column_stack([start, step_end, p, q, q2])
-
-
-def _step_bounds(
-    stream: np.ndarray,
-    last: np.ndarray,
-    room: np.ndarray,
-    arrival: np.ndarray,
-    prefill_from: np.ndarray,
-    per_token: float,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The prefill steps' bounds in the stream of prompt tokens (one more than steps) and the
-    group each step ends with: group k ends when the stream reaches ``stream[last[k]]``, in
-    steps of ``room[k]`` tokens at most; the prompt after it takes the rest of its last step if
-    it arrived before that step began (``prefill_from[k]``, the group's end less its decode
-    terms, less ``per_token`` times the step's tokens)."""
-    edges, owner = [0.0], []
-    for k, upto in enumerate(stream[last]):
-        extra = max(math.ceil((upto - edges[-1]) / room[k]) - 1, 0)
-        edges += [edges[-1] + room[k] * (i + 1) for i in range(extra)]
-        done = max(upto, edges[-1])
-        take = (
-            min(room[k] - (done - edges[-1]), stream[last[k] + 1] - done)
-            if last[k] + 1 < len(stream)
-            else 0.0
-        )
-        began = prefill_from[k] - per_token * (done - edges[-1] + take)
-        edges.append(done + take if take > 0 and arrival[last[k] + 1] < began else done)
-        owner += [k] * (extra + 1)
-    return np.array(edges), np.array(owner, dtype=int)
-
-
-def _opening(per: np.ndarray) -> np.ndarray:
-    """The deltas of intervals that open with ``per`` (the first half) and close (the second)."""
-    return np.vstack([per, -per])
-
-
-def _sweep(times: np.ndarray, deltas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Event times in order and the running sums after each (row 0: before any event)."""
-    order = np.argsort(times, kind="stable")
-    state = np.cumsum(deltas[order], axis=0)
-    return times[order], np.vstack([np.zeros((1, deltas.shape[1])), state])
-
-
-def _cumulative(
-    grid: np.ndarray, c0: np.ndarray, c1: np.ndarray, c2: np.ndarray, t1: np.ndarray, t2: np.ndarray
-) -> np.ndarray:
-    """Integrals over (t1, t2] of densities c0 + c1*t + c2*t*t, their coefficients constant on
-    each [grid[k], grid[k+1]) (one column per density; zero before the grid)."""
-    if len(grid) == 0:
-        return np.zeros((len(t1), c0.shape[1]))
-
-    def area(k: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """The integral from a to b (within segment k)."""
-        mean = c0[k] + c1[k] * ((a + b) / 2)[:, None] + c2[k] * ((a * a + a * b + b * b) / 3)[:, None]
-        integral: np.ndarray = (b - a)[:, None] * mean
-        return integral
-
-    segments = np.arange(len(grid) - 1)
-    total = np.vstack([np.zeros((1, c0.shape[1])), np.cumsum(area(segments, grid[:-1], grid[1:]), axis=0)])
-
-    def upto(t: np.ndarray) -> np.ndarray:
-        k = np.searchsorted(grid, t, side="right") - 1
-        inside = np.maximum(k, 0)
-        value = total[inside] + area(inside, grid[inside], np.maximum(t, grid[inside]))
-        result: np.ndarray = np.where((k >= 0)[:, None], value, 0.0)
-        return result
-
-    difference: np.ndarray = upto(t2) - upto(t1)
-    return difference
-
-
 # --- the fit ------------------------------------------------------------------------------------
 
 
-def _fit(rows: _Rows, prior: np.ndarray) -> tuple[_Law, tuple[str, ...], list[str]]:
+def _fit(rows: WindowRows, prior: np.ndarray) -> tuple[StepLaw, tuple[str, ...], list[str]]:
     """The law fitted to ``rows`` (module docstring): the nominal one unless a growth length
     lowers the residual enough; the terms kept at the prior's value and why."""
     nominal = _fit_law(rows, prior, 0.0)
@@ -589,12 +218,12 @@ def _fit(rows: _Rows, prior: np.ndarray) -> tuple[_Law, tuple[str, ...], list[st
 
 
 def _fit_law(
-    rows: _Rows, prior: np.ndarray, inverse_growth: float
-) -> tuple[_Law, tuple[str, ...], list[str], float]:
+    rows: WindowRows, prior: np.ndarray, inverse_growth: float
+) -> tuple[StepLaw, tuple[str, ...], list[str], float]:
     """Non-negative least squares for one growth length: the law, the terms kept, why, and the
     residual sum of squares (relative)."""
     scale = np.where(prior > 0, prior, _SCALE)
-    a = _factors(rows.x, inverse_growth) * scale / rows.y[:, None]
+    a = term_factors(rows.x, inverse_growth) * scale / rows.y[:, None]
     gram, moment = a.T @ a, a.T @ np.ones(len(rows.y))
     free, kept, reasons = list(range(len(TERMS))), [], []
     while free:
@@ -613,7 +242,7 @@ def _fit_law(
     fixed = gram[:, kept] @ multipliers[kept]
     multipliers[free] = _nnls(gram[np.ix_(free, free)], moment[free] - fixed[free])
     residual = a @ multipliers - 1
-    law = _Law(multipliers * scale, inverse_growth)
+    law = StepLaw(multipliers * scale, inverse_growth)
     return law, tuple(TERMS[k] for k in sorted(kept)), reasons, float(residual @ residual)
 
 
@@ -649,7 +278,7 @@ def _nnls(gram: np.ndarray, moment: np.ndarray) -> np.ndarray:
     return best
 
 
-def _errors(rows: _Rows, law: _Law) -> tuple[float | None, float | None]:
+def _errors(rows: WindowRows, law: StepLaw) -> tuple[float | None, float | None]:
     """Relative RMS of the TTFT rows' and the TPOT rows' predictions."""
     relative = law.design(rows.x) @ law.theta / rows.y - 1
 
@@ -678,3 +307,14 @@ def _capacity_messages(prior: EngineProfile, beats: HeartbeatSummary | None) -> 
     if beats.max_running <= prior.max_seqs and beats.beats_at_seat_limit < SEAT_LIMIT_BEATS:
         return [f"max_seqs: the engines never ran into a seat limit: kept the prior's {prior.max_seqs}"]
     return []
+
+
+__all__ = [
+    "TERMS",
+    "Calibration",
+    "HeartbeatSummary",
+    "Observations",
+    "calibrate",
+    "observations_from_attempts",
+    "rescaled",
+]
