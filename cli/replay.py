@@ -1,9 +1,11 @@
 """``tokenfleet replay``: a run's traffic, read back from the store, as the simulator's input.
 
+``replay --run RUN --policy P [--policy Q ...]`` (the group's own command, ``cli/replay_run.py``)
+replays the run on its engines, calibrated, under each policy, beside what the store recorded.
 ``replay export`` writes the run's workload (Mooncake JSONL) and the fleet that served it (fleet
-YAML), read by ``infra/clickhouse/replay_export.py``. The group takes a command of its own later
-(``tokenfleet replay --run RUN --policy P``); until then, without a subcommand it says what to give
-and exits 2.
+YAML), read by ``infra/clickhouse/replay_export.py``; ``replay calibrate`` fits its engines'
+profiles (``cli/replay_calibrate.py``). Without ``--run`` or a subcommand the group says what to
+give and exits 2.
 """
 
 from __future__ import annotations
@@ -17,10 +19,15 @@ from typing import Annotated
 import typer
 
 from cli import replay_calibrate
-from cli.options import first_line, load_settings
+from cli.choices import PlannerOpt
+from cli.options import JsonOpt, SeedOpt, error, first_line, load_settings
 
 replay_app = typer.Typer(
-    help="replay a run's traffic from the store\n\n\b\nExample:\n"
+    help="replay a run's traffic from the store\n\n"
+    "tokenfleet replay --run RUN --policy P [--policy Q ...] replays the run on its engines, "
+    "calibrated, under each policy (and the one that ran), beside what the store recorded of it. "
+    "The subcommands export its workload and fleet, and fit its engines' profiles.\n\n"
+    "\b\nExample:\n"
     "  tokenfleet replay export --run tokenfleet-20260501T120000Z --out out/replay",
     rich_markup_mode=None,
 )
@@ -29,12 +36,71 @@ NO_SUBCOMMAND = "replay: give a subcommand (export, calibrate) or --run"
 
 replay_app.command("calibrate")(replay_calibrate.calibrate)
 
+SinceOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--since", metavar="T", help="only requests arriving at or after T (Unix s or ISO 8601, UTC)"
+    ),
+]
+UntilOpt = Annotated[
+    str | None,
+    typer.Option("--until", metavar="T", help="only requests arriving before T (Unix s or ISO 8601, UTC)"),
+]
+
 
 @replay_app.callback(invoke_without_command=True)
-def replay(ctx: typer.Context) -> None:
-    if ctx.invoked_subcommand is None:
+def replay(
+    ctx: typer.Context,
+    run: Annotated[
+        str | None, typer.Option("--run", metavar="RUN", help="replay this run (its run_id) under --policy")
+    ] = None,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--policy",
+            metavar="NAME",
+            help="a policy to replay the run under; repeat to compare (the one that ran is added)",
+        ),
+    ] = None,
+    planner: PlannerOpt = None,
+    since: SinceOpt = None,
+    until: UntilOpt = None,
+    seed: SeedOpt = 0,
+    json_out: JsonOpt = None,
+) -> None:
+    if ctx.invoked_subcommand is not None:
+        if run is not None or policy or planner or since or until or json_out:
+            error(
+                "tokenfleet replay",
+                f"give --run and its options to the replay or to {ctx.invoked_subcommand}",
+            )
+            raise typer.Exit(2)
+        return
+    if run is None:
         print(NO_SUBCOMMAND, file=sys.stderr)
         raise typer.Exit(2)
+    if not policy:
+        raise typer.BadParameter("give at least one --policy", param_hint="'--policy'")
+    from cli.replay_run import replay_command
+
+    try:
+        since_ts, until_ts = window(since, until)
+        replay_command(
+            run, policy, planner, since_ts, until_ts, seed, json_out, load_settings().clickhouse_url
+        )
+    except ValueError as exc:  # the group's own one-line error (cli.main names a subcommand's)
+        error("tokenfleet replay", str(exc))
+        raise typer.Exit(2) from None
+
+
+def window(since: str | None, until: str | None) -> tuple[float | None, float | None]:
+    """``--since`` and ``--until`` as Unix seconds (None: not given); ``ValueError`` for a bad
+    time or an empty window."""
+    since_ts = None if since is None else parse_time(since, "--since")
+    until_ts = None if until is None else parse_time(until, "--until")
+    if since_ts is not None and until_ts is not None and since_ts >= until_ts:
+        raise ValueError("--since must be before --until")
+    return since_ts, until_ts
 
 
 def parse_time(text: str, option: str) -> float:
@@ -63,18 +129,8 @@ def export(
     out: Annotated[
         str, typer.Option("--out", metavar="DIR", help="writes DIR/workload.jsonl, DIR/fleet.yaml")
     ],
-    since: Annotated[
-        str | None,
-        typer.Option(
-            "--since", metavar="T", help="only requests arriving at or after T (Unix s or ISO 8601, UTC)"
-        ),
-    ] = None,
-    until: Annotated[
-        str | None,
-        typer.Option(
-            "--until", metavar="T", help="only requests arriving before T (Unix s or ISO 8601, UTC)"
-        ),
-    ] = None,
+    since: SinceOpt = None,
+    until: UntilOpt = None,
 ) -> None:
     """Write a run's requests as a Mooncake workload (one record per request, at its first arrival;
     hashes of prompt blocks only) and the instances that served it as a fleet YAML; print one line.
@@ -92,10 +148,7 @@ def export(
 
     if not run.strip():
         raise ValueError("--run must name a run")
-    since_ts = None if since is None else parse_time(since, "--since")
-    until_ts = None if until is None else parse_time(until, "--until")
-    if since_ts is not None and until_ts is not None and since_ts >= until_ts:
-        raise ValueError("--since must be before --until")
+    since_ts, until_ts = window(since, until)
     client = open_store(load_settings().clickhouse_url)
     try:
         migrate(client)  # an older store gains the replay's columns (its rows: no hashes)

@@ -13,9 +13,9 @@ observed decode steps (``rescaled``).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -24,7 +24,7 @@ from cli.options import first_line, load_settings
 if TYPE_CHECKING:
     from infra.clickhouse.calibration_samples import GroupSamples
     from sim.engine.calibration import Calibration
-    from sim.engine.profiles import EngineProfile
+    from sim.engine.profiles import EngineProfile, ProfileSet
 
 DEFAULT_PRIOR = "llama3-8b-h100"
 
@@ -46,39 +46,97 @@ def calibrate(
 def calibrate_command(run: str, out: Path, store_url: str) -> None:
     """Read run ``run``'s samples from the store at ``store_url``, fit every engine group, print
     each fit and write ``out``; ``ValueError`` (one line, exit 2) for no such run or no store."""
-    from clickhouse_connect.driver.exceptions import ClickHouseError
-
-    from cli.store import open_store
-    from infra.clickhouse.calibration_samples import calibration_samples
-    from infra.clickhouse.migrate import migrate
     from infra.files import write_atomic
     from sim.engine.profiles import profiles_text
 
     if not run.strip():
         raise ValueError("--run must name a run")
+    client = open_run_store(store_url)
+    try:
+        fitted = fit_groups(read_samples(client, run))
+    finally:
+        client.close()
+    for group_fit in fitted.fits:
+        print("\n".join(fit_lines(group_fit)))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    header = f"# Engine profiles fitted to run {run} (tokenfleet replay calibrate).\n"
+    write_atomic(out, header + profiles_text(fitted.profiles, fitted.models))
+    count = len(fitted.profiles)
+    print(f"wrote {out} ({count} profile{'s' * (count != 1)}): simulate with --profiles {out}")
+
+
+def open_run_store(store_url: str) -> Any:
+    """A client on the store at ``store_url``, migrated (a fresh or older store gains the tables
+    and columns a replay reads, and holds nothing of the run); one line for a store that fails."""
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    from cli.store import open_store
+    from infra.clickhouse.migrate import migrate
+
     client = open_store(store_url)
     try:
-        migrate(client)  # a fresh or older store has the tables, and nothing of the run
+        migrate(client)
+    except ClickHouseError as exc:
+        client.close()
+        raise ValueError(f"cannot read the store: {first_line(exc)}") from None
+    return client
+
+
+def read_samples(client: Any, run: str) -> list[GroupSamples]:
+    """Run ``run``'s engine groups (``calibration_samples``); ``ValueError`` when it has no
+    completions or the store fails."""
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    from infra.clickhouse.calibration_samples import calibration_samples
+
+    try:
         groups = calibration_samples(client, run)
     except ClickHouseError as exc:
         raise ValueError(f"cannot read the store: {first_line(exc)}") from None
-    finally:
-        client.close()
     if not groups:
         raise ValueError(f"run {run!r} has no completions in the store: nothing to calibrate on")
+    return groups
+
+
+@dataclass(frozen=True, slots=True)
+class GroupFit:
+    """One engine group's samples, the profile name it is fitted under, and the fit."""
+
+    group: GroupSamples
+    name: str
+    fit: Calibration
+
+
+@dataclass(frozen=True, slots=True)
+class FittedProfiles:
+    """Every engine group's fit (``fit_groups``), and the fitted profiles by name."""
+
+    fits: tuple[GroupFit, ...]
+
+    @property
+    def profiles(self) -> dict[str, EngineProfile]:
+        return {f.name: f.fit.profile for f in self.fits}
+
+    @property
+    def models(self) -> dict[str, str]:
+        return {f.name: f.group.model for f in self.fits}
+
+    def profile_set(self) -> ProfileSet:
+        """The built-in profiles joined with the fitted ones (one of the same name replaces the
+        built-in one), as ``load_profiles`` joins a profiles file."""
+        from sim.engine.profiles import BUILT_IN, ProfileSet
+
+        return ProfileSet({**BUILT_IN.profiles, **self.profiles}, {**BUILT_IN.models, **self.models})
+
+    def name_of(self, model: str, profile: str) -> str | None:
+        """The fitted profile of the instances of ``model`` whose heartbeats name ``profile``."""
+        return next((f.name for f in self.fits if (f.group.model, f.group.profile) == (model, profile)), None)
+
+
+def fit_groups(groups: list[GroupSamples]) -> FittedProfiles:
+    """Each group's step-time law fitted (module docstring), under its profile name."""
     names = _profile_names(groups)
-    profiles: dict[str, EngineProfile] = {}
-    models: dict[str, str] = {}
-    for group, name in zip(groups, names, strict=True):
-        fit = _fit(group, name)
-        print("\n".join(_lines(group, fit)))
-        profiles[name], models[name] = fit.profile, group.model
-    out.parent.mkdir(parents=True, exist_ok=True)
-    header = f"# Engine profiles fitted to run {run} (tokenfleet replay calibrate).\n"
-    write_atomic(out, header + profiles_text(profiles, models))
-    print(
-        f"wrote {out} ({len(profiles)} profile{'s' * (len(profiles) != 1)}): simulate with --profiles {out}"
-    )
+    return FittedProfiles(tuple(GroupFit(g, n, _fit(g, n)) for g, n in zip(groups, names, strict=True)))
 
 
 def _profile_names(groups: list[GroupSamples]) -> list[str]:
@@ -111,10 +169,11 @@ def _fit(group: GroupSamples, name: str) -> Calibration:
     return replace(fit, messages=(*notes, *fit.messages))
 
 
-def _lines(group: GroupSamples, fit: Calibration) -> list[str]:
+def fit_lines(group_fit: GroupFit) -> list[str]:
     """What the command prints of one group's fit."""
     from sim.engine.calibration import TERMS
 
+    group, fit = group_fit.group, group_fit.fit
     profile = fit.profile
     instances = len(group.instances)
     lines = [

@@ -1,0 +1,104 @@
+"""``tokenfleet replay --run RUN --policy P ...`` against the real embedded ClickHouse engine (chdb):
+a run the simulator made (round-robin, on engines slower than the built-in profile they are named
+after, following the nominal law) is stored as the stack stores one; the replay calibrates the
+engines from it and predicts the run that happened, and another policy beside it."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from clickhouse_connect.driver.client import Client
+
+from agents.policy.common.slo import DEFAULT_SLO_CLASSES
+from cli.main import main
+from infra.clickhouse import FeedbackSink, connect, migrate
+from sim.engine.fleet import FleetSpec, InstanceSpec
+from sim.engine.instance import Attempt
+from sim.engine.profiles import PROFILES
+from sim.loop.config import SimConfig
+from sim.loop.runner import simulate
+from sim.workloads.sources import open_workload
+from tests.integration.simulated_run import heartbeats, request_event, store_run
+
+LLAMA = PROFILES["llama3-8b-h100"]
+TRUTH = replace(
+    LLAMA,
+    name="vllm",
+    t0_s=1.3 * LLAMA.t0_s,
+    decode_s_per_context_token=1.2 * LLAMA.decode_s_per_context_token,
+)
+"""The engines of the stored run: the nominal law, slower than the built-in profile of their
+model; their heartbeats name the profile ``vllm`` (a real engine's, no built-in one)."""
+WORKLOAD = "synthetic:duration_s=60,rate_per_s=8,share_doc_qa=0,batch_jobs_per_hour=0"
+
+
+def test_the_replay_predicts_the_run_that_happened_and_the_other_policies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fleet = FleetSpec("2", tuple(InstanceSpec(f"i{k}", "A", "llama3-8b", "1", TRUTH) for k in range(2)))
+    trace = open_workload(WORKLOAD, seed=3)
+    result = simulate(trace, fleet, "round-robin", SimConfig(seed=3))
+    url = f"chdb:///{tmp_path / 'clickhouse'}"
+    origin = float(int(time.time()) - 900)  # recent (heartbeats are kept 7 days), on whole seconds
+    with connect(url) as client:  # closed before the command opens the store (one engine path)
+        migrate(client)
+        store_run(client, result, fleet, "run-rr", origin)
+        store_without_completions(client, result.attempts[:3], fleet, origin)
+    monkeypatch.setenv("TOKENFLEET_CLICKHOUSE_DSN", url)
+    out = tmp_path / "replay.json"
+    assert main(["replay", "--run", "run-rr", "--policy", "tokenpilot", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "the policy that ran: round-robin" in printed and "predicted beside observed" in printed
+
+    document = json.loads(out.read_text())
+    assert set(document) >= {
+        "run",
+        "policy_ran",
+        "workload",
+        "calibration",
+        "observed",
+        "results",
+        "self_error",
+    }
+    assert (document["run"], document["policy_ran"]) == ("run-rr", "round-robin")
+    assert document["workload"] == {"requests": len(trace.requests), "without_hashes": 0, "left_out": 0}
+    assert list(document["results"]) == ["tokenpilot", "round-robin"]  # the one that ran, added
+    fitted = document["calibration"]["vllm"]  # the name the heartbeats gave
+    assert fitted["parameters"]["t0_s"] == pytest.approx(TRUTH.t0_s, rel=0.02)
+    assert fitted["parameters"]["decode_s_per_context_token"] == pytest.approx(
+        TRUTH.decode_s_per_context_token, rel=0.05
+    )
+    assert fitted["residual_error"]["ttft"] < 0.05 and fitted["residual_error"]["prior_ttft"] > 0.1
+    observed = document["observed"]
+    assert observed["requests"] == len(trace.requests) and "interactive" in observed["per_class"]
+    assert observed["cost_per_million_goodput_tokens"] is not None
+    errors = document["self_error"]
+    assert set(errors) == {"goodput", "ttft_p50", "ttft_p95", "compliant_share"}
+    # The store's rates run from the first arrival to the last completion, the simulator's over
+    # the arrivals' span: a minute's run ends with a few percent of its tokens after the span.
+    assert abs(errors["goodput"]) <= 0.05 and abs(errors["compliant_share"]) <= 0.05, errors
+    assert abs(errors["ttft_p50"]) <= 0.03 and abs(errors["ttft_p95"]) <= 0.03, errors
+    predicted = document["results"]["round-robin"]["ttft_p50_s"]
+    assert errors["ttft_p50"] == pytest.approx(predicted / observed["ttft_p50_s"] - 1, abs=1e-4)
+
+    for run, policy, message in [
+        ("run-rr", "nope", "unknown stage 'nope' in policy 'nope'; known stages: "),
+        ("no-such-run", "tokenpilot", "no run 'no-such-run' in the store"),
+        ("run-empty", "tokenpilot", "run 'run-empty' has no completions in the store"),
+    ]:
+        assert main(["replay", "--run", run, "--policy", policy]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"tokenfleet replay: error: {message}") and err.count("\n") == 1, err
+
+
+def store_without_completions(
+    client: Client, attempts: list[Attempt], fleet: FleetSpec, origin: float
+) -> None:
+    """Run ``run-empty``: the requests of ``attempts`` and heartbeats, and no completion."""
+    sink = FeedbackSink(client, DEFAULT_SLO_CLASSES, retry_for_s=5.0, run_id="run-empty")
+    sink.write_requests([request_event(a, "llama3-8b", origin) for a in attempts])
+    sink.write_heartbeats(heartbeats([], fleet, origin, 2.0))

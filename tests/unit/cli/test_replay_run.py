@@ -1,0 +1,158 @@
+"""``tokenfleet replay --run RUN --policy P``'s parts that need no store (``cli/replay_run.py``): the
+self error's arithmetic, the fleet put on the fitted profiles, the calibration's JSON, the printed
+comparison, and bad input as one line and exit 2 before the store is opened
+(``tests/integration/test_replay_run.py`` replays a stored run)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+
+import cli.store
+from cli.main import main
+from cli.replay_calibrate import FittedProfiles, GroupFit
+from cli.replay_run import calibration_entry, relative_error, replay_fleet, replay_lines, self_error
+from infra.clickhouse.calibration_samples import GroupSamples
+from sim.engine.calibration import TERMS, Calibration
+from sim.engine.profiles import PROFILES
+
+LLAMA = PROFILES["llama3-8b-h100"]
+
+
+@pytest.mark.parametrize(
+    ("predicted", "observed", "error"),
+    [
+        (110.0, 100.0, 0.1),
+        (90, 100, -0.1),
+        (4 / 3, 1.0, 0.3333),
+        (0.0, 2.0, -1.0),
+        (1.0, 0.0, None),  # nothing observed: no relative error
+        (None, 1.0, None),  # a percentile on a request that never got a first token
+        (1.0, None, None),
+        (True, 1.0, None),
+    ],
+)
+def test_the_relative_error_is_signed_and_rounded(predicted: Any, observed: Any, error: float | None) -> None:
+    assert relative_error(predicted, observed) == error
+
+
+def test_the_self_error_compares_the_four_figures() -> None:
+    observed = {"goodput_tokens_per_s": 200.0, "ttft_p50_s": 0.5, "ttft_p95_s": None, "compliant_share": 0.8}
+    predicted = {"goodput_tokens_per_s": 190.0, "ttft_p50_s": 0.6, "ttft_p95_s": 2.0, "compliant_share": 0.9}
+    assert self_error(predicted, observed) == {
+        "goodput": -0.05,
+        "ttft_p50": 0.2,
+        "ttft_p95": None,
+        "compliant_share": 0.125,
+    }
+
+
+def group(model: str, profile: str) -> GroupSamples:
+    columns = {name: np.zeros(0) for name in ("arrival_s", "ttft_s")}
+    return GroupSamples(model, profile, ("i0", "i1"), 1, 3.0, columns, 820, 4, 0)
+
+
+def fitted(name: str, model: str, profile: str, kept: tuple[str, ...] = (), *messages: str) -> GroupFit:
+    profile_fit = replace(LLAMA, name=name, t0_s=0.02)
+    fit = Calibration(profile_fit, 40, 40, 0.01, 0.02, 0.3, 0.4, kept, messages)
+    return GroupFit(group(model, profile), name, fit)
+
+
+def test_each_group_of_the_fleet_runs_on_the_profile_fitted_to_it() -> None:
+    fits = FittedProfiles(
+        (
+            fitted("vllm@a", "a", "vllm"),
+            fitted("vllm@b", "b", "vllm"),
+            fitted("llama3-8b-h100", "c", "llama3-8b-h100"),
+        )
+    )
+    doc: dict[str, Any] = {
+        "data_centres": [
+            {"name": "A", "instances": [{"count": 2, "profile": "vllm", "model": "a"}]},
+            {
+                "name": "B",
+                "instances": [
+                    {"count": 1, "profile": "vllm", "model": "b", "price_per_hour": None},
+                    {"count": 1, "profile": "llama3-8b-h100", "model": "c"},
+                    {"count": 1, "profile": "qwen3-14b-h100", "model": "d"},  # served nothing: built-in
+                ],
+            },
+        ]
+    }
+    fleet = replay_fleet("run-1", doc, fits)
+    placed = [(s.dc, s.model, s.profile.name, s.profile.t0_s) for s in fleet.instances]
+    assert placed == [
+        ("A", "a", "vllm@a", 0.02),
+        ("A", "a", "vllm@a", 0.02),
+        ("B", "b", "vllm@b", 0.02),
+        ("B", "c", "llama3-8b-h100", 0.02),  # the fitted one, not the built-in one
+        ("B", "d", "qwen3-14b-h100", PROFILES["qwen3-14b-h100"].t0_s),
+    ]
+    assert doc["data_centres"][0]["instances"][0]["profile"] == "vllm"  # the export is left as it was
+    doc["data_centres"][0]["instances"].append({"count": 1, "profile": "sglang", "model": "e"})
+    with pytest.raises(ValueError, match="instances of e named 'sglang' completed nothing"):
+        replay_fleet("run-1", doc, fits)
+
+
+def test_the_calibration_says_which_terms_kept_the_prior_and_why() -> None:
+    why = "decode_s_per_seq: batch sizes too alike (standard error 74% of the prior's value): kept 3.5e-05"
+    entry = calibration_entry(fitted("vllm", "m", "vllm", ("decode_s_per_seq",), "a note", why))
+    assert entry["kept_at_prior"] == {"decode_s_per_seq": why.split(": ", 1)[1]}
+    assert entry["parameters"]["t0_s"] == 0.02 and set(TERMS) <= set(entry["parameters"])
+    assert entry["residual_error"] == {"ttft": 0.01, "tpot": 0.02, "prior_ttft": 0.3, "prior_tpot": 0.4}
+    assert (entry["model"], entry["heartbeat_profile"], entry["instances"]) == ("m", "vllm", 2)
+    assert entry["notes"] == ["a note", why]
+    too_few = calibration_entry(fitted("vllm", "m", "vllm", TERMS, "only 3 attempts ..."))
+    assert set(too_few["kept_at_prior"]) == set(TERMS)
+    assert all(reason.startswith("too few rows to fit") for reason in too_few["kept_at_prior"].values())
+
+
+def test_the_comparison_shows_each_policy_and_the_one_that_ran_beside_what_was_observed() -> None:
+    def figures(goodput: float, share: float, p50: float | None) -> dict[str, Any]:
+        return {
+            "goodput_tokens_per_s": goodput, "compliant_share": share, "ttft_p50_s": p50, "ttft_p95_s": 1.5,
+            "cost_per_million_goodput_tokens": None, "per_class": {"batch": {"compliant_share": share}},
+        }  # fmt: skip
+
+    observed = figures(100.0, 0.8, 0.25)
+    results = {"round-robin": figures(110.0, 0.88, 0.2), "tokenpilot": figures(150.0, 0.9, None)}
+    document = {
+        "results": results,
+        "observed": observed,
+        "self_error": self_error(results["round-robin"], observed),
+    }
+    lines = replay_lines(document, "round-robin")
+    rows = {line.split()[0]: line.split() for line in lines if line.strip()}
+    assert rows["policy"][:5] == ["policy", "goodput", "tok/s", "compliant", "batch"]
+    assert rows["tokenpilot"] == ["tokenpilot", "150.0", "90.0%", "90.0%", "-", "1.500", "-"]
+    assert rows["observed"] == ["observed", "100.0", "80.0%", "80.0%", "0.250", "1.500", "-"]
+    assert rows["goodput"] == ["goodput", "110.0", "100.0", "+10.0%"]
+    assert rows["ttft_p50"] == ["ttft_p50", "0.200", "0.250", "-20.0%"]
+    assert rows["compliant_share"] == ["compliant_share", "88.0%", "80.0%", "+10.0%"]
+    assert not any(line.startswith("round-robin, the policy") for line in replay_lines(document, None))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--run", "r", "--policy", "nope"], "unknown stage 'nope' in policy 'nope'; known"),
+        (["--run", "r"], "Invalid value for '--policy': give at least one --policy"),
+        (["--run", "r", "--policy", "round-robin", "--planner", "nope"], "Invalid value for '--planner'"),
+        (["--run", " ", "--policy", "round-robin"], "--run must name a run"),
+        (["--run", "r", "--policy", "round-robin", "--since", "soon"], "--since 'soon' is not a time"),
+        (["--policy", "round-robin", "export", "--run", "r", "--out", "o"], "give --run and its options"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_before_the_store_is_opened(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    def no_store(url: str) -> None:
+        raise AssertionError("the store was opened")
+
+    monkeypatch.setattr(cli.store, "open_store", no_store)
+    assert main(["replay", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tokenfleet replay: error: {message}") and err.count("\n") == 1, err
