@@ -94,8 +94,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except (ValueError, KeyError, OSError) as exc:
         # The top-level group's only option (--version) exits, so args[0] is the command that
-        # failed (and args[1] the subcommand of a group: batch submit, db migrate).
-        group = args[0] in {info.name for info in app.registered_groups} and len(args) > 1
+        # failed, and args[1] the subcommand of a group (batch submit, db migrate) unless it is
+        # an option: then the group ran its own command (replay --run RUN).
+        groups = {info.name for info in app.registered_groups}
+        group = args[0] in groups and len(args) > 1 and not args[1].startswith("-")
         error(f"tokenfleet {' '.join(args[:2] if group else args[:1])}", str(exc))
         return 2
     except typer.Abort:

@@ -28,7 +28,7 @@ replay_app = typer.Typer(
     "calibrated, under each policy (and the one that ran), beside what the store recorded of it. "
     "The subcommands export its workload and fleet, and fit its engines' profiles.\n\n"
     "\b\nExample:\n"
-    "  tokenfleet replay export --run tokenfleet-20260501T120000Z --out out/replay",
+    "  tokenfleet replay --run RUN --policy tokenpilot --json out/replay.json",
     rich_markup_mode=None,
 )
 
@@ -83,14 +83,8 @@ def replay(
         raise typer.BadParameter("give at least one --policy", param_hint="'--policy'")
     from cli.replay_run import replay_command
 
-    try:
-        since_ts, until_ts = window(since, until)
-        replay_command(
-            run, policy, planner, since_ts, until_ts, seed, json_out, load_settings().clickhouse_url
-        )
-    except ValueError as exc:  # the group's own one-line error (cli.main names a subcommand's)
-        error("tokenfleet replay", str(exc))
-        raise typer.Exit(2) from None
+    since_ts, until_ts = window(since, until)
+    replay_command(run, policy, planner, since_ts, until_ts, seed, json_out, load_settings().clickhouse_url)
 
 
 def window(since: str | None, until: str | None) -> tuple[float | None, float | None]:

@@ -5,8 +5,8 @@ The run is read from the store once (``read_run``): its workload and fleet
 (``infra/clickhouse/replay_export.py``: the requests first arriving in ``[since, until)``), its
 engine groups' samples, fitted as ``tokenfleet replay calibrate`` fits them
 (``cli/replay_calibrate.py``, on the whole run), the observed figures
-(``infra/clickhouse/summary.py``: the simulator's definitions, over the events from ``since``)
-and the policy that ran (the rows' ``run_policy``). Each group of the fleet runs on the profile
+(``infra/clickhouse/summary.py``: measured as the simulator measures a run, over the same
+requests) and the policy that ran (``run_policy``). Each group of the fleet runs on the profile
 fitted to the instances of its model whose heartbeats name its profile. The policies, the one
 that ran among them (added when not given), are compared on that fleet and workload as
 ``simulate`` compares them (``sim/evaluation/compare.py``, under each planner given).
@@ -40,8 +40,6 @@ SELF_ERROR = {
     "compliant_share": "compliant_share",
 }
 """The ``self_error`` keys and the result figure each compares."""
-
-_RAN_SQL = "SELECT any(run_policy) FROM requests WHERE run_id = {run:String} AND run_policy != ''"
 
 
 def relative_error(predicted: object, observed: object) -> float | None:
@@ -77,14 +75,14 @@ def read_run(run: str, since_ts: float | None, until_ts: float | None, store_url
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
     from infra.clickhouse.replay_export import export_run
-    from infra.clickhouse.summary import summary
+    from infra.clickhouse.summary import run_policy, summary
 
     client = open_run_store(store_url)
     try:
         exported = export_run(client, run, since_ts, until_ts)
         fitted = fit_groups(read_samples(client, run))
-        figures = summary(client, since_ts, run_id=run)
-        ran = str(client.query(_RAN_SQL, parameters={"run": run}).result_rows[0][0])
+        figures = summary(client, since_ts, run_id=run, until_ts=until_ts)
+        ran = run_policy(client, run)
     except ClickHouseError as exc:
         raise ValueError(f"cannot read the store: {first_line(exc)}") from None
     finally:
@@ -171,11 +169,6 @@ def replay_command(
     for fit in stored.fitted.fits:
         print("\n".join(fit_lines(fit)))
     print("\n".join(replay_lines(document, ran_key)))
-    if until_ts is not None:  # summary() reads events from a time on, to the run's end
-        print(
-            "note: --until bounds the replayed requests; the observed figures run to the run's end",
-            file=sys.stderr,
-        )
     write_json(json_out, document)
     return document
 

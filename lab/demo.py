@@ -322,7 +322,7 @@ def summary_table(result: Mapping[str, Any]) -> Group:
         rejected, held = row.get("rejected", 0), row.get("held", 0)
         cells = (
             name,
-            str(row.get("requests", 0) + rejected),
+            str(row.get("requests", 0)),
             str(row.get("completed", 0)),
             str(rejected),
             str(row.get("timeout", 0)),

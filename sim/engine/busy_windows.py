@@ -42,11 +42,22 @@ integrated exactly over any window, so a step under way at a_i counts by its par
 
 The current estimate is the ``law`` that ``window_rows`` is given: where steps lie depends on
 it, so the fit (``sim/engine/calibration.py``) rebuilds the rows with each new estimate.
+
+Times known to +-1 ms. The store keeps arrivals to the millisecond (ClickHouse DateTime64(3),
+truncated) and durations exactly, so an attempt's first-token and end times (arrival + TTFT,
+arrival + E2E) are early by its arrival's lost fraction, under 1 ms, which differs from one
+attempt to the next. The rebuild does not let that reorder anything: times less than
+``SAME_STEP_S`` apart (first tokens and ends alike; steps last longer than that) are the end of
+one step and all move to the latest of them (``_step_ends``); within one step the prompts are
+taken in the order they arrived, whatever their rounded first tokens say; whether the next
+prompt joins a step compares its arrival with that step's start, which the law (attention at
+the chunk's context included) places from the step's end.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
@@ -67,7 +78,7 @@ TERMS = (
 PACE_ROUNDS = 5
 """Rounds that fit the pace of decode-only steps to every decoder's count at once."""
 SAME_STEP_S = 1e-3
-"""First tokens closer than this came from one step (the store keeps arrivals to the millisecond)."""
+"""Step ends closer than this are one (the store keeps arrivals to the millisecond)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -160,6 +171,7 @@ def _instance_rows(obs: Observations, law: StepLaw, budget: int) -> WindowRows:
     first = np.isfinite(obs.ttft_s) & (obs.ttft_s > 0)
     token = np.where(first, arrival + np.nan_to_num(obs.ttft_s), np.nan)
     end = np.where(obs.ok & np.isfinite(obs.e2e_s), arrival + np.nan_to_num(obs.e2e_s), obs.end_s - origin)
+    token, end = np.split(_step_ends(np.concatenate([token, end])), 2)
     decodes = first & (obs.output_tokens >= 2) & (end > token)
     timeline = _Timeline(
         token[decodes], end[decodes], obs.input_tokens[decodes], obs.output_tokens[decodes] - 1
@@ -284,11 +296,13 @@ def _prefill_steps(
     docstring)."""
     if len(token) == 0:
         return np.zeros((0, 5))
+    # The first tokens of one step are one time (``_step_ends``): within a step, the prompts in
+    # the order the engine took them, that of their arrivals.
     order = np.lexsort((arrival, token))
     arrival, token, uncached, cached = arrival[order], token[order], uncached[order], cached[order]
     stream = np.cumsum(uncached).astype(float)  # where each prompt ends in the stream of tokens
     begins = stream - uncached
-    group = np.concatenate([[0], np.cumsum(np.diff(token) > SAME_STEP_S)])
+    group = np.concatenate([[0], np.cumsum(np.diff(token) > 0)])
     bounds = np.flatnonzero(np.diff(group, prepend=-1))
     last = np.append(bounds[1:], len(token)) - 1  # the last prompt of each group
     ends = np.maximum.reduceat(token, bounds)
@@ -296,7 +310,8 @@ def _prefill_steps(
     room = np.maximum(budget - count, 1.0)
     theta, g = law.theta, law.inverse_growth
     decode_s = theta[0] + theta[3] * count + theta[4] * (contexts + g * squares)
-    edge, at = _step_bounds(stream, last, room, arrival, ends - decode_s, theta[1])
+    chunk_s = _StreamLaw(stream, cached, law).seconds
+    edge, at = _step_bounds(stream, last, room, arrival, ends - decode_s, chunk_s)
     # Each step computes the pieces of prompts between its bounds: one chunk of each.
     cuts = np.union1d(edge, np.concatenate([[0.0], stream]))
     lo, hi = cuts[:-1], cuts[1:]
@@ -333,13 +348,14 @@ def _step_bounds(
     room: np.ndarray,
     arrival: np.ndarray,
     prefill_from: np.ndarray,
-    per_token: float,
+    chunk_s: Callable[[float, float], float],
 ) -> tuple[np.ndarray, np.ndarray]:
     """The prefill steps' bounds in the stream of prompt tokens (one more than steps) and the
     group each step ends with: group k ends when the stream reaches ``stream[last[k]]``, in
     steps of ``room[k]`` tokens at most; the prompt after it takes the rest of its last step if
     it arrived before that step began (``prefill_from[k]``, the group's end less its decode
-    terms, less ``per_token`` times the step's tokens)."""
+    terms, less the prefill terms of the step's tokens: ``chunk_s(lo, hi)`` for the stream's
+    tokens lo to hi, attention at their context included)."""
     edges, owner = [0.0], []
     for k, upto in enumerate(stream[last]):
         extra = max(math.ceil((upto - edges[-1]) / room[k]) - 1, 0)
@@ -350,10 +366,47 @@ def _step_bounds(
             if last[k] + 1 < len(stream)
             else 0.0
         )
-        began = prefill_from[k] - per_token * (done - edges[-1] + take)
+        began = prefill_from[k] - chunk_s(edges[-1], done + take)
         edges.append(done + take if take > 0 and arrival[last[k] + 1] < began else done)
         owner += [k] * (extra + 1)
     return np.array(edges), np.array(owner, dtype=int)
+
+
+class _StreamLaw:
+    """The prefill terms of the law for a stretch of the stream of prompt tokens (``stream``:
+    where each prompt ends in it; ``cached``: each prompt's tokens already in the KV cache)."""
+
+    def __init__(self, stream: np.ndarray, cached: np.ndarray, law: StepLaw) -> None:
+        self._ends = stream.tolist()
+        self._cached = cached.tolist()
+        self._a, self._b = float(law.theta[1]), float(law.theta[2])
+        self._g = law.inverse_growth
+
+    def seconds(self, lo: float, hi: float) -> float:
+        """a*P + b*(Q + Q2/L) of the stream's tokens lo to hi, one chunk per prompt."""
+        total = 0.0
+        prompt = bisect_right(self._ends, lo)
+        while lo < hi and prompt < len(self._ends):
+            begin = self._ends[prompt - 1] if prompt else 0.0
+            size = min(hi, self._ends[prompt]) - lo
+            position = self._cached[prompt] + (lo - begin) + size / 2
+            total += size * (self._a + self._b * position * (1 + self._g * position))
+            lo += size
+            prompt += 1
+        return total
+
+
+def _step_ends(times: np.ndarray) -> np.ndarray:
+    """Each time (NaN: none) moved to the latest of its run of times less than ``SAME_STEP_S``
+    apart: the ends of one step, apart only by the store's rounding of arrivals."""
+    result = times.copy()
+    order = np.flatnonzero(np.isfinite(times))
+    order = order[np.argsort(times[order], kind="stable")]
+    run = np.cumsum(np.diff(times[order], prepend=-np.inf) > SAME_STEP_S) - 1
+    latest = np.full(int(run[-1]) + 1 if len(run) else 0, -np.inf)
+    np.maximum.at(latest, run, times[order])
+    result[order] = latest[run]
+    return result
 
 
 def _opening(per: np.ndarray) -> np.ndarray:

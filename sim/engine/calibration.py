@@ -4,13 +4,24 @@ The rows. Each attempt gives one or two busy windows (a TTFT row, a TPOT row), w
 law predicts from the work its instance did in them (N steps, the prefill quantities P, Q, Q2 and
 the decode ones D, E, E2): ``sim/engine/busy_windows.py`` rebuilds that work per instance from
 the store's ``Observations`` (the busy-window identity and the rebuild: its module docstring).
-Where steps lie depends on the law, so the fit alternates until it settles (``CONVERGED``, at
-most ``ITERATIONS`` rounds): rebuild the rows with the current estimate (the prior first), fit.
+Where steps lie depends on the law the rows are rebuilt with, so the fit alternates until that
+law settles (no term moved by more than ``CONVERGED``, at most ``ITERATIONS`` rounds): rebuild
+the rows (with the prior first), fit them all, and rebuild next with the law fitted to the TPOT
+rows alone, the terms they cannot pin at the all-rows fit's values; the result is the all-rows
+fit at the settled rows. Why the TPOT rows: both ends of a TPOT window are step ends (a first
+token, a last token), so each step lies whole inside it or outside, and its N is exact; where
+the rebuild puts a step's start does not change them. A TTFT window opens at an arrival, in
+the middle of the work: its content follows the placement, and a placement from a wrong law
+agrees with that law (a prefill step placed too short leaves room for decode-only steps that
+make up the difference), so a fit of all rows moves only a little way from the law it was
+rebuilt with in each round.
 
-The fit. Each row is divided by its observed length (residuals are relative errors) and each
-term scaled by the prior's value (the unknowns are multipliers of the prior), then solved by
-non-negative least squares, for L infinite (the nominal law) and for each length of
-``GROWTH_LENGTHS``; a finite L (the perturbed law's attention growth) is kept only when it
+The fit. Each row is divided by its observed length floored at ``WINDOW_FLOOR_S`` (the root of
+the sum of their squares): residuals are relative errors, but not on the shortest windows, whose
+lengths the store's millisecond (``sim/engine/busy_windows.py``) leaves a few per cent
+uncertain. Each term is scaled by the prior's value (the unknowns are multipliers of the prior),
+then solved by non-negative least squares, for L infinite (the nominal law) and for each length
+of ``GROWTH_LENGTHS``; a finite L (the perturbed law's attention growth) is kept only when it
 lowers the residual sum of squares by ``MIN_GROWTH_GAIN`` or more. A term the data cannot pin
 keeps the prior's value, and the result says so (``Calibration.messages``): one whose standard
 error (least squares, the other free terms beside it) exceeds ``MAX_STANDARD_ERROR`` of the
@@ -66,6 +77,8 @@ MIN_GROWTH_GAIN = 0.02
 MIN_ROWS = 10
 """Fewest TTFT rows, and TPOT rows, to fit anything."""
 SEAT_LIMIT_BEATS = 3
+WINDOW_FLOOR_S = 0.02
+"""Rows weigh as relative errors of windows at least this long (module docstring)."""
 _SCALE = np.array([getattr(PROFILES["llama3-8b-h100"], term) for term in TERMS])
 """Units of a term whose prior is 0 (for the multipliers and their standard errors)."""
 
@@ -111,7 +124,6 @@ def calibrate(
     prior_errors = _errors(rows, law)
     kept: tuple[str, ...] = TERMS
     messages: list[str] = []
-    reasons: list[str] = []
     counts = int(rows.ttft.sum()), int((~rows.ttft).sum())
     if min(counts) < MIN_ROWS:
         messages.append(
@@ -119,14 +131,7 @@ def calibrate(
             f"more: too few to fit (at least {MIN_ROWS} each); the prior's law kept"
         )
     else:
-        for _ in range(ITERATIONS):
-            previous = law
-            law, kept, reasons = _fit(rows, start.theta)
-            rows = window_rows(observations, law, budget)
-            if law.inverse_growth == previous.inverse_growth and np.allclose(
-                law.theta, previous.theta, rtol=CONVERGED, atol=0.0
-            ):
-                break
+        law, kept, reasons, rows = _settle(observations, start, budget, rows)
         messages += reasons
     errors = _errors(rows, law)
     messages += _capacity_messages(prior, heartbeats)
@@ -197,11 +202,40 @@ def observations_from_attempts(attempts: Iterable[Attempt]) -> Observations:
 # --- the fit ------------------------------------------------------------------------------------
 
 
+def _settle(
+    observations: Observations, prior: StepLaw, budget: int, rows: WindowRows
+) -> tuple[StepLaw, tuple[str, ...], list[str], WindowRows]:
+    """The fit to rows rebuilt where the steps settle (module docstring): the law, the terms
+    kept, why, and its rows. ``rows``: those rebuilt with the prior."""
+    placed = prior
+    for _ in range(ITERATIONS):
+        law, kept, reasons = _fit(rows, prior.theta)
+        moved = _placement(rows, prior.theta, law)
+        if moved.inverse_growth == placed.inverse_growth and np.allclose(
+            moved.theta, placed.theta, rtol=CONVERGED, atol=0.0
+        ):
+            return law, kept, reasons, rows
+        placed = moved
+        rows = window_rows(observations, placed, budget)
+    law, kept, reasons = _fit(rows, prior.theta)
+    return law, kept, [*reasons, f"the steps' placement did not settle in {ITERATIONS} rounds"], rows
+
+
+def _placement(rows: WindowRows, prior: np.ndarray, law: StepLaw) -> StepLaw:
+    """The law to rebuild the rows with next: fitted to the TPOT rows alone (at ``law``'s
+    growth length), the terms they cannot pin at ``law``'s values (module docstring)."""
+    tpot = ~rows.ttft
+    scale = np.where(prior > 0, prior, _SCALE)
+    normal = _Normal.of(WindowRows(rows.x[tpot], rows.y[tpot], rows.ttft[tpot]), scale)
+    return _fit_law(normal, prior, law.inverse_growth, anchor=law.theta)[0]
+
+
 def _fit(rows: WindowRows, prior: np.ndarray) -> tuple[StepLaw, tuple[str, ...], list[str]]:
     """The law fitted to ``rows`` (module docstring): the nominal one unless a growth length
     lowers the residual enough; the terms kept at the prior's value and why."""
-    nominal = _fit_law(rows, prior, 0.0)
-    grown = min((_fit_law(rows, prior, 1 / length) for length in GROWTH_LENGTHS), key=lambda fit: fit[3])
+    normal = _Normal.of(rows, np.where(prior > 0, prior, _SCALE))
+    nominal = _fit_law(normal, prior, 0.0)
+    grown = min((_fit_law(normal, prior, 1 / length) for length in GROWTH_LENGTHS), key=lambda fit: fit[3])
     if grown[3] >= (1 - MIN_GROWTH_GAIN) * nominal[3]:
         return nominal[:3]
     law, kept, reasons, _ = grown
@@ -217,17 +251,42 @@ def _fit(rows: WindowRows, prior: np.ndarray) -> tuple[StepLaw, tuple[str, ...],
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Normal:
+    """The weighted rows' normal equations over the seven window quantities, each in units of
+    its term's ``scale``: ``gram`` (7x7), ``moment`` (7), ``total`` (the weighted target's
+    squared norm) and the number of ``rows``. A growth length's five terms are linear
+    combinations of the seven (``term_factors``), so every fit of one round shares them."""
+
+    gram: np.ndarray
+    moment: np.ndarray
+    total: float
+    rows: int
+
+    @classmethod
+    def of(cls, rows: WindowRows, scale: np.ndarray) -> _Normal:
+        weight = 1 / np.hypot(rows.y, WINDOW_FLOOR_S)
+        a = rows.x * scale[[0, 1, 2, 2, 3, 4, 4]] * weight[:, None]
+        target = rows.y * weight
+        return cls(a.T @ a, a.T @ target, float(target @ target), len(rows.y))
+
+    def terms(self, inverse_growth: float) -> tuple[np.ndarray, np.ndarray]:
+        """The normal equations of the five terms (gram, moment) at 1/L = ``inverse_growth``."""
+        combine = term_factors(np.eye(7), inverse_growth)  # (7, 5)
+        return combine.T @ self.gram @ combine, combine.T @ self.moment
+
+
 def _fit_law(
-    rows: WindowRows, prior: np.ndarray, inverse_growth: float
+    normal: _Normal, prior: np.ndarray, inverse_growth: float, anchor: np.ndarray | None = None
 ) -> tuple[StepLaw, tuple[str, ...], list[str], float]:
-    """Non-negative least squares for one growth length: the law, the terms kept, why, and the
-    residual sum of squares (relative)."""
+    """Non-negative least squares for one growth length: the law, the terms kept (at
+    ``anchor``'s values, by default the prior's), why, and the residual sum of squares
+    (weighted)."""
     scale = np.where(prior > 0, prior, _SCALE)
-    a = term_factors(rows.x, inverse_growth) * scale / rows.y[:, None]
-    gram, moment = a.T @ a, a.T @ np.ones(len(rows.y))
+    gram, moment = normal.terms(inverse_growth)
     free, kept, reasons = list(range(len(TERMS))), [], []
     while free:
-        errors = _standard_errors(gram[np.ix_(free, free)], moment[free], len(rows.y))
+        errors = _standard_errors(gram[np.ix_(free, free)], moment[free], normal.rows, normal.total)
         worst = int(np.argmax(errors))
         if errors[worst] <= MAX_STANDARD_ERROR:
             break
@@ -238,19 +297,19 @@ def _fit_law(
             f"{TERMS[term]}: {_WHY_NOT[TERMS[term]]} ({how} of the prior's value): kept the prior's "
             f"{prior[term]:.3g}"
         )
-    multipliers = prior / scale  # the kept terms' (1, or 0 for a prior of 0)
+    multipliers = (prior if anchor is None else anchor) / scale  # the kept terms' values
     fixed = gram[:, kept] @ multipliers[kept]
     multipliers[free] = _nnls(gram[np.ix_(free, free)], moment[free] - fixed[free])
-    residual = a @ multipliers - 1
+    rss = normal.total - 2 * multipliers @ moment + multipliers @ gram @ multipliers
     law = StepLaw(multipliers * scale, inverse_growth)
-    return law, tuple(TERMS[k] for k in sorted(kept)), reasons, float(residual @ residual)
+    return law, tuple(TERMS[k] for k in sorted(kept)), reasons, float(max(rss, 0.0))
 
 
-def _standard_errors(gram: np.ndarray, moment: np.ndarray, rows: int) -> np.ndarray:
-    """Each term's least-squares standard error from the normal equations (target: ones);
-    infinite for a term the others explain whole, or an empty one."""
+def _standard_errors(gram: np.ndarray, moment: np.ndarray, rows: int, total: float) -> np.ndarray:
+    """Each term's least-squares standard error from the normal equations (``total``: the
+    target's squared norm); infinite for a term the others explain whole, or an empty one."""
     coef = np.linalg.lstsq(gram, moment, rcond=None)[0]
-    rss = max(rows - 2 * coef @ moment + coef @ gram @ coef, 0.0)
+    rss = max(total - 2 * coef @ moment + coef @ gram @ coef, 0.0)
     sigma = math.sqrt(rss / max(rows - len(moment), 1))
     errors = np.full(len(moment), np.inf)
     for k in range(len(moment)):

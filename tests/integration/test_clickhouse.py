@@ -122,23 +122,29 @@ def test_slo_classes_table_holds_the_thresholds_in_force(client: Client, sink: F
 
 
 def hand_made_run() -> list[Completion]:
-    """Window: first arrival T0 .. last completion T0+20 = 20 s."""
+    """Interactive i1..i5 and batch b1, first arriving at T0 .. T0+8; with r1 (a request without
+    a completion, at T0+10) the window W is T0 .. T0+10 = 10 s."""
     return [
         completion("i1", ts=T0 + 2, ttft_s=0.5, output_tokens=100),  # good
         completion(
-            "i2", attempt=1, status="aborted", arrival_ts=T0 + 1, ts=T0 + 11, ttft_s=None, output_tokens=20
+            "i2", attempt=1, status="aborted", arrival_ts=T0 + 1, ts=T0 + 3, ttft_s=None, output_tokens=0
         ),
-        completion("i2", attempt=2, arrival_ts=T0 + 11, ts=T0 + 14, ttft_s=1.0, output_tokens=50),  # good
+        # its own TTFT is 0.6 s (met_slo), but 2.6 s from the request's first arrival: not good
+        completion("i2", attempt=2, arrival_ts=T0 + 3, ts=T0 + 5, ttft_s=0.6, output_tokens=50),
         completion("i3", arrival_ts=T0 + 2, ts=T0 + 6, ttft_s=3.0, output_tokens=30),  # TTFT too slow
         completion(
-            "i4", status="timeout", arrival_ts=T0 + 2, ts=T0 + 12, ttft_s=None, e2e_s=None, output_tokens=0
+            "i4", status="timeout", arrival_ts=T0 + 2, ts=T0 + 8, ttft_s=None, e2e_s=None, output_tokens=0
+        ),
+        # running at W's end: first token at T0+8.75, then one every 0.1 s: 13 tokens inside W
+        completion(
+            "i5", arrival_ts=T0 + 8, ts=T0 + 13.75, ttft_s=0.75, tpot_s=0.1, e2e_s=5.75, output_tokens=51
         ),
         completion(
             "b1",
             slo_class="batch",
-            ts=T0 + 20,
+            ts=T0 + 9,
             ttft_s=5.0,
-            e2e_s=20.0,
+            e2e_s=9.0,
             deadline_ts=T0 + 100,
             output_tokens=200,
         ),
@@ -147,7 +153,11 @@ def hand_made_run() -> list[Completion]:
 
 def test_summary_on_a_hand_made_run(client: Client, sink: FeedbackSink) -> None:
     run = hand_made_run()
-    request = InferenceRequest(request_id="i1", model="llama3-8b", input_tokens=100, output_budget=128)
+    request = InferenceRequest(ts=T0, request_id="i1", model="llama3-8b", input_tokens=100, output_budget=128)
+    rejected = InferenceRequest(
+        ts=T0 + 10, request_id="r1", model="llama3-8b", slo_class="interactive", input_tokens=100,
+        output_budget=128,
+    )  # fmt: skip
     routing = RoutingDecision(
         request_id="i1", model="llama3-8b", slo_class="interactive", dc="dc1", instance_id="i0",
         policy="round-robin", decision_latency_s=0.0002, request=request,
@@ -155,40 +165,48 @@ def test_summary_on_a_hand_made_run(client: Client, sink: FeedbackSink) -> None:
     admission = AdmissionDecision(
         request_id="i1", model="llama3-8b", slo_class="interactive", action="admit", policy="pass"
     )
-    assert sink.write_completions(run + run[:2]) == 6
-    assert sink.write_requests([request, request]) == 1
+    assert sink.write_completions(run + run[:2]) == 7
+    assert sink.write_requests([request, request, rejected]) == 2
     assert sink.write_routing([routing]) == 1
     assert sink.write_admission([admission]) == 1
     assert sink.write_routing([routing]) == 0
 
     result = summary(client)
-    assert result["window_s"] == 20.0
-    assert result["clickhouse_rows"] == 9
+    assert result["window_s"] == 10.0
+    assert result["clickhouse_rows"] == 11
     per_class = cast(dict[str, dict[str, Any]], result["per_class"])
     assert per_class["interactive"] == {
-        "requests": 4,
-        "completions": 5,
-        "completed": 3,
+        "requests": 6,  # r1 too: it never completed
+        "completions": 6,
+        "completed": 4,
         "aborted": 0,  # i2's retry finished ok: a request's last attempt decides
         "timeout": 1,
         "error": 0,
-        "ttft_p50_s": 1.0,  # of 0.5, 1.0, 3.0, inf
-        "ttft_p95_s": None,  # lands on i4, which never got a first token
-        "output_tokens_per_s": 10.0,  # 200 tokens, the aborted attempt's 20 included
-        "goodput_tokens_per_s": 7.5,  # i1 + i2
-        "compliant_share": 0.75,
+        "ttft_p50_s": 2.6,  # of 0.5, 0.75, 2.6, 3.0, inf, inf
+        "ttft_p95_s": None,  # lands on i4 or r1, which never got a first token
+        "output_tokens_per_s": 19.3,  # 100 + 50 + 30 + 13 (i5's inside W)
+        "goodput_tokens_per_s": 10.0,  # i1 (i5 met its objective after W's end)
+        "compliant_share": 0.518135,
     }
-    assert per_class["batch"]["goodput_tokens_per_s"] == 10.0
+    assert per_class["batch"]["goodput_tokens_per_s"] == 20.0
     assert per_class["batch"]["ttft_p95_s"] == 5.0
     total = cast(dict[str, Any], result["total"])
-    assert (total["requests"], total["completions"], total["completed"]) == (5, 6, 4)
-    assert total["ttft_p50_s"] == 3.0  # of 0.5, 1.0, 3.0, 5.0, inf
-    assert total["goodput_tokens_per_s"] == 17.5 and total["compliant_share"] == 0.875
+    assert (total["requests"], total["completions"], total["completed"]) == (7, 7, 5)
+    assert total["ttft_p50_s"] == 3.0  # of 0.5, 0.75, 2.6, 3.0, 5.0, inf, inf
+    assert total["goodput_tokens_per_s"] == 30.0 and total["compliant_share"] == 0.763359
 
-    later = cast(dict[str, dict[str, Any]], summary(client, since_ts=T0 + 13)["per_class"])
-    assert later["interactive"]["completions"] == 1 and later["batch"]["completions"] == 1
+    # Requests first arriving in [T0+2, T0+9): i3, i4, i5; W = T0+2 .. T0+8 (i5's first token
+    # comes after it).
+    later = summary(client, since_ts=T0 + 2, until_ts=T0 + 9)
+    assert later["window_s"] == 6.0 and list(cast(dict[str, Any], later["per_class"])) == ["interactive"]
+    assert cast(dict[str, Any], later["total"])["requests"] == 3
+    assert cast(dict[str, Any], later["total"])["output_tokens_per_s"] == 5.0  # i3's 30 tokens
+    # One request (i5) arrived in [T0+8, T0+9): W runs from it to the end of its last attempt.
+    alone = summary(client, since_ts=T0 + 8, until_ts=T0 + 9)
+    assert alone["window_s"] == 5.75
+    assert cast(dict[str, Any], alone["total"])["goodput_tokens_per_s"] == round(51 / 5.75, 6)
     rollup = "SELECT sum(good_tokens), sum(output_tokens) FROM goodput_per_minute"
-    assert client.query(rollup).result_rows[0] == (350, 400)
+    assert client.query(rollup).result_rows[0] == (401, 431)  # met_slo as the sink judged each attempt
 
 
 def test_summary_of_an_empty_store(client: Client) -> None:

@@ -79,8 +79,8 @@ def test_every_example_parses(capsys: pytest.CaptureFixture[str], path: tuple[st
         words = words[words.index("tokenfleet") + 1 :]  # after any VAR=value
         command: Any = typer.main.get_command(app)
         ctx = typer.Context(command, info_name="tokenfleet")
-        while hasattr(command, "list_commands"):
-            sub = command.get_command(ctx, words[0])
+        while hasattr(command, "list_commands") and words and not words[0].startswith("-"):
+            sub = command.get_command(ctx, words[0])  # a group's subcommand (an option: its own)
             assert sub is not None, line
             command, ctx = sub, typer.Context(sub, info_name=words[0], parent=ctx)
             words = words[1:]
@@ -124,3 +124,17 @@ def test_an_error_of_a_group_command_names_the_subcommand(
     assert main(args) == 2
     name = " ".join(args[:2] if args[0] != "sql" else args[:1])
     assert capsys.readouterr().err == f"tokenfleet {name}: error: no store here\n"
+
+
+def test_an_error_of_a_groups_own_command_names_the_group(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tokenfleet replay --run RUN`` is the group ``replay`` running its own command."""
+    import cli.replay_run
+
+    def refuse(*args: object) -> None:
+        raise OSError("no store here")
+
+    monkeypatch.setattr(cli.replay_run, "replay_command", refuse)
+    assert main(["replay", "--run", "r1", "--policy", "round-robin"]) == 2
+    assert capsys.readouterr().err == "tokenfleet replay: error: no store here\n"

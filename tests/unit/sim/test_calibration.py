@@ -80,6 +80,49 @@ def test_a_known_nominal_law_is_recovered() -> None:
     assert fit.prior_ttft_error > 3 * fit.ttft_error  # the prior's law did not describe them
 
 
+def test_a_law_scaled_from_the_prior_is_recovered_term_by_term() -> None:
+    """Exact observations of engines slower than the prior on the fixed and per-token costs:
+    every term comes back, not a law that agrees with the prior's placement of the steps."""
+    truth = replace(
+        LLAMA, name="truth", t0_s=LLAMA.t0_s * 1.5, prefill_s_per_token=LLAMA.prefill_s_per_token * 1.4
+    )
+    fit = calibrate(recorded(open_workload(SHORT_MIX, seed=3), truth, 2), LLAMA)
+    assert fit.kept == () and fit.profile.attention_growth_tokens == 0
+    for term, within in zip(TERMS, (0.01, 0.01, 0.05, 0.1, 0.02), strict=True):
+        assert getattr(fit.profile, term) == pytest.approx(getattr(truth, term), rel=within), term
+    assert fit.ttft_error is not None and fit.ttft_error < 0.005
+    assert fit.tpot_error is not None and fit.tpot_error < 0.005
+
+
+ROUNDING_MIX = "synthetic:duration_s=60,rate_per_s=8,share_doc_qa=0.05,batch_jobs_per_hour=0"
+
+
+@pytest.fixture(scope="module")
+def exact() -> Observations:
+    """Long documents among chat prompts, under load; the prior is the truth."""
+    return recorded(open_workload(ROUNDING_MIX, seed=3), LLAMA, 2)
+
+
+@pytest.mark.parametrize("rounded", ["arrival", "ttft"])
+def test_times_known_to_the_millisecond_fit_as_well_as_exact_ones(exact: Observations, rounded: str) -> None:
+    """Each attempt's times early by a fraction of a millisecond of its own: the store's
+    truncated arrival (its first-token and end times move with it) or a TTFT short by it. The
+    first tokens of one step no longer tie, which must not reorder its prompts."""
+    lost = np.random.default_rng(0).uniform(0, 1e-3, len(exact))
+    if rounded == "arrival":
+        observations = replace(exact, arrival_s=exact.arrival_s - lost, end_s=exact.end_s - lost)
+    else:
+        observations = replace(exact, ttft_s=exact.ttft_s - lost)
+    fit = calibrate(observations, LLAMA)
+    assert fit.kept == () and fit.profile.attention_growth_tokens == 0
+    assert fit.ttft_error is not None and fit.ttft_error < 0.01
+    assert fit.tpot_error is not None and fit.tpot_error < 0.005
+    for term, within in zip(TERMS, (0.01, 0.01, 0.03, 0.15, 0.01), strict=True):
+        assert getattr(fit.profile, term) == pytest.approx(getattr(LLAMA, term), rel=within), term
+    step = fit.profile.t0_s + fit.profile.decode_terms_s(16, 16 * 2000)  # c is a small share of it
+    assert step == pytest.approx(LLAMA.t0_s + LLAMA.decode_terms_s(16, 16 * 2000), rel=0.005)
+
+
 def test_too_few_attempts_keep_the_prior_and_say_so() -> None:
     trace = workload(*(request(f"r{k}", k * 2.0, 1000, 20) for k in range(4)))
     fit = calibrate(recorded(trace, PERTURBED, 1), LLAMA)
