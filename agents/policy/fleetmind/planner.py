@@ -10,10 +10,12 @@ admission then did: a request SLOMax held or rejected is demand too) feeds Holt'
     forecast over a lead time L:  f(L) = max(l + b L / interval_s, l)
 
 with ``a`` = ``level_smoothing``, ``g`` = ``trend_smoothing`` (b is per interval; a pair with
-no arrivals this interval feeds x = 0). Bursts shorter than a load time are not chased: the
-level smooths them, ``burst_margin`` and admission absorb them. The lead time is the load time
-of a replica where it would start (warm if that DC has m staged, else cold) plus one interval: a
-replica started now serves when the forecast says it is needed.
+no arrivals this interval feeds x = 0). g is high enough that b follows a rise within a few
+intervals: the forecast reaches a load time ahead, so a trend that lags starts replicas late.
+Bursts shorter than a load time are not chased: the level smooths them, ``burst_margin`` and
+admission absorb them. The lead time is the load time of a replica where it would start (warm
+if that DC has m staged, else cold) plus one interval: a replica started now serves when the
+forecast says it is needed.
 
 **Capacity of one replica at the objective**, from the latency model TokenPilot calibrates
 online (its decode-step law and its prior, ``tokenpilot/features.py``), fitted here on what
@@ -108,7 +110,7 @@ class PlannerParams:
 
     interval_s: float = 30.0
     level_smoothing: float = 0.15
-    trend_smoothing: float = 0.05
+    trend_smoothing: float = 0.2
     burst_margin: float = 0.2
     tpot_headroom: float = 0.7
     kv_share: float = 0.85
