@@ -76,8 +76,11 @@ class _Slot:
 
 
 def slot_fleet(fleet: FleetSpec) -> FleetSpec:
-    """``fleet`` with a slot row per replica each DC could add of each model (module docstring)."""
+    """``fleet`` with a slot row per replica each DC could add of each model (module docstring),
+    and each DC's budget written out: a budget the file leaves to "the GPUs listed there" stays
+    those of the listed instances, not of the slots added."""
     rows = list(fleet.instances)
+    budgets = {dc: replace(fleet.shape.dc(dc), gpus=fleet.gpu_budget(dc)) for dc in fleet.dc_names}
     for dc in fleet.dc_names:
         budget = fleet.gpu_budget(dc)
         for model in fleet.models():
@@ -87,7 +90,7 @@ def slot_fleet(fleet: FleetSpec) -> FleetSpec:
             price = listed[0].price_per_hour if listed else "profile"
             for k in range(len(listed), budget // profile.gpus):
                 rows.append(InstanceSpec(f"{dc}/{model}/r{k}", dc, model, version, profile, price))
-    return replace(fleet, instances=tuple(rows))
+    return replace(fleet, instances=tuple(rows), shape=replace(fleet.shape, dcs=budgets))
 
 
 def _version_of(fleet: FleetSpec, model: str) -> str:

@@ -75,6 +75,15 @@ def test_a_start_holds_gpus_at_once_loads_warm_where_staged_and_never_exceeds_th
     assert figures["gpu_hours"] == pytest.approx(300 / 3600, abs=1e-6)
 
 
+def test_a_dc_without_gpus_holds_the_gpus_of_the_instances_it_lists_not_of_the_slots() -> None:
+    doc = {**DOC, "data_centres": [{k: v for k, v in DOC["data_centres"][0].items() if k != "gpus"}]}
+    rows = Replicas(slot_fleet(fleet_from_doc(doc, Path("tight.yaml"))), 1, (0.0, 1000.0), grace_s=1.0)
+    assert rows.fleet.gpu_budget("A") == 1  # one llama listed; the slots do not raise it
+    rows.apply(Plan({LLAMA: 1, QWEN: 3}), 0.0)
+    starts, _ = rows.converge(0.0, [0] * len(rows.slots))
+    assert starts == []  # the listed instance holds the whole budget
+
+
 def test_shrinking_cancels_loading_first_then_drains_the_least_loaded_which_stops_after_its_grace() -> None:
     rows = replicas()
     rows.apply(Plan({LLAMA: 2}), 0.0)
