@@ -19,12 +19,17 @@ starts (cold / warm) and requests lost in scale-down; then the targets:
 - ample: fleetmind's cost <= 0.70 x static's and <= 0.85 x the better of hpa and dynamo-sla's,
   every class's compliant share >= static's - 0.01, nothing lost in scale-down;
 - tight (1.5 x the load): fleetmind's goodput >= 1.15 x static's and >= 1.05 x the better peer's.
+
+With an ample budget a last line gives the reference of a planner that knows the future
+(``oracle_gpu_hours``): what FleetMind's cost could at best come down to on that day.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,7 +123,37 @@ def rows(cell: Cell, document: dict[str, Any]) -> list[str]:
         ]
         lines.append("  ".join(f"{c:>12}" for c in cells))
     lines.append("  " + verdict(cell, results, classes))
+    if cell.budget != "tight":
+        bound = oracle_gpu_hours(results["static"], fleet_for(cell.budget))
+        lines.append(
+            f"  bound: a planner that knows each model's demand {ORACLE_LOOKAHEAD_MIN} minutes ahead "
+            f"holds {bound:.1f} GPU-h, {bound / results['static']['gpu_hours']:.3f}x static's"
+        )
     return lines
+
+
+ORACLE_LOOKAHEAD_MIN = 5
+ORACLE_FLOOR = 2
+"""The bound's replicas per model at least: one, and one in another failure domain."""
+
+
+def oracle_gpu_hours(static: dict[str, Any], fleet: Any) -> float:
+    """GPU-hours of a planner that loads instantly and knows the future: each minute, per model
+    m, max(``ORACLE_FLOOR``, ceil(d / c_m)) replicas, d the most arrivals per second of m's
+    minutes from this one to ``ORACLE_LOOKAHEAD_MIN`` - 1 later, c_m what one replica of the
+    static fleet serves at m's busiest minute (its peak rate / its replicas: the static fleet is
+    sized for each model's own peak), from the static run's timeline."""
+    listed = Counter(spec.model for spec in fleet.instances)
+    gpus = {spec.model: spec.profile.gpus for spec in fleet.instances}
+    total = 0.0
+    timeline = static["timeline"]
+    step_h = (timeline["t_s"][1] - timeline["t_s"][0]) / 3600
+    for model, rates in timeline["demand_per_s"].items():
+        per_replica = max(rates) / listed[model]
+        for k in range(len(rates)):
+            ahead = max(rates[k : k + ORACLE_LOOKAHEAD_MIN])
+            total += max(ORACLE_FLOOR, math.ceil(ahead / per_replica - 1e-9)) * gpus[model] * step_h
+    return total
 
 
 def verdict(cell: Cell, results: dict[str, Any], classes: list[str]) -> str:
