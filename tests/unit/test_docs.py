@@ -129,7 +129,12 @@ def check_make(words: list[str]) -> list[str]:
 
 
 def check_tokenfleet(words: list[str]) -> list[str]:
-    names = [w for w in words[1:] if not w.startswith(("-", "["))]
+    names = []  # the command path: the words before the first option (a group may take options)
+    for word in words[1:]:
+        if word.startswith("-"):
+            break
+        if not word.startswith("["):
+            names.append(word)
     command, path = cli(), ["tokenfleet"]
     for name in names:
         if not hasattr(command, "commands"):
@@ -137,7 +142,7 @@ def check_tokenfleet(words: list[str]) -> list[str]:
         if name not in command.commands:
             return [f"{' '.join(path)} has no command {name!r} (it has {sorted(command.commands)})"]
         command, path = command.commands[name], [*path, name]
-    if hasattr(command, "commands"):
+    if hasattr(command, "commands") and not flags(words):
         return []  # a group named alone
     options = {opt for param in command.params for opt in param.opts} | {"--help"}
     return [f"{' '.join(path)} has no option {flag}" for flag in sorted(flags(words) - options)]
