@@ -1,0 +1,44 @@
+"""``python -m bench.replay`` on a short run: two emulated vLLM servers on the perturbed profile,
+the whole stack per policy (worker with the embedded store, dispatcher, gateway, ``openai``
+clients), round-robin run for real, replayed calibrated and nominal under three policies, the
+other two run for real."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.replay import COUNTERFACTUAL, ERROR_KEYS, RAN, THIRD, BenchOptions, report_lines, run_bench
+
+LOAD_S = 15.0  # per policy: 45 s of load in all
+
+
+def test_the_bench_predicts_each_policy_from_the_round_robin_run(tmp_path: Path) -> None:
+    options = BenchOptions(engines="emulated", duration_s=LOAD_S, users=8, seed=0, data_dir=tmp_path)
+    document = run_bench(options)
+
+    policies = (RAN, COUNTERFACTUAL, THIRD)
+    for kind in ("self_error", "counterfactual_error"):
+        assert set(document[kind]) == set(ERROR_KEYS)
+        assert all(isinstance(document[kind][key], float) for key in ERROR_KEYS), document[kind]
+    assert document["self_error"] == document["errors"][RAN]["calibrated"]
+    assert document["counterfactual_error"] == document["errors"][COUNTERFACTUAL]["calibrated"]
+    assert set(document["errors"]) == set(policies) == set(document["observed"]) == set(document["runs"])
+    for policy in policies:
+        assert (
+            document["runs"][policy]["client"]["ok"] > 0 and document["runs"][policy]["client"]["failed"] == 0
+        )
+        assert set(document["placement"][policy]) == {"local/i000", "local/i001"}
+        assert document["predicted"][policy]["goodput_tokens_per_s"] > 0
+        assert document["predicted_nominal"][policy]["goodput_tokens_per_s"] > 0
+    assert set(document["met"]) == {f"calibrated_goodput.{p}" for p in policies}
+
+    # The run the replay was calibrated on: its prediction is within the target, or at least
+    # no worse than the uncalibrated (nominal) law's.
+    calibrated = abs(document["errors"][RAN]["calibrated"]["goodput"])
+    nominal = abs(document["errors"][RAN]["nominal"]["goodput"])
+    assert calibrated <= 0.05 or calibrated <= nominal, document["errors"][RAN]
+    fit = next(iter(document["calibration"].values()))
+    assert fit["rows"]["ttft"] > 0 and fit["rows"]["tpot"] > 0
+
+    printed = "\n".join(report_lines(document))
+    assert "target calibrated_goodput round-robin" in printed and "nominal" in printed
