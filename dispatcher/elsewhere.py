@@ -14,7 +14,8 @@ here; ``RunElsewhere`` counts those too, from what the log says of them:
 The difference from an own request: its output is not seen until it ends (the gateway streams
 it to its caller, not to the log), so it counts as its prompt alone while it runs. A request
 whose completion never comes (its gateway died mid-call) leaves the count at its deadline, or
-``forget_after_s`` after its decision without one.
+``forget_after_s`` after its decision without one; the dispatcher reads the completions of the
+last ``forget_after_s`` when it starts, so a call that ended before then is not counted.
 """
 
 from __future__ import annotations
@@ -54,9 +55,14 @@ class RunElsewhere:
         key = (decision.request_id, decision.attempt)
         if key in self._ended:
             return
+        # Forgotten counting from when it was decided, not from when it was read: a dispatcher
+        # that joins reads the decisions of earlier runs, whose completions it never sees.
+        until = min(decision.ts, now) + self.forget_after_s
         deadline = decision.request.deadline_ts
-        until = now + self.forget_after_s if deadline is None else min(deadline, now + self.forget_after_s)
-        self._running[key] = _Running(decision.instance_id, decision.request.input_tokens, until)
+        if deadline is not None:
+            until = min(deadline, until)
+        if until >= now:
+            self._running[key] = _Running(decision.instance_id, decision.request.input_tokens, until)
 
     def ended(self, completion: Completion) -> None:
         key = (completion.request_id, completion.attempt)

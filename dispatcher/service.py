@@ -202,7 +202,10 @@ async def run_fleet(
                         log.info("fleet: %d answers of the last minutes read back from the log", recalled)
                     ends = None
                     if not isinstance(engines, EmulatedEngines):  # (no gateway runs on emulated ones)
-                        ends = await partition_reader(connection, [COMPLETIONS], "end", "fleet ends reader")
+                        # From as far back as a decision still counts (``RunElsewhere``): the
+                        # end of a call decided before this reader started is read too.
+                        since = loop.elsewhere.forget_after_s
+                        ends = await partition_reader(connection, [COMPLETIONS], since, "fleet ends reader")
                         stack.push_async_callback(stop_client, ends, reconnect.stop_timeout_s)
                     await loop.run(stop, producer, consumer, ends)
                 return loop.counts()

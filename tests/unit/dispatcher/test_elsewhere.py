@@ -6,13 +6,15 @@ from dispatcher.elsewhere import RunElsewhere
 from schemas.events import Completion, Heartbeat, InferenceRequest, RoutingDecision
 
 
-def decision(rid: str, instance: str, tokens: int, deadline: float | None = None) -> RoutingDecision:
+def decision(
+    rid: str, instance: str, tokens: int, deadline: float | None = None, ts: float | None = None
+) -> RoutingDecision:
     request = InferenceRequest(
         request_id=rid, model="m", input_tokens=tokens, output_budget=8, reply="http", deadline_ts=deadline
     )
     return RoutingDecision(
         request_id=rid, model="m", slo_class="interactive", dc="dc", instance_id=instance,
-        policy="p", decision_latency_s=0.0, request=request,
+        policy="p", decision_latency_s=0.0, request=request, **({} if ts is None else {"ts": ts}),
     )  # fmt: skip
 
 
@@ -52,3 +54,12 @@ def test_an_end_read_before_its_decision_and_a_call_that_never_ends_are_not_coun
     assert elsewhere.tokens(now=5.0) == {"i1": 200, "i2": 100}
     assert elsewhere.tokens(now=30.0) == {"i1": 200}  # past its deadline
     assert elsewhere.tokens(now=61.0) == {}
+
+
+def test_a_decision_read_late_is_forgotten_counting_from_when_it_was_taken() -> None:
+    elsewhere = RunElsewhere(forget_after_s=60.0)
+    # A dispatcher joining reads an earlier run's decisions from the log's start.
+    elsewhere.started(decision("old", "i1", 1000, ts=100.0), now=500.0)  # over for 340 s: never counted
+    elsewhere.started(decision("recent", "i1", 200, ts=480.0), now=500.0)  # counted until 540
+    assert elsewhere.tokens(now=500.0) == {"i1": 200}
+    assert elsewhere.tokens(now=541.0) == {}
