@@ -18,7 +18,7 @@ import random
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from dispatcher.engines.vllm.metrics import parse_metrics
 from infra.clickhouse.client import connect
 from infra.clickhouse.summary import summary
 from infra.settings import Settings
-from infra.vllm.inventory import dump_inventory
+from infra.vllm.inventory import Inventory, dump_inventory
 from lab.demo import comparison, summary_table
 from lab.engine_stack import EngineStack, StackOptions
 from lab.stack import broker
@@ -111,22 +111,15 @@ async def _run_once(
         file=sys.stderr,
     )
     async with EngineStack(bootstrap, inventory, data / policy.replace("+", "-"), stack_options) as stack:
-        hits_before = _prefix_counters(stack)
+        before = prefix_counters(stack.inventory)
         client_side = await load(stack.gateway_url, options.duration, options.concurrency, options.seed)
         await asyncio.sleep(settings.feedback_flush_s + 1.5)  # the last completions reach the store
-        hits = {
-            k: (v[0] - hits_before[k][0], v[1] - hits_before[k][1])
-            for k, v in _prefix_counters(stack).items()
-        }
+        engines = hit_rates(before, prefix_counters(stack.inventory))
     store = connect(clickhouse)
     try:
         stored = summary(store, run_id=run_id)
     finally:
         store.close()
-    engines = {
-        name: {"prefix_queries": q, "prefix_hits": h, "hit_rate": round(h / q, 4) if q else 0.0}
-        for name, (q, h) in hits.items()
-    }
     return {"run_id": run_id, "policy": policy, "client": client_side, "engines": engines, **stored}
 
 
@@ -182,13 +175,36 @@ def _system_prompt(rng: random.Random, user: int) -> str:
     return f"You are assistant number {user}. {rules}"
 
 
-def _prefix_counters(stack: EngineStack) -> dict[str, tuple[int, int]]:
+def prefix_counters(inventory: Inventory) -> dict[str, tuple[int, int, int]]:
+    """Each instance's prefix-cache (queried, hit) token counters and its pre-emptions, from its
+    ``/metrics`` (cumulative)."""
     found = {}
-    for entry in stack.inventory.instances:
+    for entry in inventory.instances:
         with urllib.request.urlopen(entry.url + "/metrics", timeout=5) as answer:
             metrics = parse_metrics(answer.read().decode(), entry.served_model_name)
-        found[entry.instance_id] = (metrics.prefix_cache_queries, metrics.prefix_cache_hits)
+        found[entry.instance_id] = (
+            metrics.prefix_cache_queries,
+            metrics.prefix_cache_hits,
+            metrics.preemptions,
+        )
     return found
+
+
+def hit_rates(
+    before: Mapping[str, tuple[int, int, int]], after: Mapping[str, tuple[int, int, int]]
+) -> dict[str, Any]:
+    """Per instance, between two ``prefix_counters``: the prefix-cache tokens queried and hit,
+    their ratio (0 when none was queried) and the pre-emptions."""
+    rates = {}
+    for name, (queries, hits, preempted) in after.items():
+        q, h = queries - before[name][0], hits - before[name][1]
+        rates[name] = {
+            "prefix_queries": q,
+            "prefix_hits": h,
+            "hit_rate": round(h / q, 4) if q else 0.0,
+            "preemptions": preempted - before[name][2],
+        }
+    return rates
 
 
 def _reset_prefix_caches(servers: VllmServers) -> None:

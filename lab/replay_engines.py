@@ -20,15 +20,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from dispatcher.engines.vllm.metrics import parse_metrics
 from infra.vllm.inventory import InstanceEntry, Inventory, ModelEntry
-from lab.demo_vllm import load
+from lab.demo_vllm import hit_rates, load, prefix_counters
 from lab.engine_stack import EngineStack, StackOptions
 from local.vllm_launcher import HOST, free_ports
 
@@ -128,38 +126,6 @@ class EmulatedServers:
         for log in self._logs:
             log.close()
         self._logs = []
-
-
-def prefix_counters(inventory: Inventory) -> dict[str, tuple[int, int, int]]:
-    """Each instance's prefix-cache (queried, hit) token counters and its pre-emptions, from its
-    ``/metrics`` (cumulative)."""
-    found = {}
-    for entry in inventory.instances:
-        with urllib.request.urlopen(entry.url + "/metrics", timeout=5) as answer:
-            metrics = parse_metrics(answer.read().decode(), entry.served_model_name)
-        found[entry.instance_id] = (
-            metrics.prefix_cache_queries,
-            metrics.prefix_cache_hits,
-            metrics.preemptions,
-        )
-    return found
-
-
-def hit_rates(
-    before: Mapping[str, tuple[int, int, int]], after: Mapping[str, tuple[int, int, int]]
-) -> dict[str, Any]:
-    """Per instance, between two ``prefix_counters``: the prefix-cache tokens queried and hit,
-    their ratio (0 when none was queried) and the pre-emptions."""
-    rates = {}
-    for name, (queries, hits, preempted) in after.items():
-        q, h = queries - before[name][0], hits - before[name][1]
-        rates[name] = {
-            "prefix_queries": q,
-            "prefix_hits": h,
-            "hit_rate": round(h / q, 4) if q else 0.0,
-            "preemptions": preempted - before[name][2],
-        }
-    return rates
 
 
 @dataclass(frozen=True)
