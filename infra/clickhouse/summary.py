@@ -220,8 +220,8 @@ def admissions(
     reasons as ``{reason: requests}`` (``rejects_by_reason``, ``holds_by_reason``), over the
     decisions taken in ``[since_ts, until_ts)``. A request held and later rejected counts in
     both. A reject's reason is its code (``expired``); a hold's is its text with each number
-    replaced by the range it took over the holds of that cause (``predicted TTFT 1.42 to 1.61 s
-    over 1.25 to 1.30 s (headroom and margin)``)."""
+    replaced by the range it took over the holds of that cause (``predicted TTFT LOW to HIGH s
+    over LOW to HIGH s (headroom and margin)``)."""
     per_class: dict[str, dict[str, Any]] = {}
     rows = client.query(_ADMISSIONS_SQL, parameters=_bounds(since_ts, until_ts, run_id)).result_rows
     for slo_class, action, why, requests, example, low, high in rows:

@@ -80,9 +80,8 @@ def slot_fleet(fleet: FleetSpec) -> FleetSpec:
     and each DC's budget written out: a budget the file leaves to "the GPUs listed there" stays
     those of the listed instances, not of the slots added."""
     rows = list(fleet.instances)
-    budgets = {dc: replace(fleet.shape.dc(dc), gpus=fleet.gpu_budget(dc)) for dc in fleet.dc_names}
-    for dc in fleet.dc_names:
-        budget = fleet.gpu_budget(dc)
+    budgets = {dc: fleet.gpu_budget(dc) for dc in fleet.dc_names}
+    for dc, budget in budgets.items():
         for model in fleet.models():
             profile = fleet.profile_of(model)
             listed = [s for s in fleet.instances if s.dc == dc and s.model == model]
@@ -90,7 +89,8 @@ def slot_fleet(fleet: FleetSpec) -> FleetSpec:
             price = listed[0].price_per_hour if listed else "profile"
             for k in range(len(listed), budget // profile.gpus):
                 rows.append(InstanceSpec(f"{dc}/{model}/r{k}", dc, model, version, profile, price))
-    return replace(fleet, instances=tuple(rows), shape=replace(fleet.shape, dcs=budgets))
+    written = {dc: replace(fleet.shape.dc(dc), gpus=gpus) for dc, gpus in budgets.items()}
+    return replace(fleet, instances=tuple(rows), shape=replace(fleet.shape, dcs=written))
 
 
 def _version_of(fleet: FleetSpec, model: str) -> str:
