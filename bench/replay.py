@@ -58,7 +58,7 @@ from local.tiny_model import ensure_tiny_model
 from local.vllm_launcher import VllmServers, engine_python_or_none, server_specs
 
 if TYPE_CHECKING:
-    from sim.engine.instance import Attempt
+    from sim.engine.attempt import Attempt
     from sim.engine.profiles import EngineProfile
 
 MODEL = "tiny-llama"

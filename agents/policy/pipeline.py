@@ -271,7 +271,7 @@ class Scheduler:
         placement_aware = self._placement_aware
         for entry, placement in zip(admitted, placements, strict=True):
             self.pools.release(entry.request.key)
-            row = placement.instance
+            row, prefill = placement.instance, placement.prefill_instance
             if placement_aware is not None:
                 placement_aware.placed(entry.request, view.instance_ids[row])
             outcomes.append(
@@ -284,6 +284,8 @@ class Scheduler:
                     instance=row,
                     instance_id=view.instance_ids[row],
                     predicted_ttft_s=placement.predicted_ttft_s,
+                    prefill_instance=prefill,
+                    prefill_instance_id=view.instance_ids[prefill] if prefill >= 0 else "",
                 )
             )
         return outcomes

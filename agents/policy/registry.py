@@ -26,10 +26,12 @@ from agents.policy.baselines import LeastRequest, LeastTokens, RandomChoice, Rou
 from agents.policy.defaults import HomeDc, PassThrough
 from agents.policy.fleetmind import FleetMind, GlobalLeastLoad, LocalOnly
 from agents.policy.peers import (
+    DynamoDisagg,
     DynamoKv,
     LlmdDefault,
     LlmdDefault4k,
     LlmdLoadAware,
+    LlmdPd,
     LlmdPrecise,
     SglangCacheAware,
     SglangGatewayCacheAware,
@@ -66,6 +68,8 @@ INSTANCE_SELECTION: dict[str, Callable[..., Any]] = {
         LlmdLoadAware,
         LlmdPrecise,
         TokenPilot,
+        LlmdPd,
+        DynamoDisagg,
     )
 }
 DC_DEFAULT_ROUTER = "tokenpilot"

@@ -27,6 +27,10 @@ import numpy.typing as npt
 BLOCK_TOKENS = 512
 """KV-cache block size in tokens; prompt block hashes are computed per full block of this size."""
 
+ROLE_PREFILL, ROLE_DECODE, ROLE_BOTH = "prefill", "decode", "both"
+"""An instance's part in prefill/decode disaggregation (``ClusterView.role``)."""
+ROLES = (ROLE_PREFILL, ROLE_DECODE, ROLE_BOTH)
+
 AdmissionAction = Literal["admit", "queue", "reject"]
 OutcomeStatus = Literal["ok", "timeout", "aborted", "error", "rejected"]
 BoolArray = npt.NDArray[np.bool_]
@@ -78,10 +82,18 @@ class DcView:
     names: tuple[str, ...] = ()
     rtt_s: tuple[float, ...] = ()
     reachable: tuple[bool, ...] = ()
+    kv_link_gbps: tuple[float, ...] = ()  # per DC; () or 0: no link for moving KV caches
 
     def rtt(self, dc: str) -> float:
         """Round trip to ``dc`` (0 when unknown)."""
         return self.rtt_s[self.names.index(dc)] if dc in self.names else 0.0
+
+    def link_gbps(self, dc: str) -> float:
+        """Gigabits per second of ``dc``'s link between prefill and decode instances (0: none,
+        or unknown: the DC's instances cannot serve a request disaggregated)."""
+        if dc not in self.names or not self.kv_link_gbps:
+            return 0.0
+        return self.kv_link_gbps[self.names.index(dc)]
 
     def is_reachable(self, dc: str) -> bool:
         """Unknown DCs count as reachable: the scheduler has no evidence against them."""
@@ -100,6 +112,11 @@ class ClusterView:
     ``BLOCK_TOKENS``. ``profile`` names the engine profile (hardware + model), so heterogeneous
     pools can be compared by predicted latency; ``dc`` and ``version_of_model`` say where each
     instance is and which model version it serves.
+
+    Prefill/decode disaggregation: ``role`` is each instance's ``prefill``, ``decode`` or
+    ``both`` (default: every row ``both``); a ``prefill`` instance only prefills the requests of
+    a pair (``Placement.prefill_instance``), never serves one whole. ``kv_bytes_per_token``: the
+    KV cache one prompt token occupies on the row's model (what a transfer moves; 0: unknown).
     """
 
     version: int
@@ -116,10 +133,17 @@ class ClusterView:
     kv_total: npt.NDArray[np.int64]
     last_heartbeat_s: npt.NDArray[np.float64]
     dcs: DcView = field(default_factory=DcView)
+    role: npt.NDArray[np.str_] = field(default_factory=lambda: np.zeros(0, dtype=str))
+    kv_bytes_per_token: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     index_of: dict[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "index_of", {iid: i for i, iid in enumerate(self.instance_ids)})
+        n = len(self.instance_ids)
+        if len(self.role) != n:
+            object.__setattr__(self, "role", np.full(n, ROLE_BOTH))
+        if len(self.kv_bytes_per_token) != n:
+            object.__setattr__(self, "kv_bytes_per_token", np.zeros(n, dtype=np.int64))
 
     def __len__(self) -> int:
         return len(self.instance_ids)
@@ -130,8 +154,23 @@ class ClusterView:
         return ~np.isin(self.dc, lost) if lost else np.ones(len(self), dtype=bool)
 
     def serving_rows(self, request: RequestView) -> BoolArray:
-        """Ready rows of the request's model, and of its ``model_version`` if it names one: the
-        wire contract (no substitution) every DC-selection stage starts from."""
+        """Ready rows of the request's model, and of its ``model_version`` if it names one, that
+        serve a request whole (role ``decode`` or ``both``): the wire contract (no substitution)
+        every DC-selection stage starts from."""
+        rows: BoolArray = self._model_rows(request) & (self.role != ROLE_PREFILL)
+        return rows
+
+    def prefill_rows(self, request: RequestView) -> BoolArray:
+        """Ready rows of the request's model (and version) that may prefill it for another
+        instance to decode (role ``prefill`` or ``both``), in a DC with a KV link; none on a
+        fleet without one."""
+        linked = [dc for dc, gbps in zip(self.dcs.names, self.dcs.kv_link_gbps, strict=False) if gbps > 0]
+        if not linked:
+            return np.zeros(len(self), dtype=bool)
+        rows: BoolArray = self._model_rows(request) & (self.role != ROLE_DECODE) & np.isin(self.dc, linked)
+        return rows
+
+    def _model_rows(self, request: RequestView) -> BoolArray:
         rows: BoolArray = self.ready & (self.model == request.model)
         if request.model_version:
             rows &= self.model_version == request.model_version
@@ -201,6 +240,7 @@ class Placement:
     instance: int
     reason: str
     predicted_ttft_s: float | None = None
+    prefill_instance: int = -1  # >= 0: disaggregated, prefilled on this row, decoded on ``instance``
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +249,9 @@ class Outcome:
     first time it is held).
 
     ``action`` ``admit`` comes with the ``dc``, the view row ``instance`` and ``instance_id`` it
-    runs on; ``queue`` (only when first held) says which ``pool`` holds it; ``reject`` ends it. ``reason`` and
+    runs on (a disaggregated request decodes there, after ``prefill_instance`` /
+    ``prefill_instance_id`` prefilled it; -1 / "": it runs whole on ``instance``); ``queue``
+    (only when first held) says which ``pool`` holds it; ``reject`` ends it. ``reason`` and
     ``predicted_ttft_s`` are from the stage that settled it (``admission_reason`` from admission).
     """
 
@@ -223,6 +265,8 @@ class Outcome:
     instance_id: str = ""
     predicted_ttft_s: float | None = None
     retry_after_s: float | None = None
+    prefill_instance: int = -1
+    prefill_instance_id: str = ""
 
 
 def empty_view(version: int = 0) -> ClusterView:
@@ -241,6 +285,19 @@ def empty_view(version: int = 0) -> ClusterView:
 @dataclass(frozen=True, slots=True)
 class FirstToken:
     """The first byte of a response reached the router (its prefill is done)."""
+
+    request_id: str
+    attempt: int
+    instance_id: str
+    ttft_s: float
+    time_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillDone:
+    """The prefill of a disaggregated request ended on ``instance_id`` (its prefill
+    instance), ``ttft_s`` after the request's arrival; its KV cache now moves to the decode
+    instance, whose first token and end come later as ``FirstToken`` and ``Finished``."""
 
     request_id: str
     attempt: int
@@ -314,4 +371,4 @@ class HeldElsewhere:
         return (self.request_id, self.attempt)
 
 
-Observation = FirstToken | Finished | BlocksChanged | Placed | HeldElsewhere
+Observation = FirstToken | Finished | BlocksChanged | Placed | HeldElsewhere | PrefillDone

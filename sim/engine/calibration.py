@@ -54,8 +54,8 @@ from typing import Any
 import numpy as np
 
 from agents.policy.types import BLOCK_TOKENS
+from sim.engine.attempt import Attempt
 from sim.engine.busy_windows import TERMS, Observations, StepLaw, WindowRows, term_factors, window_rows
-from sim.engine.instance import Attempt
 from sim.engine.profiles import PROFILES, EngineProfile
 
 _WHY_NOT = {

@@ -15,9 +15,11 @@ Two forms:
           failure_domain: eu-b-1   # replicas are advised across domains (default: the region)
           gpu_slots: 12            # instances it could host (replica advice; default 0 = none)
           price_per_hour: 2.5      # an instance-hour here (default: the profile's; null: none)
+          kv_link_gbps: 400         # link moving KV caches from prefill to decode instances
           instances:
             - {count: 4, profile: llama3-8b-h100, model: llama3-8b, version: "2"}
             - {count: 2, profile: llama3-8b-h100, price_per_hour: 1.2}   # e.g. reserved capacity
+            - {count: 2, profile: llama3-8b-h100, role: prefill}   # prefill | decode | both
       rtt_ms:                 # round-trip time between data centres (symmetric)
         A: {B: 4, C: 24}
       models:                 # the version a request that names none must run on
@@ -34,6 +36,10 @@ Two forms:
       # (the engine profile its new replicas run; default: that of its first instance listed).
       outages:                # simulated failures (simulator only): DC D is cut off
         - {dc: D, down_s: 120, up_s: 180}
+
+Prefill/decode disaggregation: an instance group's ``role`` (default ``both``: it serves
+requests whole) and a DC's ``kv_link_gbps`` (default: no link). A ``prefill`` group needs its
+DC's link; the KV cache a transfer moves is the profile's ``kv_bytes_per_token`` per token.
 
 ``tenants``, ``models``, ``reservations`` and ``gpu_budget`` are the rules of
 ``agents/policy/fleetmind/rules.py`` (read by ``fleetmind``; the other policies ignore them).
@@ -56,6 +62,7 @@ import yaml
 
 from agents.policy.fleetmind.rules import FleetRules, parse_rules
 from agents.policy.planners.shape import FleetShape, parse_shape
+from agents.policy.types import ROLE_BOTH, ROLE_PREFILL, ROLES
 from sim.engine.profiles import BUILT_IN, EngineProfile, ProfileSet
 
 
@@ -67,6 +74,7 @@ class InstanceSpec:
     version: str
     profile: EngineProfile
     price_per_hour: float | Literal["profile"] | None = "profile"  # None: no price
+    role: str = ROLE_BOTH  # prefill | decode | both (``agents.policy.types.ROLES``)
 
     @property
     def price(self) -> float | None:
@@ -96,6 +104,7 @@ class FleetSpec:
     document: Mapping[str, Any] | None = None  # the fleet file as parsed (None: a COUNTxPROFILE spec)
     shape: FleetShape = field(default_factory=FleetShape)
     model_profiles: Mapping[str, EngineProfile] = field(default_factory=dict)  # a new replica's
+    kv_link_gbps: Mapping[str, float] = field(default_factory=dict)  # per DC; absent: no link
 
     def profile_of(self, model: str) -> EngineProfile:
         """The engine profile a new replica of ``model`` runs (``models.NAME.profile``, else
@@ -215,21 +224,25 @@ def fleet_from_doc(doc: Any, path: Path, profiles: ProfileSet = BUILT_IN) -> Fle
     instances: list[InstanceSpec] = []
     rtt: dict[tuple[str, str], float] = {}
     names: list[str] = []
+    links: dict[str, float] = {}
     try:
         for dc in doc["data_centres"]:
             dc_name = str(dc["name"])
             names.append(dc_name)
             dc_price = _price(dc, f"data centre {dc_name!r}")
+            if "kv_link_gbps" in dc:
+                links[dc_name] = _link_gbps(dc["kv_link_gbps"], dc_name)
             for group in dc.get("instances") or []:
                 profile = profiles.get(str(group["profile"]))
                 model = str(group.get("model", profiles.model_of(profile)))
                 version = str(group.get("version", "1"))
                 count = _count(group.get("count", 1), f"{path}: data centre {dc_name!r}", len(instances))
                 price = _price(group, f"data centre {dc_name!r}, group {profile.name}", dc_price)
+                role = _role(group, dc_name, dc_name in links)
                 for _ in range(count):
                     instances.append(
                         InstanceSpec(
-                            f"{dc_name}/i{len(instances):03d}", dc_name, model, version, profile, price
+                            f"{dc_name}/i{len(instances):03d}", dc_name, model, version, profile, price, role
                         )
                     )
         for a, row in (doc.get("rtt_ms") or {}).items():
@@ -254,6 +267,9 @@ def fleet_from_doc(doc: Any, path: Path, profiles: ProfileSet = BUILT_IN) -> Fle
         raise ValueError(f"{path}: {exc}") from None
     if not instances:
         raise ValueError(f"{path}: the fleet has no instances")
+    for model in {spec.model for spec in instances}:
+        if all(spec.role == ROLE_PREFILL for spec in instances if spec.model == model):
+            raise ValueError(f"{path}: model {model!r} has only prefill instances: nothing decodes it")
     ingress = str(doc.get("ingress") or names[0])
     for name in [ingress, *(o.dc for o in outages)]:
         if name not in names:
@@ -267,5 +283,33 @@ def fleet_from_doc(doc: Any, path: Path, profiles: ProfileSet = BUILT_IN) -> Fle
             if model not in served:
                 raise ValueError(f"{path}: data centre {dc_name!r}: warm model {model!r} is not served")
     return FleetSpec(
-        path.name, tuple(instances), rtt, ingress, tuple(names), rules, outages, doc, shape, replica_profiles
+        path.name,
+        tuple(instances),
+        rtt,
+        ingress,
+        tuple(names),
+        rules,
+        outages,
+        doc,
+        shape,
+        replica_profiles,
+        links,
     )
+
+
+def _link_gbps(value: object, dc: str) -> float:
+    """A DC's ``kv_link_gbps``: a finite number > 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ValueError(f"data centre {dc!r}: kv_link_gbps must be a number > 0, got {value!r}")
+    return float(value)
+
+
+def _role(group: dict[str, Any], dc: str, linked: bool) -> str:
+    """An instance group's ``role`` (default ``both``); ``prefill`` only where the DC has a
+    KV link to move what it computes."""
+    role = str(group.get("role", ROLE_BOTH))
+    if role not in ROLES:
+        raise ValueError(f"data centre {dc!r}: role must be one of {', '.join(ROLES)}, got {role!r}")
+    if role == ROLE_PREFILL and not linked:
+        raise ValueError(f"data centre {dc!r}: a prefill group needs the DC's kv_link_gbps")
+    return role

@@ -69,55 +69,12 @@ import math
 import random
 from bisect import bisect_right
 from collections import deque
-from dataclasses import dataclass, field
 
 from agents.policy.types import BLOCK_TOKENS
+from sim.engine.attempt import Attempt
 from sim.engine.fleet import InstanceSpec
 from sim.engine.kv_cache import PrefixKvCache
 from sim.engine.profiles import EngineOptions, noise_seed
-from sim.workloads.trace import TraceRequest
-
-
-@dataclass(slots=True, eq=False)
-class Attempt:
-    """One attempt of a request: what the client sent and what happened to it."""
-
-    request: TraceRequest
-    attempt: int
-    arrival_s: float
-    output_budget: int
-    predicted_ttft_s: float | None = None  # the router's prediction, if its policy makes one
-    dc: str = ""  # where the router sent it ("" = not sent)
-    sent_s: float | None = None  # when the router sent it
-    return_s: float = 0.0  # one-way network time from its DC back to the ingress
-    # Filled in by the instance:
-    instance: Instance | None = None
-    cached_tokens: int = 0
-    prefill_left: int = 0
-    context: int = 0
-    generated: int = 0
-    admitted_s: float | None = None  # first scheduled (vLLM's SCHEDULED event)
-    first_token_s: float | None = None
-    end_s: float | None = None
-    tokens_in_window: int | None = None  # set for attempts still running when the window closes
-    status: str = "pending"  # pending -> ok | aborted | rejected | failed (its DC went down)
-    abort_requested: bool = False
-    keyed_blocks: list[int] = field(default_factory=list)
-    anonymous_blocks: int = 0
-    blocks: int = 0  # KV blocks it holds (keyed + anonymous)
-    preemptions: int = 0
-    busy_s: float = 0.0  # its share of its instance's busy time (``Instance._account_busy``)
-
-    @property
-    def target_tokens(self) -> int:
-        """Tokens the engine will generate: the true length, capped by the client's budget."""
-        return min(self.request.output_tokens, self.output_budget)
-
-    @property
-    def reserved_blocks(self) -> int:
-        """KV blocks of prompt + the client's output budget: the most the sequence may occupy
-        (what ``kv_allocation="reserve"`` reserves; the engine cannot know the true length)."""
-        return -(-(self.request.input_tokens + self.output_budget) // BLOCK_TOKENS)
 
 
 class Instance:
@@ -364,8 +321,7 @@ class Instance:
             tokens = request.input_tokens + attempt.generated  # resumed: recompute the output too
             hashes = request.block_hashes
             matched = cache.match(hashes)
-            # A fully cached prompt still recomputes its last token to produce logits.
-            cached = min(matched * BLOCK_TOKENS, tokens - 1)
+            cached = _computed_ahead(attempt, matched, tokens)
             chunk = min(tokens - cached, budget)
             total = -(-(cached + chunk) // BLOCK_TOKENS) if on_demand else attempt.reserved_blocks
             if cache.acquire(hashes, total, matched) is None:
@@ -390,7 +346,7 @@ class Instance:
             if cache.acquire(hashes, total, matched) is None:
                 return
             waiting.popleft()
-            self._start(attempt, tokens, matched, min(matched * BLOCK_TOKENS, tokens - 1), total, now_s)
+            self._start(attempt, tokens, matched, _computed_ahead(attempt, matched, tokens), total, now_s)
 
     def _start(
         self, attempt: Attempt, tokens: int, matched: int, cached: int, total: int, now_s: float
@@ -587,3 +543,13 @@ class Instance:
             attempt.busy_s += chunk * per_token
         for attempt in self._decoders:
             attempt.busy_s += steps * per_token
+
+
+def _computed_ahead(attempt: Attempt, matched: int, tokens: int) -> int:
+    """Tokens of ``attempt``'s ``tokens`` it need not compute: its resident prefix of ``matched``
+    blocks, or all of a prompt whose KV a prefill instance sent (``kv_received``; a pre-empted
+    one recomputes here). A fully cached prompt still computes its last token, for the logits
+    (as vLLM's decode instance does with a transferred prompt)."""
+    if attempt.kv_received and not attempt.preemptions:
+        return tokens - 1
+    return min(matched * BLOCK_TOKENS, tokens - 1)

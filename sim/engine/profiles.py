@@ -34,7 +34,8 @@ Where the figures come from (public sources, fitted by hand, bf16, vLLM-class en
   pair) at ~40 % of H100 bf16 peak.
 - KV tokens: (0.9 * 80 GB * TP - weights - activations) / KV bytes per token, with KV bytes per
   token = 2 * layers * kv_heads * head_dim * 2 B from each model's config: 128 KiB (Llama-3-8B),
-  160 KiB (Qwen3-14B), 320 KiB (Llama-3-70B, spread over 4 GPUs).
+  160 KiB (Qwen3-14B), 320 KiB (Llama-3-70B, spread over 4 GPUs): ``kv_bytes_per_token``, what
+  a prefill/decode transfer moves per prompt token.
 - Scheduler limits: vLLM V1's ``max_num_seqs`` (1024 on an H100-class GPU for the OpenAI server)
   is ``max_seqs``; ``max_num_batched_tokens`` (8192 on H100-class GPUs) is
   ``prefill_budget_tokens`` -- a per-step budget that decode tokens consume too, unless
@@ -119,6 +120,7 @@ class EngineProfile:
     options: EngineOptions = field(default_factory=EngineOptions)
     gpus: int = 1  # GPUs one instance occupies (tensor parallelism)
     price_per_hour: float | None = None  # cost of one instance-hour; None: no price (GPU-hours only)
+    kv_bytes_per_token: int = 128 * 1024  # the KV cache of one token (what a P/D transfer moves)
 
     def prefill_chunk_s(self, new_tokens: int, cached_tokens: int) -> float:
         """The prefill terms of the step time for one request's chunk (before noise)."""
@@ -169,7 +171,17 @@ PROFILES: dict[str, EngineProfile] = {
     p.name: p
     for p in (
         _LLAMA_8B,
-        EngineProfile("qwen3-14b-h100", 12e-3, 40e-6, 2e-9, 60e-6, 95e-9, 255_000, price_per_hour=H100_HOUR),
+        EngineProfile(
+            "qwen3-14b-h100",
+            12e-3,
+            40e-6,
+            2e-9,
+            60e-6,
+            95e-9,
+            255_000,
+            price_per_hour=H100_HOUR,
+            kv_bytes_per_token=160 * 1024,
+        ),
         EngineProfile(
             "llama3-70b-tp4-h100",
             17e-3,
@@ -180,6 +192,7 @@ PROFILES: dict[str, EngineProfile] = {
             490_000,
             gpus=4,
             price_per_hour=4 * H100_HOUR,
+            kv_bytes_per_token=320 * 1024,
         ),
         EngineProfile(
             "llama3-8b-h100-perturbed",

@@ -31,8 +31,9 @@ from functools import lru_cache
 
 from agents.policy.planners.dynamo_sla import DynamoProfile
 from agents.policy.types import BLOCK_TOKENS
+from sim.engine.attempt import Attempt
 from sim.engine.fleet import FleetSpec, InstanceSpec
-from sim.engine.instance import Attempt, Instance
+from sim.engine.instance import Instance
 from sim.engine.profiles import EngineProfile
 from sim.workloads.trace import make_request
 

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from agents.policy.registry import StageParams, params_for
+from sim.engine.attempt import Attempt
 from sim.engine.fleet import FleetSpec
-from sim.engine.instance import Attempt
 from sim.evaluation.compare import check_policies
 from sim.evaluation.cost import costs
 from sim.evaluation.metrics import judged, measurement_window, outcomes, report

@@ -20,7 +20,8 @@ from sim.evaluation.regret import pass_through_twin, rejected_met_without_admiss
 from sim.evaluation.violations import judge_run
 from sim.loop.config import SimConfig
 from sim.loop.planning import planner_for
-from sim.loop.runner import RunResult, simulate
+from sim.loop.results import RunResult
+from sim.loop.runner import simulate
 from sim.workloads.trace import Workload
 
 IDEAL = "ideal"
@@ -114,11 +115,14 @@ def compare(
 
 
 def _result(run: RunResult, requests: list[RequestOutcome], config: SimConfig) -> dict[str, object]:
-    """One run's metrics (``metrics.py``), costs (``cost.py``), its planner and its shape."""
+    """One run's metrics (``metrics.py``), costs (``cost.py``), its planner and its shape, and
+    on a fleet that can disaggregate, its KV transfers (``KvLinks.figures``)."""
     result = report(run.attempts, run.window, config.slo_classes, run.busy_s, requests, run.held_s)
     _add_costs(result, costs(run.attempts, requests, run.instances, run.busy_s, run.held_s))
     result["planner"] = run.planner
     result.update(run.shape)
+    if run.kv_links.get("kv_transfers") or any(spec.role != "both" for spec in run.instances):
+        result.update(run.kv_links)
     return result
 
 

@@ -34,8 +34,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sim.engine.attempt import Attempt
 from sim.engine.fleet import InstanceSpec
-from sim.engine.instance import Attempt
 from sim.evaluation.metrics import RequestOutcome
 
 Figures = dict[str, float | None]

@@ -18,8 +18,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from agents.policy.types import BLOCK_TOKENS
+from sim.engine.attempt import Attempt
 from sim.engine.fleet import FleetSpec
-from sim.engine.instance import Attempt
 from sim.engine.profiles import EngineProfile
 from sim.workloads.trace import TraceRequest, Workload
 

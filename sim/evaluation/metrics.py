@@ -34,7 +34,7 @@ import numpy as np
 
 from agents.policy.common import timing
 from agents.policy.common.slo import SloClass, meets_slo
-from sim.engine.instance import Attempt
+from sim.engine.attempt import Attempt
 
 Metrics = dict[str, float | int | None]
 

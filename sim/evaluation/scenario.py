@@ -26,13 +26,14 @@ from collections.abc import Sequence
 
 from agents.policy.fleetmind.capacity import STALE_AFTER_HEARTBEATS
 from agents.policy.registry import StageParams, params_for
-from sim.engine.instance import Attempt
+from sim.engine.attempt import Attempt
 from sim.evaluation.compare import check_policies
 from sim.evaluation.metrics import outcomes, percentile, report, summarize
 from sim.evaluation.violations import judge_run
 from sim.loop.config import SimConfig
 from sim.loop.deciders import caption
-from sim.loop.runner import RunResult, simulate
+from sim.loop.results import RunResult
+from sim.loop.runner import simulate
 from sim.scenarios import Scenario
 
 BIN_S = 5.0

@@ -29,8 +29,8 @@ from typing import Any
 
 from agents.policy.registry import StageParams, params_for
 from agents.policy.types import BLOCK_TOKENS
+from sim.engine.attempt import Attempt
 from sim.engine.fleet import FleetSpec
-from sim.engine.instance import Attempt
 from sim.evaluation.ideal import ideal_attempts
 from sim.evaluation.metrics import measurement_window, percentile
 from sim.loop.config import SimConfig

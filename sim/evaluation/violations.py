@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # types only: at run time this module imports nothing of the project
     from sim.engine.fleet import FleetSpec
-    from sim.loop.runner import RunResult, Send
+    from sim.loop.results import RunResult, Send
 
 KINDS = ("permission", "residency", "version", "model", "not_ready", "cut_off")
 PLACEMENT_KINDS = ("permission", "residency", "version", "model")

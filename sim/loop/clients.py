@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agents.policy.common.slo import SloClass
-from sim.engine.instance import Attempt
+from sim.engine.attempt import Attempt
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from typing import Protocol, get_args
 
 from agents.policy.slomax.feedback import ClassWindow, GoodputSource, InMemoryGoodput
 from schemas.events import Completion
-from sim.engine.instance import Attempt
+from sim.engine.attempt import Attempt
 from sim.loop.deciders import PoolDecider
 from sim.loop.lifecycle import Measures, deadline_at
 

@@ -25,7 +25,8 @@ from typing import Literal
 
 from agents.policy.common import timing
 from agents.policy.common.slo import SloClass, meets_slo
-from sim.engine.instance import Attempt, Instance
+from sim.engine.attempt import Attempt
+from sim.engine.instance import Instance
 from sim.loop.clients import ClientRules
 from sim.workloads.trace import TraceRequest
 

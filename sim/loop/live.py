@@ -31,8 +31,9 @@ from agents.policy.common.slo import DEFAULT_SLO_CLASSES, SloClass, classify
 from agents.policy.common.timing import clamp_duration
 from agents.policy.types import BLOCK_TOKENS
 from schemas.events import MAX_DURATION_S, Completion, Heartbeat, KvEvent, ResponseStarted, RoutingDecision
+from sim.engine.attempt import Attempt
 from sim.engine.fleet import FleetSpec
-from sim.engine.instance import Attempt, Instance
+from sim.engine.instance import Instance
 from sim.loop.clients import ClientRules
 from sim.loop.lifecycle import AttemptLifecycle, Measures
 from sim.workloads.trace import TraceRequest

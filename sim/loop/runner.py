@@ -16,6 +16,8 @@ Events, in time order (ties: step ends, then arrivals, then client timeouts, the
 - plan, ready, drain check (a planner other than ``static``): the fleet's shape changes
   (``sim/loop/shaping.py``): replicas start with an empty cache, serve once loaded, drain and
   stop; what reaches a stopped one fails (lost in scale-down);
+- transferred (a disaggregated request, ``sim/loop/disagg.py``): its KV cache reached its decode
+  instance after its prefill leg, and it joins that instance;
 - outage (``FleetSpec.outages``): a DC goes down — what its instances run fails (the client
   retries it at once), they stop heartbeating (the scheduler keeps their last row, ageing) and
   whatever reaches them fails — and comes back later with cold caches.
@@ -43,7 +45,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from itertools import count
 from typing import cast
 
@@ -59,17 +61,21 @@ from agents.policy.types import (
     Finished,
     FirstToken,
     Outcome,
+    PrefillDone,
 )
-from sim.engine.fleet import FleetSpec, InstanceSpec
-from sim.engine.instance import Attempt, Instance
+from sim.engine.attempt import Attempt
+from sim.engine.fleet import FleetSpec
+from sim.engine.instance import Instance
 from sim.engine.profiles import EngineOptions
 from sim.loop.config import SimConfig
 from sim.loop.deciders import Deciders, PoolDecider
+from sim.loop.disagg import KvLinks, PairedLegs
 from sim.loop.feedback import EndedAttempt, MemoryOutcomes, OutcomeSink, bind_feedback
 from sim.loop.lifecycle import AttemptLifecycle, Measures, deadline_at, met_objective
+from sim.loop.results import RunResult, Send
 from sim.loop.shaping import FleetShaper
 from sim.loop.views import dc_view, request_view
-from sim.workloads.trace import TraceRequest, Workload
+from sim.workloads.trace import Workload
 
 (
     _STEP_END,
@@ -85,50 +91,18 @@ from sim.workloads.trace import TraceRequest, Workload
     _READY,
     _DRAIN_CHECK,
     _SAMPLE,
-) = range(13)
+    _TRANSFERRED,
+) = range(14)
 MAX_FAILURE_RETRIES = 2
 """Attempts a client adds after its request failed with its DC (a gateway retries at once)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Send:
-    """One admit, as it happened: ``request`` (its tenant, home DC, allowed regions, model and
-    version as the client sent them), attempt number ``attempt``, sent at ``sent_s`` to instance
-    ``instance_id`` of DC ``dc``, which serves ``model`` at ``version``. ``row_ready`` and
-    ``row_taken_s``: the ready flag of the newest heartbeat row of that instance the scheduler
-    had when it decided, and when that row was taken (its age is ``sent_s - row_taken_s``)."""
-
-    request: TraceRequest
-    attempt: int
-    sent_s: float
-    instance_id: str
-    dc: str
-    model: str
-    version: str
-    row_ready: bool
-    row_taken_s: float
-
-
-@dataclass(slots=True)
-class RunResult:
-    policy: str
-    attempts: list[Attempt]
-    window: tuple[float, float]
-    busy_s: list[float]
-    sends: list[Send] = field(default_factory=list)  # every admit, in the order decided
-    notices: list[FleetNotice] = field(default_factory=list)
-    held_s: list[float] = field(default_factory=list)  # GPUs held inside the window, per row
-    instances: tuple[InstanceSpec, ...] = ()  # the rows (the fleet's, and the planner's slots)
-    planner: str = "static"
-    shape: dict[str, object] = field(default_factory=dict)  # ``Replicas.figures``
 
 
 ProgressFn = Callable[[int], None]
 
 
-class Simulation(AttemptLifecycle):
+class Simulation(AttemptLifecycle, PairedLegs):
     """The discrete-event loop (module docstring); an attempt's life on its instance is
-    ``AttemptLifecycle``'s."""
+    ``AttemptLifecycle``'s, a disaggregated request's legs ``PairedLegs``'."""
 
     def __init__(
         self,
@@ -182,6 +156,8 @@ class Simulation(AttemptLifecycle):
         self._view = self._snapshot(0.0)
         self._view_slots = self._slots_of(self._view)
         self.feedback = bind_feedback(scheduler, feedback or MemoryOutcomes())
+        self.links = KvLinks(fleet)
+        self._pairs = {}
 
     def _engine_options(self, own: EngineOptions) -> EngineOptions:
         """The configured engine options, else the profile's; noise seeded by the run's seed."""
@@ -240,6 +216,8 @@ class Simulation(AttemptLifecycle):
                 self.shaper.replicas.became_ready(cast(int, payload), now)
             elif kind == _DRAIN_CHECK:
                 self._stop_if_done(cast(int, payload), now)
+            elif kind == _TRANSFERRED:
+                self._transferred(*cast(tuple[Attempt, int, Instance], payload), now)
             elif kind == _SAMPLE:
                 self.shaper.replicas.sample(now)
                 if now + self.shaper.replicas.timeline_step_s <= self.window[1]:
@@ -260,6 +238,7 @@ class Simulation(AttemptLifecycle):
             self.fleet.instances,
             self.shaper.planner.name,
             self.shaper.figures(),
+            self.links.figures(),
         )
 
     # --- event handlers -----------------------------------------------------------------------
@@ -299,23 +278,28 @@ class Simulation(AttemptLifecycle):
     def _settle(self, attempt: Attempt, outcome: Outcome, now: float) -> None:
         attempt.predicted_ttft_s = outcome.predicted_ttft_s
         if outcome.action == "admit":
-            row = outcome.instance
-            index = self._view_slots[row]
-            instance = self.instances[index]
-            self._record_send(attempt, index, row, now)
+            index = self._view_slots[outcome.instance]
+            self._record_send(attempt, index, outcome.instance, now)
             attempt.dc, attempt.sent_s = self._row_dc[index], now
-            one_way = self.fleet.rtt(self.fleet.ingress_dc, attempt.dc) / 2
-            if one_way > 0:
-                attempt.return_s = one_way
-                self._push(now + one_way, _DISPATCH, (attempt, index, instance))
-                return
-            self._reach(attempt, index, instance, now)
+            attempt.return_s = self.fleet.rtt(self.fleet.ingress_dc, attempt.dc) / 2
+            if outcome.prefill_instance >= 0:
+                self._send_pair(attempt, outcome, index, now)
+            else:
+                self._dispatch(attempt, index, now)
             return
         if self.feedback is not None:
             self.feedback.rejected(now, attempt.request.slo_class)
         self.shaper.rejected(attempt.request)
         attempt.status = "rejected"
         self._end(attempt, now)
+
+    def _dispatch(self, attempt: Attempt, index: int, now: float) -> None:
+        """Send ``attempt`` to instance ``index``: it reaches it r/2 later (``return_s``)."""
+        instance = self.instances[index]
+        if attempt.return_s > 0:
+            self._push(now + attempt.return_s, _DISPATCH, (attempt, index, instance))
+        else:
+            self._reach(attempt, index, instance, now)
 
     def _reach(self, attempt: Attempt, index: int, instance: Instance, now: float) -> None:
         """The attempt reaches the instance it was sent to (``now``: dispatch time + r/2)."""
@@ -359,7 +343,7 @@ class Simulation(AttemptLifecycle):
         """The attempt failed with its DC; the client learns it r/2 later and retries."""
         attempt.status = "failed"
         self._end(attempt, now)
-        if attempt.attempt <= MAX_FAILURE_RETRIES:
+        if attempt.client is None and attempt.attempt <= MAX_FAILURE_RETRIES:  # (a leg: its client)
             back = now + attempt.return_s
             self._push(
                 back, _ARRIVAL, Attempt(attempt.request, attempt.attempt + 1, back, attempt.output_budget)
@@ -426,9 +410,10 @@ class Simulation(AttemptLifecycle):
             del self._offered[(attempt.request.request_id, attempt.attempt)]
             attempt.status = "aborted"
             self._end(attempt, now)
-        elif attempt.instance is None and attempt.dc:  # on its way to its DC: dropped there
+        elif attempt.instance is None and attempt.dc:  # on its way, or in a pair's first legs
             attempt.status = "aborted"
             self._end(attempt, now)
+            self._drop_leg(attempt, now)
         elif attempt.instance is not None:
             self._abort_on(attempt, attempt.instance, now)
         if self.clients.retries(attempt):
@@ -479,11 +464,17 @@ class Simulation(AttemptLifecycle):
             self._signal(changes, now)
 
     def _started(self, instance: Instance, attempt: Attempt, ttft_s: float, now: float) -> None:
-        """The first byte of a response that started streaming in the step just ended."""
+        """The first byte of a response that started streaming in the step just ended (not a
+        prefill leg's: its token is not the client's)."""
+        if attempt.client is not None:
+            return
         iid = instance.spec.instance_id
         self.scheduler.observe(FirstToken(attempt.request.request_id, attempt.attempt, iid, ttft_s, now))
 
     def _ended(self, attempt: Attempt, now: float) -> None:
+        if attempt.client is not None:
+            self._prefilled(attempt, now)
+            return
         self._open -= 1
         if self.shaper.plans and attempt.status != "rejected":  # rejects are counted apart
             measures = Measures.of(attempt)
@@ -551,7 +542,18 @@ class Simulation(AttemptLifecycle):
             kv_total=np.array([i.cache.capacity for i in instances], dtype=np.int64),
             last_heartbeat_s=beat_s.copy(),
             dcs=self._dcs,
+            role=np.array([s.role for s in specs]),
+            kv_bytes_per_token=np.array([s.profile.kv_bytes_per_token for s in specs], dtype=np.int64),
         )
+
+    def _index_of_row(self, row: int) -> int:
+        return self._view_slots[row]
+
+    def _observe(self, event: PrefillDone) -> None:
+        self.scheduler.observe(event)
+
+    def _at_transferred(self, time_s: float, payload: tuple[Attempt, int, Instance]) -> None:
+        self._push(time_s, _TRANSFERRED, payload)
 
     def _slots_of(self, view: ClusterView) -> list[int]:
         """Row -> instance index, for a view (its rows are the instances that were on)."""

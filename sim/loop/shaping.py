@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from agents.policy.planners import Planner, StaticPlanner
 from agents.policy.planners.contract import planned_objective
 from agents.policy.types import ClusterView
+from sim.engine.attempt import Attempt
 from sim.engine.fleet import FleetSpec
-from sim.engine.instance import Attempt
 from sim.loop.config import SimConfig
 from sim.loop.demand import DemandLedger
 from sim.loop.replicas import Replicas, slot_fleet

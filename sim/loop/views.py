@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from agents.policy.types import DcView, RequestView
+from sim.engine.attempt import Attempt
 from sim.engine.fleet import FleetSpec
-from sim.engine.instance import Attempt
 from sim.loop.lifecycle import deadline_at
 
 
@@ -34,4 +34,5 @@ def dc_view(fleet: FleetSpec) -> DcView:
     """The fleet's data centres seen from its ingress."""
     names = fleet.dc_names
     ingress = fleet.ingress_dc
-    return DcView(names, tuple(fleet.rtt(ingress, dc) for dc in names), (True,) * len(names))
+    links = tuple(fleet.kv_link_gbps.get(dc, 0.0) for dc in names)
+    return DcView(names, tuple(fleet.rtt(ingress, dc) for dc in names), (True,) * len(names), links)

@@ -14,10 +14,10 @@ from agents.policy.common.slo import DEFAULT_SLO_CLASSES
 from agents.policy.types import BLOCK_TOKENS
 from infra.clickhouse import FeedbackSink
 from schemas.events import Completion, Heartbeat, InferenceRequest, RoutingDecision
+from sim.engine.attempt import Attempt
 from sim.engine.fleet import FleetSpec
-from sim.engine.instance import Attempt
 from sim.loop.lifecycle import Measures, deadline_at
-from sim.loop.runner import RunResult
+from sim.loop.results import RunResult
 
 BEAT_S = 1.0
 """Heartbeat interval of the stored run (seconds)."""

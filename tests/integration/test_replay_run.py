@@ -16,8 +16,8 @@ from clickhouse_connect.driver.client import Client
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES
 from cli.main import main
 from infra.clickhouse import FeedbackSink, connect, migrate
+from sim.engine.attempt import Attempt
 from sim.engine.fleet import FleetSpec, InstanceSpec
-from sim.engine.instance import Attempt
 from sim.engine.profiles import PROFILES
 from sim.loop.config import SimConfig
 from sim.loop.runner import simulate

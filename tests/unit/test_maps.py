@@ -47,6 +47,7 @@ EXTENSIONS = {"py", "md", "yaml", "yml", "toml", "json", "sql", "txt", "csv", "c
 NOT_NAMES = {
     "deploy/config/epp-estimate-prefix-cache-config.yaml": "a file of llm-d-router (the llm-d peer)",
     "deploy/config/epp-precise-prefix-cache-config.yaml": "a file of llm-d-router (the llm-d peer)",
+    "deploy/config/pd-epp-config.yaml": "a file of llm-d-router (the llm-d P/D peer)",
     "Scheduler.schedule": "vLLM's scheduler, which the simulated engine follows",
     "gateway.access": "the gateway's access logger",
 }

@@ -328,12 +328,12 @@ def score_rows(
         harm   = B · (max(E + own - room, 0) - max(E - room, 0))
         score  = predicted + spare_others · chunk · a + spare_decodes · harm
 
-    ``scores_out`` (3 x n) gets chunk, own and the score (``inf`` where ``mask`` is False). The
-    rows whose score is at most ``best · tie_factor + 1e-9`` (best: the lowest, the first NaN if
-    any) go to ``near_out`` in row order; returns how many."""
+    ``scores_out`` (3 x n) gets chunk, own and the score, on every row. The rows of ``mask``
+    whose score is at most ``best · tie_factor + 1e-9`` (best: the lowest of ``mask``'s, the first
+    NaN if any) go to ``near_out`` in row order; returns how many."""
     n = predicted.shape[0]
     late_on = lateness[lateness.shape[0] - 1] > 1.0
-    best = 0
+    best = -1
     nan_seen = False
     for i in range(n):
         theta = thetas[profile_of_row[i]]
@@ -351,19 +351,21 @@ def score_rows(
         absorbed = horizon_s * _max(1.0 - rows[4, i] / tpot_s, 0.0)
         harm = rows[2, i] * (_max(recent[i] + own - absorbed, 0.0) - _max(recent[i] - absorbed, 0.0))
         score += spare_decodes * harm
-        if not mask[i]:
-            score = np.inf
         scores_out[0, i] = chunk
         scores_out[1, i] = own
         scores_out[2, i] = score
-        # np.argmin: the first lowest, or the first NaN
-        if not nan_seen and (score != score or score < scores_out[2, best]):
+        if not mask[i]:
+            continue
+        # np.argmin over the mask: the first lowest, or the first NaN
+        if best < 0 or (not nan_seen and (score != score or score < scores_out[2, best])):
             best = i
             nan_seen = score != score
+    if best < 0:
+        return 0
     threshold = scores_out[2, best] * tie_factor + 1e-9
     count = 0
     for i in range(n):
-        if scores_out[2, i] <= threshold:
+        if mask[i] and scores_out[2, i] <= threshold:
             near_out[count] = i
             count += 1
     return count

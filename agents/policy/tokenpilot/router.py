@@ -70,6 +70,7 @@ Per-row arithmetic runs in compiled loops (``kernels.py``, ``common/prefix_kerne
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -91,6 +92,7 @@ from agents.policy.tokenpilot.features import (
 )
 from agents.policy.tokenpilot.horizon import DecodeHorizon
 from agents.policy.tokenpilot.lateness import PrefillLateness
+from agents.policy.tokenpilot.pairs import KvLinkLedger, best_pair
 from agents.policy.tokenpilot.predictor import OnlineLinearModel
 from agents.policy.tokenpilot.queues import PrefillQueues
 from agents.policy.tokenpilot.sends import Chosen, Sent
@@ -105,6 +107,7 @@ from agents.policy.types import (
     Observation,
     Placed,
     Placement,
+    PrefillDone,
     RequestView,
     RowPrediction,
 )
@@ -144,6 +147,7 @@ class TokenPilot(InstanceSelector):
         self.queues = PrefillQueues(tpot_horizon_s)
         self.horizon = DecodeHorizon(tpot_horizon_s)  # H: learned from completions, at most this
         self.lateness = PrefillLateness()
+        self.links = KvLinkLedger()  # transfers of the requests it disaggregated
         self._sent: dict[tuple[str, int], Sent] = {}
         self._chosen = Chosen(0.0, np.zeros(len(FEATURES)), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         self._last_queued: dict[str, tuple[str, int]] = {}  # instance id -> last request sent there
@@ -181,7 +185,7 @@ class TokenPilot(InstanceSelector):
         if not revised:
             return placements
         return [
-            Placement(p.instance, p.reason, p.predicted_ttft_s + revised[r.key])
+            replace(p, predicted_ttft_s=p.predicted_ttft_s + revised[r.key])
             if p.predicted_ttft_s is not None and r.key in revised
             else p
             for r, p in zip(requests, placements, strict=True)
@@ -215,19 +219,37 @@ class TokenPilot(InstanceSelector):
             near,
         )
         row = self._pick_near(near[:count], view)
+        pair = None
+        if view.dcs.kv_link_gbps:  # a fleet that may disaggregate (``pairs.py``)
+            theta_of_row = fixed.thetas[fixed.rows.profiles.of_row]
+            pair = best_pair(
+                request, view, mask, predicted, features, rows.rows, scores, theta_of_row,
+                self._budget, float(self.spare_others), self.links, now_s,
+            )  # fmt: skip
+            if pair is not None and not pair.cost_s < scores[2, row]:
+                pair = None
+        at = row if pair is None else pair.prefill  # the row its prefill runs on
         # (Python floats from here on: the same IEEE doubles, cheaper to compute with)
-        joined, tokens, predicted_s = float(scores[0, row]), float(own_tokens[row]), float(predicted[row])
+        joined, tokens, predicted_s = (
+            float(scores[0, at]),
+            float(own_tokens[at]),
+            float(predicted[at]),
+        )
         cached = request.input_tokens - tokens
         self._chosen = Chosen(
             now_s,
-            features[row].copy(),  # (a scratch array: the next decision overwrites it)
+            features[at].copy(),  # (a scratch array: the next decision overwrites it)
             predicted_s,
             tokens,
-            float(own_pairs[row]),
+            float(own_pairs[at]),
             joined,
             joined * (cached + joined / 2),
-            float(scores[1, row]),
+            float(scores[1, at]),
+            pair,
         )
+        if pair is not None:
+            reason = f"disaggregated: {pair.cost_s:.3f} s < whole {scores[2, row]:.3f} s"
+            return Placement(pair.decode, reason, pair.ttft_s, prefill_instance=pair.prefill)
         reason = f"min predicted TTFT ({cached:.0f} of {request.input_tokens} prompt tokens cached)"
         return Placement(row, reason, predicted_s)
 
@@ -438,9 +460,16 @@ class TokenPilot(InstanceSelector):
         return int(near[self.rng.integers(len(near))])
 
     def on_routed(self, request: RequestView, view: ClusterView, row: int) -> None:
+        """Record the send: its prefill's work on the row it prefills on (``row``, or a pair's
+        prefill row, whose KV transfer is booked on its DC's link)."""
+        chosen = self._chosen
+        pair = chosen.pair
+        if pair is not None:
+            self.links.book(str(view.dc[pair.prefill]), pair.transfer_ready_s, pair.transfer_s)
+            self.index.add(view.instance_ids[row], request.block_hashes)  # the decode side's too
+            row = pair.prefill
         instance_id = view.instance_ids[row]
         profile = self._rows_of(view).profiles.by_row[row]
-        chosen = self._chosen
         key = (request.request_id, request.attempt)
         self.clock.sent(instance_id, profile, key, chosen.now_s)
         due_s = chosen.now_s + chosen.predicted_s * self.lateness.of(chosen.tokens)
@@ -533,6 +562,9 @@ class TokenPilot(InstanceSelector):
         if isinstance(event, Placed):
             self._placed_elsewhere(event)  # (then in flight, as an own send is after ``pick``)
         super().observe(event)
+        if isinstance(event, PrefillDone):
+            self._prefill_done(event)
+            return
         if not isinstance(event, FirstToken | Finished):
             return
         key = (event.request_id, event.attempt)
@@ -561,6 +593,25 @@ class TokenPilot(InstanceSelector):
             self.queues.remove(sent.instance_id, sent.tokens, sent.pairs)
         if event.ttft_s is None:
             self.queues.forget(sent.instance_id, key)
+
+    def _prefill_done(self, event: PrefillDone) -> None:
+        """A disaggregated request's prefill ended: on its prefill row this is its first token
+        and end (θ learns from it there); its later first token and end, on the decode row,
+        calibrate nothing (they include the transfer)."""
+        key = (event.request_id, event.attempt)
+        sent = self._sent.get(key)
+        if sent is None or sent.instance_id != event.instance_id:
+            return
+        self.clock.first_token(key, event.instance_id, event.time_s)
+        self.clock.finished(key, event.instance_id, event.time_s, True)
+        del self._sent[key]
+        self.queues.first_token(sent.instance_id, sent.mark, key)
+        if sent.own:
+            after_send = event.ttft_s - sent.waited_s
+            self.model_for(sent.profile).update(sent.features, after_send)
+            if sent.tokens >= 0.5 * sent.features[PREFILL_TOKENS]:
+                self.lateness.add(sent.tokens, sent.predicted_s, after_send)
+        self._observed += 1
 
     def model_for(self, profile: str) -> OnlineLinearModel:
         model = self.models.get(profile)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agents.policy.common.numeric import FloatArray
+from agents.policy.tokenpilot.pairs import Pair
 
 
 @dataclass(slots=True)
@@ -36,3 +37,4 @@ class Chosen:
     joined_tokens: float  # of its first chunk, run in the step that ends the last queued request
     joined_pairs: float
     prefill_s: float  # its own predicted prefill seconds there (what the decodes' harm counts)
+    pair: Pair | None = None  # disaggregated: prefilled on ``pair.prefill`` (what the rest is of)

@@ -11,7 +11,8 @@ import pytest
 from agents.policy.defaults import HomeDc, PassThrough
 from agents.policy.pipeline import Scheduler
 from agents.policy.types import BLOCK_TOKENS, BoolArray, ClusterView, Placement, RequestView
-from sim.engine.instance import Attempt, Instance
+from sim.engine.attempt import Attempt
+from sim.engine.instance import Instance
 from sim.engine.profiles import EngineOptions, KvAllocation
 from sim.loop.config import SimConfig
 from sim.loop.runner import Simulation, simulate

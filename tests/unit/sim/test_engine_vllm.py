@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from agents.policy.types import BLOCK_TOKENS
+from sim.engine.attempt import Attempt
 from sim.engine.fleet import InstanceSpec, parse_fleet
-from sim.engine.instance import Attempt, Instance
+from sim.engine.instance import Instance
 from sim.engine.profiles import PROFILES, EngineOptions, EngineProfile, get_profile, noise_seed
 from tests.unit.sim.helpers import LLAMA, request
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES
-from sim.engine.instance import Attempt
+from sim.engine.attempt import Attempt
 from sim.evaluation.metrics import percentile, prediction_mape, report
 from tests.unit.sim.helpers import request
 

@@ -20,7 +20,8 @@ from sim.engine.fleet import fleet_from_doc
 from sim.evaluation import violations
 from sim.evaluation.violations import KINDS, FleetFile, count_violations, judge_run, placement_breaches
 from sim.loop.config import SimConfig
-from sim.loop.runner import Send, simulate
+from sim.loop.results import Send
+from sim.loop.runner import simulate
 from sim.scenarios import SCENARIO_DIR, load_scenario
 from sim.workloads.trace import TraceRequest, load_records
 

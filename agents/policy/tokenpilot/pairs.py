@@ -1,0 +1,154 @@
+"""TokenPilot's disaggregation: serve a request whole, or prefill it on one instance and decode
+it on another, whichever its latency model prices lower.
+
+TokenPilot scores every row i for the request served whole (``router.py``):
+``score_i = TTFT_i + spare_others · delay_i + spare_decodes · harm_i``. Its aggregated pick is the
+best candidate row a, at ``score_a``. A pair (p, d) of one DC, p a row that may prefill (role
+``prefill`` or ``both``) and d one that may decode (a candidate), p != d, costs
+
+    prefill_p  = score_p, of which harm_p only where p decodes too (role ``both``)
+    transfer_p = link_wait + 8 · kv_bytes_per_token_p · input / (gbps · 1e9)
+    decode_d   = TTFT of a one-token prefill on d: θ_d · [steps', steps'·B_d, steps'·C_d,
+                 Q_d + 1, R_d + input, short_d, wait_d],  steps' = ceil((Q_d + 1) / budget)
+    pair(p, d) = prefill_p + transfer_p + decode_d
+
+where Q_d, R_d are the prefill tokens and pairs queued ahead on d and short_d, wait_d its KV
+shortfall and boundary wait, as in the request's own features on d: the decode instance receives
+the prompt computed but for its last token, which it computes behind what is queued there (its
+whole prompt's blocks are allocated there, none reused). The link's wait is this router's own
+ledger of the transfers it ordered (``KvLinkLedger``: first come first served, as the link
+serves them). The request is disaggregated when the cheapest pair costs less than ``score_a``:
+a busy prefill pool, a slow or queued link, or a decode instance that can absorb the prefill
+all keep it whole (local prefill), without a length threshold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from agents.policy.common.numeric import BoolArray, FloatArray
+from agents.policy.tokenpilot.features import (
+    PREFILL_PAIRS,
+    PREFILL_TOKENS,
+    STEPS,
+    STEPS_X_BATCH,
+    STEPS_X_CONTEXT,
+)
+from agents.policy.types import ROLE_PREFILL, ClusterView, RequestView
+
+BITS_PER_BYTE = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """The cheapest pair: prefill on row ``prefill``, decode on row ``decode``; ``ttft_s`` the
+    predicted time to first token through it, ``cost_s`` its price (module docstring), and
+    ``transfer_ready_s`` / ``transfer_s`` when its KV is predicted to be ready to move and how
+    long the move takes on the link alone."""
+
+    prefill: int
+    decode: int
+    ttft_s: float
+    cost_s: float
+    transfer_ready_s: float
+    transfer_s: float
+
+
+class KvLinkLedger:
+    """The transfers this router ordered, per DC link: when each link is free again."""
+
+    def __init__(self) -> None:
+        self._free_s: dict[str, float] = {}
+
+    def wait_s(self, dc: str, ready_s: float) -> float:
+        """How long a transfer ready at ``ready_s`` waits for those ordered before it."""
+        return max(self._free_s.get(dc, ready_s) - ready_s, 0.0)
+
+    def book(self, dc: str, ready_s: float, transfer_s: float) -> None:
+        """Order a transfer of ``transfer_s`` on ``dc``'s link, ready at ``ready_s``."""
+        self._free_s[dc] = ready_s + self.wait_s(dc, ready_s) + transfer_s
+
+
+def best_pair(
+    request: RequestView,
+    view: ClusterView,
+    candidates: BoolArray,
+    predicted: FloatArray,
+    features: FloatArray,
+    rows: FloatArray,
+    scores: FloatArray,
+    theta_of_row: FloatArray,
+    budget: float,
+    spare_others: float,
+    links: KvLinkLedger,
+    now_s: float,
+) -> Pair | None:
+    """The cheapest pair for ``request`` (module docstring), None if the view has none: no row
+    that may prefill beside the decode ``candidates`` in a DC with a KV link. ``predicted``,
+    ``features``, ``rows`` (P, pairs, B, C, s) and ``scores`` (chunk, own, score) are the
+    aggregated decision's, per row; ``theta_of_row`` each row's θ (n x features)."""
+    prefill_rows = view.prefill_rows(request)
+    if not prefill_rows.any():
+        return None
+    prefill_only = view.role == ROLE_PREFILL
+    prefill_cost = np.where(
+        prefill_only,
+        predicted + spare_others * scores[0] * theta_of_row[:, PREFILL_TOKENS],
+        scores[2],
+    )
+    decode_cost = _decode_leg_s(request, features, rows, theta_of_row, budget)
+    best: Pair | None = None
+    for dc in np.unique(view.dc[prefill_rows]):
+        gbps = view.dcs.link_gbps(str(dc))
+        here = view.dc == dc
+        prefill_at = np.flatnonzero(prefill_rows & here)
+        decode_at = np.flatnonzero(candidates & here)
+        if gbps <= 0 or not len(decode_at):
+            continue
+        transfer = BITS_PER_BYTE * view.kv_bytes_per_token[prefill_at] * request.input_tokens / (gbps * 1e9)
+        ready = now_s + predicted[prefill_at]
+        waits = np.array([links.wait_s(str(dc), r) for r in ready])
+        side = prefill_cost[prefill_at] + transfer + waits
+        for p_at, d_at in _two_best(prefill_at, side, decode_at, decode_cost[decode_at]):
+            p, d = int(prefill_at[p_at]), int(decode_at[d_at])
+            cost = float(side[p_at] + decode_cost[d])
+            if best is None or cost < best.cost_s:
+                ttft = float(predicted[p] + transfer[p_at] + waits[p_at] + decode_cost[d])
+                best = Pair(p, d, ttft, cost, float(ready[p_at]), float(transfer[p_at]))
+    return best
+
+
+def _decode_leg_s(
+    request: RequestView, features: FloatArray, rows: FloatArray, theta_of_row: FloatArray, budget: float
+) -> FloatArray:
+    """``decode_d`` on every row (module docstring), from the request's own features there."""
+    leg = features.copy()
+    queued = features[:, PREFILL_TOKENS] - rows[0]
+    steps = np.ceil((queued + 1) / budget)
+    leg[:, STEPS] = steps
+    leg[:, STEPS_X_BATCH] = steps * rows[2]
+    leg[:, STEPS_X_CONTEXT] = steps * rows[3]
+    leg[:, PREFILL_TOKENS] = queued + 1
+    leg[:, PREFILL_PAIRS] = features[:, PREFILL_PAIRS] - rows[1] + request.input_tokens
+    decode: FloatArray = np.einsum("ij,ij->i", leg, theta_of_row)
+    return decode
+
+
+def _two_best(
+    prefill_at: np.ndarray, prefill_cost: FloatArray, decode_at: np.ndarray, decode_cost: FloatArray
+) -> list[tuple[int, int]]:
+    """Positions (in ``prefill_at``, ``decode_at``) of the cheapest pairs of two different rows:
+    the cheapest prefill with the cheapest other decode, and the cheapest decode with the
+    cheapest other prefill (one of them is the cheapest pair)."""
+    pairs = []
+    p = int(np.argmin(prefill_cost))
+    d_cost = np.where(decode_at == prefill_at[p], np.inf, decode_cost)
+    if np.isfinite(d_cost).any():
+        pairs.append((p, int(np.argmin(d_cost))))
+    d = int(np.argmin(decode_cost))
+    p_cost = np.where(prefill_at == decode_at[d], np.inf, prefill_cost)
+    if np.isfinite(p_cost).any():
+        pairs.append((int(np.argmin(p_cost)), d))
+    return pairs
