@@ -393,6 +393,7 @@ class RoutingService:
                 **common,
                 dc=outcome.dc,
                 instance_id=outcome.instance_id,
+                prefill_instance_id=outcome.prefill_instance_id,
                 reason=outcome.reason,
                 predicted_ttft_s=outcome.predicted_ttft_s,
                 decision_latency_s=latency_s,

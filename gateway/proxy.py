@@ -16,7 +16,7 @@ others get the assembled answer once the engine is done. What it guarantees:
 - ``tokenfleet_gateway_added_seconds`` gets, for a streamed call, the time from the call's
   arrival to its first token written to the client, less the engine's own time to that token;
 - a client that hangs up (a write fails, or aiohttp cancels the handler) ends the call
-  ``client_closed`` and the attempt ``aborted``: leaving ``stream_generation`` closes the engine
+  ``client_closed`` and the attempt ``aborted``: leaving the engine call (``generate``) closes the engine
   connection, which makes vLLM abort the generation; nothing of it is logged as an error;
 - engine errors become OpenAI error JSON with no engine address in it (the log has it): a
   decision naming an engine not in the inventory is 502; an engine that refuses the call itself
@@ -56,9 +56,9 @@ from infra.vllm.openai_http import (
     Generation,
     engine_call,
     engine_request_id,
-    stream_generation,
 )
 from infra.vllm.outcome import Status
+from infra.vllm.prefill_decode import generate
 from schemas.events import Event, InferenceRequest, RoutingDecision
 from schemas.topics import COMPLETIONS, FIRST_TOKENS, TopicSpec
 
@@ -146,15 +146,21 @@ class EngineProxy:
                     502, "the scheduler chose an engine this gateway cannot reach", type="engine_error"
                 )
             path, body = engine_call(request, entry.served_model_name or entry.model)
+            prefill = (
+                self.inventory.instance(decision.prefill_instance_id)
+                if decision.prefill_instance_id
+                else None
+            )
             sent = time.monotonic()
             try:
-                await stream_generation(
+                await generate(  # whole, or prefilled first on the decision's prefill instance
                     session,
                     entry.url,
                     path,
                     body,
-                    on_event,
-                    self.timeout_s,
+                    prefill_url=None if prefill is None else prefill.url,
+                    timeout_s=self.timeout_s,
+                    on_event=on_event,
                     into=generation,
                     request_id=engine_request_id(request),
                 )

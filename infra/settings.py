@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
@@ -165,6 +165,12 @@ class Settings(BaseSettings):
     )
     dc_rtt_ms: dict[str, float] = Field(
         default_factory=dict, description="data centre -> round trip from the ingress, ms"
+    )
+    kv_link_gbps: dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]] = Field(
+        default_factory=dict,
+        description="data centre -> gigabits per second of its link between prefill and decode "
+        "instances, for moving a prompt's KV cache; a DC not named (or 0) has none: nothing there "
+        "is served disaggregated",
     )
     fleet_rules: Path | None = Field(
         default=None,

@@ -5,7 +5,12 @@ transformers pins do not mix with the control plane's packages, so the servers a
 processes of that environment's python. Each server is one OpenAI-compatible HTTP server on
 127.0.0.1 (``/health``, ``/v1/*``, ``/metrics``) with prefix caching on and its KV events
 published over ZMQ (a PUB socket with a ROUTER replay socket), serving one model directory with
-random weights (``--load-format dummy``, e.g. ``local.tiny_model``).
+random weights (``--load-format dummy``, e.g. ``local.tiny_model``; ``load_format`` says
+otherwise, for a directory with weights of its own).
+
+Prefill/decode disaggregation: with a ``kv_connector`` (vLLM's ``--kv-transfer-config`` without
+its ``kv_role``) every server gets that connector in the role its spec's ``role`` asks
+(``VllmServerSpec.kv_role``), and the inventory says each server's role, so its heartbeats do.
 
 Start-up time is Python imports, not the model: ``--enforce-eager`` (no torch.compile), an
 explicit KV size (``--num-gpu-blocks-override``, so no memory profiling) and, by default, the
@@ -35,10 +40,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Any
 
 from infra.settings import Settings
 from infra.vllm.inventory import InstanceEntry, Inventory, ModelEntry
+from schemas.events import ROLES, Role
 
 ENGINE_PYTHON_ENV = "TOKENFLEET_VLLM_PYTHON"  # Settings.vllm_python, named in messages
 ENGINE_MISSING = (
@@ -51,6 +57,9 @@ MAX_NUM_SEQS = 32  # calls a server runs at once (vLLM's --max-num-seqs), the re
 LOG_TAIL_LINES = 20
 # Values of the caller's environment that would mix its packages into the engine's interpreter.
 _DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV")
+# vLLM's KV-connector role of a server of each TokenFleet role.
+_KV_ROLES: dict[Role, str] = {"prefill": "kv_producer", "decode": "kv_consumer", "both": "kv_both"}
+DTYPE_BYTES = 4  # the servers compute in float32 (``--dtype`` in ``VllmServers.command``)
 
 
 class VllmStartError(RuntimeError):
@@ -60,8 +69,9 @@ class VllmStartError(RuntimeError):
 
 @dataclass(frozen=True)
 class VllmServerSpec:
-    """One server: its id in the inventory, its HTTP and ZMQ ports on 127.0.0.1, and the CPU
-    core its model threads are pinned to (instances on different cores do not compete)."""
+    """One server: its id in the inventory, its HTTP and ZMQ ports on 127.0.0.1, the CPU core
+    its model threads are pinned to (instances on different cores do not compete) and its
+    ``role`` in prefill/decode disaggregation (``prefill``, ``decode`` or ``both``)."""
 
     instance_id: str
     port: int
@@ -69,6 +79,17 @@ class VllmServerSpec:
     kv_replay_port: int
     core: int
     dc: str = "local"
+    role: Role = "both"
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role {self.role!r} is not one of {', '.join(ROLES)}")
+
+    @property
+    def kv_role(self) -> str:
+        """vLLM's ``kv_role`` of this server's KV connector: ``kv_producer`` (prefill),
+        ``kv_consumer`` (decode) or ``kv_both``."""
+        return _KV_ROLES[self.role]
 
     @property
     def url(self) -> str:
@@ -144,6 +165,20 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def kv_bytes_per_token(model_dir: Path) -> int:
+    """The KV cache one prompt token takes on a server of ``model_dir``: keys and values of
+    every layer, ``2 * layers * kv_heads * head_dim * DTYPE_BYTES`` (``head_dim`` defaults to
+    ``hidden_size / num_attention_heads``), from its ``config.json``; 0 when that cannot be read."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        heads = int(config["num_attention_heads"])
+        head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        return 2 * int(config["num_hidden_layers"]) * kv_heads * head_dim * DTYPE_BYTES
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
 def server_specs(n: int, prefix: str = "vllm", dc: str = "local") -> list[VllmServerSpec]:
     """``n`` specs ``<prefix>-0`` .. on free ports, server i pinned to core ``i % cores``."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
@@ -187,6 +222,8 @@ class VllmServers:
         extra_args: Sequence[str] = (),
         extra_env: Mapping[str, str] | None = None,
         nice: int = 0,
+        load_format: str = "dummy",
+        kv_connector: Mapping[str, Any] | None = None,
     ) -> None:
         """``num_blocks`` KV blocks of ``block_size`` tokens per server (a multiple of 32 on
         CPU): small, so prefix-cache eviction happens under test load. ``python`` defaults to
@@ -194,7 +231,12 @@ class VllmServers:
         process layout (a separate worker process; slower to start, more memory). ``nice``: the
         servers' CPU niceness (0-19; every thread of theirs inherits it): on a machine where the
         engines compute on the same cores as the services beside them, the services then run
-        first, as they would beside engines on accelerators."""
+        first, as they would beside engines on accelerators. ``load_format``: vLLM's
+        ``--load-format`` (``dummy``: random weights; ``safetensors``: the directory's own).
+        ``kv_connector``: vLLM's ``--kv-transfer-config`` without ``kv_role`` (e.g.
+        ``{"kv_connector": "ExampleConnector", "kv_connector_extra_config": {...}}``), given to
+        every server in its spec's ``kv_role``; None: no connector (no server can then take part
+        in a disaggregated call)."""
         ids = [s.instance_id for s in specs]
         ports = [p for s in specs for p in (s.port, s.kv_events_port, s.kv_replay_port)]
         if not specs or len(set(ids)) != len(ids) or len(set(ports)) != len(ports):
@@ -216,6 +258,10 @@ class VllmServers:
         if not 0 <= nice <= 19:
             raise ValueError(f"nice must be in 0..19, got {nice}")
         self.nice = nice
+        self.load_format = load_format
+        if kv_connector is not None and "kv_role" in kv_connector:
+            raise ValueError("kv_connector must not name a kv_role: each server's spec gives it")
+        self.kv_connector = None if kv_connector is None else dict(kv_connector)
         self.startup_s: dict[str, float] = {}  # seconds from (re)launch to the first healthy answer
         self._python: str | None = None
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
@@ -332,8 +378,10 @@ class VllmServers:
 
     def inventory(self) -> Inventory:
         """The inventory of these servers (every spec, a killed one included: an inventory lists
-        the fleet, not who is up), with the model directory as the model's tokenizer."""
+        the fleet, not who is up), with the model directory as the model's tokenizer, each
+        server's role and the model's ``kv_bytes_per_token``."""
         name = self.served_model_name
+        kv_bytes = kv_bytes_per_token(self.model_dir)
         instances = tuple(
             InstanceEntry(
                 instance_id=spec.instance_id,
@@ -344,6 +392,8 @@ class VllmServers:
                 served_model_name=name,
                 kv_events=spec.kv_events,
                 kv_replay=spec.kv_replay,
+                role=spec.role,
+                kv_bytes_per_token=kv_bytes,
             )
             for spec in self.specs
         )
@@ -373,7 +423,7 @@ class VllmServers:
             "--served-model-name",
             self.served_model_name,
             "--load-format",
-            "dummy",
+            self.load_format,
             # "auto" would downcast the config's float32 to bfloat16, which this CPU class (AVX2,
             # no AVX512-BF16) emulates: slower, and oneDNN gives up on its matmuls.
             "--dtype",
@@ -396,8 +446,14 @@ class VllmServers:
             HOST,
             "--port",
             str(spec.port),
+            *self._kv_transfer_args(spec),
             *self.extra_args,
         ]
+
+    def _kv_transfer_args(self, spec: VllmServerSpec) -> list[str]:
+        if self.kv_connector is None:
+            return []
+        return ["--kv-transfer-config", json.dumps({**self.kv_connector, "kv_role": spec.kv_role})]
 
     def environment(self, spec: VllmServerSpec) -> dict[str, str]:
         """The environment of one server: the caller's, minus its Python path, plus the engine's."""

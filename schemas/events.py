@@ -77,6 +77,10 @@ MAX_STOP = 4
 MAX_RESPONSE_CHARS = 400_000
 """Most characters of a response's text on ``tf.responses``."""
 
+Role = Literal["prefill", "decode", "both"]
+"""An instance's part in prefill/decode disaggregation (``Heartbeat.role``)."""
+ROLES: tuple[Role, ...] = ("prefill", "decode", "both")
+
 # --- bounded field types --------------------------------------------------------------------------
 
 Timestamp = Annotated[float, Field(ge=0, le=MAX_TS)]
@@ -282,7 +286,11 @@ class Heartbeat(Event):
     - ``gpus`` / ``price_per_hour``: what the instance holds and what an hour of it costs (the
       engine profile's or the inventory's price; None: no price, cost figures report GPU-seconds);
     - ``draining``: the instance is being removed (a plan on ``tf.plans`` shrank its pool): no
-      decider sends it anything new, and what it runs finishes before it stops.
+      decider sends it anything new, and what it runs finishes before it stops;
+    - ``role``: its part in prefill/decode disaggregation, from its deployment: ``prefill`` (it
+      only prefills requests another instance decodes), ``decode`` or ``both`` (the default);
+    - ``kv_bytes_per_token``: the bytes of KV cache one prompt token takes on it (what moving a
+      prompt's cache to another instance sends per token; 0: not known).
     """
 
     instance_id: Name
@@ -302,6 +310,8 @@ class Heartbeat(Event):
     gpus: int = Field(default=1, ge=1, le=1024)
     price_per_hour: float | None = Field(default=None, ge=0, lt=1e6)
     draining: bool = False
+    role: Role = "both"
+    kv_bytes_per_token: Count = 0
 
 
 class KvEvent(Event):
@@ -386,7 +396,12 @@ class AdmissionDecision(Event):
 
 
 class RoutingDecision(Event):
-    """Where a request runs: data centre and instance, with the prediction it was based on."""
+    """Where a request runs: data centre and instance, with the prediction it was based on.
+
+    ``prefill_instance_id``: the instance of the same DC that prefills it first, its KV cache
+    then moved to ``instance_id``, which decodes it (prefill/decode disaggregation); empty: it
+    runs whole on ``instance_id``. Its answer, first token and end are ``instance_id``'s either way.
+    """
 
     request_id: Label
     attempt: Attempt = 1
@@ -401,6 +416,9 @@ class RoutingDecision(Event):
     decision_latency_s: Duration = Field(description="time the policy spent on it, seconds")
     worker: Label = Field(default="", description="the scheduler worker that decided (host:pid)")
     scheduler: Label = Field(default="", description="the scheduler that decided (its deciders' group)")
+    prefill_instance_id: Label = Field(
+        default="", description="the instance that prefills it first; empty = whole"
+    )
     request: InferenceRequest
 
     @property

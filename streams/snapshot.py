@@ -9,8 +9,8 @@ view as numpy arrays and updates one row in place per heartbeat (O(1)); ``view(p
 the same view object, with the same ``version``, until a heartbeat changes the pool, and
 otherwise copies the columns into a new view with a new version (a view handed out is never
 mutated). A heartbeat that adds an instance or changes its identity (DC, model, version,
-profile) rebuilds the pool's columns, rows sorted by instance id so the same heartbeats always
-give the same row order.
+profile, role, KV bytes per token) rebuilds the pool's columns, rows sorted by instance id so
+the same heartbeats always give the same row order.
 """
 
 from __future__ import annotations
@@ -34,11 +34,13 @@ class _Columns:
 
     instance_ids: tuple[str, ...]
     row_of: dict[str, int]
-    identity: list[tuple[str, str, str, str]]  # (dc, model, model version, profile) per row
+    identity: list[tuple[str, str, str, str, str, int]]  # per row: ``_identity``
     dc: npt.NDArray[np.str_]
     model: npt.NDArray[np.str_]
     model_version: npt.NDArray[np.str_]
     profile: npt.NDArray[np.str_]
+    role: npt.NDArray[np.str_]
+    kv_bytes_per_token: npt.NDArray[np.int64]
     ready: npt.NDArray[np.bool_]
     numbers: npt.NDArray[np.int64]  # rows x _NUMBERS
     last_heartbeat_s: npt.NDArray[np.float64]
@@ -61,9 +63,8 @@ class SnapshotCache:
             self._pools[beat.model] = _columns({beat.instance_id: beat})
             return
         row = pool.row_of.get(beat.instance_id)
-        identity = (beat.dc, beat.model, beat.model_version, beat.profile)
         pool.beats[beat.instance_id] = beat
-        if row is None or pool.identity[row] != identity:
+        if row is None or pool.identity[row] != _identity(beat):
             self._pools[beat.model] = _columns(pool.beats)
             return
         pool.ready[row] = _takes_requests(beat)
@@ -97,6 +98,8 @@ class SnapshotCache:
             kv_total=numbers[4],
             last_heartbeat_s=c.last_heartbeat_s.copy(),
             dcs=self.dcs,
+            role=c.role,
+            kv_bytes_per_token=c.kv_bytes_per_token,
         )
 
 
@@ -108,11 +111,13 @@ def _columns(beats: dict[str, Heartbeat]) -> _Columns:
     return _Columns(
         instance_ids=ids,
         row_of={iid: row for row, iid in enumerate(ids)},
-        identity=[(b.dc, b.model, b.model_version, b.profile) for b in ordered],
+        identity=[_identity(b) for b in ordered],
         dc=np.array([b.dc for b in ordered], dtype=str),
         model=np.array([b.model for b in ordered], dtype=str),
         model_version=np.array([b.model_version for b in ordered], dtype=str),
         profile=np.array([b.profile for b in ordered], dtype=str),
+        role=np.array([b.role for b in ordered], dtype=str),
+        kv_bytes_per_token=np.array([b.kv_bytes_per_token for b in ordered], dtype=np.int64),
         ready=np.array([_takes_requests(b) for b in ordered], dtype=bool),
         numbers=np.array([[getattr(b, n) for n in _NUMBERS] for b in ordered], dtype=np.int64).reshape(
             len(ordered), len(_NUMBERS)
@@ -120,6 +125,11 @@ def _columns(beats: dict[str, Heartbeat]) -> _Columns:
         last_heartbeat_s=np.array([b.ts for b in ordered], dtype=np.float64),
         beats=dict(beats),
     )
+
+
+def _identity(beat: Heartbeat) -> tuple[str, str, str, str, str, int]:
+    """What a row is, as opposed to its load: a change rebuilds the pool's columns."""
+    return (beat.dc, beat.model, beat.model_version, beat.profile, beat.role, beat.kv_bytes_per_token)
 
 
 def _takes_requests(beat: Heartbeat) -> bool:

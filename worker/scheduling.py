@@ -30,10 +30,13 @@ from infra.settings import Settings
 
 
 def dc_view(settings: Settings) -> DcView:
-    """The configured data centres and their round trips from the ingress."""
-    names = tuple(settings.dc_rtt_ms)
-    rtts = tuple(settings.dc_rtt_ms[n] / 1000 for n in names)
-    return DcView(names, rtts, (True,) * len(names))
+    """The configured data centres: their round trips from the ingress (0 for a DC not given
+    one) and, when any DC has one, their KV links between prefill and decode instances (0 for
+    a DC not given one)."""
+    names = tuple(dict.fromkeys([*settings.dc_rtt_ms, *settings.kv_link_gbps]))
+    rtts = tuple(settings.dc_rtt_ms.get(n, 0.0) / 1000 for n in names)
+    links = tuple(settings.kv_link_gbps.get(n, 0.0) for n in names) if settings.kv_link_gbps else ()
+    return DcView(names, rtts, (True,) * len(names), links)
 
 
 def policy_params(settings: Settings) -> dict[str, dict[str, Any]]:

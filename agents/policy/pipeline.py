@@ -170,6 +170,11 @@ class Scheduler:
         """Reject (reason ``expired``) every request held longer than ``hold.timeout_s``."""
         return self.pools.expire(now_s)
 
+    def bind_decode(self, request: RequestView, view: ClusterView, decided_id: str, now_s: float) -> str:
+        """Where a disaggregated request decodes, now that its KV cache is ready to move
+        (``InstanceSelectionStage.bind_decode``)."""
+        return self.instance_selection.bind_decode(request, view, decided_id, now_s)
+
     def withdraw(self, request_id: str, attempt: int) -> bool:
         """Drop a held request (its client gave up); False if it was not held."""
         if not self.pools.release((request_id, attempt)):

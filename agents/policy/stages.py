@@ -97,6 +97,12 @@ class InstanceSelectionStage(Protocol):
         now_s: float,
     ) -> list[Placement]: ...
 
+    def bind_decode(self, request: RequestView, view: ClusterView, decided_id: str, now_s: float) -> str:
+        """Where a disaggregated ``request`` decodes, asked when its KV cache is ready to move
+        (its prefill just ended): an instance of ``decided_id``'s DC that may decode it, by
+        ``view``; ``decided_id`` (the decision's) if the stage binds the decode side up front."""
+        ...
+
     def observe(self, event: Observation) -> None: ...
 
 

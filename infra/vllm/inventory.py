@@ -18,6 +18,9 @@ A YAML file, one for the worker, the dispatcher and the gateway::
         kv_replay: tcp://10.0.0.5:5558  # its replay endpoint (optional)
         gpus: 1                       # GPUs the server holds (default 1)
         price_per_hour: 3.0           # what an hour of it costs (default: none, GPU-hours only)
+        role: both                    # prefill, decode or both (default): its part in
+                                      # prefill/decode disaggregation (its --kv-transfer-config)
+        kv_bytes_per_token: 131072    # KV-cache bytes of one prompt token (default 0: unknown)
 
 The price is what the cost figures (``cost_per_minute`` in ClickHouse) charge for the instance,
 whatever it does; without one they report GPU-seconds only.
@@ -28,10 +31,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlparse
 
 import yaml
+
+from schemas.events import MAX_COUNT, ROLES, Role
 
 
 class InventoryError(ValueError):
@@ -57,6 +62,8 @@ class InstanceEntry:
     kv_replay: str | None = None
     gpus: int = 1
     price_per_hour: float | None = None  # None: no price (GPU-hours only)
+    role: Role = "both"
+    kv_bytes_per_token: int = 0  # 0: not known
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +115,7 @@ def parse_inventory(raw: Any, where: str = "inventory", base: Path | None = None
         _keys(
             spec,
             {"id", "url", "model", "version", "dc", "served_model_name", "kv_events", "kv_replay", "gpus"}
-            | {"price_per_hour"},
+            | {"price_per_hour", "role", "kv_bytes_per_token"},
             at,
         )
         for required in ("id", "url", "model"):
@@ -132,6 +139,8 @@ def parse_inventory(raw: Any, where: str = "inventory", base: Path | None = None
                 kv_replay=_zmq(spec.get("kv_replay"), f"{at}: kv_replay"),
                 gpus=_gpus(spec.get("gpus", 1), f"{at}: gpus"),
                 price_per_hour=_price(spec.get("price_per_hour"), f"{at}: price_per_hour"),
+                role=_role(spec.get("role", "both"), f"{at}: role"),
+                kv_bytes_per_token=_kv_bytes(spec.get("kv_bytes_per_token", 0), f"{at}: kv_bytes_per_token"),
             )
         )
     ids = [i.instance_id for i in instances]
@@ -163,6 +172,8 @@ def dump_inventory(inventory: Inventory) -> str:
                 ("kv_replay", i.kv_replay),
                 ("gpus", i.gpus if i.gpus != 1 else None),
                 ("price_per_hour", i.price_per_hour),
+                ("role", i.role if i.role != "both" else None),
+                ("kv_bytes_per_token", i.kv_bytes_per_token or None),
             )
             if v is not None and v != ""
         }
@@ -200,3 +211,15 @@ def _price(value: Any, at: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e6:
         raise InventoryError(f"{at}: {value!r} is not a price per hour in [0, 1e6)")
     return float(value)
+
+
+def _role(value: Any, at: str) -> Role:
+    if value not in ROLES:
+        raise InventoryError(f"{at}: {value!r} is not one of {', '.join(ROLES)}")
+    return cast(Role, value)
+
+
+def _kv_bytes(value: Any, at: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        raise InventoryError(f"{at}: {value!r} is not a whole number of bytes in [0, {MAX_COUNT}]")
+    return value

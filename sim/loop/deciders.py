@@ -91,6 +91,8 @@ class PoolDecider(Protocol):
 
     def withdraw(self, request_id: str, attempt: int) -> bool: ...
 
+    def bind_decode(self, request: RequestView, view: ClusterView, decided_id: str, now_s: float) -> str: ...
+
     def observe(self, event: Observation) -> None: ...
 
     def notices(self) -> list[FleetNotice]: ...
@@ -152,6 +154,7 @@ class Deciders:
         self._hot = HotKeys()  # the publisher's: a hot prefix is spread over the deciders
         self._log: deque[_Logged] = deque()  # in due order: one delay, placements in time order
         self._unread: dict[tuple[str, int], _Logged] = {}
+        self._placed_by: dict[tuple[str, int], int] = {}  # disaggregated requests' deciders
         self._holds_shared = any(s.wants_holds for s in self.schedulers)  # (the service's too)
 
     @property
@@ -193,6 +196,11 @@ class Deciders:
         wakes = [w for w in (s.next_wake_s() for s in self.schedulers) if w is not None]
         return min(wakes, default=None)
 
+    def bind_decode(self, request: RequestView, view: ClusterView, decided_id: str, now_s: float) -> str:
+        """The decider that placed the request binds its decode side (``Scheduler.bind_decode``)."""
+        origin = self._placed_by.pop(request.key, 0)
+        return self.schedulers[origin].bind_decode(request, view, decided_id, now_s)
+
     def withdraw(self, request_id: str, attempt: int) -> bool:
         """Drop the request from the decider that holds it; False if none does."""
         return any(s.withdraw(request_id, attempt) for s in self.schedulers)
@@ -224,6 +232,8 @@ class Deciders:
             request, due_s = outcome.request, now_s + self.log_delay_s
             if outcome.action == "admit":
                 placed = Placed(request, outcome.instance_id, now_s, outcome.predicted_ttft_s)
+                if outcome.prefill_instance >= 0:
+                    self._placed_by[request.key] = origin
                 entry = _Logged(due_s, origin, placed)
                 self._log.append(entry)
                 self._unread[request.key] = entry

@@ -11,7 +11,9 @@ An admit with a ``prefill_instance`` (``agents.policy.types.Outcome``) runs in t
    profile) x prompt tokens, crosses the DC's link (``kv_link_gbps``) to the decode instance.
    Transfers share a DC's link first come first served (``KvLinks``): one waits while the link
    moves those ahead of it.
-3. **Decode**: the client's attempt then joins the decode instance's queue with its prompt
+3. **Decode**: the scheduler binds the decode instance as the transfer starts (a policy may
+   keep the one it decided, or pick another of the DC on the newest snapshot:
+   ``bind_decode``); the client's attempt then joins that instance's queue with its prompt
    computed but for the last token (``Attempt.kv_received``: vLLM's decode instance computes
    that one for the logits), which yields the client's first token; it decodes there and
    holds its KV there. Its TTFT therefore counts the prefill, the transfer and the decode
@@ -112,6 +114,12 @@ class PairedLegs:
         self._observe(PrefillDone(leg.request.request_id, leg.attempt, iid, ttft_s, now + leg.return_s))
         size = leg.instance.profile.kv_bytes_per_token * leg.request.input_tokens
         ends = self.links.transfer(leg.instance.spec.dc, size, now)
+        decided = self.fleet.instances[index]
+        bound = self._index_of_id(self._bind_decode(client, decided.instance_id, now))
+        if bound != index:
+            if self.fleet.instances[bound].dc != decided.dc:
+                raise ValueError(f"a decode side bound in another data centre ({decided.dc})")
+            index, decode = bound, self.instances[bound]
         self._at_transferred(ends, (client, index, decode))
 
     def _transferred(self, client: Attempt, index: int, decode: Instance, now: float) -> None:
@@ -134,6 +142,14 @@ class PairedLegs:
     @abstractmethod
     def _index_of_row(self, row: int) -> int:
         """The instance index of row ``row`` of the view the scheduler decided on."""
+
+    @abstractmethod
+    def _index_of_id(self, instance_id: str) -> int:
+        """The instance index of ``instance_id``."""
+
+    @abstractmethod
+    def _bind_decode(self, client: Attempt, decided_id: str, now: float) -> str:
+        """Where the scheduler has ``client`` decode, now that its KV is ready to move."""
 
     @abstractmethod
     def _dispatch(self, attempt: Attempt, index: int, now: float) -> None:

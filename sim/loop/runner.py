@@ -549,6 +549,13 @@ class Simulation(AttemptLifecycle, PairedLegs):
     def _index_of_row(self, row: int) -> int:
         return self._view_slots[row]
 
+    def _index_of_id(self, instance_id: str) -> int:
+        return self._slot_of_id[instance_id]
+
+    def _bind_decode(self, client: Attempt, decided_id: str, now: float) -> str:
+        view = request_view(client, self.fleet.default_model)
+        return self.scheduler.bind_decode(view, self._view, decided_id, now)
+
     def _observe(self, event: PrefillDone) -> None:
         self.scheduler.observe(event)
 

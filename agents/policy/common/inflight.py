@@ -78,6 +78,20 @@ class InFlight:
         c["recent_requests"][slot] += 1
         c["recent_tokens"][slot] += request.input_tokens
 
+    def move(self, request: RequestView, instance_id: str, now_s: float) -> None:
+        """``request``, sent before, now goes to ``instance_id`` instead (a disaggregated
+        request's decode side bound late), counted there from ``now_s``."""
+        sent = self._open.pop(request.key, None)
+        if sent is not None:
+            old, blocks = sent
+            self.requests[old] -= 1
+            self.blocks[old] -= blocks
+            c = self._slots.columns
+            slot = self._slots.slot_of[old]
+            c["requests"][slot] -= 1
+            c["blocks"][slot] -= blocks
+        self.add(request, instance_id, now_s)
+
     def complete(self, completion: Finished) -> None:
         sent = self._open.pop((completion.request_id, completion.attempt), None)
         if sent is None:

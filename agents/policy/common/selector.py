@@ -93,6 +93,10 @@ class InstanceSelector:
     def on_routed(self, request: RequestView, view: ClusterView, row: int) -> None:
         """Hook after a request was sent to ``row`` (e.g. remember its prefix there)."""
 
+    def bind_decode(self, request: RequestView, view: ClusterView, decided_id: str, now_s: float) -> str:
+        """``InstanceSelectionStage.bind_decode``: the decision's, by default."""
+        return decided_id
+
     def observe(self, event: Observation) -> None:
         if isinstance(event, Finished):
             self.in_flight.complete(event)

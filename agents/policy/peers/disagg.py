@@ -91,9 +91,11 @@ class DynamoDisagg(DynamoKv):
     eff = input - cached tokens of d (its KV events); local prefill on d (bypass) iff
     eff < ``max_local_prefill_tokens`` (2 048) and eff / input < ``max_uncached_share`` (0.7);
     else prefill p = the KV router's argmin over the prefill pool (its in-flight prefill
-    tokens less its overlap, plus its decode blocks), d decodes it with no prefill tokens
-    tracked there. No prefill worker: d prefills locally. The prefill leg's tokens leave p's
-    load when its prefill is done (``PrefillDone``).
+    tokens less its overlap, plus its decode blocks). No prefill worker: d prefills locally.
+    The prefill leg's tokens leave p's load when its prefill is done (``PrefillDone``); then the
+    decode side is routed (``bind_decode``: Dynamo routes decode after the prefill returns), by
+    the KV router's argmin, overlap credit kept, over the decode workers of d's DC, with no
+    prefill tokens tracked there.
     """
 
     name = "dynamo-disagg"
@@ -140,6 +142,18 @@ class DynamoDisagg(DynamoKv):
         uncached = max(request.input_tokens - BLOCK_TOKENS * self._prefill_overlap, 0)
         prefill_id = view.instance_ids[self._prefill_row]
         self.active.add(_leg(request.key), prefill_id, request.block_hashes, tail, uncached)
+
+    def bind_decode(self, request: RequestView, view: ClusterView, decided_id: str, now_s: float) -> str:
+        decided = view.index_of.get(decided_id)
+        if decided is None:
+            return decided_id
+        rows = view.serving_rows(request) & (view.dc == view.dc[decided])
+        self.active.free(request.key)  # (its provisional decode entry; re-added where it goes)
+        chosen = view.instance_ids[pick_min(self.costs(request, view), rows, self.rng)]
+        self.active.add(request.key, chosen, request.block_hashes, _tail_tokens(request), 0)
+        if chosen != decided_id:
+            self.in_flight.move(request, chosen, now_s)
+        return chosen
 
     def observe(self, event: Observation) -> None:
         if isinstance(event, PrefillDone | Finished):  # (an end: a leg its client gave up on)

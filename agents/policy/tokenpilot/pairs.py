@@ -17,9 +17,20 @@ shortfall and boundary wait, as in the request's own features on d: the decode i
 the prompt computed but for its last token, which it computes behind what is queued there (its
 whole prompt's blocks are allocated there, none reused). The link's wait is this router's own
 ledger of the transfers it ordered (``KvLinkLedger``: first come first served, as the link
-serves them). The request is disaggregated when the cheapest pair costs less than ``score_a``:
-a busy prefill pool, a slow or queued link, or a decode instance that can absorb the prefill
-all keep it whole (local prefill), without a length threshold.
+serves them).
+
+The cheapest pair is the one of least ``pair(p, d)``. The request is disaggregated when that
+pair is predicted to meet the request's TTFT objective and serving it whole is not
+(``pairs_better``): a pair is taken for the goodput it adds, a request it turns from a miss
+into a hit, never to trade the request's first token for the decodes' TPOT nor to shave a
+prediction that meets its objective either way (what pairs taken by cost alone did to the
+capacity is in ``docs/results/disagg.md``). So a busy prefill pool, a slow or queued link, or a
+decode instance that can absorb the prefill all keep it whole (local prefill), and so does a
+class without a TTFT objective; there is no length threshold.
+
+The decode side is bound again when the KV cache is ready to move (``TokenPilot.bind_decode``:
+the decode instance with the soonest ``decode_d`` then), since the queues seen at the decision
+have moved on by then.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from agents.policy.common.numeric import BoolArray, FloatArray
+from agents.policy.common.slo import DEFAULT_SLO_CLASSES
 from agents.policy.tokenpilot.features import (
     PREFILL_PAIRS,
     PREFILL_TOKENS,
@@ -71,6 +83,15 @@ class KvLinkLedger:
         self._free_s[dc] = ready_s + self.wait_s(dc, ready_s) + transfer_s
 
 
+def pairs_better(pair: Pair, whole_ttft_s: float, request: RequestView) -> bool:
+    """Whether ``request`` goes to ``pair`` rather than whole, predicted ``whole_ttft_s`` there:
+    the pair meets its class's TTFT objective (the default classes') and whole does not."""
+    slo = DEFAULT_SLO_CLASSES.get(request.slo_class)
+    if slo is None or slo.ttft_s is None:
+        return False
+    return pair.ttft_s <= slo.ttft_s < whole_ttft_s
+
+
 def best_pair(
     request: RequestView,
     view: ClusterView,
@@ -98,7 +119,7 @@ def best_pair(
         predicted + spare_others * scores[0] * theta_of_row[:, PREFILL_TOKENS],
         scores[2],
     )
-    decode_cost = _decode_leg_s(request, features, rows, theta_of_row, budget)
+    decode_cost = decode_leg_s(request, features, rows, theta_of_row, budget)
     best: Pair | None = None
     for dc in np.unique(view.dc[prefill_rows]):
         gbps = view.dcs.link_gbps(str(dc))
@@ -120,7 +141,7 @@ def best_pair(
     return best
 
 
-def _decode_leg_s(
+def decode_leg_s(
     request: RequestView, features: FloatArray, rows: FloatArray, theta_of_row: FloatArray, budget: float
 ) -> FloatArray:
     """``decode_d`` on every row (module docstring), from the request's own features there."""

@@ -92,7 +92,7 @@ from agents.policy.tokenpilot.features import (
 )
 from agents.policy.tokenpilot.horizon import DecodeHorizon
 from agents.policy.tokenpilot.lateness import PrefillLateness
-from agents.policy.tokenpilot.pairs import KvLinkLedger, best_pair
+from agents.policy.tokenpilot.pairs import KvLinkLedger, best_pair, decode_leg_s, pairs_better
 from agents.policy.tokenpilot.predictor import OnlineLinearModel
 from agents.policy.tokenpilot.queues import PrefillQueues
 from agents.policy.tokenpilot.sends import Chosen, Sent
@@ -226,7 +226,7 @@ class TokenPilot(InstanceSelector):
                 request, view, mask, predicted, features, rows.rows, scores, theta_of_row,
                 self._budget, float(self.spare_others), self.links, now_s,
             )  # fmt: skip
-            if pair is not None and not pair.cost_s < scores[2, row]:
+            if pair is not None and not pairs_better(pair, float(predicted[row]), request):
                 pair = None
         at = row if pair is None else pair.prefill  # the row its prefill runs on
         # (Python floats from here on: the same IEEE doubles, cheaper to compute with)
@@ -248,7 +248,7 @@ class TokenPilot(InstanceSelector):
             pair,
         )
         if pair is not None:
-            reason = f"disaggregated: {pair.cost_s:.3f} s < whole {scores[2, row]:.3f} s"
+            reason = f"disaggregated: predicted TTFT {pair.ttft_s:.3f} s, whole {predicted[row]:.3f} s"
             return Placement(pair.decode, reason, pair.ttft_s, prefill_instance=pair.prefill)
         reason = f"min predicted TTFT ({cached:.0f} of {request.input_tokens} prompt tokens cached)"
         return Placement(row, reason, predicted_s)
@@ -593,6 +593,25 @@ class TokenPilot(InstanceSelector):
             self.queues.remove(sent.instance_id, sent.tokens, sent.pairs)
         if event.ttft_s is None:
             self.queues.forget(sent.instance_id, key)
+
+    def bind_decode(self, request: RequestView, view: ClusterView, decided_id: str, now_s: float) -> str:
+        """The decode instance of a disaggregated request, bound when its KV cache is ready (a
+        decode instance picked at the decision would be stale by then: what was queued on it
+        since goes first): of the decided one's DC, the row where its last prompt token is
+        predicted to be computed soonest (``pairs.decode_leg_s``, on ``view`` now)."""
+        decided = view.index_of.get(decided_id)
+        if decided is None:
+            return decided_id
+        rows = view.serving_rows(request) & (view.dc == view.dc[decided])
+        fixed = self._fixed_for(view)
+        at = self._features(request, view, now_s)
+        theta_of_row = fixed.thetas[fixed.rows.profiles.of_row]
+        cost = decode_leg_s(request, at.features, at.rows, theta_of_row, self._budget)
+        chosen = view.instance_ids[int(np.flatnonzero(rows)[np.argmin(cost[rows])])]
+        if chosen != decided_id:
+            self.in_flight.move(request, chosen, now_s)
+            self.index.add(chosen, request.block_hashes)
+        return chosen
 
     def _prefill_done(self, event: PrefillDone) -> None:
         """A disaggregated request's prefill ended: on its prefill row this is its first token

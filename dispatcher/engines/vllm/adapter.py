@@ -8,7 +8,11 @@
   ``Completion`` (TTFT, TPOT and E2E as this dispatcher timed them, from the request's
   ``ts``). A request past its ``deadline_ts`` times out (``timeout``); ``abort`` closes the
   connection, which makes vLLM abort it (``aborted``); an engine that refuses or breaks the
-  stream gives ``error``.
+  stream gives ``error``. A decision with a ``prefill_instance_id`` this dispatcher knows runs
+  in two steps (``prefill_decode.prefill_then_decode``): prefilled there, decoded on
+  ``instance_id``, or wholly on ``instance_id`` when the prefill step fails (local prefill);
+  one naming an instance it does not know runs whole on ``instance_id``. Either way its events
+  are a whole call's, on ``instance_id``.
 - ``load`` reports what the scrapers last read: every ``scrape_s`` each instance's ``/health``
   and ``/metrics`` (``dispatcher/engines/vllm/metrics.py`` documents each heartbeat field's source);
   ``tokens_in_flight`` is this dispatcher's own count (prompt plus streamed tokens of its open
@@ -54,9 +58,9 @@ from infra.vllm.openai_http import (
     Generation,
     engine_call,
     engine_request_id,
-    stream_generation,
 )
 from infra.vllm.outcome import Status
+from infra.vllm.prefill_decode import generate
 from schemas.events import Heartbeat, RoutingDecision
 
 log = logging.getLogger(__name__)
@@ -188,6 +192,8 @@ class VllmEngines:
                     gpus=entry.gpus,
                     price_per_hour=entry.price_per_hour,
                     draining=draining,
+                    role=entry.role,
+                    kv_bytes_per_token=entry.kv_bytes_per_token,
                     **fields,  # type: ignore[arg-type]
                 )
             )
@@ -268,16 +274,27 @@ class VllmEngines:
             path, body = engine_call(request, attempt.entry.served_model_name or decision.model)
             if timeout <= 0:
                 raise TimeoutError
-            await stream_generation(
+            prefill = self._prefill_entry(decision)
+            fallback = await generate(
                 self._http(),
                 attempt.entry.url,
                 path,
                 body,
-                on_event=on_event,
+                prefill_url=None if prefill is None else prefill.url,
                 timeout_s=timeout,
+                on_event=on_event,
                 into=generation,
                 request_id=engine_request_id(request),
             )
+            if fallback:
+                log.info(
+                    "request %s attempt %d: local prefill on %s, not on %s (%s)",
+                    request.request_id,
+                    decision.attempt,
+                    decision.instance_id,
+                    decision.prefill_instance_id,
+                    fallback,
+                )
         except asyncio.CancelledError:
             if not attempt.aborted:
                 raise  # closing: attempts still open are not reported
@@ -290,6 +307,21 @@ class VllmEngines:
             self._end(decision, generation, "ok", time.time())
         finally:
             self._open.pop((decision.request_id, decision.attempt), None)
+
+    def _prefill_entry(self, decision: RoutingDecision) -> InstanceEntry | None:
+        """The instance that prefills the decision's request (None: it runs whole)."""
+        if not decision.prefill_instance_id:
+            return None
+        entry = self._entries.get(decision.prefill_instance_id)
+        if entry is None:
+            log.info(
+                "request %s attempt %d: prefill instance %r unknown: local prefill on %s",
+                decision.request_id,
+                decision.attempt,
+                decision.prefill_instance_id,
+                decision.instance_id,
+            )
+        return entry
 
     def _end(
         self,

@@ -20,7 +20,8 @@ INVENTORY = {
     "models": {"tiny": {"version": "v1", "tokenizer": "model"}},
     "instances": [
         {"id": "a", "url": "http://127.0.0.1:8001/", "model": "tiny", "kv_events": "tcp://127.0.0.1:5557"},
-        {"id": "b", "url": "http://127.0.0.1:8002", "model": "tiny", "dc": "eu", "version": "v2"},
+        {"id": "b", "url": "http://127.0.0.1:8002", "model": "tiny", "dc": "eu", "version": "v2"}
+        | {"role": "decode", "kv_bytes_per_token": 2048},
     ],
 }
 
@@ -32,6 +33,7 @@ def test_inventory_round_trips_and_fills_defaults(tmp_path: Path) -> None:
         "http://127.0.0.1:8001", "v1", "local", "tiny", "tcp://127.0.0.1:5557",
     )  # fmt: skip
     assert (b.dc, b.version, b.kv_events) == ("eu", "v2", None)
+    assert (a.role, a.kv_bytes_per_token, b.role, b.kv_bytes_per_token) == ("both", 0, "decode", 2048)
     assert inventory.models["tiny"].tokenizer == tmp_path / "model"
     path = tmp_path / "inventory.yaml"
     path.write_text(dump_inventory(inventory))
@@ -47,6 +49,8 @@ def test_inventory_round_trips_and_fills_defaults(tmp_path: Path) -> None:
         ({"instances": [{"url": "http://x", "model": "m"}]}, "'id' is required"),
         ({"instances": [{"id": "a", "url": "http://x", "model": "m"}] * 2}, "duplicate instance ids"),
         ({"instances": [{"id": "a", "url": "http://x", "model": "m", "kv_events": "x:1"}]}, "ZMQ endpoint"),
+        ({"instances": [{"id": "a", "url": "http://x", "model": "m", "role": "kv_both"}]}, "prefill, decode"),
+        ({"instances": [{"id": "a", "url": "http://x", "model": "m", "kv_bytes_per_token": -1}]}, "bytes"),
     ],
 )
 def test_inventory_errors_say_what_is_wrong(change: dict[str, object], message: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 
@@ -28,7 +30,11 @@ def view(roles: list[str], running: list[int], gbps: float = 400.0, version: int
 
 
 def ask(rid: str, tokens: int, blocks: tuple[int, ...] | None = None) -> RequestView:
-    hashes = blocks if blocks is not None else tuple(hash((rid, k)) for k in range(tokens // BLOCK_TOKENS))
+    hashes = (
+        blocks
+        if blocks is not None
+        else tuple(zlib.crc32(f"{rid}:{k}".encode()) for k in range(tokens // BLOCK_TOKENS))
+    )
     return RequestView(rid, 1, "t", "m", "interactive", tokens, 200, hashes, 0.0)
 
 
@@ -37,45 +43,59 @@ def place(policy: object, request: RequestView, v: ClusterView) -> Placement:
     return policy.place([request], [candidates], v, 0.0)[0]  # type: ignore[attr-defined]
 
 
-BUSY_PD = (["prefill", "decode", "decode"], [0, 250, 250])  # decode steps near the TPOT objective
+PD = ["prefill", "decode", "decode"]
+HEAVY = [0, 500, 500]  # decode batches that stretch every prefill step on the decode instances
+LONG = 21_000
 
 
-def test_tokenpilot_prefills_a_long_prompt_apart_when_its_decodes_would_pay_for_it() -> None:
-    placement = place(TokenPilot(), ask("long", 24_000), view(*BUSY_PD))
+def burst(pilot: TokenPilot, v: ClusterView, n: int, tokens: int = LONG) -> list[Placement]:
+    """``n`` prompts arriving together: each decision queues its prefill where it goes."""
+    return [place(pilot, ask(f"q{k}", tokens), v) for k in range(n)]
+
+
+def test_tokenpilot_disaggregates_a_request_serving_whole_would_make_miss() -> None:
+    (placement,) = burst(TokenPilot(), view(PD, HEAVY), 1)
     assert placement.prefill_instance == 0 and placement.instance in (1, 2)
+    assert placement.predicted_ttft_s is not None and placement.predicted_ttft_s <= 2.0
     assert placement.reason.startswith("disaggregated")
-
-
-def test_tokenpilot_keeps_a_request_whole_without_a_link_or_a_prefill_instance() -> None:
-    assert place(TokenPilot(), ask("long", 24_000), view(*BUSY_PD, gbps=0.0)).prefill_instance == -1
-    both = view(["decode", "decode", "decode"], [0, 120, 120])
-    assert place(TokenPilot(), ask("long", 24_000), both).prefill_instance == -1
-
-
-def test_tokenpilot_keeps_it_whole_where_the_transfer_costs_more_than_it_saves() -> None:
-    idle = view(["prefill", "decode"], [0, 0])
-    assert place(TokenPilot(), ask("short", 1_500), idle).prefill_instance == -1
-    busy = (["prefill", "decode", "decode"], [0, 150, 150])
-    assert place(TokenPilot(), ask("long", 24_000), view(*busy)).prefill_instance == 0
-    # the same long prompt over a link a thousand times slower
-    assert place(TokenPilot(), ask("long", 24_000), view(*busy, gbps=0.4)).prefill_instance == -1
+    # on idle decode instances whole meets the objective: nothing to rescue
+    assert burst(TokenPilot(), view(PD, [0, 0, 0]), 1)[0].prefill_instance == -1
 
 
 def test_tokenpilot_prefills_locally_once_the_prefill_pool_is_busy() -> None:
-    pilot, v = TokenPilot(), view(["prefill", "decode", "decode"], [0, 150, 150])
-    # the prefill instance's queue grows with each request sent there
-    pairs = [place(pilot, ask(f"q{k}", 24_000), v).prefill_instance for k in range(30)]
-    assert pairs[0] == 0 and -1 in pairs
+    chosen = [p.prefill_instance for p in burst(TokenPilot(), view(PD, HEAVY), 6)]
+    assert chosen[0] == 0 and chosen[-1] == -1  # its queue makes a pair miss as well
+
+
+def test_tokenpilot_keeps_a_request_whole_without_a_link_or_a_prefill_instance() -> None:
+    assert burst(TokenPilot(), view(PD, HEAVY, gbps=0.0), 1)[0].prefill_instance == -1
+    assert burst(TokenPilot(), view(["decode"] * 3, HEAVY), 1)[0].prefill_instance == -1
+
+
+def test_tokenpilot_keeps_it_whole_where_the_transfer_costs_more_than_it_saves() -> None:
+    # a link a thousand times slower: the move alone takes a minute
+    assert burst(TokenPilot(), view(PD, HEAVY, gbps=0.4), 1)[0].prefill_instance == -1
 
 
 def test_tokenpilot_calibrates_on_the_prefill_leg_and_not_on_the_transfer() -> None:
-    pilot, v = TokenPilot(), view(*BUSY_PD)
-    request = ask("long", 24_000)
-    placement = place(pilot, request, v)
+    pilot, v = TokenPilot(), view(PD, HEAVY)
+    (placement,) = burst(pilot, v, 1)
     theta = pilot.model_for("llama3-8b-h100").theta.copy()
-    pilot.observe(PrefillDone("long", 1, v.instance_ids[placement.prefill_instance], 0.9, 0.9))
+    pilot.observe(PrefillDone("q0", 1, v.instance_ids[placement.prefill_instance], 0.9, 0.9))
     assert not np.array_equal(pilot.model_for("llama3-8b-h100").theta, theta)
-    assert request.key not in pilot._sent  # its later first token and end teach nothing
+    assert ("q0", 1) not in pilot._sent  # its later first token and end teach nothing
+
+
+def test_tokenpilot_binds_the_decode_side_on_the_snapshot_of_the_moment() -> None:
+    pilot = TokenPilot()
+    (placement,) = burst(pilot, view(PD, HEAVY), 1)
+    decided = f"i{placement.instance}"
+    other = "i1" if decided == "i2" else "i2"
+    # by the time the KV is ready, the decided instance is the busy one
+    later = view(PD, [0, 500, 0] if decided == "i1" else [0, 0, 500], version=2)
+    assert pilot.bind_decode(ask("q0", LONG), later, decided, 1.0) == other
+    assert pilot.in_flight.requests[other] == 1 and pilot.in_flight.requests[decided] == 0
+    assert pilot.bind_decode(ask("q0", LONG), later, "i9", 1.0) == "i9"  # unknown: as decided
 
 
 def test_llmd_pd_disaggregates_at_sixteen_uncached_tokens_unless_cached_on_the_decode_pod() -> None:
@@ -101,3 +121,14 @@ def test_dynamo_disagg_bypasses_only_a_short_and_mostly_cached_prompt() -> None:
     again = RequestView("b", 1, "t", "m", "interactive", 8 * BLOCK_TOKENS + 300, 5, doc.block_hashes, 0.0)
     assert place(dynamo, again, v).prefill_instance == -1
     assert place(DynamoDisagg(), ask("long", 24_000), v).prefill_instance == 0
+
+
+def test_dynamo_disagg_routes_the_decode_side_again_after_the_prefill() -> None:
+    dynamo, v = DynamoDisagg(), view(["prefill", "decode", "decode"], [0, 0, 0])
+    placement = place(dynamo, ask("long", 24_000), v)
+    decided = v.instance_ids[placement.instance]
+    other = "i1" if decided == "i2" else "i2"
+    for k in range(3):  # meanwhile the decided worker got other requests' decode blocks
+        dynamo.active.add((f"x{k}", 1), decided, tuple(range(100 * k, 100 * k + 40)), 0, 0)
+    assert dynamo.bind_decode(ask("long", 24_000), v, decided, 1.0) == other
+    assert dynamo.in_flight.requests[other] == 1 and dynamo.in_flight.requests[decided] == 0

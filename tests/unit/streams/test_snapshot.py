@@ -44,3 +44,19 @@ def test_a_pool_no_instance_reported_has_no_view() -> None:
     assert cache.view("other") is None
     cache.record(beat("a"))
     assert cache.view("other") is None and cache.view("m") is not None
+
+
+def test_roles_and_kv_sizes_are_view_columns_and_a_role_change_rebuilds_the_pool() -> None:
+    cache = SnapshotCache()
+    cache.record(beat("a").model_copy(update={"role": "prefill", "kv_bytes_per_token": 2048}))
+    cache.record(beat("b"))  # an instance that does not say: both, size unknown
+    view = cache.view("m")
+    assert view is not None
+    assert view.role.tolist() == ["prefill", "both"] and view.kv_bytes_per_token.tolist() == [2048, 0]
+    cache.record(beat("b", running=2).model_copy(update={"role": "decode", "kv_bytes_per_token": 2048}))
+    changed = cache.view("m")
+    assert changed is not None and changed.version > view.version
+    assert changed.role.tolist() == ["prefill", "decode"]
+    assert changed.kv_bytes_per_token.tolist() == [2048, 2048]
+    assert changed.running.tolist() == [0, 2]
+    assert view.role.tolist() == ["prefill", "both"]  # the view handed out is unchanged

@@ -13,7 +13,7 @@ import pytest
 from agents.policy import build_scheduler
 from agents.policy.fleetmind import FleetMind
 from infra.settings import Settings
-from worker.scheduling import policy_params
+from worker.scheduling import dc_view, policy_params
 
 ROOT = Path(__file__).resolve().parents[3]
 RULES = "data_centres:\n  - {name: dc-a, region: eu}\ntenants:\n  resident: {regions: [eu]}\n"
@@ -64,3 +64,12 @@ def test_the_worker_command_refuses_a_missing_rules_file_in_one_line(tmp_path: P
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == (f"tokenfleet worker: error: fleet rules '{missing}': No such file or directory\n")
+
+
+def test_the_dc_view_has_the_settings_kv_links_and_round_trips() -> None:
+    view = dc_view(Settings(dc_rtt_ms={"a": 2.0, "b": 40.0}, kv_link_gbps={"b": 100.0, "c": 400.0}))
+    assert view.names == ("a", "b", "c") and view.rtt_s == (0.002, 0.04, 0.0)
+    assert (view.link_gbps("a"), view.link_gbps("b"), view.link_gbps("c")) == (0.0, 100.0, 400.0)
+    assert dc_view(Settings(dc_rtt_ms={"a": 2.0})).kv_link_gbps == ()  # no link anywhere
+    with pytest.raises(ValueError, match="kv_link_gbps"):
+        Settings(kv_link_gbps={"a": -1.0})
