@@ -7,13 +7,14 @@ An admit with a ``prefill_instance`` (``agents.policy.types.Outcome``) runs in t
    and is scheduled there like any other request: it reuses the prefix that instance holds,
    and its prompt's blocks stay in that instance's prefix cache afterwards. The token it yields
    is not the client's (a proxy discards it). The router sees ``PrefillDone``.
-2. **Transfer**: the prompt's KV cache, ``kv_bytes_per_token`` (the prefill instance's
-   profile) x prompt tokens, crosses the DC's link (``kv_link_gbps``) to the decode instance.
+2. **Transfer**: the scheduler binds the decode instance (a policy may keep the one it decided,
+   or pick another of the DC on the newest snapshot: ``bind_decode``); the prompt's KV cache it
+   does not hold yet (its resident prefix is not moved, as vLLM's connectors load only the
+   tokens beyond the decode side's own prefix hit), ``kv_bytes_per_token`` (the prefill
+   instance's profile) per token, crosses the DC's link (``kv_link_gbps``) to it.
    Transfers share a DC's link first come first served (``KvLinks``): one waits while the link
    moves those ahead of it.
-3. **Decode**: the scheduler binds the decode instance as the transfer starts (a policy may
-   keep the one it decided, or pick another of the DC on the newest snapshot:
-   ``bind_decode``); the client's attempt then joins that instance's queue with its prompt
+3. **Decode**: the client's attempt then joins that instance's queue with its prompt
    computed but for the last token (``Attempt.kv_received``: vLLM's decode instance computes
    that one for the logits), which yields the client's first token; it decodes there and
    holds its KV there. Its TTFT therefore counts the prefill, the transfer and the decode
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 
-from agents.policy.types import Outcome, PrefillDone
+from agents.policy.types import BLOCK_TOKENS, Outcome, PrefillDone
 from sim.engine.attempt import Attempt
 from sim.engine.fleet import FleetSpec
 from sim.engine.instance import Instance
@@ -112,14 +113,16 @@ class PairedLegs:
         iid = leg.instance.spec.instance_id
         ttft_s = now + leg.return_s - leg.arrival_s
         self._observe(PrefillDone(leg.request.request_id, leg.attempt, iid, ttft_s, now + leg.return_s))
-        size = leg.instance.profile.kv_bytes_per_token * leg.request.input_tokens
-        ends = self.links.transfer(leg.instance.spec.dc, size, now)
         decided = self.fleet.instances[index]
         bound = self._index_of_id(self._bind_decode(client, decided.instance_id, now))
         if bound != index:
             if self.fleet.instances[bound].dc != decided.dc:
                 raise ValueError(f"a decode side bound in another data centre ({decided.dc})")
             index, decode = bound, self.instances[bound]
+        request = leg.request
+        resident = min(decode.cache.match(request.block_hashes) * BLOCK_TOKENS, request.input_tokens - 1)
+        size = leg.instance.profile.kv_bytes_per_token * (request.input_tokens - resident)
+        ends = self.links.transfer(leg.instance.spec.dc, size, now)
         self._at_transferred(ends, (client, index, decode))
 
     def _transferred(self, client: Attempt, index: int, decode: Instance, now: float) -> None:

@@ -7,26 +7,26 @@ best candidate row a, at ``score_a``. A pair (p, d) of one DC, p a row that may 
 ``prefill`` or ``both``) and d one that may decode (a candidate), p != d, costs
 
     prefill_p  = score_p, of which harm_p only where p decodes too (role ``both``)
-    transfer_p = link_wait + 8 · kv_bytes_per_token_p · input / (gbps · 1e9)
+    transfer_d = link_wait + 8 · kv_bytes_per_token · P_d / (gbps · 1e9)
     decode_d   = TTFT of a one-token prefill on d: θ_d · [steps', steps'·B_d, steps'·C_d,
                  Q_d + 1, R_d + input, short_d, wait_d],  steps' = ceil((Q_d + 1) / budget)
-    pair(p, d) = prefill_p + transfer_p + decode_d
+    pair(p, d) = prefill_p + transfer_d + decode_d
 
-where Q_d, R_d are the prefill tokens and pairs queued ahead on d and short_d, wait_d its KV
-shortfall and boundary wait, as in the request's own features on d: the decode instance receives
-the prompt computed but for its last token, which it computes behind what is queued there (its
-whole prompt's blocks are allocated there, none reused). The link's wait is this router's own
+where P_d is the prompt's part d does not hold (what the decode side loads: vLLM's connectors
+move only the tokens beyond the decode instance's own prefix hit); Q_d, R_d are the prefill
+tokens and pairs queued ahead on d and short_d, wait_d its KV shortfall and boundary wait, as in
+the request's own features on d: the decode instance receives the prompt computed but for its
+last token, which it computes behind what is queued there. The link's wait is this router's own
 ledger of the transfers it ordered (``KvLinkLedger``: first come first served, as the link
 serves them).
 
 The cheapest pair is the one of least ``pair(p, d)``. The request is disaggregated when that
-pair is predicted to meet the request's TTFT objective and serving it whole is not
-(``pairs_better``): a pair is taken for the goodput it adds, a request it turns from a miss
-into a hit, never to trade the request's first token for the decodes' TPOT nor to shave a
-prediction that meets its objective either way (what pairs taken by cost alone did to the
-capacity is in ``docs/results/disagg.md``). So a busy prefill pool, a slow or queued link, or a
-decode instance that can absorb the prefill all keep it whole (local prefill), and so does a
-class without a TTFT objective; there is no length threshold.
+pair is predicted to meet the request's TTFT objective and to give its first token sooner than
+serving it whole (``pairs_better``): never to trade the request's own first token for the
+decodes' TPOT (what pairs taken by their price, harm included, did to the capacity is in
+``docs/results/disagg.md``). So a busy prefill pool, a slow or queued link, or a decode
+instance that can absorb the prefill all keep it whole (local prefill), and so does a class
+without a TTFT objective; there is no length threshold.
 
 The decode side is bound again when the KV cache is ready to move (``TokenPilot.bind_decode``:
 the decode instance with the soonest ``decode_d`` then), since the queues seen at the decision
@@ -85,11 +85,11 @@ class KvLinkLedger:
 
 def pairs_better(pair: Pair, whole_ttft_s: float, request: RequestView) -> bool:
     """Whether ``request`` goes to ``pair`` rather than whole, predicted ``whole_ttft_s`` there:
-    the pair meets its class's TTFT objective (the default classes') and whole does not."""
+    the pair meets its class's TTFT objective (the default classes') and is sooner."""
     slo = DEFAULT_SLO_CLASSES.get(request.slo_class)
     if slo is None or slo.ttft_s is None:
         return False
-    return pair.ttft_s <= slo.ttft_s < whole_ttft_s
+    return pair.ttft_s <= slo.ttft_s and pair.ttft_s < whole_ttft_s
 
 
 def best_pair(
@@ -128,17 +128,24 @@ def best_pair(
         decode_at = np.flatnonzero(candidates & here)
         if gbps <= 0 or not len(decode_at):
             continue
-        transfer = BITS_PER_BYTE * view.kv_bytes_per_token[prefill_at] * request.input_tokens / (gbps * 1e9)
+        transfer = transfer_s(view.kv_bytes_per_token[decode_at].astype(np.float64), rows[0][decode_at], gbps)
         ready = now_s + predicted[prefill_at]
         waits = np.array([links.wait_s(str(dc), r) for r in ready])
-        side = prefill_cost[prefill_at] + transfer + waits
-        for p_at, d_at in _two_best(prefill_at, side, decode_at, decode_cost[decode_at]):
+        side = prefill_cost[prefill_at] + waits
+        decode_side = decode_cost[decode_at] + transfer
+        for p_at, d_at in _two_best(prefill_at, side, decode_at, decode_side):
             p, d = int(prefill_at[p_at]), int(decode_at[d_at])
-            cost = float(side[p_at] + decode_cost[d])
+            cost = float(side[p_at] + decode_side[d_at])
             if best is None or cost < best.cost_s:
-                ttft = float(predicted[p] + transfer[p_at] + waits[p_at] + decode_cost[d])
-                best = Pair(p, d, ttft, cost, float(ready[p_at]), float(transfer[p_at]))
+                ttft = float(predicted[p] + waits[p_at] + decode_side[d_at])
+                best = Pair(p, d, ttft, cost, float(ready[p_at]), float(transfer[d_at]))
     return best
+
+
+def transfer_s(kv_bytes_per_token: FloatArray, tokens: FloatArray, gbps: float) -> FloatArray:
+    """Seconds a link of ``gbps`` takes to move ``tokens`` of KV cache (per row)."""
+    seconds: FloatArray = BITS_PER_BYTE * kv_bytes_per_token * tokens / (gbps * 1e9)
+    return seconds
 
 
 def decode_leg_s(

@@ -92,7 +92,7 @@ from agents.policy.tokenpilot.features import (
 )
 from agents.policy.tokenpilot.horizon import DecodeHorizon
 from agents.policy.tokenpilot.lateness import PrefillLateness
-from agents.policy.tokenpilot.pairs import KvLinkLedger, best_pair, decode_leg_s, pairs_better
+from agents.policy.tokenpilot.pairs import KvLinkLedger, best_pair, decode_leg_s, pairs_better, transfer_s
 from agents.policy.tokenpilot.predictor import OnlineLinearModel
 from agents.policy.tokenpilot.queues import PrefillQueues
 from agents.policy.tokenpilot.sends import Chosen, Sent
@@ -597,8 +597,9 @@ class TokenPilot(InstanceSelector):
     def bind_decode(self, request: RequestView, view: ClusterView, decided_id: str, now_s: float) -> str:
         """The decode instance of a disaggregated request, bound when its KV cache is ready (a
         decode instance picked at the decision would be stale by then: what was queued on it
-        since goes first): of the decided one's DC, the row where its last prompt token is
-        predicted to be computed soonest (``pairs.decode_leg_s``, on ``view`` now)."""
+        since goes first): of the decided one's DC, the row where its KV is predicted to arrive
+        and its last prompt token to be computed soonest (``pairs.transfer_s`` of the part it
+        does not hold, then ``pairs.decode_leg_s``, on ``view`` now)."""
         decided = view.index_of.get(decided_id)
         if decided is None:
             return decided_id
@@ -607,6 +608,9 @@ class TokenPilot(InstanceSelector):
         at = self._features(request, view, now_s)
         theta_of_row = fixed.thetas[fixed.rows.profiles.of_row]
         cost = decode_leg_s(request, at.features, at.rows, theta_of_row, self._budget)
+        gbps = view.dcs.link_gbps(str(view.dc[decided]))
+        if gbps > 0:
+            cost += transfer_s(view.kv_bytes_per_token.astype(np.float64), at.rows[0], gbps)
         chosen = view.instance_ids[int(np.flatnonzero(rows)[np.argmin(cost[rows])])]
         if chosen != decided_id:
             self.in_flight.move(request, chosen, now_s)

@@ -62,6 +62,12 @@ def test_tokenpilot_disaggregates_a_request_serving_whole_would_make_miss() -> N
     assert burst(TokenPilot(), view(PD, [0, 0, 0]), 1)[0].prefill_instance == -1
 
 
+def test_tokenpilot_disaggregates_when_the_pair_is_sooner_and_both_would_meet() -> None:
+    (placement,) = burst(TokenPilot(), view(PD, [0, 450, 450]), 1)
+    assert placement.prefill_instance == 0
+    assert placement.predicted_ttft_s is not None and placement.predicted_ttft_s < 2.0
+
+
 def test_tokenpilot_prefills_locally_once_the_prefill_pool_is_busy() -> None:
     chosen = [p.prefill_instance for p in burst(TokenPilot(), view(PD, HEAVY), 6)]
     assert chosen[0] == 0 and chosen[-1] == -1  # its queue makes a pair miss as well

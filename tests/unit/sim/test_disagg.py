@@ -85,13 +85,16 @@ def test_a_pair_prefills_moves_the_kv_and_decodes_its_first_token_after_the_tran
     assert [(e.instance_id, e.ttft_s) for e in done] == [("p0", pytest.approx(prefill_s(6000)))]
 
 
-def test_the_prefill_instance_keeps_the_prefix_it_computed() -> None:
+def test_both_sides_keep_the_prefix_and_the_link_moves_only_what_the_decode_side_lacks() -> None:
     shared = list(range(8))
     result, _ = run(
         pd_fleet(), request("a", 0.0, 4096 + 600, 2, shared), request("b", 5.0, 4096 + 600, 2, shared)
     )
     b = next(x for x in result.attempts if x.request.request_id == "b")
     assert b.cached_tokens == 4096  # its prefill leg reused a's blocks on p0
+    # and only what d0 lacks moves: a's prompt whole, of b's the part after the shared prefix
+    moved_tokens = (4096 + 600) + 600
+    assert result.kv_links["kv_gb_moved"] == pytest.approx(LLAMA.kv_bytes_per_token * moved_tokens / 1e9)
 
 
 def test_transfers_ready_together_queue_on_the_link() -> None:
