@@ -21,12 +21,13 @@ ledger of the transfers it ordered (``KvLinkLedger``: first come first served, a
 serves them).
 
 The cheapest pair is the one of least ``pair(p, d)``. The request is disaggregated when that
-pair is predicted to meet the request's TTFT objective and to give its first token sooner than
-serving it whole (``pairs_better``): never to trade the request's own first token for the
-decodes' TPOT (what pairs taken by their price, harm included, did to the capacity is in
-``docs/results/disagg.md``). So a busy prefill pool, a slow or queued link, or a decode
-instance that can absorb the prefill all keep it whole (local prefill), and so does a class
-without a TTFT objective; there is no length threshold.
+pair is predicted to meet the request's TTFT objective and serving it whole is not
+(``pairs_better``): a pair is taken for the goodput it adds, a request it turns from a miss into
+a hit; never to trade the request's own first token for the decodes' TPOT, nor to shave a first
+token that meets its objective either way (what rules taking more pairs did to the capacity,
+on traffic tuned on and not, is in ``docs/results/disagg.md``). So a busy prefill pool, a slow
+or queued link, or a decode instance that can absorb the prefill all keep it whole (local
+prefill), and so does a class without a TTFT objective; there is no length threshold.
 
 The decode side is bound again when the KV cache is ready to move (``TokenPilot.bind_decode``:
 the decode instance with the soonest ``decode_d`` then), since the queues seen at the decision
@@ -85,11 +86,11 @@ class KvLinkLedger:
 
 def pairs_better(pair: Pair, whole_ttft_s: float, request: RequestView) -> bool:
     """Whether ``request`` goes to ``pair`` rather than whole, predicted ``whole_ttft_s`` there:
-    the pair meets its class's TTFT objective (the default classes') and is sooner."""
+    the pair meets its class's TTFT objective (the default classes') and whole does not."""
     slo = DEFAULT_SLO_CLASSES.get(request.slo_class)
     if slo is None or slo.ttft_s is None:
         return False
-    return pair.ttft_s <= slo.ttft_s and pair.ttft_s < whole_ttft_s
+    return pair.ttft_s <= slo.ttft_s < whole_ttft_s
 
 
 def best_pair(

@@ -62,9 +62,9 @@ def test_tokenpilot_disaggregates_a_request_serving_whole_would_make_miss() -> N
     assert burst(TokenPilot(), view(PD, [0, 0, 0]), 1)[0].prefill_instance == -1
 
 
-def test_tokenpilot_disaggregates_when_the_pair_is_sooner_and_both_would_meet() -> None:
+def test_tokenpilot_keeps_it_whole_when_whole_meets_the_objective_though_a_pair_is_sooner() -> None:
     (placement,) = burst(TokenPilot(), view(PD, [0, 450, 450]), 1)
-    assert placement.prefill_instance == 0
+    assert placement.prefill_instance == -1
     assert placement.predicted_ttft_s is not None and placement.predicted_ttft_s < 2.0
 
 
