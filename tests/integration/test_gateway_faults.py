@@ -43,6 +43,8 @@ def test_an_engine_killed_under_gateway_calls_costs_no_call(tmp_path: Path) -> N
     # The engines started no call more often than the deciders placed it.
     assert figures["engine_started_twice"] in (0, None)
     assert figures.get("engine_starts_beyond_placed", 0) == 0
-    # The apparatus measured: the probes ran, the engines' counts were read.
+    # The apparatus measured: the probes ran, the engines' counts were read. A call the killed
+    # engine had begun answering may have started after its counts were last read: that count
+    # dies with the process (one make test run saw 59 of 60 with one such call).
     assert figures["ready_503_while_answering_s"] is not None
-    assert figures["engine_starts"] >= 60
+    assert figures["engine_starts"] >= 60 - figures["calls_failed_mid_answer"]
