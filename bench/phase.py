@@ -39,7 +39,8 @@ from sim.evaluation.capacity import interactive_share
 from sim.evaluation.metrics import report
 from sim.evaluation.scoreboard import ENGINES, WORKLOADS, ScoredWorkload
 from sim.loop.config import SimConfig
-from sim.loop.runner import Simulation, scheduler_for
+from sim.loop.deciders import scheduler_for
+from sim.loop.runner import Simulation
 from sim.workloads.sources import open_workload
 
 MODES = ("clock", "stream", "exact")

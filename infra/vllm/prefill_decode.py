@@ -228,21 +228,15 @@ async def generate(
     into: Generation | None = None,
     request_id: str | None = None,
 ) -> str:
-    """Run the engine call on ``url``: whole (``stream_generation``), or prefilled first on
-    ``prefill_url`` when one is given (``prefill_then_decode``). Returns why a disaggregated
-    call fell back to local prefill ("" when it did not, or was whole); raises as
-    ``stream_generation`` does."""
+    """Run the engine call on ``url``: whole (the decode step without transfer parameters, as
+    local prefill runs it), or prefilled first on ``prefill_url`` when one is given
+    (``prefill_then_decode``). Returns why a disaggregated call fell back to local prefill (""
+    when it did not, or was whole); raises as ``stream_generation`` does."""
     if prefill_url is None:
-        await stream_generation(
-            session,
-            url,
-            path,
-            dict(body),
-            on_event=on_event,
-            timeout_s=timeout_s,
-            into=into,
-            request_id=request_id,
-        )
+        await decode(
+            session, url, path, body, None,
+            on_event=on_event, timeout_s=timeout_s, into=into, request_id=request_id,
+        )  # fmt: skip
         return ""
     ran = await prefill_then_decode(
         session, prefill_url, url, path, body,

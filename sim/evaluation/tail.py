@@ -34,7 +34,8 @@ from sim.engine.fleet import FleetSpec
 from sim.evaluation.ideal import ideal_attempts
 from sim.evaluation.metrics import measurement_window, percentile
 from sim.loop.config import SimConfig
-from sim.loop.runner import Simulation, scheduler_for
+from sim.loop.deciders import scheduler_for
+from sim.loop.runner import Simulation
 from sim.workloads.trace import Workload
 
 LOST_TOKENS = 8192

@@ -32,7 +32,8 @@ round trip: a few milliseconds, docs/results/real-engines.md). ``Deciders`` play
   placement is (``HeldElsewhere``, the admission log ``tf.admission`` in the service) for the
   deciders whose admission counts the pool's holds (SLOMax).
 
-With one decider the runner drives the ``Scheduler`` itself: results are those of one decider.
+What the runner drives is ``pool_decider_for``'s: with one decider the ``Scheduler`` itself
+(``scheduler_for``: as the simulator deploys it), so results are those of one decider.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from __future__ import annotations
 import zlib
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
@@ -48,6 +49,7 @@ import numpy as np
 from agents.policy.common.hot_keys import HotKeys
 from agents.policy.fleetmind.notices import FleetNotice
 from agents.policy.pipeline import Scheduler
+from agents.policy.registry import StageParams, build_scheduler, with_deployment
 from agents.policy.types import (
     ClusterView,
     Finished,
@@ -59,6 +61,7 @@ from agents.policy.types import (
     RequestView,
 )
 from schemas.events import AFFINITY_BLOCKS  # the service's: prompt blocks the affinity key covers
+from sim.engine.fleet import FleetSpec
 
 # A placement due at the instant the log is read is read then: a decider that defers an arrival
 # j log delays must see what another placed i < j delays after the same arrival, and the two
@@ -68,6 +71,7 @@ _SAME_INSTANT_S = 1e-9
 
 if TYPE_CHECKING:
     from agents.policy.slomax.feedback import GoodputSource
+    from sim.loop.config import SimConfig
 
 DeciderSplit = Literal["affinity", "random"]
 SPLITS: tuple[DeciderSplit, ...] = ("affinity", "random")
@@ -264,3 +268,25 @@ class Deciders:
         for index, scheduler in enumerate(self.schedulers):
             if index != entry.origin:
                 scheduler.observe(entry.event)
+
+
+def pool_decider_for(
+    policy_name: str, fleet: FleetSpec, config: SimConfig, params: StageParams | None = None
+) -> PoolDecider:
+    """``scheduler_for``'s scheduler, or with ``config.deciders`` > 1 that many, decider k
+    seeded with ``config.seed + k``, sharing a decision log (``Deciders``)."""
+    if config.deciders == 1:
+        return scheduler_for(policy_name, fleet, config, params)
+    schedulers = [
+        scheduler_for(policy_name, fleet, replace(config, seed=config.seed + k), params)
+        for k in range(config.deciders)
+    ]
+    return Deciders(schedulers, config.decision_log_delay_s, config.decider_split, config.seed)
+
+
+def scheduler_for(
+    policy_name: str, fleet: FleetSpec, config: SimConfig, params: StageParams | None = None
+) -> Scheduler:
+    """A fresh scheduler for ``policy_name`` as the simulator deploys it on ``fleet``."""
+    deployed = with_deployment(policy_name, params, config.heartbeat_s, fleet.rules)
+    return build_scheduler(policy_name, seed=config.seed, params=deployed)

@@ -51,10 +51,9 @@ from typing import cast
 
 import numpy as np
 
-from agents.policy import Scheduler, build_scheduler
 from agents.policy.fleetmind.notices import FleetNotice
 from agents.policy.planners import Planner
-from agents.policy.registry import StageParams, with_deployment
+from agents.policy.registry import StageParams
 from agents.policy.types import (
     BlocksChanged,
     ClusterView,
@@ -68,7 +67,7 @@ from sim.engine.fleet import FleetSpec
 from sim.engine.instance import Instance
 from sim.engine.profiles import EngineOptions
 from sim.loop.config import SimConfig
-from sim.loop.deciders import Deciders, PoolDecider
+from sim.loop.deciders import PoolDecider, pool_decider_for
 from sim.loop.disagg import KvLinks, PairedLegs
 from sim.loop.feedback import EndedAttempt, MemoryOutcomes, OutcomeSink, bind_feedback
 from sim.loop.lifecycle import AttemptLifecycle, Measures, deadline_at, met_objective
@@ -585,25 +584,3 @@ def simulate(
     (default: in memory); ``planner``: who shapes the fleet (default: ``static``)."""
     scheduler = pool_decider_for(policy_name, fleet, config, params)
     return Simulation(workload, fleet, scheduler, config, feedback, planner).run(progress)
-
-
-def pool_decider_for(
-    policy_name: str, fleet: FleetSpec, config: SimConfig, params: StageParams | None = None
-) -> PoolDecider:
-    """``scheduler_for``'s scheduler, or with ``config.deciders`` > 1 that many, decider k
-    seeded with ``config.seed + k``, sharing a decision log (``Deciders``)."""
-    if config.deciders == 1:
-        return scheduler_for(policy_name, fleet, config, params)
-    schedulers = [
-        scheduler_for(policy_name, fleet, replace(config, seed=config.seed + k), params)
-        for k in range(config.deciders)
-    ]
-    return Deciders(schedulers, config.decision_log_delay_s, config.decider_split, config.seed)
-
-
-def scheduler_for(
-    policy_name: str, fleet: FleetSpec, config: SimConfig, params: StageParams | None = None
-) -> Scheduler:
-    """A fresh scheduler for ``policy_name`` as the simulator deploys it on ``fleet``."""
-    deployed = with_deployment(policy_name, params, config.heartbeat_s, fleet.rules)
-    return build_scheduler(policy_name, seed=config.seed, params=deployed)

@@ -32,11 +32,26 @@ prefill), and so does a class without a TTFT objective; there is no length thres
 The decode side is bound again when the KV cache is ready to move (``TokenPilot.bind_decode``:
 the decode instance with the soonest ``decode_d`` then), since the queues seen at the decision
 have moved on by then.
+
+``Disaggregation``, a mixin of ``TokenPilot`` (``router.py``), puts these prices to work on the
+router's state:
+
+- deciding (``_pair``, in ``pick``): on a fleet with a KV link, the cheapest pair, taken when
+  ``pairs_better`` says so; its ``Placement`` names the decode row as its instance and the
+  prefill row as ``prefill_instance``;
+- recording (``_book_pair``, in ``on_routed``): its transfer booked on its DC's ``KvLinkLedger``,
+  the prompt credited to the decode side too; the rest of the send is recorded on the prefill
+  row, as a request served whole is on its row;
+- binding (``bind_decode``, above);
+- learning (``_prefill_done``): the end of the prefill leg is the request's first token and end
+  on its prefill row, what θ and the lateness learn from; its later first token and end, on the
+  decode row, calibrate nothing (they include the transfer).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -49,7 +64,15 @@ from agents.policy.tokenpilot.features import (
     STEPS_X_BATCH,
     STEPS_X_CONTEXT,
 )
-from agents.policy.types import ROLE_PREFILL, ClusterView, RequestView
+from agents.policy.types import ROLE_PREFILL, ClusterView, Placement, PrefillDone, RequestView
+
+if TYPE_CHECKING:
+    from agents.policy.common.inflight import InFlight
+    from agents.policy.common.prefix_index import PrefixIndex
+    from agents.policy.tokenpilot.queues import PrefillQueues
+    from agents.policy.tokenpilot.sends import Sent
+    from agents.policy.tokenpilot.snapshot import Fixed, RowFeatures
+    from agents.policy.tokenpilot.stepclock import StepClock
 
 BITS_PER_BYTE = 8
 
@@ -181,3 +204,102 @@ def _two_best(
     if np.isfinite(p_cost).any():
         pairs.append((int(np.argmin(p_cost)), d))
     return pairs
+
+
+class Disaggregation:
+    """The disaggregation part of ``TokenPilot`` (module docstring). It holds no state of its
+    own: it reads and records the router's, declared below for the type checker."""
+
+    if TYPE_CHECKING:  # ``TokenPilot``'s (and ``InstanceSelector``'s ``in_flight``)
+        links: KvLinkLedger
+        index: PrefixIndex
+        in_flight: InFlight
+        clock: StepClock
+        queues: PrefillQueues
+        spare_others: float
+        _budget: float
+        _observed: int
+        _sent: dict[tuple[str, int], Sent]
+
+        def _fixed_for(self, view: ClusterView) -> Fixed: ...
+        def _features(self, request: RequestView, view: ClusterView, now_s: float) -> RowFeatures: ...
+        def _calibrate(self, sent: Sent, ttft_s: float) -> None: ...
+
+    def _pair(
+        self,
+        request: RequestView,
+        view: ClusterView,
+        mask: BoolArray,
+        fixed: Fixed,
+        rows: RowFeatures,
+        predicted: FloatArray,
+        scores: FloatArray,
+        whole: int,
+        now_s: float,
+    ) -> Pair | None:
+        """The pair ``request`` goes to, None to serve it whole on row ``whole`` (the aggregated
+        pick): the cheapest pair, if ``pairs_better`` than whole. ``fixed``, ``rows``,
+        ``predicted`` and ``scores`` are the aggregated decision's (``best_pair``)."""
+        if not view.dcs.kv_link_gbps:  # a fleet that cannot disaggregate
+            return None
+        theta_of_row = fixed.thetas[fixed.rows.profiles.of_row]
+        pair = best_pair(
+            request, view, mask, predicted, rows.features, rows.rows, scores, theta_of_row,
+            self._budget, float(self.spare_others), self.links, now_s,
+        )  # fmt: skip
+        if pair is None or not pairs_better(pair, float(predicted[whole]), request):
+            return None
+        return pair
+
+    @staticmethod
+    def _disaggregated(pair: Pair, whole_s: float) -> Placement:
+        """The placement of a request sent to ``pair``, predicted ``whole_s`` served whole."""
+        reason = f"disaggregated: predicted TTFT {pair.ttft_s:.3f} s, whole {whole_s:.3f} s"
+        return Placement(pair.decode, reason, pair.ttft_s, prefill_instance=pair.prefill)
+
+    def _book_pair(self, pair: Pair, request: RequestView, view: ClusterView, row: int) -> int:
+        """Book ``pair``'s KV transfer on its DC's link and credit the decode side, ``row`` (the
+        placement's instance), with the prompt; the row its prefill runs on (where the rest of
+        the send is recorded)."""
+        self.links.book(str(view.dc[pair.prefill]), pair.transfer_ready_s, pair.transfer_s)
+        self.index.add(view.instance_ids[row], request.block_hashes)
+        return pair.prefill
+
+    def bind_decode(self, request: RequestView, view: ClusterView, decided_id: str, now_s: float) -> str:
+        """The decode instance of a disaggregated request, bound when its KV cache is ready (a
+        decode instance picked at the decision would be stale by then: what was queued on it
+        since goes first): of the decided one's DC, the row where its KV is predicted to arrive
+        and its last prompt token to be computed soonest (``transfer_s`` of the part it does not
+        hold, then ``decode_leg_s``, on ``view`` now)."""
+        decided = view.index_of.get(decided_id)
+        if decided is None:
+            return decided_id
+        rows = view.serving_rows(request) & (view.dc == view.dc[decided])
+        fixed = self._fixed_for(view)
+        at = self._features(request, view, now_s)
+        theta_of_row = fixed.thetas[fixed.rows.profiles.of_row]
+        cost = decode_leg_s(request, at.features, at.rows, theta_of_row, self._budget)
+        gbps = view.dcs.link_gbps(str(view.dc[decided]))
+        if gbps > 0:
+            cost += transfer_s(view.kv_bytes_per_token.astype(np.float64), at.rows[0], gbps)
+        chosen = view.instance_ids[int(np.flatnonzero(rows)[np.argmin(cost[rows])])]
+        if chosen != decided_id:
+            self.in_flight.move(request, chosen, now_s)
+            self.index.add(chosen, request.block_hashes)
+        return chosen
+
+    def _prefill_done(self, event: PrefillDone) -> None:
+        """A disaggregated request's prefill ended: on its prefill row this is its first token
+        and end (θ learns from it there); its later first token and end, on the decode row,
+        calibrate nothing (they include the transfer)."""
+        key = (event.request_id, event.attempt)
+        sent = self._sent.get(key)
+        if sent is None or sent.instance_id != event.instance_id:
+            return
+        self.clock.first_token(key, event.instance_id, event.time_s)
+        self.clock.finished(key, event.instance_id, event.time_s, True)
+        del self._sent[key]
+        self.queues.first_token(sent.instance_id, sent.mark, key)
+        if sent.own:
+            self._calibrate(sent, event.ttft_s)
+        self._observed += 1

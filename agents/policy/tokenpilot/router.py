@@ -55,15 +55,13 @@ a whole: a later request's first chunk joining the step that ends an earlier one
 the earlier prediction (and its recorded features); each decision queues its work at once, so a
 burst cannot pile onto one instance.
 
+Disaggregation (a fleet with a KV link): the pick may instead send the request to a pair, its
+prefill on one instance and its decode on another, when its prices say so (``pairs.py``; the
+``Disaggregation`` mixin there binds its decode side and learns from its prefill leg).
+
 Several deciders per pool: another decider's placement (``Placed``, from the decision log) is
-recorded as an own send (``_placed_elsewhere``), due at its decider's predicted TTFT (taken, not
-computed: cheaper) stretched by its size's lateness: queues drained to when it was placed, its
-uncached tokens and pairs queued on its instance, the send counted by the step clock, its blocks
-credited in the prefix index; its first token and end clip the queue as an own send's do and
-calibrate nothing (learning from the others' sends hurts: docs/results/scoreboard.md). Without a
-prediction (another policy decided it) its features are computed on this router's last snapshot;
-with no snapshot yet it only credits the prefix and counts in flight. The drain cannot run
-backwards: a placement read after a later decision joins the queue drained to that decision.
+recorded as an own send (``elsewhere.py``: the ``PlacedElsewhere`` mixin).
+
 Per-row arithmetic runs in compiled loops (``kernels.py``, ``common/prefix_kernels.py``).
 """
 
@@ -81,6 +79,7 @@ from agents.policy.common.slo import DEFAULT_SLO_CLASSES
 from agents.policy.common.timing import decode_s
 from agents.policy.tokenpilot import kernels
 from agents.policy.tokenpilot.batch_order import cache_has_room, decision_order
+from agents.policy.tokenpilot.elsewhere import PlacedElsewhere
 from agents.policy.tokenpilot.features import (
     BOUNDARY_WAIT,
     FEATURES,
@@ -92,7 +91,7 @@ from agents.policy.tokenpilot.features import (
 )
 from agents.policy.tokenpilot.horizon import DecodeHorizon
 from agents.policy.tokenpilot.lateness import PrefillLateness
-from agents.policy.tokenpilot.pairs import KvLinkLedger, best_pair, decode_leg_s, pairs_better, transfer_s
+from agents.policy.tokenpilot.pairs import Disaggregation, KvLinkLedger
 from agents.policy.tokenpilot.predictor import OnlineLinearModel
 from agents.policy.tokenpilot.queues import PrefillQueues
 from agents.policy.tokenpilot.sends import Chosen, Sent
@@ -112,13 +111,11 @@ from agents.policy.types import (
     RowPrediction,
 )
 
-_NO_FEATURES = np.zeros(len(FEATURES))  # of another decider's send: it calibrates nothing here
-_NO_FEATURES.flags.writeable = False
 INTERACTIVE_TPOT_S = DEFAULT_SLO_CLASSES["interactive"].tpot_s or 0.1
 """The TPOT the decode-harm term protects by default: the interactive class's objective."""
 
 
-class TokenPilot(InstanceSelector):
+class TokenPilot(Disaggregation, PlacedElsewhere, InstanceSelector):
     name = "tokenpilot"
     wants_kv_events = True
 
@@ -219,15 +216,7 @@ class TokenPilot(InstanceSelector):
             near,
         )
         row = self._pick_near(near[:count], view)
-        pair = None
-        if view.dcs.kv_link_gbps:  # a fleet that may disaggregate (``pairs.py``)
-            theta_of_row = fixed.thetas[fixed.rows.profiles.of_row]
-            pair = best_pair(
-                request, view, mask, predicted, features, rows.rows, scores, theta_of_row,
-                self._budget, float(self.spare_others), self.links, now_s,
-            )  # fmt: skip
-            if pair is not None and not pairs_better(pair, float(predicted[row]), request):
-                pair = None
+        pair = self._pair(request, view, mask, fixed, rows, predicted, scores, row, now_s)  # ``pairs.py``
         at = row if pair is None else pair.prefill  # the row its prefill runs on
         # (Python floats from here on: the same IEEE doubles, cheaper to compute with)
         joined, tokens, predicted_s = (
@@ -248,8 +237,7 @@ class TokenPilot(InstanceSelector):
             pair,
         )
         if pair is not None:
-            reason = f"disaggregated: predicted TTFT {pair.ttft_s:.3f} s, whole {predicted[row]:.3f} s"
-            return Placement(pair.decode, reason, pair.ttft_s, prefill_instance=pair.prefill)
+            return self._disaggregated(pair, float(predicted[row]))
         reason = f"min predicted TTFT ({cached:.0f} of {request.input_tokens} prompt tokens cached)"
         return Placement(row, reason, predicted_s)
 
@@ -382,14 +370,6 @@ class TokenPilot(InstanceSelector):
         )
         return self._fixed
 
-    def _queued_at(self, view: ClusterView, now_s: float) -> None:
-        """Drain the queues to ``now_s`` on ``view`` (what ``_features`` does first)."""
-        if self.queues.aligned_to(view) and self.queues.drained_to(now_s):
-            return  # (another decider's placement read after this one's own decisions: usual)
-        sent, sent_tokens = self.in_flight.since_heartbeat(view)
-        fixed = self._fixed_for(view)
-        self._queued(view, now_s, sent, sent_tokens, fixed.rows, fixed.thetas)
-
     def _queued(
         self,
         view: ClusterView,
@@ -463,11 +443,8 @@ class TokenPilot(InstanceSelector):
         """Record the send: its prefill's work on the row it prefills on (``row``, or a pair's
         prefill row, whose KV transfer is booked on its DC's link)."""
         chosen = self._chosen
-        pair = chosen.pair
-        if pair is not None:
-            self.links.book(str(view.dc[pair.prefill]), pair.transfer_ready_s, pair.transfer_s)
-            self.index.add(view.instance_ids[row], request.block_hashes)  # the decode side's too
-            row = pair.prefill
+        if chosen.pair is not None:
+            row = self._book_pair(chosen.pair, request, view, row)
         instance_id = view.instance_ids[row]
         profile = self._rows_of(view).profiles.by_row[row]
         key = (request.request_id, request.attempt)
@@ -513,38 +490,6 @@ class TokenPilot(InstanceSelector):
         sent.due_s += extra
         self._revised[key] = self._revised.get(key, 0.0) + extra
 
-    def _placed_elsewhere(self, event: Placed) -> None:
-        """Record another decider's placement as an own send (module docstring); called before
-        it joins ``in_flight``, so the queues and the step clock are as its decider saw them."""
-        request, instance_id = event.request, event.instance_id
-        view = self._last_view
-        row = None if view is None else view.index_of.get(instance_id)
-        if view is not None and row is not None:
-            profile = str(view.profile[row])
-            theta = self.model_for(profile).theta
-            if event.predicted_ttft_s is None:  # its decider made no prediction: ours, on our view
-                rows = self._features(request, view, event.time_s)
-                tokens, pairs = float(rows.new[row]), float(rows.pairs[row])
-                predicted = float(rows.features[row] @ theta)
-            else:
-                self._queued_at(view, event.time_s)
-                matched = self.index.leading_held(instance_id, request.block_hashes)
-                cached = float(min(matched * BLOCK_TOKENS, request.input_tokens - 1))
-                tokens = request.input_tokens - cached
-                pairs = tokens * (cached + tokens * 0.5)
-                predicted = event.predicted_ttft_s
-            lateness = self.lateness.of(tokens)
-            due_s = event.time_s + predicted * lateness
-            prefill_s = (tokens * theta[PREFILL_TOKENS] + pairs * theta[PREFILL_PAIRS]) * lateness
-            key = request.key
-            self.clock.sent(instance_id, profile, key, event.time_s)
-            mark = self.queues.add(row, tokens, pairs, prefill_s, key, due_s, event.time_s, own=False)
-            self._sent[key] = Sent(
-                instance_id, profile, _NO_FEATURES, tokens, pairs, predicted, due_s, False, mark, own=False
-            )
-            self._last_queued[instance_id] = key
-        self.index.add(instance_id, request.block_hashes)
-
     # --- learning -----------------------------------------------------------------------------
 
     def on_kv_event(self, event: BlocksChanged) -> None:
@@ -581,10 +526,7 @@ class TokenPilot(InstanceSelector):
         if event.ttft_s is not None:  # it had its first token (the event may have been missed)
             self.queues.first_token(sent.instance_id, sent.mark, key)
         if sent.own and event.status == "ok" and event.ttft_s is not None:
-            after_send = event.ttft_s - sent.waited_s  # what the features at the send predicted
-            self.model_for(sent.profile).update(sent.features, after_send)
-            if sent.tokens >= 0.5 * sent.features[PREFILL_TOKENS]:  # mostly its own prefill
-                self.lateness.add(sent.tokens, sent.predicted_s, after_send)
+            self._calibrate(sent, event.ttft_s)
             if event.tpot_s is not None and event.output_tokens > 1:
                 self.horizon.add(decode_s(event.tpot_s, event.output_tokens))
                 self.queues.horizon_s = self.horizon.value_s
@@ -594,47 +536,13 @@ class TokenPilot(InstanceSelector):
         if event.ttft_s is None:
             self.queues.forget(sent.instance_id, key)
 
-    def bind_decode(self, request: RequestView, view: ClusterView, decided_id: str, now_s: float) -> str:
-        """The decode instance of a disaggregated request, bound when its KV cache is ready (a
-        decode instance picked at the decision would be stale by then: what was queued on it
-        since goes first): of the decided one's DC, the row where its KV is predicted to arrive
-        and its last prompt token to be computed soonest (``pairs.transfer_s`` of the part it
-        does not hold, then ``pairs.decode_leg_s``, on ``view`` now)."""
-        decided = view.index_of.get(decided_id)
-        if decided is None:
-            return decided_id
-        rows = view.serving_rows(request) & (view.dc == view.dc[decided])
-        fixed = self._fixed_for(view)
-        at = self._features(request, view, now_s)
-        theta_of_row = fixed.thetas[fixed.rows.profiles.of_row]
-        cost = decode_leg_s(request, at.features, at.rows, theta_of_row, self._budget)
-        gbps = view.dcs.link_gbps(str(view.dc[decided]))
-        if gbps > 0:
-            cost += transfer_s(view.kv_bytes_per_token.astype(np.float64), at.rows[0], gbps)
-        chosen = view.instance_ids[int(np.flatnonzero(rows)[np.argmin(cost[rows])])]
-        if chosen != decided_id:
-            self.in_flight.move(request, chosen, now_s)
-            self.index.add(chosen, request.block_hashes)
-        return chosen
-
-    def _prefill_done(self, event: PrefillDone) -> None:
-        """A disaggregated request's prefill ended: on its prefill row this is its first token
-        and end (θ learns from it there); its later first token and end, on the decode row,
-        calibrate nothing (they include the transfer)."""
-        key = (event.request_id, event.attempt)
-        sent = self._sent.get(key)
-        if sent is None or sent.instance_id != event.instance_id:
-            return
-        self.clock.first_token(key, event.instance_id, event.time_s)
-        self.clock.finished(key, event.instance_id, event.time_s, True)
-        del self._sent[key]
-        self.queues.first_token(sent.instance_id, sent.mark, key)
-        if sent.own:
-            after_send = event.ttft_s - sent.waited_s
-            self.model_for(sent.profile).update(sent.features, after_send)
-            if sent.tokens >= 0.5 * sent.features[PREFILL_TOKENS]:
-                self.lateness.add(sent.tokens, sent.predicted_s, after_send)
-        self._observed += 1
+    def _calibrate(self, sent: Sent, ttft_s: float) -> None:
+        """θ and the lateness learn from an own send's first token, ``ttft_s`` after its arrival
+        (less its hold before the send: what the features at the send predicted)."""
+        after_send = ttft_s - sent.waited_s
+        self.model_for(sent.profile).update(sent.features, after_send)
+        if sent.tokens >= 0.5 * sent.features[PREFILL_TOKENS]:  # mostly its own prefill
+            self.lateness.add(sent.tokens, sent.predicted_s, after_send)
 
     def model_for(self, profile: str) -> OnlineLinearModel:
         model = self.models.get(profile)

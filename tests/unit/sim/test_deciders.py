@@ -13,8 +13,8 @@ from agents.policy.defaults import HomeDc, PassThrough
 from agents.policy.types import Finished, FirstToken, Observation, Placed, RequestView
 from sim.evaluation.capacity import capacities, format_capacity
 from sim.loop.config import SimConfig
-from sim.loop.deciders import Deciders, affinity_key
-from sim.loop.runner import Simulation, pool_decider_for, simulate
+from sim.loop.deciders import Deciders, affinity_key, pool_decider_for
+from sim.loop.runner import Simulation, simulate
 from sim.workloads.sources import open_workload
 from tests.unit.policy.helpers import cluster_view
 from tests.unit.sim.helpers import fleet_of
