@@ -18,6 +18,13 @@ third of the prompts over 16k tokens; tuned on seed 0, ``long-s1``, ``long-s2`` 
 ``short`` (chat and API calls only), the last also at its recorded rate, where TokenPilot on
 ``both-link`` must keep >= 0.99 of its goodput served whole.
 
+``--bound`` prints instead, per mix, FleetMind's fluid model of the split
+(``agents/policy/fleetmind/split.py``) on the profile's own step law and the mix's mean prompt
+and output (no prefix reuse): the requests/s one replica serves prefill only, decode only and
+``both`` at the interactive objective, the replicas a split needs against all ``both``
+(``ratio``: below 1 the split serves more on the same GPUs, its capacity at most 1 / ratio of
+``both``'s), and the tightest TPOT objective down to which all ``both`` stays the better.
+
 Printed: a table per mix, then the targets: on ``long`` and ``mooncake``, TokenPilot's
 capacity on each P/D arrangement >= 1.3 x the better peer's there, and its best P/D capacity
 >= 1.15 x ``whole``.
@@ -30,7 +37,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from agents.policy.fleetmind.split import StepLaw, Work, split
 from sim.engine.fleet import FleetSpec, fleet_from_doc
+from sim.engine.profiles import PROFILES
 from sim.evaluation.capacity import capacities
 from sim.evaluation.compare import compare
 from sim.loop.config import SimConfig
@@ -106,12 +115,17 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--bound", action="store_true", help="the fluid model's split per mix, no runs")
     args = parser.parse_args(argv)
     mixes = [m for m in args.mixes.split(",") if m]
     arrangements = [a for a in args.arrangements.split(",") if a]
     unknown = sorted({*mixes} - set(MIXES)) + sorted({*arrangements} - set(ARRANGEMENTS))
     if unknown:
         parser.exit(2, f"bench.disagg: unknown mix or arrangement {unknown[0]!r}\n")
+    if args.bound:
+        for mix in mixes:
+            print(fluid_bound(mix))
+        return
     results: dict[str, Any] = {}
     for mix in mixes:
         cells = {a: capacity_cell(mix, a, args.jobs) for a in arrangements}
@@ -126,6 +140,37 @@ def main(argv: list[str] | None = None) -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=1))
         print(f"wrote {args.json}")
+
+
+def fluid_bound(mix: str, ttft_s: float = 2.0, tpot_s: float = 0.1) -> str:
+    """The fluid model's split of ``mix`` on ``PROFILE`` (module docstring), one line."""
+    profile = PROFILES[PROFILE]
+    law = StepLaw(
+        profile.t0_s,
+        profile.decode_s_per_seq,
+        profile.decode_s_per_context_token,
+        profile.prefill_s_per_token,
+        profile.prefill_s_per_token_pair,
+    )
+    requests = open_workload(MIXES[mix]).requests
+    prompt = sum(r.input_tokens for r in requests) / len(requests)
+    output = sum(r.output_tokens for r in requests) / len(requests)
+    work = Work(prompt, 0.0, output, prompt + output)
+
+    def at(tpot: float):  # type: ignore[no-untyped-def]
+        return split(law, work, tpot, ttft_s, profile.kv_tokens, headroom=1.0, kv_share=1.0, split_gain=0.0)
+
+    found = at(tpot_s)
+    ratio = found.mu_both * (1 / found.mu_prefill + 1 / found.mu_decode) if found.mu_prefill else float("inf")
+    tight = tpot_s
+    while tight > 0.005 and at(tight - 0.001).prefill_share == 0:
+        tight -= 0.001
+    return (
+        f"{mix}: prompt {prompt:.0f}, output {output:.0f} tokens; per replica (req/s) prefill only "
+        f"{found.mu_prefill:.2f}, decode only {found.mu_decode:.2f}, both {found.mu_both:.2f}; "
+        f"split / both replicas = {ratio:.2f} at TPOT {tpot_s * 1000:.0f} ms; "
+        f"both stays the better down to TPOT {tight * 1000:.0f} ms"
+    )
 
 
 def scale(document: dict[str, Any]) -> float:

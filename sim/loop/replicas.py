@@ -23,6 +23,10 @@ Transitions::
   first), then drains the ready ones with the fewest tokens in flight; below it, starts
   replicas while the budget has room. Convergence runs at every plan and whenever a stop frees
   GPUs.
+- roles (``Plan.prefill``): of a pool's target, the ``prefill`` replicas (only where its DC has
+  a KV link) and the rest ``both`` are two targets; each is converged as above, a start takes
+  the role its target lacks (a slot's role is set when it starts), a pool the plan does not
+  name in ``prefill`` keeps the prefill replicas it runs.
 - warm weights (``Plan.warm``): a DC stages a model in its cold load time without GPUs; when
   ``warm_capacity`` is full, a staged model the plan no longer lists is evicted first.
 
@@ -51,7 +55,7 @@ from agents.policy.planners.contract import (
     PoolKey,
     PoolState,
 )
-from agents.policy.types import BoolArray, ClusterView
+from agents.policy.types import ROLE_BOTH, ROLE_PREFILL, BoolArray, ClusterView
 from sim.engine.fleet import FleetSpec, InstanceSpec
 
 SlotState = Literal["off", "loading", "ready", "draining"]
@@ -98,6 +102,11 @@ def _version_of(fleet: FleetSpec, model: str) -> str:
     return fleet.rules.versions.get(model, "1")
 
 
+def _role_of(slot: _Slot) -> str:
+    """A slot's role as plans count it: ``prefill`` or ``both`` (a listed ``decode`` row)."""
+    return ROLE_PREFILL if slot.spec.role == ROLE_PREFILL else ROLE_BOTH
+
+
 class Replicas:
     """Every row's state, the DCs' staged weights, and the figures (module docstring)."""
 
@@ -124,6 +133,9 @@ class Replicas:
         for index, spec in enumerate(fleet.instances):
             self._pool_rows[(spec.model, spec.version, spec.dc)].append(index)
         self.desired: dict[PoolKey, int] = {key: self._size(key) for key in self._pool_rows}
+        self.desired_prefill: dict[PoolKey, int] = {
+            key: self._size(key, ROLE_PREFILL) for key in self._pool_rows
+        }
         self.staged: dict[str, dict[str, float]] = {  # dc -> model -> when staged
             dc: {m: start for m in fleet.shape.dc(dc).warm_models} for dc in fleet.dc_names
         }
@@ -146,6 +158,10 @@ class Replicas:
         """The rows whose replica runs (loading, ready or draining): the ones that heartbeat."""
         return np.flatnonzero(self._on).tolist()
 
+    def specs(self) -> tuple[InstanceSpec, ...]:
+        """Every row's instance as it runs now (its role is set when it starts)."""
+        return tuple(slot.spec for slot in self.slots)
+
     def is_on(self, index: int) -> bool:
         return self.slots[index].state != "off"
 
@@ -159,6 +175,9 @@ class Replicas:
         for key, target in plan.replicas.items():
             if key in self._pool_rows:
                 self.desired[key] = max(0, int(target))
+        for key, target in plan.prefill.items():
+            if key in self._pool_rows and self.fleet.kv_link_gbps.get(key[2], 0.0) > 0:
+                self.desired_prefill[key] = max(0, int(target))
         if plan.warm is not None:
             for dc, models in plan.warm.items():
                 self._stage(dc, models, now)
@@ -170,16 +189,26 @@ class Replicas:
         starts: list[tuple[int, float]] = []
         drains: list[int] = []
         for key, rows in self._pool_rows.items():
-            excess = self._size(key) - self.desired[key]
-            if excess > 0:
-                drains += self._shrink(rows, excess, loads, now)
+            for role, target in self._role_targets(key).items():
+                excess = self._size(key, role) - target
+                if excess > 0:
+                    drains += self._shrink(
+                        [i for i in rows if _role_of(self.slots[i]) == role], excess, loads, now
+                    )
         for key, rows in self._pool_rows.items():
-            for _ in range(self.desired[key] - self._size(key)):
-                started = self._start(key, rows, now)
-                if started is None:
-                    break
-                starts.append(started)
+            for role, target in self._role_targets(key).items():
+                for _ in range(target - self._size(key, role)):
+                    started = self._start(key, rows, now, role)
+                    if started is None:
+                        break
+                    starts.append(started)
         return starts, drains
+
+    def _role_targets(self, key: PoolKey) -> dict[str, int]:
+        """The pool's target per role: its prefill replicas (at most its target) and the rest
+        ``both``. A fleet file's ``decode`` rows count as ``both`` here: a plan starts none."""
+        prefill = min(self.desired_prefill[key], self.desired[key])
+        return {ROLE_PREFILL: prefill, ROLE_BOTH: self.desired[key] - prefill}
 
     def became_ready(self, index: int, now: float) -> None:
         slot = self.slots[index]
@@ -255,6 +284,7 @@ class Replicas:
                 load.warm_s,
                 load.min_replicas,
                 spec.profile.kv_tokens,
+                spec.profile.kv_bytes_per_token,
             )
         return tuple(specs.values())
 
@@ -274,6 +304,7 @@ class Replicas:
                     self.fleet.shape.dc(dc).warm_capacity,
                     tuple(m for m, t in staged.items() if t <= now),
                     tuple(m for m, t in staged.items() if t > now),
+                    self.fleet.kv_link_gbps.get(dc, 0.0),
                 )
             )
         return tuple(states)
@@ -332,13 +363,19 @@ class Replicas:
 
     # --- inside -------------------------------------------------------------------------------
 
-    def _size(self, key: PoolKey) -> int:
-        return sum(1 for i in self._pool_rows[key] if self.slots[i].state in ("loading", "ready"))
+    def _size(self, key: PoolKey, role: str | None = None) -> int:
+        """Replicas of the pool loading or ready (of ``role``: ``both`` counts ``decode`` too)."""
+        return sum(
+            1
+            for i in self._pool_rows[key]
+            if self.slots[i].state in ("loading", "ready")
+            and (role is None or _role_of(self.slots[i]) == role)
+        )
 
     def _gpus_used(self, dc: str) -> int:
         return sum(s.spec.profile.gpus for s in self.slots if s.spec.dc == dc and s.state != "off")
 
-    def _start(self, key: PoolKey, rows: list[int], now: float) -> tuple[int, float] | None:
+    def _start(self, key: PoolKey, rows: list[int], now: float, role: str) -> tuple[int, float] | None:
         model, _, dc = key
         index = next((i for i in rows if self.slots[i].state == "off"), None)
         if index is None:
@@ -346,6 +383,7 @@ class Replicas:
         slot = self.slots[index]
         if self._gpus_used(dc) + slot.spec.profile.gpus > self.fleet.gpu_budget(dc):
             return None
+        slot.spec = replace(slot.spec, role=role)
         load = self.fleet.shape.model(model)
         staged_at = self.staged[dc].get(model)
         warm = staged_at is not None and staged_at <= now

@@ -515,7 +515,7 @@ class Simulation(AttemptLifecycle, PairedLegs):
             if index not in self._down:
                 self._last_beat[index] = self.instances[index].heartbeat(now)
                 self._beat_s[index] = now
-        specs = self.fleet.instances
+        specs = self.shaper.replicas.specs() if self.shaper.plans else self.fleet.instances
         beats, instances, beat_s = self._last_beat, self.instances, self._beat_s
         if on is not None:
             specs, beats, instances = (

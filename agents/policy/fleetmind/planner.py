@@ -72,6 +72,14 @@ exists). Per pool the target is ceil(need), and then:
   ``max_down_share`` of its size (at least one) per plan. When its DC cannot fit what another
   pool must grow by, the window does not apply: GPUs move between models as their peaks pass;
 
+**Prefill : decode** (``split.py``). Where a DC has a KV link, a pool may run some replicas
+prefill only: when the fluid model says the split serves the forecast with at least
+``split_gain`` fewer replicas than all ``both`` (a ``both`` replica's decodes slow down while it
+prefills, a decode-only replica's do not) and the link carries the prompts' KV cache within
+``link_share`` of its rate. The pool's need is then scaled by that ratio, and
+``Plan.prefill[pool]`` = round(share x target) of its replicas run prefill only (at least one,
+and at least one left ``both``), share = (1/mu_p) / (1/mu_p + 1/mu_d).
+
 **Warm weights.** Each DC keeps staged the models whose warm starts would save the most GPU
 time once staged (staging takes a cold load) and over the ``warm_horizon_s`` (H) after: per
 model, the starts it expects there times what one warm start saves,
@@ -90,6 +98,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 
 from agents.policy.fleetmind.rules import FleetRules
+from agents.policy.fleetmind.split import Split, StepLaw, Work, link_carries, split
 from agents.policy.planners.contract import (
     DcState,
     DemandSample,
@@ -98,7 +107,14 @@ from agents.policy.planners.contract import (
     Plan,
     PoolKey,
 )
-from agents.policy.tokenpilot.features import PREFILL_TOKENS, PRIOR, STEPS, STEPS_X_BATCH, STEPS_X_CONTEXT
+from agents.policy.tokenpilot.features import (
+    PREFILL_PAIRS,
+    PREFILL_TOKENS,
+    PRIOR,
+    STEPS,
+    STEPS_X_BATCH,
+    STEPS_X_CONTEXT,
+)
 from agents.policy.tokenpilot.predictor import OnlineLinearModel
 
 ModelKey = tuple[str, str]
@@ -123,6 +139,8 @@ class PlannerParams:
     feedback_recovery: float = 0.02
     feedback_min_completed: int = 20
     kappa_min: float = 0.7
+    split_gain: float = 0.1
+    link_share: float = 0.8
 
 
 @dataclass(slots=True)
@@ -170,6 +188,14 @@ class _Work:
         return self.output_tokens or max(self.budget / 2, 1.0)
 
 
+def _prefill_count(share: float, replicas: int) -> int:
+    """round(share x replicas), at least one, and at least one replica left ``both`` (0 where
+    the pool does not split)."""
+    if share <= 0 or replicas < 2:
+        return 0
+    return min(max(round(share * replicas), 1), replicas - 1)
+
+
 def _smooth(old: float, new: float, a: float) -> float:
     return new if old == 0 else a * new + (1 - a) * old
 
@@ -198,6 +224,7 @@ class FleetMindPlanner:
         need: dict[PoolKey, float] = defaultdict(float)
         later: dict[PoolKey, float] = defaultdict(float)
         why: dict[PoolKey, list[str]] = defaultdict(list)
+        forecast: dict[PoolKey, float] = defaultdict(float)
         for (model, version, home), holt in self._demand.items():
             spec = state.model_spec(model, version)
             if spec is None:
@@ -207,20 +234,60 @@ class FleetMindPlanner:
             lead = (self._load_s(spec, dcs[dc], state.now_s) + self.interval_s) / self.interval_s
             margin = 1 + self.params.burst_margin
             need[(model, version, dc)] += margin * holt.forecast(lead) / mu
+            forecast[(model, version, dc)] += holt.forecast(lead)
             horizon = spec.load_cold_s + self.params.warm_horizon_s  # staging takes a cold load
             later[(model, version, dc)] += margin * holt.forecast(horizon / self.interval_s) / mu
             why[(model, version, dc)].append(f"{home}: {holt.forecast(lead):.2f}/s forecast")
+        shares = self._prefill_shares(state, dcs, forecast, need, why)
         target = self._targets(state, dcs, need)
         replicas = self._steady(state, dcs, target, need)
+        prefill = {key: _prefill_count(shares.get(key, 0.0), n) for key, n in replicas.items()}
         reasons = {
             key: (
                 f"need {need.get(key, 0.0):.2f} replicas at {self._rate_text(state, key)}; "
                 + ", ".join(why.get(key, ["no demand"]))
                 + f"; {state.pool(*key).replicas} -> {n}"
+                + (f", {prefill[key]} prefill only" if prefill.get(key) else "")
             )
             for key, n in replicas.items()
         }
-        return Plan(replicas, self._warm(state, later, replicas), reasons)
+        return Plan(replicas, self._warm(state, later, replicas), reasons, prefill)
+
+    def split_for(self, spec: ModelSpec, state: FleetState) -> Split:
+        """The prefill : decode split of ``spec``'s work at the planned objective (``split.py``)."""
+        work = self._work[(spec.model, spec.version)]
+        t0, c, d = (float(v) for v in self._model(spec).theta[:3])
+        law = StepLaw(t0, c, d, PRIOR[PREFILL_TOKENS], PRIOR[PREFILL_PAIRS])
+        context = work.input_tokens + work.output / 2
+        mean = Work(work.input_tokens, work.cached_share, work.output, work.kv_per_request or context)
+        p = self.params
+        objective = (state.slo_tpot_s, state.slo_ttft_s)
+        return split(law, mean, *objective, spec.kv_tokens, p.tpot_headroom, p.kv_share, p.split_gain)
+
+    def _prefill_shares(
+        self,
+        state: FleetState,
+        dcs: dict[str, DcState],
+        forecast: dict[PoolKey, float],
+        need: dict[PoolKey, float],
+        why: dict[PoolKey, list[str]],
+    ) -> dict[PoolKey, float]:
+        """Per pool that splits: its prefill share; its need scaled by the split's ratio."""
+        shares = {}
+        for key, rate in forecast.items():
+            spec, dc = state.model_spec(key[0], key[1]), dcs[key[2]]
+            if spec is None or dc.kv_link_gbps <= 0 or not spec.kv_bytes_per_token:
+                continue
+            found = self.split_for(spec, state)
+            work = self._work[(spec.model, spec.version)]
+            mean = Work(work.input_tokens, work.cached_share, work.output, 0.0)
+            link = (dc.kv_link_gbps, self.params.link_share)
+            if found.prefill_share <= 0 or not link_carries(rate, mean, spec.kv_bytes_per_token, *link):
+                continue
+            need[key] *= found.ratio
+            shares[key] = found.prefill_share
+            why[key].append(f"split {found.prefill_share:.2f} prefill saves {1 - found.ratio:.0%}")
+        return shares
 
     def replica_rate(self, spec: ModelSpec, tpot_s: float) -> float:
         """mu: requests/s one replica of ``spec`` serves within the TPOT objective (docstring)."""

@@ -14,6 +14,10 @@ The driver (the simulator's runner, the ``tokenfleet planner`` service) acts on 
   More: start replicas while the DC's GPU budget has room (each holds its GPUs from its start);
   fewer: cancel loading ones first, then drain ready ones (a draining replica gets nothing new,
   finishes what it runs, then frees its GPUs). A pool the plan does not name keeps its size.
+- ``prefill[(model, version, dc)] = n``: of that pool's replicas, ``n`` run prefill only (role
+  ``prefill``: the prefill legs of disaggregated requests, their KV cache moved over the DC's
+  link), the rest ``both``. Starts take the role the pool lacks, a pool above its share of one
+  role drains that role first. A pool the plan does not name has none.
 - ``warm[dc] = (model, ...)``: the models whose weights ``dc`` should keep staged, at most its
   ``warm_capacity``; staging takes the model's cold load time and no GPUs, and a model not
   listed is evicted to make room. ``None``: the staged set stays as it is.
@@ -50,7 +54,8 @@ def planned_objective(slo_classes: Mapping[str, SloClass]) -> tuple[float, float
 class ModelSpec:
     """A model version the planner may place: ``gpus`` per replica, ``load_cold_s`` /
     ``load_warm_s`` from start to ready (warm: the DC has its weights staged), at least
-    ``min_replicas`` replicas in the whole fleet, ``kv_tokens`` one replica's KV cache."""
+    ``min_replicas`` replicas in the whole fleet, ``kv_tokens`` one replica's KV cache,
+    ``kv_bytes_per_token`` what a prefill/decode transfer moves per prompt token (0: unknown)."""
 
     model: str
     version: str
@@ -59,6 +64,7 @@ class ModelSpec:
     load_warm_s: float
     min_replicas: int = 0
     kv_tokens: int = 0
+    kv_bytes_per_token: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +72,8 @@ class DcState:
     """One data centre: its ``region`` and ``failure_domain``, its GPU budget ``gpus`` and the
     GPUs its replicas hold now (``gpus_used``: loading, ready and draining), how many models'
     weights it can keep staged (``warm_capacity``), which are staged (``warm``) and which are
-    being staged (``staging``)."""
+    being staged (``staging``); ``kv_link_gbps`` its link for moving KV caches (0: none, no
+    replica there may run prefill only)."""
 
     name: str
     region: str
@@ -76,6 +83,7 @@ class DcState:
     warm_capacity: int = 0
     warm: tuple[str, ...] = ()
     staging: tuple[str, ...] = ()
+    kv_link_gbps: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +185,7 @@ class Plan:
     replicas: Mapping[PoolKey, int] = field(default_factory=dict)
     warm: Mapping[str, tuple[str, ...]] | None = None
     reasons: Mapping[PoolKey, str] = field(default_factory=dict)
+    prefill: Mapping[PoolKey, int] = field(default_factory=dict)
 
 
 class Planner(Protocol):

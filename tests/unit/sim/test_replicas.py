@@ -100,6 +100,32 @@ def test_shrinking_cancels_loading_first_then_drains_the_least_loaded_which_stop
     assert rows.held_s(100.0)[0] == pytest.approx(8.0) and rows.held_s(100.0)[started] == pytest.approx(5.0)
 
 
+def test_a_plan_s_prefill_replicas_start_as_prefill_and_drain_first_where_the_dc_has_a_link() -> None:
+    linked = {**DOC, "data_centres": [{**DOC["data_centres"][0], "gpus": 4, "kv_link_gbps": 400}]}
+    rows = Replicas(slot_fleet(fleet_from_doc(linked, Path("pd.yaml"))), 1, (0.0, 1000.0), grace_s=1.0)
+    rows.apply(Plan({LLAMA: 3}, prefill={LLAMA: 2}), 0.0)
+    starts, _ = rows.converge(0.0, [0] * len(rows.slots))
+    roles = [rows.specs()[i].role for i, _ in starts]
+    assert sorted(roles) == ["prefill", "prefill"]  # the listed instance is the one ``both``
+    state = rows.fleet_state(0.0, _view(rows), range(len(rows.slots)), (), (2.0, 0.1))
+    assert state.dcs[0].kv_link_gbps == 400 and state.models[0].kv_bytes_per_token == 128 * 1024
+    for index, ready in starts:
+        rows.became_ready(index, ready)
+    rows.apply(Plan({LLAMA: 3}, prefill={LLAMA: 1}), 30.0)  # same size, one role changes
+    starts_after, drains = rows.converge(30.0, [0] * len(rows.slots))
+    assert [rows.specs()[i].role for i in drains] == ["prefill"]
+    assert [rows.specs()[i].role for i, _ in starts_after] == ["both"]
+    rows.apply(Plan({LLAMA: 3}), 40.0)  # not named: the prefill replica it runs stays
+    assert rows.converge(40.0, [0] * len(rows.slots)) == ([], [])
+
+
+def test_without_a_link_a_plan_s_prefill_replicas_start_as_both() -> None:
+    rows = replicas()
+    rows.apply(Plan({LLAMA: 2}, prefill={LLAMA: 1}), 0.0)
+    starts, _ = rows.converge(0.0, [0] * 6)
+    assert [rows.specs()[i].role for i, _ in starts] == ["both"]
+
+
 def test_staging_evicts_a_model_the_plan_no_longer_lists_and_takes_the_cold_load_time() -> None:
     rows = replicas()
     rows.apply(Plan({}, {"A": ("qwen3-14b",)}), 10.0)
