@@ -159,6 +159,21 @@ PolicyConfigOpt = Annotated[
         help="YAML mapping stage name -> parameters, e.g. 'tokenpilot: {tie_tolerance: 0.05}'",
     ),
 ]
+KV_CONNECTOR_HELP = (
+    "--engines local or emulated: example gives every vLLM server vLLM's ExampleConnector on a shared "
+    "directory of the stack (a test connector: it keeps every prompt's KV cache on disk) and the worker a "
+    "KV link: calls may be served disaggregated, a --planner may run servers prefill only; none (the "
+    "default): every server serves whole, plans' prefill counts are ignored"
+)
+KvConnectorOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--kv-connector",
+        metavar="none|example",
+        help=KV_CONNECTOR_HELP,
+        callback=lambda name: None if name == "none" else name,  # other names: local.plan refuses them
+    ),
+]
 JsonOpt = Annotated[str | None, typer.Option("--json", metavar="OUT", help="write the results as JSON")]
 ProfilesOpt = Annotated[
     Path | None,

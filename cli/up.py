@@ -10,11 +10,10 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.options import MAX_SECONDS, POLICY_HELP, error, load_settings, real, whole
+from cli.options import MAX_SECONDS, POLICY_HELP, KvConnectorOpt, error, load_settings, real, whole
 
 PRODUCT_POLICY = "slomax+tokenpilot"  # local.plan.PRODUCT_POLICY, not imported: -h stays fast
-# A planned stack's server states that are as its planner wants them (local/follower.py).
-FOLLOWED = ("loading", "draining", "stopping", "standby")
+FOLLOWED = ("loading", "draining", "stopping", "standby")  # server states a planner wants (local/follower.py)
 
 DirOpt = Annotated[
     Path | None,
@@ -159,6 +158,7 @@ def up(
             "--max-num-seqs", metavar="N", help="calls a server runs at once", callback=whole(1, 100_000)
         ),
     ] = None,
+    kv_connector: KvConnectorOpt = None,
 ) -> None:
     """Start the broker, worker, dispatcher and gateway (and local engine servers) here, supervised.
 
@@ -179,10 +179,10 @@ def up(
     from local.report import show
 
     _only(engines, (Engines.local,), model=model)
-    _only(engines, (Engines.local, Engines.emulated), servers=servers)
     _only(engines, (Engines.inventory,), inventory=inventory)
     _only(engines, (Engines.emulated,), fleet=fleet, load_s=load_s)
-    _only(engines, (Engines.local, Engines.emulated), planner=planner, max_num_seqs=max_num_seqs)
+    ours = dict(servers=servers, planner=planner, max_num_seqs=max_num_seqs, kv_connector=kv_connector)
+    _only(engines, (Engines.local, Engines.emulated), **ours)  # the options of servers the stack starts
     settings = load_settings(policy)
     options = UpOptions(
         dir=_directory(directory, settings),
@@ -202,6 +202,7 @@ def up(
         planner_params=tuple(planner_param or ()),
         load_s=load_s,
         max_num_seqs=max_num_seqs,
+        kv_connector=kv_connector,
     )
     if inventory is not None and not inventory.is_file():
         raise ValueError(f"--inventory {inventory}: no such file")

@@ -9,17 +9,29 @@ dispatcher's inventory). Its rules:
 - **Desired.** The newest plan (by ``ts``) for the stack's model and DC (and version, when the
   plan names one) gives ``desired = clamp(replicas, MIN_REPLICAS, slots)``; before any plan the
   servers stay as they started.
+- **Roles.** Every server runs ``prefill`` (only the prefill legs of disaggregated calls) or
+  ``both``; the servers that start with the stack run ``both``. Of the ``desired`` servers,
+  ``prefill = min(prefill_replicas, desired - MIN_BOTH)`` run prefill only (``prefill_replicas``
+  None: the prefill servers it runs, at most that many), the rest ``both``: two targets, each
+  converged by the rules below on the servers of its role. At least ``MIN_BOTH`` server stays
+  ``both``: a prefill-only server serves no call whole. A server's role is given when it starts
+  and kept until it stops (the KV connector's side is chosen at launch). A stack whose servers
+  have no KV connector ignores the plans' prefill counts (said once): every server runs
+  ``both``, since none could hand a KV cache over.
 - **Active** servers are those started and not draining (loading, ready, or being restarted
-  after a crash); the dispatcher's inventory lists exactly them, so a loading server heartbeats
-  not ready (the planner sees it loading) and one that answers its ``/health`` heartbeats ready
-  (the deciders may send it calls from then on).
-- **More** (``desired > active``): a draining server is taken back first (listed again: it
-  serves again, nothing to load), the most recently drained first; then standby slots start, in
-  slot order.
-- **Fewer** (``desired < active``): servers not ready yet are taken out first (nothing can run
-  there), then the ready ones with the least work by their newest heartbeat (running + waiting,
-  then tokens in flight), the last slot first on a tie. Taken out of the dispatcher's inventory,
-  the server **drains**: the dispatcher heartbeats it ``draining: true``, so no decider sends it
+  after a crash); the dispatcher's inventory lists exactly them, each with its role (so its
+  heartbeats say it), so a loading server heartbeats not ready (the planner sees it loading)
+  and one that answers its ``/health`` heartbeats ready (the deciders may send it calls from
+  then on).
+- **More** (a role's active servers below its target): a draining server of that role is taken
+  back first (listed again: it serves again, nothing to load), the most recently drained first;
+  then standby slots start in that role, in slot order.
+- **Fewer** (a role's active servers above its target; all of them are taken out before any
+  starts, so with the prefill count above its target a prefill server drains first, below it a
+  ``both`` one): servers not ready yet are taken out first (nothing can run there), then the
+  ready ones with the least work by their newest heartbeat (running + waiting, then tokens in
+  flight), the last slot first on a tie. Taken out of the dispatcher's inventory, the server
+  **drains**: the dispatcher heartbeats it ``draining: true``, so no decider sends it
   anything new, and what it runs finishes.
 - **Stop.** A draining server is stopped once its heartbeats, from the first one that said
   ``draining``, said it idle (``running == waiting == tokens_in_flight == 0``: nothing runs or
@@ -45,7 +57,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -56,7 +68,7 @@ from infra.kafka.clients import LogWatch, TopicsMissing, partition_reader
 from infra.kafka.connection import KafkaConnection
 from local.scaling import MIN_REPLICAS, Scaling
 from schemas.codec import DecodeError, decode
-from schemas.events import Heartbeat, ReplicaPlan
+from schemas.events import Heartbeat, ReplicaPlan, Role
 from schemas.topics import HEARTBEATS, PLANS
 from streams.clients import stop_client
 
@@ -64,6 +76,8 @@ log = logging.getLogger(__name__)
 
 ACTIVE = ("starting", "loading", "ready", "restarting", "exited")
 """A server slot's states (``PartState.state``) that count towards the plan: started, not draining."""
+MIN_BOTH = 1
+"""Servers a plan leaves ``both`` at least (module docstring)."""
 
 
 class Servers(Protocol):
@@ -73,8 +87,8 @@ class Servers(Protocol):
         """The part's state: ``standby`` (not running), one of ``ACTIVE``, ``draining``, ``stopping``."""
         ...
 
-    def start(self, name: str) -> None:
-        """Launch a standby server (its state becomes ``loading``)."""
+    def start(self, name: str, role: Role) -> None:
+        """Launch a standby server in ``role`` (its state becomes ``loading``)."""
         ...
 
     def mark(self, name: str, state: str, detail: str) -> None:
@@ -93,8 +107,8 @@ class Servers(Protocol):
         """Its engine's own ``/metrics`` show a call running or waiting (False: none, or no answer)."""
         ...
 
-    def publish(self, active: list[str]) -> None:
-        """Write the dispatcher's inventory: these servers."""
+    def publish(self, active: Mapping[str, Role]) -> None:
+        """Write the dispatcher's inventory: these servers, each in its role (in slot order)."""
         ...
 
 
@@ -109,16 +123,24 @@ class _Drain:
 
 
 class Follower:
-    """Follows the plans for one stack (module docstring); ``say`` reports each change."""
+    """Follows the plans for one stack (module docstring); ``say`` reports each change.
+    ``kv_connector``: the servers can hand KV caches over, so the plans' prefill counts are
+    followed (else ignored)."""
 
-    def __init__(self, scaling: Scaling, servers: Servers, say: Callable[[str], None]) -> None:
+    def __init__(
+        self, scaling: Scaling, servers: Servers, say: Callable[[str], None], *, kv_connector: bool = False
+    ) -> None:
         self.scaling = scaling
         self.servers = servers
         self.say = say
+        self.kv_connector = kv_connector
         self.desired: int | None = None
+        self.prefill: int | None = None  # the plan's prefill servers (None: keep those running)
         self.plan: ReplicaPlan | None = None
         self.beats: dict[str, Heartbeat] = {}
         self.drains: dict[str, _Drain] = {}
+        self.roles: dict[str, Role] = {}  # the role each server was started in (absent: both)
+        self._said_ignored = False
 
     # -- what it is told ---------------------------------------------------------------------
 
@@ -137,11 +159,19 @@ class Follower:
             return  # an older plan read late (after a reconnect): the newer one stands
         self.plan = plan
         desired = min(max(plan.replicas, MIN_REPLICAS), len(s.servers))
-        if desired != self.desired:
+        prefill = plan.prefill_replicas if self.kv_connector else None
+        if plan.prefill_replicas and not self.kv_connector and not self._said_ignored:
+            self._said_ignored = True
+            self.say(
+                f"plan of {plan.planner} asks {plan.prefill_replicas} prefill-only servers: ignored, "
+                "the servers have no KV connector to hand a KV cache over (tokenfleet up --kv-connector)"
+            )
+        if (desired, prefill) != (self.desired, self.prefill):
             clamp = "" if desired == plan.replicas else f" (asked {plan.replicas})"
+            split = f", {prefill} prefill only" if prefill else ""
             reason = f": {plan.reason}" if plan.reason else ""
-            self.say(f"plan of {plan.planner}: {desired} servers{clamp}{reason}")
-        self.desired = desired
+            self.say(f"plan of {plan.planner}: {desired} servers{split}{clamp}{reason}")
+        self.desired, self.prefill = desired, prefill
 
     def _beat(self, beat: Heartbeat) -> None:
         known = self.beats.get(beat.instance_id)
@@ -160,32 +190,67 @@ class Follower:
     # -- what it does ------------------------------------------------------------------------
 
     def step(self, now: float) -> None:
-        """Stop what drained, then converge on the plan (``now``: wall seconds, as heartbeats')."""
+        """Stop what drained, then converge on the plan (``now``: wall seconds, as heartbeats'):
+        every role's excess drains before any role's shortfall starts."""
         self._finish_drains(now)
         if self.desired is None:
             return
-        active = self.active()
-        if self.desired > len(active):
-            self._grow(self.desired - len(active))
-        elif self.desired < len(active):
-            self._shrink(active, len(active) - self.desired, now)
+        targets = self.targets()
+        changed = False
+        for role, target in targets.items():
+            mine = self._active_in(role)
+            if len(mine) > target:
+                self._shrink(mine, len(mine) - target, now)
+                changed = True
+        for role, target in targets.items():
+            short = target - len(self._active_in(role))
+            if short > 0:
+                changed |= self._grow(role, short)
+        if changed:
+            self.servers.publish(self.inventory())
+
+    def targets(self) -> dict[Role, int]:
+        """Servers wanted per role (module docstring); ``desired`` must be known."""
+        assert self.desired is not None
+        running = len(self._active_in("prefill"))
+        wanted = running if self.prefill is None else self.prefill
+        prefill = max(0, min(wanted, self.desired - MIN_BOTH))
+        return {"prefill": prefill, "both": self.desired - prefill}
 
     def active(self) -> list[str]:
         """The servers that count towards the plan, in slot order."""
         return [name for name in self.scaling.servers if self.servers.state(name) in ACTIVE]
 
-    def _grow(self, more: int) -> None:
+    def role(self, name: str) -> Role:
+        """The role server ``name`` was started in."""
+        return self.roles.get(name, "both")
+
+    def inventory(self) -> dict[str, Role]:
+        """The dispatcher's inventory: every active server with its role, in slot order."""
+        return {name: self.role(name) for name in self.active()}
+
+    def _active_in(self, role: Role) -> list[str]:
+        return [name for name in self.active() if self.role(name) == role]
+
+    def _grow(self, role: Role, more: int) -> bool:
+        """Take back draining servers of ``role``, then start standby slots in it; whether any."""
         back = sorted(
-            (n for n, d in self.drains.items() if self.servers.state(n) == "draining"),
+            (
+                n
+                for n, d in self.drains.items()
+                if self.servers.state(n) == "draining" and self.role(n) == role
+            ),
             key=lambda n: -self.drains[n].marked_at,
         )[:more]
         for name in back:
             drain = self.drains.pop(name)
             self.servers.mark(name, drain.was, "taken back from draining")
         standby = [n for n in self.scaling.servers if self.servers.state(n) == "standby"]
-        for name in standby[: more - len(back)]:
-            self.servers.start(name)
-        self.servers.publish(self.active())
+        started = standby[: more - len(back)]
+        for name in started:
+            self.roles[name] = role
+            self.servers.start(name, role)
+        return bool(back or started)
 
     def _shrink(self, active: list[str], fewer: int, now: float) -> None:
         def work(name: str) -> tuple[int, int, int, int]:
@@ -197,7 +262,6 @@ class Follower:
         for name in sorted(active, key=work)[:fewer]:
             self.drains[name] = _Drain(marked_at=now, was=self.servers.state(name))
             self.servers.mark(name, "draining", "taken out of the dispatcher's engines")
-        self.servers.publish(self.active())
 
     def _finish_drains(self, now: float) -> None:
         for name in list(self.drains):

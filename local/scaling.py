@@ -4,6 +4,8 @@ planner's fleet file (``fleet_document``)."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ import yaml
 
 from infra.files import write_atomic
 from infra.vllm.inventory import Inventory, dump_inventory, load_inventory
+from schemas.events import Role
 
 ENGINES_FILE = "engines.yaml"  # with --planner: the dispatcher's inventory, the servers it drives
 FLEET_FILE = "fleet.yaml"  # with --planner: the planner's fleet file
@@ -45,10 +48,15 @@ class Scaling:
     drain_grace_s: float
 
 
-def write_engines(scaling: Scaling, servers: list[str]) -> None:
-    """The dispatcher's inventory: the gateway's with only ``servers`` (started, not draining)."""
+def write_engines(scaling: Scaling, servers: Mapping[str, Role]) -> None:
+    """The dispatcher's inventory: the gateway's (``scaling.inventory``, every slot) with only
+    ``servers`` (started, not draining), each in the role it was started in."""
     everything = load_inventory(scaling.inventory)
-    chosen = tuple(i for i in everything.instances if i.instance_id in servers)
+    chosen = tuple(
+        dataclasses.replace(i, role=servers[i.instance_id])
+        for i in everything.instances
+        if i.instance_id in servers
+    )
     write_atomic(Path(scaling.engines_file), dump_inventory(Inventory(everything.models, chosen)))
 
 

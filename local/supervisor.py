@@ -22,10 +22,13 @@ With a planner (``Plan.scaling``) the engine servers are slots: those the plan s
 come up as above, the others wait in ``standby``; the planner part starts once the dispatcher
 is ready (its fleet file written first, with the load time the stack's servers just took). Once
 the stack is ready the supervisor follows the plans (``local/follower.py``): every poll it hands
-the plans and heartbeats read since to the ``Follower``, which starts servers (``loading``, then
-``ready`` once their probe answers, watched and restarted as any part), takes servers out of the
-dispatcher's inventory (``draining``) and stops the drained ones (``stopping``, then
-``standby``: SIGTERM, SIGKILL after the part's grace, without holding up the loop).
+the plans and heartbeats read since to the ``Follower``, which starts servers in a role
+(``loading``, then ``ready`` once their probe answers, watched and restarted as any part), takes
+servers out of the dispatcher's inventory (``draining``) and stops the drained ones
+(``stopping``, then ``standby``: SIGTERM, SIGKILL after the part's grace, without holding up the
+loop). The dispatcher's inventory lists each server it drives with the role it was started in
+(``local/scaling.py``'s ``write_engines``); the server's command line is the same in either role (with
+``--kv-connector`` its connector acts as either side: ``local/plan.py``).
 
 Every change is written to ``state.json``. Run it as ``python -m local DIR [LOCK_FD]``
 (``tokenfleet up`` does, detached) or in-process (``tokenfleet up --foreground``).
@@ -43,7 +46,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import IO
@@ -65,6 +68,7 @@ from local.state import (
     stop_groups,
     write_state,
 )
+from schemas.events import Role
 from worker.ready import child_restarts
 
 STOP_ORDER = ("planner", "gateway", "dispatcher", "worker", "vllm", "emulated", "broker")
@@ -120,7 +124,11 @@ class Supervisor:
         self.parts = {spec.name: _Part(spec) for spec in plan.parts}
         self.stopping = False
         scaling = plan.scaling
-        self.follower = None if scaling is None else Follower(scaling, _Slots(self, scaling), self.say)
+        self.follower = (
+            None
+            if scaling is None
+            else Follower(scaling, _Slots(self, scaling), self.say, kv_connector=bool(plan.kv_connector))
+        )
         self.feed: PlanFeed | None = None
         self.started_wall = time.time()  # the plans are read from then on
         self.state = StackState(
@@ -411,11 +419,11 @@ class _Slots:
     def state(self, name: str) -> str:
         return self.supervisor.state.part(name).state
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, role: Role) -> None:
         part = self._part(name)
         part.failures = 0
         try:
-            self.supervisor._launch(part, "loading")
+            self.supervisor._launch(part, "loading", f"{role}, ")
         except OSError as exc:  # tried again at the next step
             self.supervisor._mark(part, "standby", f"could not be started: {exc}")
 
@@ -446,9 +454,10 @@ class _Slots:
         metrics = self._part(name).spec.probe.removesuffix("/health") + "/metrics"
         return engine_busy(metrics, self.scaling.model)
 
-    def publish(self, active: list[str]) -> None:
+    def publish(self, active: Mapping[str, Role]) -> None:
         write_engines(self.scaling, active)
-        self.supervisor.say(f"dispatcher's engines: {', '.join(active)}")
+        listed = ", ".join(name if role == "both" else f"{name} ({role})" for name, role in active.items())
+        self.supervisor.say(f"dispatcher's engines: {listed}")
 
 
 def main(argv: list[str]) -> int:

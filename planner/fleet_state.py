@@ -13,7 +13,10 @@ What each input contributes:
   ``endpoint_ready`` and not ``draining``, ``draining`` = ``draining``; over the ready ones
   ``waiting``, ``running``, ``tokens_in_flight`` summed and ``kv_usage`` = mean of
   ``kv_blocks_used / kv_blocks_total``. Per DC ``gpus_used`` = the GPUs of its live instances
-  (loading, ready and draining);
+  (loading, ready and draining). Per model version its GPUs, KV tokens and KV bytes per token
+  (below);
+- the settings (``Settings.kv_link_gbps``, given to the fold as ``kv_link_gbps``): each DC's
+  link for moving KV caches, 0 where they name none (no replica there may run prefill only);
 - ``tf.requests``: first attempts (``attempt == 1``, each request id once) are the demand:
   ``arrivals``, ``input_tokens``, ``output_budget`` per ``(model, version, home_dc)``, with
   version = the request's ``model_version``, else the fleet file's pin, else the one version
@@ -28,7 +31,8 @@ What each input contributes:
 A DC's GPU budget is its ``gpus`` in the fleet file, else the GPUs of the instances the file
 lists there, else the most GPUs its live instances held at one snapshot. A model's GPUs per
 replica: the most its instances' heartbeats said, else its profile in the fleet file, else 1;
-its KV tokens: the largest ``kv_blocks_total * KV_BLOCK_TOKENS`` seen.
+its KV tokens: the largest ``kv_blocks_total * KV_BLOCK_TOKENS`` seen; its KV bytes per token:
+the largest ``kv_bytes_per_token`` seen.
 
 Demand is counted per window: ``snapshot(now_s)`` is the fleet at ``now_s`` with the demand
 since the previous snapshot, and opens the next window. Everything is a function of the events'
@@ -119,7 +123,8 @@ class FleetFold:
     a request id is remembered (to join its admissions and completions, and to count it once);
     at most ``max_requests`` are (the oldest are forgotten first). ``met_slo(completion)``: did
     it meet its objective. ``slo_ttft_s`` / ``slo_tpot_s``: the objective the fleet is planned
-    for (``FleetState``)."""
+    for (``FleetState``). ``kv_link_gbps``: DC -> its KV link in Gb/s (``DcState.kv_link_gbps``;
+    a DC not named has none)."""
 
     def __init__(
         self,
@@ -131,16 +136,19 @@ class FleetFold:
         max_requests: int = 500_000,
         slo_ttft_s: float = 2.0,
         slo_tpot_s: float = 0.1,
+        kv_link_gbps: Mapping[str, float] | None = None,
     ) -> None:
         self.facts = facts
         self.met_slo = met_slo
         self.stale_s, self.memory_s, self.max_requests = stale_s, memory_s, max_requests
         self.slo_ttft_s, self.slo_tpot_s = slo_ttft_s, slo_tpot_s
+        self.kv_link_gbps = dict(kv_link_gbps or {})
         self._beats: dict[str, Heartbeat] = {}
         self._ended: dict[
             str, list[float]
         ] = {}  # per instance: ended ok, Σ TPOT, TPOTs (since the last snapshot)
-        self._models: dict[tuple[str, str], tuple[int, int]] = {}  # (model, version) -> (gpus, kv tokens)
+        # (model, version) -> (gpus, KV tokens, KV bytes per token): the largest seen of each
+        self._models: dict[tuple[str, str], tuple[int, int, int]] = {}
         self._dcs_seen: dict[str, None] = {}  # in order of first sight
         self._peak_gpus: dict[str, int] = {}
         self._warm: dict[str, tuple[str, ...]] = {}
@@ -167,10 +175,11 @@ class FleetFold:
         newest = self._beats.get(beat.instance_id)
         if newest is None or beat.ts >= newest.ts:
             self._beats[beat.instance_id] = beat
-        gpus, kv = self._models.get((beat.model, beat.model_version), (0, 0))
+        gpus, kv, kv_bytes = self._models.get((beat.model, beat.model_version), (0, 0, 0))
         self._models[(beat.model, beat.model_version)] = (
             max(gpus, beat.gpus),
             max(kv, beat.kv_blocks_total * KV_BLOCK_TOKENS),
+            max(kv_bytes, beat.kv_bytes_per_token),
         )
         self._dcs_seen.setdefault(beat.dc, None)
 
@@ -265,12 +274,14 @@ class FleetFold:
         for model in [*shape.models, *rules.versions, *self.facts.model_gpus]:
             versions = [v for (m, v) in seen if m == model]
             if not versions:  # named by the fleet file, no replica seen yet
-                seen[(model, self._version(model, ""))] = (0, 0)
+                seen[(model, self._version(model, ""))] = (0, 0, 0)
         specs = []
-        for (model, version), (gpus, kv) in sorted(seen.items()):
+        for (model, version), (gpus, kv, kv_bytes) in sorted(seen.items()):
             load = shape.model(model)
             gpus = gpus or self.facts.model_gpus.get(model, 1)
-            specs.append(ModelSpec(model, version, gpus, load.cold_s, load.warm_s, load.min_replicas, kv))
+            specs.append(
+                ModelSpec(model, version, gpus, load.cold_s, load.warm_s, load.min_replicas, kv, kv_bytes)
+            )
         return tuple(specs)
 
     def _dc_names(self) -> list[str]:
@@ -290,6 +301,7 @@ class FleetFold:
             gpus_used=used,
             warm_capacity=budget.warm_capacity,
             warm=self._warm.get(name, budget.warm_models),
+            kv_link_gbps=self.kv_link_gbps.get(name, 0.0),
         )
 
     def _version(self, model: str, given: str) -> str:

@@ -88,7 +88,8 @@ def plan_interval(settings: Settings, planner: Planner, override: float | None =
 
 def make_fold(settings: Settings, facts: FleetFacts) -> FleetFold:
     """The fold of the topics with the settings' objectives: completions judged as the store
-    judges them (``met_slo``), the fleet planned for the ``interactive`` class."""
+    judges them (``met_slo``), the fleet planned for the ``interactive`` class, each DC's KV
+    link from ``Settings.kv_link_gbps``."""
     classes = settings.slo()
     ttft_s, tpot_s = planned_objective(settings.slo())
 
@@ -102,6 +103,7 @@ def make_fold(settings: Settings, facts: FleetFacts) -> FleetFold:
         memory_s=max(3600.0, settings.planner_history_s),
         slo_ttft_s=ttft_s,
         slo_tpot_s=tpot_s,
+        kv_link_gbps=settings.kv_link_gbps,
     )
 
 

@@ -22,12 +22,13 @@ keeps folding and planning live, so it takes over with the same history. Ticks f
 multiples of ``interval_s`` (wall clock), so every planner cuts the demand into the same windows.
 
 **Every tick** (``interval_s``): ``snapshot`` the fold, ask the planner (``plan(state)``); the active
-planner publishes one ``ReplicaPlan`` per pool the plan names when its replicas or warm set
-changed from the newest plan on ``tf.plans``, or when that plan is ``keepalive_intervals``
-ticks old (``plans_to_publish``), waits until the broker has them, and shows the newest plan of
-every pool on the ``tokenfleet_desired_replicas`` gauge (summed over a model's versions, per
-model and DC). A waiting planner shows nothing there. The plans reach ClickHouse from the topic
-(the store's own consumer, ``infra/clickhouse/topic_sink.py``), like every other row.
+planner publishes one ``ReplicaPlan`` per pool the plan names when its replicas, its prefill
+replicas (``Plan.prefill``) or its warm set changed from the newest plan on ``tf.plans``, or when
+that plan is ``keepalive_intervals`` ticks old (``plans_to_publish``), waits until the broker
+has them, and shows the newest plan of every pool on the ``tokenfleet_desired_replicas`` gauge
+(summed over a model's versions, per model and DC). A waiting planner shows nothing there. The
+plans reach ClickHouse from the topic (the store's own consumer,
+``infra/clickhouse/topic_sink.py``), like every other row.
 
 **Bad inputs.** A message that does not decode is skipped. Those of ``tf.admission`` and
 ``tf.plans``, which no worker dead-letters, are sent to ``tf.dlq`` with the reason by the
@@ -140,30 +141,42 @@ def plans_to_publish(
     worker: str,
 ) -> list[ReplicaPlan]:
     """The ``ReplicaPlan``s to publish for ``plan``, given the newest plan of each pool on
-    ``tf.plans`` (``published``): one per pool the plan names whose replicas differ, whose warm
-    set differs (a ``None`` warm set means "unchanged": it never differs, and the plan sent
-    carries the newest one's), or whose newest plan is ``keepalive_s`` old or older.
+    ``tf.plans`` (``published``): one per pool the plan names whose replicas differ, whose
+    prefill replicas differ (``plan.prefill.get(pool)``, None where the plan does not name the
+    pool), whose warm set differs (a ``None`` warm set means "unchanged": it never differs, and
+    the plan sent carries the newest one's), or whose newest plan is ``keepalive_s`` old or older.
     ``plan.warm[dc]`` rides on every plan of ``dc``; a DC whose
     warm set the plan changes but none of whose pools it names gets it on its pools' newest
-    plans (their replicas unchanged), else on plans keeping its pools' current size (``state``)."""
-    wanted: dict[PoolKey, tuple[int, tuple[str, ...] | None, str]] = {}
+    plans (their replicas and prefill replicas unchanged), else on plans keeping its pools'
+    current size (``state``; prefill replicas None)."""
+    wanted: dict[PoolKey, tuple[int, int | None, tuple[str, ...] | None, str]] = {}
     warm = plan.warm or {}
     for key, replicas in plan.replicas.items():
-        wanted[key] = (int(replicas), warm.get(key[2]), plan.reasons.get(key, ""))
+        prefill = plan.prefill.get(key)
+        wanted[key] = (
+            int(replicas),
+            None if prefill is None else int(prefill),
+            warm.get(key[2]),
+            plan.reasons.get(key, ""),
+        )
     named_dcs = {dc for (_, _, dc) in wanted}
     for dc, staged in warm.items():
         if dc in named_dcs:
             continue
-        carriers = {key: p.replicas for key, p in published.items() if key[2] == dc}
+        carriers = {key: (p.replicas, p.prefill_replicas) for key, p in published.items() if key[2] == dc}
         if not carriers:
-            carriers = {pool.key: pool.replicas for pool in state.pools if pool.dc == dc}
-        for key, replicas in carriers.items():
-            wanted[key] = (replicas, staged, "warm set changed; replicas unchanged")
+            carriers = {pool.key: (pool.replicas, None) for pool in state.pools if pool.dc == dc}
+        for key, (replicas, prefill) in carriers.items():
+            wanted[key] = (replicas, prefill, staged, "warm set changed; replicas unchanged")
     out = []
-    for key, (replicas, models, reason) in sorted(wanted.items()):
+    for key, (replicas, prefill, models, reason) in sorted(wanted.items()):
         newest = published.get(key)
         if newest is not None:
-            same = newest.replicas == replicas and (models is None or newest.warm == tuple(models))
+            same = (
+                newest.replicas == replicas
+                and newest.prefill_replicas == prefill
+                and (models is None or newest.warm == tuple(models))
+            )
             if same and now_s - newest.ts < keepalive_s:
                 continue  # unchanged, and not due for a keep-alive
             if models is None:
@@ -176,6 +189,7 @@ def plans_to_publish(
                 model_version=version,
                 dc=dc,
                 replicas=replicas,
+                prefill_replicas=prefill,
                 warm=None if models is None else tuple(models),
                 reason=reason[:MAX_REASON_LENGTH],
                 worker=worker,

@@ -484,6 +484,9 @@ class ReplicaPlan(Event):
     ``warm``: the models whose weights ``dc`` should keep staged (None: unchanged), ``reason``
     in words with the figures it was based on. ``planner``: which planner (``static``, ``hpa``,
     ``dynamo-sla``, ``fleetmind``) and ``worker``: the process that published it (host:pid).
+    ``prefill_replicas``: of the ``replicas``, how many run prefill only (role ``prefill``; the
+    rest ``both``; more than ``replicas`` means all of them); None: the pool keeps the prefill
+    replicas it runs.
     """
 
     planner: Label
@@ -491,6 +494,7 @@ class ReplicaPlan(Event):
     model_version: Label = ""
     dc: Label
     replicas: int = Field(ge=0, le=MAX_COUNT)
+    prefill_replicas: int | None = Field(default=None, ge=0, le=MAX_COUNT)
     warm: tuple[Label, ...] | None = Field(default=None, max_length=1024)
     reason: Reason = ""
     worker: Label = ""

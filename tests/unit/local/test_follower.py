@@ -2,15 +2,19 @@
 ``ReplicaPlan`` and ``Heartbeat`` events a planner and a dispatcher publish, against fake server
 slots: servers start up to the slots, drain (out of the dispatcher's inventory) and stop only
 once their heartbeats said them idle past the grace; a draining server is taken back before a
-standby one starts; stray, older and clamped plans."""
+standby one starts; stray, older and clamped plans; the prefill-only servers a plan asks for,
+started in that role and listed in it, drained first when too many, kept when a plan names none,
+ignored without a KV connector."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import pytest
 
 from local.follower import ACTIVE, Follower
 from local.scaling import Scaling
-from schemas.events import Heartbeat, ReplicaPlan
+from schemas.events import Heartbeat, ReplicaPlan, Role
 
 SERVERS = ["e-0", "e-1", "e-2"]
 GRACE_S = 2.0
@@ -30,7 +34,9 @@ class FakeServers:
     def __init__(self) -> None:
         self.states = {"e-0": "ready", "e-1": "standby", "e-2": "standby"}
         self.published: list[list[str]] = []
+        self.listed_roles: dict[str, Role] = {}  # the newest inventory's
         self.started: list[str] = []
+        self.started_as: dict[str, Role] = {}
         self.stopped: list[str] = []
         self.exited: set[str] = set()
         self.running_on_engine: set[str] = set()
@@ -38,9 +44,10 @@ class FakeServers:
     def state(self, name: str) -> str:
         return self.states[name]
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, role: Role) -> None:
         assert self.states[name] == "standby"
         self.started.append(name)
+        self.started_as[name] = role
         self.states[name] = "loading"
 
     def mark(self, name: str, state: str, detail: str) -> None:
@@ -57,14 +64,23 @@ class FakeServers:
     def busy(self, name: str) -> bool:
         return name in self.running_on_engine
 
-    def publish(self, active: list[str]) -> None:
-        self.published.append(active)
+    def publish(self, active: Mapping[str, Role]) -> None:
+        self.published.append(list(active))
+        self.listed_roles = dict(active)
 
 
-def plan(replicas: int, ts: float, model: str = "m", dc: str = "dc-1", version: str = "1") -> ReplicaPlan:
+def plan(
+    replicas: int,
+    ts: float,
+    model: str = "m",
+    dc: str = "dc-1",
+    version: str = "1",
+    prefill: int | None = None,
+) -> ReplicaPlan:
     return ReplicaPlan(
-        ts=ts, planner="hpa", model=model, model_version=version, dc=dc, replicas=replicas, reason="r"
-    )
+        ts=ts, planner="hpa", model=model, model_version=version, dc=dc, replicas=replicas, reason="r",
+        prefill_replicas=prefill,
+    )  # fmt: skip
 
 
 def beat(name: str, ts: float, *, draining: bool = False, running: int = 0, tokens: int = 0) -> Heartbeat:
@@ -202,3 +218,87 @@ def test_a_server_that_exits_while_draining_is_standby_again(
     servers.exited.add("e-1")
     follower.step(1.5)
     assert servers.states["e-1"] == "standby" and servers.stopped == [] and follower.drains == {}
+
+
+# -- roles ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def said() -> list[str]:
+    return []
+
+
+@pytest.fixture
+def pd(servers: FakeServers, said: list[str]) -> Follower:
+    """A follower of a stack whose servers have a KV connector."""
+    return Follower(scaling(), servers, said.append, kv_connector=True)
+
+
+def test_a_plan_with_one_prefill_replica_of_three_starts_one_server_as_prefill(
+    pd: Follower, servers: FakeServers, said: list[str]
+) -> None:
+    pd.observe(plan(3, ts=1.0, prefill=1))
+    pd.step(1.0)
+    assert servers.started == ["e-1", "e-2"]
+    assert sorted(servers.started_as.values()) == ["both", "prefill"]  # e-0 runs both already
+    assert servers.listed_roles == {"e-0": "both", **servers.started_as}
+    assert pd.targets() == {"prefill": 1, "both": 2} and "1 prefill only" in said[-1]
+    pd.step(1.5)  # converged: nothing more
+    assert len(servers.published) == 1
+
+
+def test_fewer_prefill_replicas_drain_a_prefill_server_and_none_keeps_them(
+    pd: Follower, servers: FakeServers
+) -> None:
+    pd.observe(plan(3, ts=1.0, prefill=1))
+    pd.step(1.0)
+    (prefill,) = [n for n, role in servers.started_as.items() if role == "prefill"]
+    servers.states.update({"e-1": "ready", "e-2": "ready"})
+    pd.observe(plan(3, ts=2.0))  # a plan that names no prefill count: the one running stays
+    pd.step(2.0)
+    assert pd.targets() == {"prefill": 1, "both": 2} and len(servers.published) == 1
+    pd.observe(plan(2, ts=3.0))  # smaller, still none named: a both server drains
+    pd.step(3.0)
+    (drained,) = [n for n in SERVERS if servers.states[n] == "draining"]
+    assert drained != prefill and servers.listed_roles[prefill] == "prefill"
+    pd.observe(plan(2, ts=4.0, prefill=0))  # no prefill server wanted: the prefill one drains
+    pd.step(4.0)
+    assert servers.states[prefill] == "draining"
+    assert servers.states[drained] == "ready"  # the both server draining is taken back instead
+    assert servers.listed_roles == {"e-0": "both", drained: "both"}
+
+
+def test_a_role_is_given_at_start_a_draining_server_is_taken_back_only_into_its_own(
+    pd: Follower, servers: FakeServers
+) -> None:
+    servers.states.update({"e-1": "ready", "e-2": "ready"})  # three both servers run
+    pd.observe(plan(3, ts=1.0, prefill=1))
+    pd.step(1.0)  # a both server drains; no standby slot for the prefill one yet
+    (drained,) = [n for n in SERVERS if servers.states[n] == "draining"]
+    assert servers.started == [] and pd.targets() == {"prefill": 1, "both": 2}
+    pd.step(1.5)  # still waiting for the slot: the draining both server is not taken back
+    assert servers.states[drained] == "draining" and servers.started == []
+    servers.exited.add(drained)
+    pd.step(2.0)  # the slot is standby again: it starts in the role the plan lacks
+    pd.step(2.0)
+    assert servers.started == [drained] and servers.started_as[drained] == "prefill"
+    assert servers.listed_roles[drained] == "prefill"
+
+
+def test_at_least_one_server_stays_both(pd: Follower, servers: FakeServers) -> None:
+    pd.observe(plan(2, ts=1.0, prefill=5))
+    pd.step(1.0)
+    assert pd.targets() == {"prefill": 1, "both": 1}
+    assert servers.started_as == {"e-1": "prefill"}
+
+
+def test_without_a_connector_prefill_counts_are_ignored_and_said_once(
+    servers: FakeServers, said: list[str]
+) -> None:
+    follower = Follower(scaling(), servers, said.append)
+    follower.observe(plan(3, ts=1.0, prefill=1))
+    follower.observe(plan(3, ts=2.0, prefill=2))
+    follower.step(2.0)
+    assert set(servers.started_as.values()) == {"both"} and follower.targets()["prefill"] == 0
+    assert sum("ignored" in line for line in said) == 1
+    assert "--kv-connector" in next(line for line in said if "ignored" in line)

@@ -1,10 +1,15 @@
 """``tokenfleet up --planner`` without starting a stack: the plan (server slots, the planner part,
-the dispatcher's inventory, the planner's fleet file), the options it refuses, and what
-``status`` makes of a planned stack's servers."""
+the dispatcher's inventory, the planner's fleet file), the options it refuses, what ``status``
+makes of a planned stack's servers, and a stack with a KV connector (``--kv-connector example``:
+the servers' connector, the worker's and the planner's KV link, the roles in the dispatcher's
+inventory)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,12 +18,13 @@ from cli.main import main
 from infra.settings import Settings
 from infra.vllm.inventory import load_inventory
 from local import refresh
-from local.plan import TINY_MODEL, Plan, UpOptions, make_plan
-from local.scaling import ENGINES_FILE, FLEET_FILE
+from local.plan import KV_DIR, LOCAL_KV_LINK_GBPS, TINY_MODEL, Plan, UpOptions, make_plan
+from local.scaling import ENGINES_FILE, FLEET_FILE, write_engines
 from local.state import PartState, StackState, start_time, write_state
 from local.tiny_model import ensure_tiny_model
 from local.vllm_launcher import free_ports
 from sim.engine.fleet import parse_fleet
+from sim.engine.profiles import get_profile
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +105,9 @@ def test_without_a_planner_the_plan_is_as_before(stack_dir: Path) -> None:
             ["--engines", "emulated", "--planner", "hpa", "--fleet", "2xllama3-8b-h100"],
             "give --servers N, not --fleet",
         ),
+        (["--kv-connector", "example"], "--kv-connector: only with --engines local or emulated"),
+        (["--engines", "emulated", "--kv-connector", "nixl"], "must be one of example, not 'nixl'"),
+        (["--kv-connector", "none"], "no engine inventory"),  # none: no connector, allowed anywhere
     ],
 )
 def test_options_a_planned_stack_cannot_work_with_are_one_line(
@@ -131,3 +140,69 @@ def test_status_shows_the_servers_as_the_follower_left_them(tmp_path: Path) -> N
         "emulated-2": "standby",
         "emulated-3": "ready",  # loaded: its probe answers (none: a part that runs is ready)
     }
+
+
+# -- a KV connector ------------------------------------------------------------------------------
+
+
+def test_with_a_connector_the_worker_and_the_planner_get_a_link_and_the_emulated_inventory_a_kv_size(
+    stack_dir: Path,
+) -> None:
+    options = UpOptions(
+        dir=stack_dir, engines="emulated", servers=1, port=0, planner="fleetmind", max_servers=3,
+        kv_connector="example",
+    )  # fmt: skip
+    plan = make_plan(options, Settings())
+    assert Plan.from_json(plan.to_json()) == plan and plan.kv_connector == "example"
+    parts = {p.name: p for p in plan.parts}
+    for name in ("worker", "planner"):
+        assert json.loads(parts[name].env["TOKENFLEET_KV_LINK_GBPS"]) == {"dc-1": LOCAL_KV_LINK_GBPS}
+    assert "TOKENFLEET_KV_LINK_GBPS" not in parts["dispatcher"].env
+    assert not any("kv-transfer" in flag for flag in parts["emulated-0"].argv)  # no connector there
+    kv_size = get_profile("llama3-8b-h100").kv_bytes_per_token
+    assert {i.kv_bytes_per_token for i in load_inventory(stack_dir / "inventory.yaml").instances} == {kv_size}
+    without = make_plan(dataclasses.replace(options, kv_connector=None), Settings())
+    (worker,) = [p for p in without.parts if p.kind == "worker"]
+    assert without.kv_connector == "" and "TOKENFLEET_KV_LINK_GBPS" not in worker.env
+
+
+def test_the_settings_link_wins_over_the_stacks_own(stack_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOKENFLEET_KV_LINK_GBPS", '{"dc-1": 100, "elsewhere": 5}')
+    options = UpOptions(dir=stack_dir, engines="emulated", servers=1, port=0, kv_connector="example")
+    (worker,) = [p for p in make_plan(options, Settings()).parts if p.kind == "worker"]
+    assert json.loads(worker.env["TOKENFLEET_KV_LINK_GBPS"]) == {"dc-1": 100.0}
+
+
+def test_local_servers_get_the_example_connector_in_kv_both_on_one_shared_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TOKENFLEET_VLLM_PYTHON", sys.executable)  # the plan only names it
+    options = UpOptions(
+        dir=tmp_path / "up", engines="local", servers=1, port=0, planner="fleetmind", max_servers=2,
+        kv_connector="example",
+    )  # fmt: skip
+    plan = make_plan(options, Settings())
+    servers = [p for p in plan.parts if p.kind == "vllm"]
+    assert [p.name for p in servers] == ["vllm-0", "vllm-1"]
+    shared = tmp_path / "up" / KV_DIR
+    for server in servers:
+        config = json.loads(server.argv[server.argv.index("--kv-transfer-config") + 1])
+        assert config == {
+            "kv_connector": "ExampleConnector",
+            "kv_connector_extra_config": {"shared_storage_path": str(shared.resolve())},
+            "kv_role": "kv_both",
+        }
+    assert shared.is_dir()
+    (worker,) = [p for p in plan.parts if p.kind == "worker"]
+    assert json.loads(worker.env["TOKENFLEET_KV_LINK_GBPS"]) == {"local": LOCAL_KV_LINK_GBPS}
+    inventory = load_inventory(tmp_path / "up" / "inventory.yaml")
+    assert {i.kv_bytes_per_token for i in inventory.instances} == {2048}  # the tiny model's, float32
+
+
+def test_the_dispatchers_inventory_lists_each_server_in_its_role(stack_dir: Path) -> None:
+    options = UpOptions(dir=stack_dir, engines="emulated", servers=1, port=0, planner="hpa", max_servers=3)
+    scaling = make_plan(options, Settings()).scaling
+    assert scaling is not None
+    write_engines(scaling, {"emulated-0": "both", "emulated-2": "prefill"})
+    listed = {i.instance_id: i.role for i in load_inventory(scaling.engines_file).instances}
+    assert listed == {"emulated-0": "both", "emulated-2": "prefill"}

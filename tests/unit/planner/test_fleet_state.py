@@ -174,6 +174,18 @@ def test_models_come_from_the_heartbeats_and_the_file_with_gpus_kv_load_times_an
     assert (o.gpus, o.min_replicas) == (1, 0)
 
 
+def test_the_kv_size_is_the_largest_a_beat_said_and_the_links_are_the_settings() -> None:
+    f = fold(kv_link_gbps={"A": 400.0, "Z": 10.0})
+    f.heartbeat(beat("i1", 1.0, kv_bytes_per_token=131_072))
+    f.heartbeat(beat("i2", 1.0, kv_bytes_per_token=0))  # an instance that does not know it
+    f.heartbeat(beat("i3", 1.0, model="o", model_version="7"))
+    state = f.snapshot(1.0)
+    specs = {(s.model, s.version): s.kv_bytes_per_token for s in state.models}
+    assert specs == {("m", "2"): 131_072, ("n", ""): 0, ("o", "7"): 0}
+    links = {dc.name: dc.kv_link_gbps for dc in state.dcs}
+    assert links == {"A": 400.0, "B": 0.0, "C": 0.0}  # a link for a DC the fleet has not: no DC
+
+
 # -- demand ---------------------------------------------------------------------------------------
 
 

@@ -1,6 +1,7 @@
 """What the planner publishes (``planner/service.py:plans_to_publish``) and how its process is
 set up (``planner/main.py``, ``tokenfleet planner``): changed plans and keep-alives only, warm
-sets carried, the interval chosen, the planner built by name, a bad input as one line."""
+sets carried, prefill counts published, the interval chosen, the planner built by name, a bad
+input as one line."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from agents.policy.planners import StaticPlanner
 from agents.policy.planners.contract import FleetState, Plan, PoolState
 from cli.main import main
 from infra.settings import Settings
-from planner.main import DEFAULT_INTERVAL_S, load_facts, make_planner, plan_interval
+from planner.fleet_state import FleetFacts
+from planner.main import DEFAULT_INTERVAL_S, load_facts, make_fold, make_planner, plan_interval
 from planner.service import plans_to_publish
-from schemas.events import ReplicaPlan
+from schemas.events import Heartbeat, ReplicaPlan
 
 STATE = FleetState(
     now_s=100.0, models=(), dcs=(), demand=(),
@@ -67,6 +69,27 @@ def test_a_warm_set_for_a_dc_whose_pools_the_plan_does_not_name_keeps_their_size
     (carrier,) = publish(Plan(warm={"A": ()}), {("m", "1", "A"): published(5, 99.0)})
     assert (carrier.replicas, carrier.warm) == (5, ())  # the newest plan's replicas, not the fleet's 2
     assert publish(Plan(warm={"Z": ("m",)}), {}) == []  # no pool there to carry it
+
+
+def test_a_pools_prefill_replicas_are_published_and_a_change_of_them_is_published_again() -> None:
+    key = ("m", "1", "A")
+    (sent,) = publish(Plan(replicas={key: 3}, prefill={key: 1}), {})
+    assert (sent.replicas, sent.prefill_replicas) == (3, 1)
+    assert publish(Plan(replicas={key: 3}, prefill={key: 1}), {key: sent}) == []  # unchanged
+    (again,) = publish(Plan(replicas={key: 3}, prefill={key: 2}), {key: sent})
+    assert (again.replicas, again.prefill_replicas) == (3, 2)  # same size, other split
+    (unnamed,) = publish(Plan(replicas={key: 3}), {key: again})
+    assert unnamed.prefill_replicas is None  # the pool keeps the prefill replicas it runs
+    carried = publish(Plan(warm={"A": ("m",)}), {key: again})
+    assert [(c.replicas, c.prefill_replicas, c.warm) for c in carried] == [(3, 2, ("m",))]
+
+
+def test_the_fold_of_the_process_has_the_settings_kv_links() -> None:
+    fold = make_fold(Settings(kv_link_gbps={"A": 25.0}), FleetFacts())
+    for dc in ("A", "B"):  # the DCs the heartbeats show
+        fold.add(Heartbeat(ts=1.0, instance_id=dc, dc=dc, model="m", model_version="1", waiting=0,
+                           running=0, tokens_in_flight=0, kv_blocks_used=0, kv_blocks_total=1))  # fmt: skip
+    assert {dc.name: dc.kv_link_gbps for dc in fold.snapshot(1.0).dcs} == {"A": 25.0, "B": 0.0}
 
 
 def test_reasons_are_cut_to_the_wire_limit() -> None:

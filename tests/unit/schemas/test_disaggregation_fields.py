@@ -1,6 +1,7 @@
 """The wire's prefill/decode fields: a heartbeat's ``role`` and ``kv_bytes_per_token``, a routing
-decision's ``prefill_instance_id``. Events made before they existed still decode, with the
-defaults (every instance ``both``, every request whole); a bad value is refused naming the field."""
+decision's ``prefill_instance_id``, a replica plan's ``prefill_replicas``. Events made before
+they existed still decode, with the defaults (every instance ``both``, every request whole, a
+pool keeps the prefill replicas it runs); a bad value is refused naming the field."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from schemas.codec import DecodeError, decode, encode
-from schemas.events import MAX_COUNT, Heartbeat, InferenceRequest, RoutingDecision
+from schemas.events import MAX_COUNT, Heartbeat, InferenceRequest, ReplicaPlan, RoutingDecision
 
 OLD_HEARTBEAT: dict[str, Any] = {
     "instance_id": "i0",
@@ -33,6 +34,7 @@ OLD_DECISION: dict[str, Any] = {
     "decision_latency_s": 0.001,
     "request": {"request_id": "r1", "model": "m", "input_tokens": 600, "output_budget": 16},
 }
+OLD_PLAN: dict[str, Any] = {"planner": "fleetmind", "model": "m", "dc": "dc-1", "replicas": 3}
 
 
 def raw(fields: dict[str, Any]) -> bytes:
@@ -75,3 +77,17 @@ def test_a_prefill_instance_id_is_bounded_like_an_instance_id() -> None:
     with pytest.raises(DecodeError) as caught:
         decode(RoutingDecision, raw({**OLD_DECISION, "prefill_instance_id": "p" * 300}))
     assert ": prefill_instance_id" in caught.value.reason
+
+
+def test_an_old_plan_keeps_the_prefill_replicas_a_pool_runs_and_a_new_one_round_trips() -> None:
+    assert decode(ReplicaPlan, raw(OLD_PLAN)).prefill_replicas is None
+    plan = ReplicaPlan(**OLD_PLAN, prefill_replicas=1)
+    assert decode(ReplicaPlan, encode(plan)).prefill_replicas == 1
+    assert decode(ReplicaPlan, raw({**OLD_PLAN, "prefill_replicas": 0})).prefill_replicas == 0
+
+
+@pytest.mark.parametrize("value", [-1, MAX_COUNT + 1, 1.5, "one"])
+def test_a_bad_prefill_count_is_refused_naming_the_field(value: Any) -> None:
+    with pytest.raises(DecodeError) as caught:
+        decode(ReplicaPlan, raw({**OLD_PLAN, "prefill_replicas": value}))
+    assert ": prefill_replicas" in caught.value.reason
