@@ -158,12 +158,12 @@ def fluid_bound(mix: str, ttft_s: float = 2.0, tpot_s: float = 0.1) -> str:
     work = Work(prompt, 0.0, output, prompt + output)
 
     def at(tpot: float):  # type: ignore[no-untyped-def]
-        return split(law, work, tpot, ttft_s, profile.kv_tokens, headroom=1.0, kv_share=1.0, split_gain=0.0)
+        return split(law, work, tpot, ttft_s, profile.kv_tokens, headroom=1.0, kv_share=1.0)
 
     found = at(tpot_s)
-    ratio = found.mu_both * (1 / found.mu_prefill + 1 / found.mu_decode) if found.mu_prefill else float("inf")
+    ratio = found.ratio
     tight = tpot_s
-    while tight > 0.005 and at(tight - 0.001).prefill_share == 0:
+    while tight > 0.005 and at(tight - 0.001).ratio >= 1:
         tight -= 0.001
     return (
         f"{mix}: prompt {prompt:.0f}, output {output:.0f} tokens; per replica (req/s) prefill only "

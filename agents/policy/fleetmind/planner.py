@@ -75,8 +75,10 @@ exists). Per pool the target is ceil(need), and then:
 **Prefill : decode** (``split.py``). Where a DC has a KV link, a pool may run some replicas
 prefill only: when the fluid model says the split serves the forecast with at least
 ``split_gain`` fewer replicas than all ``both`` (a ``both`` replica's decodes slow down while it
-prefills, a decode-only replica's do not) and the link carries the prompts' KV cache within
-``link_share`` of its rate. The pool's need is then scaled by that ratio, and
+prefills, a decode-only replica's do not; a pool that splits already keeps splitting down to
+half that gain, so a ratio near the threshold does not restart replicas plan after plan) and
+the link carries the prompts' KV cache within ``link_share`` of its rate. The pool's need is
+then scaled by that ratio, and
 ``Plan.prefill[pool]`` = round(share x target) of its replicas run prefill only (at least one,
 and at least one left ``both``), share = (1/mu_p) / (1/mu_p + 1/mu_d).
 
@@ -214,6 +216,7 @@ class FleetMindPlanner:
         self._latency: dict[ModelKey, OnlineLinearModel] = {}
         self._recent: dict[PoolKey, deque[tuple[float, int]]] = defaultdict(deque)  # (time, target)
         self._floor: dict[PoolKey, int] = defaultdict(int)  # this plan's floor per pool
+        self._splitting: set[PoolKey] = set()  # pools whose last plan ran prefill-only replicas
 
     # --- the plan -----------------------------------------------------------------------------
 
@@ -262,7 +265,7 @@ class FleetMindPlanner:
         mean = Work(work.input_tokens, work.cached_share, work.output, work.kv_per_request or context)
         p = self.params
         objective = (state.slo_tpot_s, state.slo_ttft_s)
-        return split(law, mean, *objective, spec.kv_tokens, p.tpot_headroom, p.kv_share, p.split_gain)
+        return split(law, mean, *objective, spec.kv_tokens, p.tpot_headroom, p.kv_share)
 
     def _prefill_shares(
         self,
@@ -282,8 +285,11 @@ class FleetMindPlanner:
             work = self._work[(spec.model, spec.version)]
             mean = Work(work.input_tokens, work.cached_share, work.output, 0.0)
             link = (dc.kv_link_gbps, self.params.link_share)
-            if found.prefill_share <= 0 or not link_carries(rate, mean, spec.kv_bytes_per_token, *link):
+            gain = self.params.split_gain / (2 if key in self._splitting else 1)
+            if found.ratio > 1 - gain or not link_carries(rate, mean, spec.kv_bytes_per_token, *link):
+                self._splitting.discard(key)
                 continue
+            self._splitting.add(key)
             need[key] *= found.ratio
             shares[key] = found.prefill_share
             why[key].append(f"split {found.prefill_share:.2f} prefill saves {1 - found.ratio:.0%}")

@@ -20,12 +20,13 @@ A ``both`` replica prefilling a share phi of its time streams each decode at ste
 must keep its decode step within h tau (1 - phi); mu_b is that fixed point (by bisection: the
 right side falls as mu_b rises). h is ``tpot_headroom``.
 
-A demand f needs f / mu_b replicas all ``both``, or f / mu_p + f / mu_d split. The pool splits
-when that saves at least ``split_gain`` of its replicas and its DC's link carries the prompts'
-KV cache within ``link_share`` of its rate::
+A demand f needs f / mu_b replicas all ``both``, or f / mu_p + f / mu_d split::
 
-    (1/mu_p + 1/mu_d) <= (1 - split_gain) / mu_b
-    f n kv_bytes_per_token 8 <= link_share gbps 1e9
+    ratio = mu_b (1/mu_p + 1/mu_d)          replicas split / replicas all ``both``
+    share = (1/mu_p) / (1/mu_p + 1/mu_d)    of a split pool, the prefill-only replicas
+
+(the planner splits where the ratio is low enough and the DC's link carries the prompts' KV
+cache, ``link_carries``: f n kv_bytes_per_token 8 <= share_of_link gbps 1e9).
 
 Where the decode side is bound by its KV cache rather than its TPOT (long contexts), r does not
 rise without the prefill and the split costs the prefill replicas' queueing: it is not taken.
@@ -63,8 +64,9 @@ class Work:
 
 @dataclass(frozen=True, slots=True)
 class Split:
-    """Replica rates (requests/s) and the decision: ``prefill_share`` of the pool's replicas
-    run prefill only (0: all ``both``); ``ratio`` = replicas split / replicas all ``both``."""
+    """Replica rates (requests/s), ``ratio`` = replicas split / replicas all ``both`` (inf where
+    a rate is 0: a prompt alone misses the TTFT objective, or nothing fits) and the
+    ``prefill_share`` a split pool runs prefill only."""
 
     mu_prefill: float
     mu_decode: float
@@ -96,9 +98,8 @@ def split(
     kv_tokens: int,
     headroom: float,
     kv_share: float,
-    split_gain: float,
 ) -> Split:
-    """The three rates and whether to split (module docstring); the link is the caller's."""
+    """The three rates, the ratio and the share (module docstring)."""
     kv_batch = kv_share * kv_tokens / max(work.kv_tokens, 1.0) if kv_tokens else float("inf")
     output = max(work.output_tokens, 1.0)
     p = prefill_s(law, work)
@@ -116,11 +117,9 @@ def split(
         low, high = (mid, high) if both_rate(mid) >= mid else (low, mid)
     mu_b = low
     if mu_p <= 0 or mu_d <= 0 or mu_b <= 0:
-        return Split(mu_p, mu_d, mu_b, 0.0, 1.0)
+        return Split(mu_p, mu_d, mu_b, 0.0, float("inf"))
     per_request = 1 / mu_p + 1 / mu_d
-    ratio = per_request * mu_b
-    share = (1 / mu_p) / per_request if ratio <= 1 - split_gain else 0.0
-    return Split(mu_p, mu_d, mu_b, share, ratio if share else 1.0)
+    return Split(mu_p, mu_d, mu_b, (1 / mu_p) / per_request, per_request * mu_b)
 
 
 def link_carries(rate_per_s: float, work: Work, kv_bytes_per_token: int, gbps: float, share: float) -> bool:

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from agents.policy.fleetmind.planner import FleetMindPlanner
+from agents.policy.fleetmind.planner import FleetMindPlanner, PlannerParams
 from agents.policy.fleetmind.split import StepLaw, Work, link_carries, split
 from agents.policy.planners.contract import DcState, DemandSample, FleetState, ModelSpec
 
@@ -23,7 +23,7 @@ def rag(prompt: float = 4000, output: float = 100) -> Work:
 
 
 def decide(work: Work, tpot_s: float):  # type: ignore[no-untyped-def]
-    return split(LAW, work, tpot_s, 2.0, KV, headroom=0.7, kv_share=0.85, split_gain=0.1)
+    return split(LAW, work, tpot_s, 2.0, KV, headroom=0.7, kv_share=0.85)
 
 
 def test_the_rates_are_the_formulas() -> None:
@@ -51,15 +51,15 @@ def test_prefill_heavy_work_at_a_tight_tpot_splits() -> None:
 
 
 def test_no_split_at_the_default_objective_or_where_the_kv_cache_bounds_the_decodes() -> None:
-    assert decide(rag(), 0.1).prefill_share == 0  # a both replica's decodes keep 0.1 s
+    gain = PlannerParams().split_gain
+    assert decide(rag(), 0.1).ratio > 1 - gain  # a both replica's decodes nearly keep 0.1 s
     long_context = Work(input_tokens=20_000, cached_share=0.3, output_tokens=300, kv_tokens=20_300)
-    assert decide(long_context, 0.04).prefill_share == 0  # KV-bound: no faster decode without prefill
-    assert decide(long_context, 0.04).ratio == 1.0
+    assert decide(long_context, 0.04).ratio > 1 - gain  # KV-bound: no faster decode without prefill
 
 
 def test_no_split_when_a_prompt_alone_misses_the_ttft_objective() -> None:
-    found = split(LAW, rag(prompt=60_000), 0.04, 2.0, KV, 0.7, 0.85, 0.1)
-    assert found.mu_prefill == 0 and found.prefill_share == 0
+    found = split(LAW, rag(prompt=60_000), 0.04, 2.0, KV, 0.7, 0.85)
+    assert found.mu_prefill == 0 and found.ratio == float("inf")
 
 
 def test_the_link_must_carry_the_uncached_prompts() -> None:
@@ -72,7 +72,7 @@ def test_the_link_must_carry_the_uncached_prompts() -> None:
 MODEL = ModelSpec("llama", "1", 1, 120.0, 20.0, min_replicas=1, kv_tokens=KV, kv_bytes_per_token=131072)
 
 
-def plan_for(link_gbps: float, tpot_s: float):  # type: ignore[no-untyped-def]
+def plan_for(link_gbps: float, tpot_s: float, planner: FleetMindPlanner | None = None):  # type: ignore[no-untyped-def]
     n = 600  # 20 requests/s over 30 s of 4000-token prompts, 100 tokens out
     sample = DemandSample(
         "llama", "1", "A", 0.0, 30.0, arrivals=n, input_tokens=n * 4000, output_budget=n * 200,
@@ -80,7 +80,7 @@ def plan_for(link_gbps: float, tpot_s: float):  # type: ignore[no-untyped-def]
         met_input_tokens=n * 4000,
     )  # fmt: skip
     dc = DcState("A", "eu", "eu-1", 64, 0, kv_link_gbps=link_gbps)
-    planner = FleetMindPlanner()
+    planner = planner or FleetMindPlanner()
     return planner.plan(FleetState(30.0, (MODEL,), (dc,), (), (sample,), 2.0, tpot_s)), planner
 
 
@@ -96,3 +96,15 @@ def test_fleetmind_runs_prefill_replicas_where_the_split_pays_and_the_dc_has_a_l
     assert "prefill only" in split_plan.reasons[key]
     assert whole_plan.prefill[key] == 0  # no link: no prefill replica
     assert plan_for(400.0, 0.1)[0].prefill[key] == 0  # the default objective: all both
+
+
+def test_a_pool_that_splits_keeps_splitting_down_to_half_the_gain() -> None:
+    key = ("llama", "1", "A")
+    ratio = plan_for(400.0, 0.04)[1].split_for(MODEL, FleetState(30.0, (MODEL,), (), (), (), 2.0, 0.04)).ratio
+    between = PlannerParams(split_gain=1.5 * (1 - ratio))  # 1 - gain < ratio <= 1 - gain / 2
+    fresh = FleetMindPlanner(params=between)
+    assert plan_for(400.0, 0.04, fresh)[0].prefill[key] == 0
+    splitting = FleetMindPlanner(params=PlannerParams(split_gain=0.5 * (1 - ratio)))
+    assert plan_for(400.0, 0.04, splitting)[0].prefill[key] > 0
+    splitting.params = between  # the same pool, now at a ratio between the two thresholds
+    assert plan_for(400.0, 0.04, splitting)[0].prefill[key] > 0
