@@ -46,6 +46,7 @@ class Attempt:
     # attempt its client waits on), ending with that one token.
     kv_received: bool = False
     client: Attempt | None = None
+    retried: bool = False  # its client retries it: the request is not over when it ends
 
     @property
     def target_tokens(self) -> int:

@@ -2,7 +2,8 @@
 
 Events, in time order (ties: step ends, then arrivals, then client timeouts, then heartbeats):
 - arrival of a request attempt: the scheduler decides (admit / queue / reject) on the latest
-  heartbeat snapshot; an admitted attempt joins the instance it was placed on;
+  heartbeat snapshot; an admitted attempt joins the instance it was placed on; a closed-loop
+  call arrives after its session's previous call ended for its client (``sessions.py``);
 - step end of an instance: tokens are produced, finished attempts complete;
 - client timeout: the client gives up (no first token in time, or batch deadline passed); the
   attempt is aborted where it is; a share of interactive give-ups is retried once;
@@ -72,9 +73,10 @@ from sim.loop.disagg import KvLinks, PairedLegs
 from sim.loop.feedback import EndedAttempt, MemoryOutcomes, OutcomeSink, bind_feedback
 from sim.loop.lifecycle import AttemptLifecycle, Measures, deadline_at, met_objective
 from sim.loop.results import RunResult, Send
+from sim.loop.sessions import Sessions
 from sim.loop.shaping import FleetShaper
 from sim.loop.views import dc_view, request_view
-from sim.workloads.trace import Workload
+from sim.workloads.trace import TraceRequest, Workload
 
 (
     _STEP_END,
@@ -141,7 +143,8 @@ class Simulation(AttemptLifecycle, PairedLegs):
         self._wake_s: float | None = None  # when the scheduler was last asked to be woken
         self._attempts: list[Attempt] = []
         self._open = 0
-        self._arrivals_left = 0
+        self._arrivals_left = 0  # first attempts on their way (``_send``), not yet arrived
+        self.sessions = Sessions.of(workload.requests)  # the closed-loop ones it holds back
         self._offered: dict[tuple[str, int], Attempt] = {}  # attempts the scheduler holds or decides
         self._versions = count(1)
         self._dcs = dc_view(fleet)
@@ -163,13 +166,8 @@ class Simulation(AttemptLifecycle, PairedLegs):
         return self.config.engine or replace(own, noise_seed=self.config.seed)
 
     def run(self, progress: ProgressFn | None = None) -> RunResult:
-        for request in self.workload.requests:
-            self._push(
-                request.arrival_s,
-                _ARRIVAL,
-                Attempt(request, 1, request.arrival_s, self.config.budget_for(request)),
-            )
-        self._arrivals_left = len(self.workload.requests)
+        for request in self.sessions.first:
+            self._send(request, request.arrival_s)
         for outage in self.fleet.outages:
             self._push(self.window[0] + outage.down_s, _OUTAGE, (outage.dc, True))
             self._push(self.window[0] + outage.up_s, _OUTAGE, (outage.dc, False))
@@ -241,6 +239,14 @@ class Simulation(AttemptLifecycle, PairedLegs):
         )
 
     # --- event handlers -----------------------------------------------------------------------
+
+    def _send(self, request: TraceRequest, at_s: float) -> None:
+        """``request``'s first attempt arrives at ``at_s``."""
+        self._push(at_s, _ARRIVAL, Attempt(request, 1, at_s, self.config.budget_for(request)))
+        self._arrivals_left += 1
+
+    def _more_to_come(self) -> bool:
+        return self._open > 0 or self._arrivals_left > 0 or self.sessions.held > 0
 
     def _arrive(self, attempts: list[Attempt], now: float) -> None:
         for attempt in attempts:
@@ -341,8 +347,9 @@ class Simulation(AttemptLifecycle, PairedLegs):
     def _fail(self, attempt: Attempt, now: float) -> None:
         """The attempt failed with its DC; the client learns it r/2 later and retries."""
         attempt.status = "failed"
+        attempt.retried = attempt.client is None and attempt.attempt <= MAX_FAILURE_RETRIES
         self._end(attempt, now)
-        if attempt.client is None and attempt.attempt <= MAX_FAILURE_RETRIES:  # (a leg: its client)
+        if attempt.retried:  # (a leg: its client retries)
             back = now + attempt.return_s
             self._push(
                 back, _ARRIVAL, Attempt(attempt.request, attempt.attempt + 1, back, attempt.output_budget)
@@ -368,7 +375,7 @@ class Simulation(AttemptLifecycle, PairedLegs):
         """Ask the planner for the fleet's shape and converge to it."""
         self.shaper.plan(now, self._view, self._view_slots)
         self._converge(now)
-        if self._open > 0 or self._arrivals_left > 0:
+        if self._more_to_come():
             self._push(now + self.shaper.planner.interval_s, _PLAN, None)
 
     def _converge(self, now: float) -> None:
@@ -405,6 +412,7 @@ class Simulation(AttemptLifecycle, PairedLegs):
     def _give_up(self, attempt: Attempt, now: float) -> None:
         if not self._gives_up(attempt):
             return
+        attempt.retried = self.clients.retries(attempt)
         if self.scheduler.withdraw(attempt.request.request_id, attempt.attempt):
             del self._offered[(attempt.request.request_id, attempt.attempt)]
             attempt.status = "aborted"
@@ -415,7 +423,7 @@ class Simulation(AttemptLifecycle, PairedLegs):
             self._drop_leg(attempt, now)
         elif attempt.instance is not None:
             self._abort_on(attempt, attempt.instance, now)
-        if self.clients.retries(attempt):
+        if attempt.retried:
             retry = Attempt(attempt.request, attempt.attempt + 1, now, attempt.output_budget)
             self._push(now, _ARRIVAL, retry)
 
@@ -428,7 +436,7 @@ class Simulation(AttemptLifecycle, PairedLegs):
 
     def _heartbeat(self, now: float) -> None:
         self._signal(self._snapshot(now), now)
-        if self._open > 0 or self._arrivals_left > 0:
+        if self._more_to_come():
             self._push(now + self.config.heartbeat_s, _HEARTBEAT, None)
 
     def _signal(self, signal: ClusterView | list[BlocksChanged], now: float) -> None:
@@ -475,6 +483,10 @@ class Simulation(AttemptLifecycle, PairedLegs):
             self._prefilled(attempt, now)
             return
         self._open -= 1
+        if not attempt.retried:  # the request is over for its client: its session goes on
+            following = self.sessions.ended(attempt.request, now + attempt.return_s)
+            if following is not None:
+                self._send(*following)
         if self.shaper.plans and attempt.status != "rejected":  # rejects are counted apart
             measures = Measures.of(attempt)
             self.shaper.ended(attempt, self._met(attempt, measures), measures.tpot_s)

@@ -4,14 +4,16 @@ Loaders:
 - Mooncake JSONL: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``
   (512-token block ids, equal prefixes have equal ids); optional ``tenant``, ``slo_class``,
   ``deadline_s`` (seconds after arrival), ``max_tokens``, ``task_type``, ``model``, and for
-  fleets of several data centres ``home_dc``, ``model_version``, ``allowed_regions`` (a list).
+  fleets of several data centres ``home_dc``, ``model_version``, ``allowed_regions`` (a list);
+  for closed-loop users ``session_id`` and ``think_s`` (``sim/loop/sessions.py``).
 - Azure LLM inference CSV: ``TIMESTAMP, ContextTokens, GeneratedTokens``; no prefix
   information, so every block is unique to its request.
 
 Every field is checked when a trace is loaded, and a bad one is a ``ValueError`` naming the
 file, the line and the field: a line must be a JSON object; ``timestamp`` a finite number of
 ms in [0, 10^10] (an Azure ``TIMESTAMP`` within 10^7 s of the first row's); lengths integers in
-[1, 10^7]; ``deadline_s`` finite and > 0; ``max_tokens`` an integer in [1, 10^7]; ``hash_ids``
+[1, 10^7]; ``deadline_s`` finite and > 0; ``think_s`` finite and >= 0; ``max_tokens`` an integer in
+[1, 10^7]; ``hash_ids``
 a list of integers; the text fields strings.
 
 Block hashes are chained (hash of the previous chained hash and the block id), so equal hash at
@@ -61,6 +63,8 @@ class TraceRequest:
     home_dc: str = ""
     model_version: str = ""
     allowed_regions: tuple[str, ...] = ()
+    session_id: str = ""  # the user or session whose calls follow one another ("": none)
+    think_s: float | None = None  # sent this long after its session's previous call ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,14 +73,13 @@ class Workload:
     requests: tuple[TraceRequest, ...]
 
     def scaled(self, rate_scale: float) -> Workload:
-        """The same requests arriving ``rate_scale`` times as fast (deadlines unchanged)."""
+        """The same requests arriving ``rate_scale`` times as fast, think times as much shorter
+        (deadlines unchanged)."""
         if rate_scale <= 0:
             raise ValueError("--rate-scale must be > 0")
         if rate_scale == 1:
             return self
-        return Workload(
-            self.name, tuple(replace(r, arrival_s=r.arrival_s / rate_scale) for r in self.requests)
-        )
+        return Workload(self.name, tuple(_faster(r, rate_scale) for r in self.requests))
 
     def jittered(self, bin_s: float, seed: int) -> Workload:
         """Arrivals spread uniformly inside their time bin: each moves to ``arrival + U[0, bin_s)``
@@ -93,6 +96,11 @@ class Workload:
         moved = [replace(r, arrival_s=r.arrival_s + float(d)) for r, d in pairs]
         moved.sort(key=lambda r: r.arrival_s)
         return Workload(f"{self.name}+jitter{bin_s:g}s", tuple(moved))
+
+
+def _faster(request: TraceRequest, rate_scale: float) -> TraceRequest:
+    think = None if request.think_s is None else request.think_s / rate_scale
+    return replace(request, arrival_s=request.arrival_s / rate_scale, think_s=think)
 
 
 def chain_hashes(block_ids: Iterable[int], full_blocks: int) -> tuple[int, ...]:
@@ -123,6 +131,8 @@ def make_request(
     home_dc: str = "",
     model_version: str = "",
     allowed_regions: tuple[str, ...] = (),
+    session_id: str = "",
+    think_s: float | None = None,
 ) -> TraceRequest:
     """Validate and build one request.
 
@@ -149,6 +159,8 @@ def make_request(
         home_dc=home_dc,
         model_version=model_version,
         allowed_regions=allowed_regions,
+        session_id=session_id,
+        think_s=think_s,
     )
 
 
@@ -179,6 +191,7 @@ def load_records(records: Iterable[dict[str, Any]], name: str) -> Workload:
 RECORD_FIELDS = (
     "timestamp", "input_length", "output_length", "hash_ids", "request_id", "tenant", "slo_class",
     "deadline_s", "max_tokens", "task_type", "model", "home_dc", "model_version", "allowed_regions",
+    "session_id", "think_s",
 )  # fmt: skip
 """The fields a Mooncake-format record may carry; any other is an error (a typo would otherwise
 be silently ignored)."""
@@ -206,6 +219,11 @@ def _from_record(row: object, default_id: str, position: int) -> TraceRequest:
     max_tokens = row.get("max_tokens")
     if max_tokens is not None:
         max_tokens = _integer(max_tokens, "max_tokens")
+    think = row.get("think_s")
+    if think is not None:
+        think = _finite(think, "think_s")
+        if think < 0:
+            raise ValueError(f"field 'think_s' must be >= 0 seconds, got {think!r}")
     return make_request(
         request_id=_text(row.get("request_id", default_id), "request_id", allow_int=True),
         arrival_s=timestamp / 1000.0,
@@ -222,6 +240,8 @@ def _from_record(row: object, default_id: str, position: int) -> TraceRequest:
         home_dc=_text(row.get("home_dc", ""), "home_dc"),
         model_version=_text(row.get("model_version", ""), "model_version"),
         allowed_regions=_texts(row.get("allowed_regions", []), "allowed_regions"),
+        session_id=_text(row.get("session_id", ""), "session_id", allow_int=True),
+        think_s=think,
     )
 
 
