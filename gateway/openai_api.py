@@ -5,12 +5,15 @@
 names) or raises ``ApiError`` (HTTP 400 with OpenAI's error shape, ``param`` naming the field
 as the client sent it: never an internal name). ``assembled`` builds the
 non-streamed answer from what the engine streamed (the gateway always streams from the engine,
-so it sees the first token). ``rejection`` maps an admission reject onto HTTP: ``over_quota`` is
+so it sees the first token). ``session_id`` names a client's session on the bus and in the store
+without its user's id. ``rejection`` maps an admission reject onto HTTP: ``over_quota`` is
 429, every other reason 503, with ``Retry-After`` when the scheduler gave a hint.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -62,9 +65,28 @@ class ClientCall:
     ignored: tuple[str, ...] = ()  # the body's fields the gateway does not use (sorted)
 
 
+def session_id(tenant: str, user: str) -> str:
+    """The request's ``session_id`` for a client's ``user`` (or session name) in ``tenant``:
+    blake2b (8 bytes, hex) of the pair, so the raw id never leaves the gateway and two tenants'
+    ``alice`` are two sessions. It is a pseudonym, not a secret: whoever knows the tenant and
+    guesses an id can compute it. No user: ``""`` (no session)."""
+    if not user:
+        return ""
+    pair = json.dumps([tenant, user]).encode()  # unambiguous: ("a", "bc") and ("ab", "c") differ
+    return hashlib.blake2b(pair, digest_size=8).hexdigest()
+
+
 def parse_body(
-    kind: Kind, body: Any, request_id: str, tenant: str, slo_class: str | None, known_models: set[str]
+    kind: Kind,
+    body: Any,
+    request_id: str,
+    tenant: str,
+    slo_class: str | None,
+    known_models: set[str],
+    session: str = "",
 ) -> tuple[InferenceRequest, ClientCall]:
+    """``session``: the caller's own session name (a header), which wins over the body's
+    ``user``; either becomes the request's ``session_id`` (the function ``session_id``)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object", code="invalid_body")
     model = body.get("model")
@@ -143,6 +165,7 @@ def parse_body(
             slo_class=slo_class,
             sampling=sampling,
             reply="http",
+            session_id=session_id(tenant, session or user or ""),
             **prompt,
         )
     except ValidationError as exc:

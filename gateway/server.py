@@ -22,7 +22,10 @@ Every error is OpenAI's error JSON (``{"error": {"message", "type", "param", "co
 by the client's fields; what only an operator should see (engine URLs, broker errors) goes to
 the log. The SLO class comes from ``X-TokenFleet-SLO-Class``: an unknown class is 400, one the
 caller's key does not allow 403. With API keys, a call that declares no class gets one its key
-allows (the class the scheduler would give it if allowed, else the key's first).
+allows (the class the scheduler would give it if allowed, else the key's first). A call's
+session (the calls of one user, which a replay sends one after another) is its
+``X-TokenFleet-Session`` header, else the body's ``user``; the request carries it only as a hash
+with the tenant (``openai_api.session_id``).
 
 Each call has a request id (``request_ids``: the client's ``x-request-id`` when it can be one):
 the id on the bus, in the log, in the ``x-request-id`` response header and in the answer's
@@ -91,6 +94,7 @@ class GatewayOptions:
     engine_timeout_s: float = 600.0
     tenant_header: str = "X-TokenFleet-Tenant"
     slo_class_header: str = "X-TokenFleet-SLO-Class"
+    session_header: str = "X-TokenFleet-Session"
     slo_classes: frozenset[str] = frozenset(DEFAULT_SLO_CLASSES)  # the classes a call may name
     max_body_bytes: int = 4 * 1024 * 1024
     app_id: str = "tokenfleet"  # the scheduler whose deciders this gateway asks (TOKENFLEET_APP_ID)
@@ -280,7 +284,8 @@ class Gateway:
         call.tenant, call.key_name = caller.tenant, caller.key_name
         declared = self._declared_class(http, caller)
         body = await self._read_json(http)
-        request, client = parse_body(kind, body, call.rid.id, caller.tenant, declared, self.models)
+        session = http.headers.get(self.options.session_header, "")
+        request, client = parse_body(kind, body, call.rid.id, caller.tenant, declared, self.models, session)
         call.user, call.ignored = client.user[:256], client.ignored
         request = request.model_copy(update={"attempt": call.rid.first_attempt})
         try:

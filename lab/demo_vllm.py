@@ -4,10 +4,11 @@ Creates the tiny model (random weights, a tokenizer trained here), starts two vL
 (``make engine`` installs vLLM), the embedded broker, and per policy an ``EngineStack`` (worker
 with the embedded ClickHouse store, dispatcher, gateway). The load is the official ``openai``
 client: ``concurrency`` users, each a tenant with a long system prompt of its own, sending
-streamed chats (``max_tokens`` 16-64) for ``duration`` seconds. Between policies the servers'
-prefix caches are reset, so every policy starts cold on the same load (same seed). Prints, per
-policy, what the clients measured (TTFT p50/p95), what the engines counted (prefix-cache hit
-rate), and the summary read back from ClickHouse.
+streamed chats (``max_tokens`` 16-64) for ``duration`` seconds, each call after the user's
+previous one ended; each names itself (``user``), so the store records its calls as one session.
+Between policies the servers' prefix caches are reset, so every policy starts cold on the same
+load (same seed). Prints, per policy, what the clients measured (TTFT p50/p95), what the engines
+counted (prefix-cache hit rate), and the summary read back from ClickHouse.
 """
 
 from __future__ import annotations
@@ -150,6 +151,7 @@ async def load(gateway_url: str, duration_s: float, concurrency: int, seed: int)
                     stream=True,
                     extra_body={"ignore_eos": True},
                     extra_headers={"X-TokenFleet-Tenant": f"user-{index}"},
+                    user=f"user-{index}",  # the store keeps its calls as one session (a hash)
                 )
                 async for _chunk in stream:
                     if first is None:

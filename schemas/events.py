@@ -172,6 +172,11 @@ class InferenceRequest(Event):
     default (``affinity_key``). ``decided_by``: the decider that a gateway asked directly and that
     decided this request (``streams/direct.py``); this event is the log's record of it, which no
     request lane decides again. Empty: the deciders read it from the log.
+    ``session_id``: the user or session that sent it: requests with one id come one after another
+    from one client (a replay sends them closed-loop, ``sim/loop/sessions.py``). An opaque key,
+    never an end user's own id: the gateway makes it from the OpenAI body's ``user`` (or its
+    ``X-TokenFleet-Session`` header) and the tenant (``gateway.openai_api.session_id``). Empty:
+    not known.
     """
 
     request_id: Name
@@ -196,6 +201,7 @@ class InferenceRequest(Event):
     model_version: Label = ""
     affinity: Label = ""
     decided_by: Label = ""
+    session_id: Label = ""
 
     @model_validator(mode="after")
     def _one_prompt_and_a_length(self) -> Self:

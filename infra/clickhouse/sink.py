@@ -56,11 +56,11 @@ DEFAULT_RETRY_FOR_S = 30.0
 REQUEST_COLUMNS = (
     "event_id", "ts", "schema_version", "request_id", "attempt", "tenant", "model", "task_type",
     "slo_class", "input_tokens", "output_budget", "prompt_blocks", "deadline_ts", "allowed_regions",
-    "home_dc", "prompt_block_hashes", "model_version",
+    "home_dc", "prompt_block_hashes", "model_version", "session_id",
 )  # fmt: skip
-"""A request's row: counts, class, budget, placement constraints and its prompt's block-hash chain
-(``prompt_block_hashes``), never the prompt itself (``prompt``, ``messages``, ``prompt_token_ids``
-are not stored)."""
+"""A request's row: counts, class, budget, placement constraints, its prompt's block-hash chain
+(``prompt_block_hashes``) and its session (an opaque hash), never the prompt itself (``prompt``,
+``messages``, ``prompt_token_ids`` are not stored)."""
 ADMISSION_COLUMNS = (
     "event_id", "ts", "schema_version", "request_id", "attempt", "tenant", "model", "slo_class",
     "action", "reason", "policy", "queue_pool", "predicted_ttft_s", "retry_after_s",
@@ -254,7 +254,7 @@ def _request_row(r: InferenceRequest) -> Row:
         r.event_id, ms_time(r.ts), r.schema_version, r.request_id, r.attempt, r.tenant, r.model, r.task_type,
         r.slo_class or "", r.input_tokens, r.output_budget, len(r.prompt_block_hashes),
         ms_time(r.deadline_ts), list(r.allowed_regions), r.home_dc, list(r.prompt_block_hashes),
-        r.model_version,
+        r.model_version, r.session_id,
     ]  # fmt: skip
 
 

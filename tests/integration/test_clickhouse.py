@@ -383,6 +383,7 @@ def test_migrate_repairs_dropped_tables_and_their_columns(
         "0011_add_run_columns (repaired: missing requests.run_id, requests.run_policy)",
         "0017_add_request_replay_columns"
         " (repaired: missing requests.prompt_block_hashes, requests.model_version)",
+        "0018_requests_session (repaired: missing requests.session_id)",
     ]
     with connect(store) as opened:
         columns = {row[0] for row in opened.query("DESCRIBE TABLE requests").result_rows}
@@ -394,6 +395,21 @@ def test_migrate_repairs_dropped_tables_and_their_columns(
         assert versions == len(load_migrations())  # a repair records nothing new
     assert main(["db", "migrate"]) == 0
     assert capsys.readouterr().out == "database is up to date\n"
+
+
+def test_a_request_row_carries_its_session_and_an_old_row_reads_none(
+    client: Client, sink: FeedbackSink
+) -> None:
+    def request(rid: str, **fields: Any) -> InferenceRequest:
+        return InferenceRequest(
+            ts=T0, request_id=rid, model="llama3-8b", input_tokens=10, output_budget=8, **fields
+        )
+
+    assert sink.write_requests([request("s1", session_id="9f86d081884c7d65"), request("s2")]) == 2
+    # A row written before the column existed: the insert names none of the newer columns.
+    client.insert("requests", [["old", "s3"]], column_names=["event_id", "request_id"])
+    rows = client.query("SELECT request_id, session_id FROM requests FINAL ORDER BY request_id")
+    assert rows.result_rows == [("s1", "9f86d081884c7d65"), ("s2", ""), ("s3", "")]
 
 
 def test_migrate_repairs_in_library_use_too(tmp_path: Path) -> None:
