@@ -23,7 +23,15 @@
   - ``request_id``, ``max_tokens`` (its output budget), ``tenant``, ``task_type``, ``model``; and
     when known ``slo_class`` (the class it declared, else the one its decider gave it),
     ``deadline_s`` (its deadline after its first arrival; one already past: ``EXPIRED_DEADLINE_S``),
-    ``home_dc``, ``model_version``, ``allowed_regions``.
+    ``home_dc``, ``model_version``, ``allowed_regions``;
+  - ``session_id`` and ``think_s``, the closed loop of its client (``sim/loop/sessions.py``), for
+    a call that named its session (the gateway's hash of the tenant and the caller's session
+    or OpenAI ``user``): a call that arrived after the end of its session's previous call (in
+    arrival order; that call's last completion) was sent ``think_s`` = that gap after it, so the
+    replay sends it that long after the replayed end and a faster policy gets the next call
+    sooner, as the recorded users would have. A call that overlapped its predecessor, or whose
+    predecessor never completed or was left out, has no ``think_s`` and arrives at its recorded
+    time; so do calls without a session (rows from before sessions were stored).
 
   A request whose prompt size the store never learnt (text only, rejected before it was counted,
   no completion) cannot be replayed: it is left out and counted in ``unsized``.
@@ -81,7 +89,7 @@ WITH
             min(toUnixTimestamp64Milli(ts)) AS arrival_ms,
             argMin(
                 (tenant, model, task_type, slo_class, output_budget, toUnixTimestamp64Milli(deadline_ts),
-                 allowed_regions, home_dc, model_version),
+                 allowed_regions, home_dc, model_version, session_id),
                 (attempt, ts)
             ) AS first,
             max(input_tokens) AS input_tokens,
@@ -112,7 +120,8 @@ WITH
             request_id,
             countIf(status = 'ok') > 0 AS completed,
             maxIf(output_tokens, status = 'ok') AS output_tokens,
-            max(input_tokens) AS input_tokens
+            max(input_tokens) AS input_tokens,
+            max(toUnixTimestamp64Milli(ts)) AS end_ms
         FROM completions
         WHERE run_id = {run:String} AND ts >= fromUnixTimestamp64Milli({since_ms:Int64}, 'UTC')
         GROUP BY request_id
@@ -126,7 +135,8 @@ SELECT
     if(notEmpty(arrivals.hashes), arrivals.hashes, routed.hashes) AS hashes,
     if(admitted.slo_class != '', admitted.slo_class, routed.slo_class) AS decided_class,
     ended.completed,
-    ended.output_tokens
+    ended.output_tokens,
+    if(ended.request_id = '', NULL, ended.end_ms) AS end_ms
 FROM arrivals
 LEFT JOIN routed ON routed.request_id = arrivals.request_id
 LEFT JOIN admitted ON admitted.request_id = arrivals.request_id
@@ -189,11 +199,25 @@ def _records(rows: Sequence[Sequence[Any]]) -> tuple[list[dict[str, Any]], int, 
     unhashed = unsized = 0
     next_unshared = UNSHARED_ID_BASE
     start_ms: int | None = None  # the first exported arrival
-    for request_id, arrival_ms, first, input_tokens, hashes, decided_class, completed, ok_tokens in rows:
-        tenant, model, task_type, slo_class, budget, deadline_ms, regions, home_dc, version = first
+    ends: dict[str, int | None] = {}  # session -> the end of its latest call so far (None: unknown)
+    for (
+        request_id,
+        arrival_ms,
+        first,
+        input_tokens,
+        hashes,
+        decided_class,
+        completed,
+        ok_tokens,
+        end_ms,
+    ) in rows:
+        tenant, model, task_type, slo_class, budget, deadline_ms, regions, home_dc, version, session = first
+        previous_end = ends.get(session)
         if input_tokens < 1:
             unsized += 1
+            ends[session] = None  # the next call cannot follow one the workload leaves out
             continue
+        ends[session] = end_ms
         blocks = input_tokens // BLOCK_TOKENS
         if not hashes and blocks:
             hashes = list(range(next_unshared, next_unshared + blocks))
@@ -221,6 +245,10 @@ def _records(rows: Sequence[Sequence[Any]]) -> tuple[list[dict[str, Any]], int, 
             record["model_version"] = version
         if regions:
             record["allowed_regions"] = list(regions)
+        if session:
+            record["session_id"] = session
+            if previous_end is not None and arrival_ms >= previous_end:
+                record["think_s"] = (arrival_ms - previous_end) / 1000.0
         records.append(record)
     return records, unhashed, unsized
 

@@ -34,7 +34,7 @@ from schemas.events import (
     RoutingDecision,
 )
 from sim.engine.fleet import fleet_from_doc
-from sim.workloads.trace import chain_hashes, load_workload
+from sim.workloads.trace import chain_hashes, load_records, load_workload
 from tests.functional.fakes import MemoryPublisher, MemoryState, RecordingTelemetry
 
 RUN = "run-a"
@@ -163,6 +163,30 @@ def test_a_window_selects_requests_by_first_arrival_and_bad_runs_are_refused(cli
         export_run(client, "nope")
     with pytest.raises(ExportError, match="no request arriving in the window"):
         export_run(client, RUN, since_ts=T0 + 100.0)
+
+
+def test_a_sessions_calls_that_followed_each_others_end_replay_closed_loop(client: Client) -> None:
+    """A call sent after its session's previous call ended carries that gap as ``think_s`` (the
+    replay sends it that long after the replayed end); one that overlapped its predecessor, or
+    followed a call that never completed, keeps its recorded time, and so does a call without a
+    session, whatever its tenant's other calls did."""
+    sink = FeedbackSink(client, DEFAULT_SLO_CLASSES, retry_for_s=5.0, run_id=RUN, run_policy="round-robin")
+    times = (("a", 0.0), ("b", 2.25), ("c", 3.0))
+    a, b, c = (request(rid, at, tenant="t", session_id="u1") for rid, at in times)
+    d, e = request("d", 0.5, tenant="t", session_id="u2"), request("e", 4.0, tenant="t", session_id="u2")
+    f, g = request("f", 5.0, tenant="t"), request("g", 9.0, tenant="t")
+    sink.write_requests([a, b, c, d, e, f, g])
+    sink.write_completions([ended(a, "ok", 10), ended(b, "ok", 10), ended(c, "ok", 10), ended(f, "ok", 10)])
+    sink.write_heartbeats([beat("i-a", "A", "llama3-8b-h100", 0.0)])
+
+    records = {r["request_id"]: r for r in export_run(client, RUN).records}
+    assert {rid: r.get("session_id") for rid, r in records.items()} == {
+        "a": "u1", "b": "u1", "c": "u1", "d": "u2", "e": "u2", "f": None, "g": None,
+    }  # fmt: skip
+    assert records["b"]["think_s"] == pytest.approx(0.25)  # a ended at 2.0 s (its completion)
+    assert {rid for rid, r in records.items() if "think_s" in r} == {"b"}  # c overlapped b; d never ended
+    loaded = {r.request_id: r for r in load_records(list(records.values()), "export").requests}
+    assert loaded["b"].session_id == "u1" and loaded["b"].think_s == pytest.approx(0.25)
 
 
 WORDS = [f"w{i}" for i in range(64)]
