@@ -72,13 +72,15 @@ exists). Per pool the target is ceil(need), and then:
   ``max_down_share`` of its size (at least one) per plan. When its DC cannot fit what another
   pool must grow by, the window does not apply: GPUs move between models as their peaks pass;
 
-**Prefill : decode** (``split.py``). Where a DC has a KV link, a pool may run some replicas
-prefill only: when the fluid model says the split serves the forecast with at least
-``split_gain`` fewer replicas than all ``both`` (a ``both`` replica's decodes slow down while it
-prefills, a decode-only replica's do not; a pool that splits already keeps splitting down to
-half that gain, so a ratio near the threshold does not restart replicas plan after plan) and
-the link carries the prompts' KV cache within ``link_share`` of its rate. The pool's need is
-then scaled by that ratio, and
+**Prefill : decode** (``split.py``), with ``split_gain`` set (None, the default: every replica
+stays ``both``; dedicated prefill replicas pay only where the router sends them the prefills the
+model counts on, which TokenPilot's pair rule does only to rescue a request's TTFT). Where a DC
+has a KV link, a pool may run some replicas prefill only: when the fluid model says the split
+serves the forecast with at least ``split_gain`` fewer replicas than all ``both`` (a ``both``
+replica's decodes slow down while it prefills, a decode-only replica's do not; a pool that
+splits already keeps splitting down to half that gain, so a ratio near the threshold does not
+restart replicas plan after plan) and the link carries the prompts' KV cache within
+``link_share`` of its rate. The pool's need is then scaled by that ratio, and
 ``Plan.prefill[pool]`` = round(share x target) of its replicas run prefill only (at least one,
 and at least one left ``both``), share = (1/mu_p) / (1/mu_p + 1/mu_d).
 
@@ -141,7 +143,7 @@ class PlannerParams:
     feedback_recovery: float = 0.02
     feedback_min_completed: int = 20
     kappa_min: float = 0.7
-    split_gain: float = 0.1
+    split_gain: float | None = None
     link_share: float = 0.8
 
 
@@ -276,7 +278,9 @@ class FleetMindPlanner:
         why: dict[PoolKey, list[str]],
     ) -> dict[PoolKey, float]:
         """Per pool that splits: its prefill share; its need scaled by the split's ratio."""
-        shares = {}
+        shares: dict[PoolKey, float] = {}
+        if self.params.split_gain is None:
+            return shares
         for key, rate in forecast.items():
             spec, dc = state.model_spec(key[0], key[1]), dcs[key[2]]
             if spec is None or dc.kv_link_gbps <= 0 or not spec.kv_bytes_per_token:

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.unit
 
 LAW = StepLaw(t0_s=0.01, per_request_s=4e-5, per_context_s=8e-8, per_token_s=3e-5, per_pair_s=1.5e-9)
 KV = 400_000
+SPLITTING = PlannerParams(split_gain=0.1)  # FleetMind splits only when asked
 
 
 def rag(prompt: float = 4000, output: float = 100) -> Work:
@@ -51,7 +52,7 @@ def test_prefill_heavy_work_at_a_tight_tpot_splits() -> None:
 
 
 def test_no_split_at_the_default_objective_or_where_the_kv_cache_bounds_the_decodes() -> None:
-    gain = PlannerParams().split_gain
+    gain = SPLITTING.split_gain or 0.0
     assert decide(rag(), 0.1).ratio > 1 - gain  # a both replica's decodes nearly keep 0.1 s
     long_context = Work(input_tokens=20_000, cached_share=0.3, output_tokens=300, kv_tokens=20_300)
     assert decide(long_context, 0.04).ratio > 1 - gain  # KV-bound: no faster decode without prefill
@@ -80,7 +81,7 @@ def plan_for(link_gbps: float, tpot_s: float, planner: FleetMindPlanner | None =
         met_input_tokens=n * 4000,
     )  # fmt: skip
     dc = DcState("A", "eu", "eu-1", 64, 0, kv_link_gbps=link_gbps)
-    planner = planner or FleetMindPlanner()
+    planner = planner or FleetMindPlanner(params=SPLITTING)
     return planner.plan(FleetState(30.0, (MODEL,), (dc,), (), (sample,), 2.0, tpot_s)), planner
 
 
@@ -108,3 +109,9 @@ def test_a_pool_that_splits_keeps_splitting_down_to_half_the_gain() -> None:
     assert plan_for(400.0, 0.04, splitting)[0].prefill[key] > 0
     splitting.params = between  # the same pool, now at a ratio between the two thresholds
     assert plan_for(400.0, 0.04, splitting)[0].prefill[key] > 0
+
+
+def test_fleetmind_splits_only_when_asked() -> None:
+    key = ("llama", "1", "A")
+    assert plan_for(400.0, 0.04, FleetMindPlanner())[0].prefill[key] == 0
+    assert plan_for(400.0, 0.04)[0].prefill[key] > 0
