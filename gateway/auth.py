@@ -14,10 +14,11 @@ A caller is a tenant and the SLO classes it may use. The gateway finds it one of
           name: ci                            # optional: who holds it, for the logs
 
   The tenant is the key's; nothing the caller sets changes it (an ``X-TokenFleet-Tenant`` naming
-  another tenant is refused, the body's ``user`` only names a session, hashed with the tenant). No key or an unknown one is
-  401 (``invalid_api_key``); asking for a class the key does not list is 403. The file is read
-  again when it changes (an operator adds or revokes a key without a restart; a mounted secret
-  updates the same way); a change that does not parse is logged and the keys before it stay.
+  another tenant is refused, the body's ``user`` only names a session, hashed with the tenant).
+  No key or an unknown one is 401 (``invalid_api_key``); asking for a class the key does not
+  list is 403. The file is read again when it changes (an operator adds or revokes a key without
+  a restart; a mounted secret updates the same way); a change that does not parse is logged and
+  the keys before it stay.
   ``new_key`` makes a key and its entry, ``add_key`` appends one to a file.
 - **proxy** (``TOKENFLEET_TRUST_TENANT_HEADER=true``): the gateway sits behind a proxy that
   authenticates the callers and names their tenant in ``X-TokenFleet-Tenant``; the gateway takes
