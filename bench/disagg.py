@@ -25,6 +25,12 @@ and output (no prefix reuse): the requests/s one replica serves prefill only, de
 (``ratio``: below 1 the split serves more on the same GPUs, its capacity at most 1 / ratio of
 ``both``'s), and the tightest TPOT objective down to which all ``both`` stays the better.
 
+``--planned`` runs FleetMind's planner on the short mix at 15 requests/s with an interactive TPOT
+objective of 40 ms (where its fluid model splits) on an 8-GPU DC: without a link (every replica
+``both``), and with a 400 Gb/s link and ``split_gain`` 0.1 (it starts prefill-only replicas),
+under ``tokenpilot`` and ``dynamo-disagg``: goodput, compliant share, replicas started by role,
+KV transfers.
+
 Printed: a table per mix, then the targets: on ``long`` and ``mooncake``, TokenPilot's
 capacity on each P/D arrangement >= 1.3 x the better peer's there, and its best P/D capacity
 >= 1.15 x ``whole``.
@@ -34,15 +40,20 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from agents.policy.fleetmind.split import StepLaw, Work, split
+from agents.policy.planners import build_planner
 from sim.engine.fleet import FleetSpec, fleet_from_doc
 from sim.engine.profiles import PROFILES
 from sim.evaluation.capacity import capacities
 from sim.evaluation.compare import compare
+from sim.evaluation.metrics import judged, report
 from sim.loop.config import SimConfig
+from sim.loop.deciders import pool_decider_for
+from sim.loop.runner import Simulation
 from sim.workloads.sources import open_workload
 
 MOONCAKE = Path(__file__).resolve().parents[1] / "sim" / "traces" / "mooncake" / "conversation_trace.jsonl"
@@ -116,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--bound", action="store_true", help="the fluid model's split per mix, no runs")
+    parser.add_argument("--planned", action="store_true", help="FleetMind's planned split (docstring)")
     args = parser.parse_args(argv)
     mixes = [m for m in args.mixes.split(",") if m]
     arrangements = [a for a in args.arrangements.split(",") if a]
@@ -125,6 +137,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.bound:
         for mix in mixes:
             print(fluid_bound(mix))
+        return
+    if args.planned:
+        print(planned_split())
         return
     results: dict[str, Any] = {}
     for mix in mixes:
@@ -171,6 +186,60 @@ def fluid_bound(mix: str, ttft_s: float = 2.0, tpot_s: float = 0.1) -> str:
         f"split / both replicas = {ratio:.2f} at TPOT {tpot_s * 1000:.0f} ms; "
         f"both stays the better down to TPOT {tight * 1000:.0f} ms"
     )
+
+
+PLANNED_MIX = "synthetic:duration_s=600,rate_per_s=15,share_doc_qa=0,share_chat=0.5,share_api=0.5"
+PLANNED_TPOT_S = 0.04
+
+
+def planned_split() -> str:
+    """FleetMind's planned split against none (module docstring), a table."""
+    config = SimConfig()
+    classes = dict(config.slo_classes)
+    classes["interactive"] = replace(classes["interactive"], tpot_s=PLANNED_TPOT_S)
+    config = replace(config, slo_classes=classes)
+    workload = open_workload(PLANNED_MIX)
+    lines = [
+        f"FleetMind on the short mix, 15 req/s, TPOT objective {PLANNED_TPOT_S * 1000:.0f} ms, 8 GPUs",
+        "| link, split | policy | goodput tok/s | compliant | started prefill / both | KV transfers |",
+        "|---|---|---|---|---|---|",
+    ]
+    for gbps in (0.0, 400.0):
+        dc: dict[str, Any] = {"name": "A", "gpus": 8, "instances": [{"count": 2, "profile": PROFILE}]}
+        if gbps:
+            dc["kv_link_gbps"] = gbps
+        doc = {
+            "data_centres": [dc],
+            "models": {"llama3-8b": {"load_s": {"cold": 60, "warm": 20}, "min_replicas": 1}},
+        }
+        fleet_spec = fleet_from_doc(doc, Path("planned.yaml"))
+        for policy in ("tokenpilot", "dynamo-disagg"):
+            params = {"tokenpilot": {"tpot_s": PLANNED_TPOT_S}} if policy == "tokenpilot" else None
+            planner = build_planner(
+                "fleetmind", fleet_spec.rules, params={"split_gain": "0.1"} if gbps else None
+            )
+            run = Simulation(
+                workload,
+                fleet_spec,
+                pool_decider_for(policy, fleet_spec, config, params),
+                config,
+                None,
+                planner,
+            )
+            result = run.run()
+            requests = judged(result.attempts, result.window, config.slo_classes)
+            totals = report(result.attempts, result.window, config.slo_classes, result.busy_s, requests)
+            started = [s.spec.role for s in run.shaper.replicas.slots if s.start is not None]
+            cells = (
+                "400 Gb/s, split" if gbps else "none",
+                policy,
+                f"{totals['goodput_tokens_per_s']:.0f}",
+                f"{totals['compliant_share']:.3f}",
+                f"{started.count('prefill')} / {started.count('both')}",
+                str(result.kv_links["kv_transfers"]),
+            )
+            lines.append(f"| {' | '.join(cells)} |")
+    return "\n".join(lines)
 
 
 def scale(document: dict[str, Any]) -> float:

@@ -82,9 +82,15 @@ def _params(kind: type[P], given: Mapping[str, str]) -> P:
             raise ValueError(f"unknown planner parameter {key!r}; known: {', '.join(fields)}")
         default = fields[key].default
         try:
-            values[key] = type(default)(text) if isinstance(default, int | float) else text
+            if isinstance(default, int | float):
+                values[key] = type(default)(text)
+            elif default is None:  # an optional number (None: off)
+                values[key] = float(text)
+            else:
+                values[key] = text
         except ValueError:
-            raise ValueError(f"planner parameter {key}: {text!r} is not a {type(default).__name__}") from None
+            kind_name = "number" if default is None else type(default).__name__
+            raise ValueError(f"planner parameter {key}: {text!r} is not a {kind_name}") from None
     return kind(**values)
 
 

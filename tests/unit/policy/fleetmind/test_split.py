@@ -10,6 +10,7 @@ import pytest
 
 from agents.policy.fleetmind.planner import FleetMindPlanner, PlannerParams
 from agents.policy.fleetmind.split import StepLaw, Work, link_carries, split
+from agents.policy.planners import build_planner
 from agents.policy.planners.contract import DcState, DemandSample, FleetState, ModelSpec
 
 pytestmark = pytest.mark.unit
@@ -115,3 +116,10 @@ def test_fleetmind_splits_only_when_asked() -> None:
     key = ("llama", "1", "A")
     assert plan_for(400.0, 0.04, FleetMindPlanner())[0].prefill[key] == 0
     assert plan_for(400.0, 0.04)[0].prefill[key] > 0
+
+
+def test_split_gain_is_set_as_a_planner_parameter() -> None:
+    planner = build_planner("fleetmind", params={"split_gain": "0.1"})
+    assert isinstance(planner, FleetMindPlanner) and planner.params.split_gain == 0.1
+    with pytest.raises(ValueError, match="split_gain: 'x' is not a number"):
+        build_planner("fleetmind", params={"split_gain": "x"})
