@@ -68,10 +68,11 @@ ADMISSION_COLUMNS = (
 ROUTING_COLUMNS = (
     "event_id", "ts", "schema_version", "request_id", "attempt", "tenant", "model", "slo_class", "dc",
     "instance_id", "policy", "reason", "predicted_ttft_s", "decision_latency_s", "input_tokens",
-    "output_budget", "prompt_block_hashes",
+    "output_budget", "prompt_block_hashes", "prefill_instance_id",
 )  # fmt: skip
 """``input_tokens``, ``output_budget`` and ``prompt_block_hashes`` are those of the request as the
-decider routed it: counted and hashed by the worker when its client sent only the prompt's text."""
+decider routed it: counted and hashed by the worker when its client sent only the prompt's text;
+``prefill_instance_id`` the instance that prefilled it first ("": it ran whole)."""
 COMPLETION_COLUMNS = (
     "event_id", "ts", "schema_version", "request_id", "attempt", "instance_id", "model", "tenant",
     "slo_class", "status", "arrival_ts", "ttft_s", "tpot_s", "e2e_s", "input_tokens", "cached_tokens",
@@ -91,7 +92,7 @@ HEARTBEAT_COLUMNS = (
 
 PLAN_COLUMNS = (
     "event_id", "ts", "schema_version", "planner", "model", "model_version", "dc", "replicas", "warm",
-    "warm_given", "reason", "worker",
+    "warm_given", "reason", "worker", "prefill_replicas",
 )  # fmt: skip
 
 RUN_COLUMNS = ("run_id", "run_policy")
@@ -270,6 +271,7 @@ def _routing_row(d: RoutingDecision) -> Row:
         d.event_id, ms_time(d.ts), d.schema_version, d.request_id, d.attempt, d.tenant, d.model, d.slo_class,
         d.dc, d.instance_id, d.policy, d.reason, d.predicted_ttft_s, d.decision_latency_s,
         d.request.input_tokens, d.request.output_budget, list(d.request.prompt_block_hashes),
+        d.prefill_instance_id,
     ]  # fmt: skip
 
 
@@ -283,5 +285,5 @@ def _fleet_event_row(f: FleetEvent) -> Row:
 def _plan_row(p: ReplicaPlan) -> Row:
     return [
         p.event_id, ms_time(p.ts), p.schema_version, p.planner, p.model, p.model_version, p.dc, p.replicas,
-        list(p.warm or ()), int(p.warm is not None), p.reason, p.worker,
+        list(p.warm or ()), int(p.warm is not None), p.reason, p.worker, p.prefill_replicas,
     ]  # fmt: skip

@@ -14,7 +14,14 @@ from infra.clickhouse import FeedbackSink, connect, migrate, summary
 from infra.clickhouse.client import split_database
 from infra.clickhouse.migrate import load_migrations
 from infra.clickhouse.summary import clickhouse_rows, costs
-from schemas.events import AdmissionDecision, Completion, Heartbeat, InferenceRequest, RoutingDecision
+from schemas.events import (
+    AdmissionDecision,
+    Completion,
+    Heartbeat,
+    InferenceRequest,
+    ReplicaPlan,
+    RoutingDecision,
+)
 
 T0 = 1_700_000_000.0
 
@@ -410,6 +417,30 @@ def test_a_request_row_carries_its_session_and_an_old_row_reads_none(
     client.insert("requests", [["old", "s3"]], column_names=["event_id", "request_id"])
     rows = client.query("SELECT request_id, session_id FROM requests FINAL ORDER BY request_id")
     assert rows.result_rows == [("s1", "9f86d081884c7d65"), ("s2", ""), ("s3", "")]
+
+
+def test_a_routing_row_names_its_prefill_instance_and_a_plan_its_prefill_replicas(
+    client: Client, sink: FeedbackSink
+) -> None:
+    request = InferenceRequest(ts=T0, request_id="p1", model="llama3-8b", input_tokens=10, output_budget=8)
+    decided = {"model": "llama3-8b", "slo_class": "interactive", "dc": "A", "policy": "tokenpilot",
+               "decision_latency_s": 0.001}  # fmt: skip
+    paired = RoutingDecision(
+        request_id="p1", instance_id="d", prefill_instance_id="p", request=request, **decided
+    )
+    whole = RoutingDecision(request_id="p2", instance_id="d", request=request, **decided)
+    assert sink.write_routing([paired, whole]) == 2
+    rows = client.query(
+        "SELECT request_id, prefill_instance_id FROM routing_decisions FINAL ORDER BY request_id"
+    )
+    assert rows.result_rows == [("p1", "p"), ("p2", "")]
+    plans = [
+        ReplicaPlan(planner="fleetmind", model="llama3-8b", dc="A", replicas=3, prefill_replicas=1),
+        ReplicaPlan(planner="fleetmind", model="llama3-8b", dc="B", replicas=2),
+    ]
+    assert sink.write_plans(plans) == 2
+    rows = client.query("SELECT dc, prefill_replicas FROM replica_plans FINAL ORDER BY dc")
+    assert rows.result_rows == [("A", 1), ("B", None)]
 
 
 def test_migrate_repairs_in_library_use_too(tmp_path: Path) -> None:
