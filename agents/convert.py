@@ -16,6 +16,7 @@ from agents.policy.types import (
     HeldElsewhere,
     OutcomeStatus,
     Placed,
+    PrefillDone,
     RequestView,
 )
 from schemas.events import (
@@ -66,8 +67,12 @@ def finished(event: Completion) -> Finished:
     )
 
 
-def first_token(event: ResponseStarted) -> FirstToken:
-    return FirstToken(event.request_id, event.attempt, event.instance_id, event.ttft_s, event.ts)
+def first_token(event: ResponseStarted) -> FirstToken | PrefillDone:
+    """The client's first token (``FirstToken``), or with ``prefill_leg`` the end of a
+    disaggregated request's prefill leg on its prefill instance (``PrefillDone``): the
+    scheduler calibrates on the latter, not on the decode side's first token."""
+    kind = PrefillDone if event.prefill_leg else FirstToken
+    return kind(event.request_id, event.attempt, event.instance_id, event.ttft_s, event.ts)
 
 
 def blocks_changed(event: KvEvent) -> BlocksChanged:

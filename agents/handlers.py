@@ -267,6 +267,7 @@ class SchedulerAgents:
             self.service.observe_kv(event)
 
     async def on_first_tokens(self, messages: Sequence[RawMessage]) -> None:
+        """First tokens and ends of prefill legs (``prefill_leg``) on ``tf.first-tokens``."""
         for event in _quietly(ResponseStarted, messages):
             self.service.observe_first_token(event)
 

@@ -251,6 +251,8 @@ class RoutingService:
             self._pool(event.model).scheduler.observe(finished(event))
 
     def observe_first_token(self, event: ResponseStarted) -> None:
+        """A first token, or the end of a prefill leg (``prefill_leg``: ``PrefillDone``, as the
+        simulator reports it), to the pool's scheduler."""
         if self._serves(event.model, served=True):
             self._pool(event.model).scheduler.observe(first_token(event))
 

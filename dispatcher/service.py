@@ -63,7 +63,7 @@ class FleetCounts:
     duplicates: int  # redelivered decisions (same event id) skipped
     gateway_requests: int  # decisions about requests a gateway executes itself (reply="http")
     invalid: int  # messages skipped as undecodable
-    first_tokens: int
+    first_tokens: int  # ResponseStarted published, prefill legs' ends included
     completions: int
     responses: int
     kv_events: int

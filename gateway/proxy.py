@@ -13,6 +13,9 @@ others get the assembled answer once the engine is done. What it guarantees:
   call is cancelled): a ``ResponseStarted`` on ``tf.first-tokens`` at the first token (streamed
   or not) and exactly one ``Completion`` on ``tf.completions`` however the attempt ends, ``ok``,
   ``error`` or ``aborted`` (the client left), with what the engine sent (``infra/vllm/outcome``);
+  a call prefilled on the decision's prefill instance also has, when that prefill step succeeded,
+  the end of its prefill leg on ``tf.first-tokens`` before its first token
+  (``prefill_decode.prefill_done``: ``prefill_leg`` set, on the prefill instance);
 - ``tokenfleet_gateway_added_seconds`` gets, for a streamed call, the time from the call's
   arrival to its first token written to the client, less the engine's own time to that token;
 - a client that hangs up (a write fails, or aiohttp cancels the handler) ends the call
@@ -58,7 +61,7 @@ from infra.vllm.openai_http import (
     engine_request_id,
 )
 from infra.vllm.outcome import Status
-from infra.vllm.prefill_decode import generate
+from infra.vllm.prefill_decode import generate, prefill_done
 from schemas.events import Event, InferenceRequest, RoutingDecision
 from schemas.topics import COMPLETIONS, FIRST_TOKENS, TopicSpec
 
@@ -134,6 +137,9 @@ class EngineProxy:
             if first:
                 metrics.gateway_added_seconds.observe(time.monotonic() - call.arrived - engine_ttft)
 
+        def on_prefill_done() -> None:
+            self.publish(FIRST_TOKENS, prefill_done(decision, time.time()))
+
         try:
             entry = self.inventory.instance(decision.instance_id)
             if entry is None:
@@ -163,6 +169,7 @@ class EngineProxy:
                     on_event=on_event,
                     into=generation,
                     request_id=engine_request_id(request),
+                    on_prefill_done=on_prefill_done,
                 )
             except (EngineHttpError, aiohttp.ClientError, TimeoutError, OSError) as exc:
                 log.warning(

@@ -8,7 +8,8 @@ calls go on), ask the decider that owns the request for its decision, directly
 prompt itself stays here; the decider records the request and its decision on the log), proxy
 the call to the chosen engine (``proxy``: always streamed from the engine, so the first token is
 seen), stream or return the answer, and publish what happened: a ``ResponseStarted`` at the
-first token and a ``Completion`` with TTFT / TPOT / E2E as timed here, from the moment the
+first token (and one with ``prefill_leg`` where a prefill step on another instance ended:
+``proxy``) and a ``Completion`` with TTFT / TPOT / E2E as timed here, from the moment the
 call arrived. An engine that fails before anything reached the client (it died, refused the
 call) costs an ``error`` attempt and the call is scheduled again as the next attempt, up to
 ``attempts`` (``retry_backoff_s`` times n apart); then 502; a decider lost before it answered

@@ -330,13 +330,22 @@ class KvEvent(Event):
 
 
 class ResponseStarted(Event):
-    """The first token of one request attempt left its instance (what a proxy sees first)."""
+    """The first token of one request attempt left its instance (what a proxy sees first).
+
+    With ``prefill_leg`` the event is not the client's first token: the prefill leg of a
+    disaggregated request ended on ``instance_id`` (its prefill instance), ``ttft_s`` after the
+    request's arrival (the same clock as a first token); its KV cache then moves to the decode
+    instance, whose first token, the client's, comes later as an ordinary ``ResponseStarted``.
+    A request whose prefill fell back to its decode instance (local prefill) has no such event."""
 
     request_id: Name
     attempt: Attempt = 1
     instance_id: Label
     model: Label
     ttft_s: Duration = Field(description="arrival at the scheduler -> this first token")
+    prefill_leg: bool = Field(
+        default=False, description="the end of a disaggregated request's prefill leg, not its first token"
+    )
 
 
 class Completion(Event):

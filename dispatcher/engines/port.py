@@ -51,7 +51,9 @@ class EnginePort(Protocol):
     block hashes are the chained prompt hashes of ``InferenceRequest.prompt_block_hashes``.
 
     What comes back for one dispatched attempt, through ``events``: at most one
-    ``ResponseStarted`` (its first token reached the client), then exactly one ``Completion``
+    ``ResponseStarted`` with ``prefill_leg`` (a disaggregated attempt's prefill ended on the
+    decision's prefill instance), at most one ``ResponseStarted`` (its first token reached the
+    client), then exactly one ``Completion``
     (``ok``; ``timeout``: the client gave up waiting; ``aborted``: ``abort`` was called;
     ``error``: the endpoint is unknown, refused it or failed), and one ``Response`` just before
     the ``Completion``: the answer (the text, from engines that generate it; none from the

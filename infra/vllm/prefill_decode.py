@@ -24,6 +24,13 @@ not answer within ``prefill_timeout_s`` (``timeout``; closing the connection mak
 the call). The decode step is never retried: its failure is the attempt's, raised as
 ``stream_generation`` raises it.
 
+The end of a successful prefill step is the end of the request's prefill leg: the caller's
+``on_prefill_done`` hears of it before the decode step starts, and reports it to the scheduler as
+``prefill_done``'s event (a ``ResponseStarted`` with ``prefill_leg``, on the prefill instance),
+which calibrates its latency model on the prefill instance's own first-token time; the
+client's first token, later on the decode instance, includes the transfer. A call that fell back
+to local prefill ran whole: no such event, its ordinary first token is the truth.
+
 Whether the decode server really loaded a transferred cache is the connector's business: the
 client sees it only in the decode's usage (``Generation.cached_tokens``) and in that server's
 ``/metrics`` (``vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}``).
@@ -33,6 +40,10 @@ client sees it only in the decode's usage (``Generation.cached_tokens``) and in 
 # (vllm-project/vllm, tests/v1/kv_connector/nixl_integration/toy_proxy_server.py, commit
 # 030ea52effcb05071543c8c42b8f0145e94cee43): same request id on both servers, the prefill call
 # unstreamed with max_tokens 1 and without min_tokens, its kv_transfer_params passed on as is.
+# Timing the prefill leg apart from the client's first token follows Dynamo's prefill router,
+# which records when the prefill's result reached it (ai-dynamo/dynamo,
+# lib/llm/src/kv_router/prefill_router/execution.rs, ``execute_prefill``: record_prefill_complete,
+# commit 0243c51bb6e8958be89df4978b5761677c9adc23).
 
 from __future__ import annotations
 
@@ -46,6 +57,8 @@ import aiohttp
 
 from infra.errors import first_line
 from infra.vllm.openai_http import Generation, stream_generation
+from infra.vllm.outcome import duration
+from schemas.events import ResponseStarted, RoutingDecision
 
 PREFILL_KV_TRANSFER_PARAMS: Mapping[str, Any] = {
     "do_remote_decode": True,
@@ -82,6 +95,20 @@ class PrefillDecode:
     fallback: str
     kv_transfer_params: dict[str, Any] | None
     prefill_s: float
+
+
+def prefill_done(decision: RoutingDecision, now: float) -> ResponseStarted:
+    """The end of ``decision``'s prefill leg at ``now`` (wall seconds), on its prefill instance:
+    ``prefill_leg`` set, ``ttft_s`` = ``now`` - the request's ``ts`` (as a first token's)."""
+    return ResponseStarted(
+        ts=now,
+        request_id=decision.request_id,
+        attempt=decision.attempt,
+        instance_id=decision.prefill_instance_id,
+        model=decision.model,
+        ttft_s=duration(now - decision.request.ts),
+        prefill_leg=True,
+    )
 
 
 def prefill_call(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -179,6 +206,7 @@ async def prefill_then_decode(
     on_event: Callable[[dict[str, Any], bytes], Awaitable[None]] | None = None,
     into: Generation | None = None,
     request_id: str | None = None,
+    on_prefill_done: Callable[[], None] | None = None,
 ) -> PrefillDecode:
     """Run the engine call ``(path, body)`` (``engine_call``'s, streamed) prefilled on
     ``prefill_url`` and decoded on ``decode_url``, or wholly on ``decode_url`` when the prefill
@@ -187,7 +215,9 @@ async def prefill_then_decode(
     ``timeout_s`` bounds both steps together (None: no bound); the prefill step gets at most
     ``prefill_timeout_s`` of it, the decode step what is left (``TimeoutError`` when nothing is).
     ``on_event``, ``into`` and ``request_id`` (sent to both servers) are ``stream_generation``'s.
-    Raises what the decode step raises; a failed prefill step never raises."""
+    ``on_prefill_done`` is called once when the prefill step succeeded, before the decode step
+    starts (never on a fallback). Raises what the decode step raises; a failed prefill step
+    never raises."""
     started = time.monotonic()
     params: dict[str, Any] | None = None
     fallback = "busy" if prefill_busy else ""
@@ -199,6 +229,8 @@ async def prefill_then_decode(
         except PrefillError as exc:
             fallback = exc.reason
         prefill_s = time.monotonic() - started
+        if not fallback and on_prefill_done is not None:
+            on_prefill_done()
     left = None if timeout_s is None else timeout_s - (time.monotonic() - started)
     if left is not None and left <= 0:
         raise TimeoutError("no time left for the decode step")
@@ -227,11 +259,13 @@ async def generate(
     on_event: Callable[[dict[str, Any], bytes], Awaitable[None]] | None = None,
     into: Generation | None = None,
     request_id: str | None = None,
+    on_prefill_done: Callable[[], None] | None = None,
 ) -> str:
     """Run the engine call on ``url``: whole (the decode step without transfer parameters, as
     local prefill runs it), or prefilled first on ``prefill_url`` when one is given
-    (``prefill_then_decode``). Returns why a disaggregated call fell back to local prefill (""
-    when it did not, or was whole); raises as ``stream_generation`` does."""
+    (``prefill_then_decode``, which calls ``on_prefill_done`` when the prefill step succeeded).
+    Returns why a disaggregated call fell back to local prefill ("" when it did not, or was
+    whole); raises as ``stream_generation`` does."""
     if prefill_url is None:
         await decode(
             session, url, path, body, None,
@@ -241,5 +275,6 @@ async def generate(
     ran = await prefill_then_decode(
         session, prefill_url, url, path, body,
         timeout_s=timeout_s, on_event=on_event, into=into, request_id=request_id,
+        on_prefill_done=on_prefill_done,
     )  # fmt: skip
     return ran.fallback

@@ -322,9 +322,12 @@ def decision(request: InferenceRequest, prefill_instance_id: str) -> RoutingDeci
     )
 
 
-def through_engines(pair: Pair, routing: RoutingDecision) -> tuple[ResponseStarted, Response, Completion]:
+def through_engines(
+    pair: Pair, routing: RoutingDecision, prefill_legs: int
+) -> tuple[ResponseStarted, Response, Completion]:
     """Dispatch ``routing`` to a ``VllmEngines`` over the pair and return the attempt's events,
-    checked to be a whole call's on ``pd-1``: one first token, one response, one completion."""
+    checked to be ``prefill_legs`` ends of a prefill leg on ``pd-0`` (``prefill_leg``), then a
+    whole call's on ``pd-1``: one first token, one response, one completion."""
 
     async def dispatched() -> list[EngineEvent]:
         engines = VllmEngines(pair.servers.inventory(), kv_events=False)
@@ -338,6 +341,9 @@ def through_engines(pair: Pair, routing: RoutingDecision) -> tuple[ResponseStart
             await engines.close()
 
     events = asyncio.run(dispatched())
+    legs = [e for e in events if isinstance(e, ResponseStarted) and e.prefill_leg]
+    assert [(e.instance_id, e.request_id) for e in legs] == [("pd-0", routing.request_id)] * prefill_legs
+    events = events[prefill_legs:]  # (a prefill leg ends before the call's first token)
     assert [type(e) for e in events] == [ResponseStarted, Response, Completion]
     started, response, completion = events
     assert isinstance(started, ResponseStarted) and isinstance(response, Response)
@@ -379,7 +385,7 @@ def test_the_engine_port_prefills_on_the_decisions_prefill_instance(pair: Pair) 
     request = greedy(prompt="# through the engine port\n" + CODE * 8)
     transferred_before = metric(pair.decode_url, TRANSFERRED)
     prefill_prompts = metric(pair.prefill_url, PROMPT_TOKENS)
-    _, response, _ = through_engines(pair, decision(request, "pd-0"))
+    _, response, _ = through_engines(pair, decision(request, "pd-0"), prefill_legs=1)
     moved = moved_tokens(response.prompt_tokens)
     assert moved >= 4 * BLOCK and response.cached_tokens == moved
     assert metric(pair.decode_url, TRANSFERRED) - transferred_before == moved
@@ -391,7 +397,7 @@ def test_the_engine_port_runs_a_decision_with_an_unknown_prefill_instance_whole(
     request = greedy(prompt="# no such prefill instance\n" + CODE * 5)
     transferred_before = metric(pair.decode_url, TRANSFERRED)
     prefill_prompts = metric(pair.prefill_url, PROMPT_TOKENS)
-    _, response, _ = through_engines(pair, decision(request, "pd-9"))
+    _, response, _ = through_engines(pair, decision(request, "pd-9"), prefill_legs=0)
     assert response.cached_tokens == 0
     assert metric(pair.decode_url, TRANSFERRED) == transferred_before
     assert metric(pair.prefill_url, PROMPT_TOKENS) == prefill_prompts
@@ -439,6 +445,6 @@ def test_a_stopped_prefill_server_falls_back_to_local_prefill(pair: Pair) -> Non
 
     request = greedy(prompt="# the prefill server is still gone\n" + CODE * 5)
     transferred_before = metric(pair.decode_url, TRANSFERRED)
-    _, response, _ = through_engines(pair, decision(request, "pd-0"))
+    _, response, _ = through_engines(pair, decision(request, "pd-0"), prefill_legs=0)
     assert response.cached_tokens == 0 and metric(pair.decode_url, TRANSFERRED) == transferred_before
     same_text(response, aggregated(pair, *engine_call(request, MODEL)))

@@ -12,7 +12,9 @@
   in two steps (``prefill_decode.prefill_then_decode``): prefilled there, decoded on
   ``instance_id``, or wholly on ``instance_id`` when the prefill step fails (local prefill);
   one naming an instance it does not know runs whole on ``instance_id``. Either way its events
-  are a whole call's, on ``instance_id``.
+  are a whole call's, on ``instance_id``; a prefill step that succeeded adds one before them,
+  the end of the prefill leg (``prefill_decode.prefill_done``: a ``ResponseStarted`` with
+  ``prefill_leg``, on the prefill instance).
 - ``load`` reports what the scrapers last read: every ``scrape_s`` each instance's ``/health``
   and ``/metrics`` (``dispatcher/engines/vllm/metrics.py`` documents each heartbeat field's source);
   ``tokens_in_flight`` is this dispatcher's own count (prompt plus streamed tokens of its open
@@ -60,7 +62,7 @@ from infra.vllm.openai_http import (
     engine_request_id,
 )
 from infra.vllm.outcome import Status
-from infra.vllm.prefill_decode import generate
+from infra.vllm.prefill_decode import generate, prefill_done
 from schemas.events import Heartbeat, RoutingDecision
 
 log = logging.getLogger(__name__)
@@ -270,6 +272,9 @@ class VllmEngines:
             if attempt.streamed == 1:
                 self._outbox.append(outcome.first_token(decision, time.time()))
 
+        def on_prefill_done() -> None:
+            self._outbox.append(prefill_done(decision, time.time()))
+
         try:
             path, body = engine_call(request, attempt.entry.served_model_name or decision.model)
             if timeout <= 0:
@@ -285,6 +290,7 @@ class VllmEngines:
                 on_event=on_event,
                 into=generation,
                 request_id=engine_request_id(request),
+                on_prefill_done=on_prefill_done,
             )
             if fallback:
                 log.info(
