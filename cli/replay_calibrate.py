@@ -171,7 +171,7 @@ def _fit(group: GroupSamples, name: str) -> Calibration:
 
 def fit_lines(group_fit: GroupFit) -> list[str]:
     """What the command prints of one group's fit."""
-    from sim.engine.calibration import TERMS
+    from sim.engine.calibration import UNKNOWNS
 
     group, fit = group_fit.group, group_fit.fit
     profile = fit.profile
@@ -180,7 +180,7 @@ def fit_lines(group_fit: GroupFit) -> list[str]:
         f"{group.model} / {group.profile or '(no profile)'} -> {profile.name}: {instances} instance"
         f"{'s' * (instances != 1)}, {group.attempts} attempts "
         f"({fit.ttft_rows} TTFT rows, {fit.tpot_rows} TPOT rows)",
-        "  " + "  ".join(f"{term} {getattr(profile, term):.4g}" for term in TERMS),
+        "  " + "  ".join(f"{term} {getattr(profile, term):.4g}" for term in UNKNOWNS),
         f"  attention_growth_tokens {profile.attention_growth_tokens:.0f}  kv_tokens {profile.kv_tokens}  "
         f"max_seqs {profile.max_seqs}  gpus {profile.gpus}  price_per_hour {profile.price_per_hour}",
         f"  residual error (relative RMS): TTFT {_share(fit.ttft_error)} "

@@ -194,7 +194,7 @@ def _known_policy(name: str, seed: int) -> str:
 def calibration_entry(group_fit: GroupFit) -> dict[str, Any]:
     """One group's fit for the JSON: its parameters, residual errors, and the terms kept at the
     prior's value with why."""
-    from sim.engine.calibration import MIN_ROWS, TERMS
+    from sim.engine.calibration import MIN_ROWS, UNKNOWNS
 
     group, fit = group_fit.group, group_fit.fit
     too_few = f"too few rows to fit (at least {MIN_ROWS} TTFT and {MIN_ROWS} TPOT rows)"
@@ -202,7 +202,7 @@ def calibration_entry(group_fit: GroupFit) -> dict[str, Any]:
     def why(term: str) -> str:
         return next((m.split(": ", 1)[1] for m in fit.messages if m.startswith(f"{term}: ")), too_few)
 
-    fields = (*TERMS, "attention_growth_tokens", "kv_tokens", "max_seqs", "gpus", "price_per_hour")
+    fields = (*UNKNOWNS, "attention_growth_tokens", "kv_tokens", "max_seqs", "gpus", "price_per_hour")
     return {
         "model": group.model,
         "heartbeat_profile": group.profile,

@@ -11,8 +11,8 @@ capacity. Two queries, both filtered on ``run_id``:
   keeps ``DateTime64(3)``), a missing duration as NaN;
 - the heartbeats, one row per instance: model, profile, GPUs and price (of its newest beat that
   has one), the largest ``kv_blocks_total``, the most requests seen running, and how many beats
-  saw that many running while others waited and under ``ROOM_LEFT`` of the KV cache was used
-  (a seat limit, not a full cache, held them).
+  saw that many running while others waited and its free KV blocks would have held another
+  request the size of an average running one (a seat limit, not a full cache, held them).
 """
 
 from __future__ import annotations
@@ -21,9 +21,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from clickhouse_connect.driver.client import Client
-
-ROOM_LEFT = 0.9
-"""A heartbeat with less than this share of its KV blocks used had room for another request."""
 
 _COMPLETIONS_SQL = """
 SELECT
@@ -51,7 +48,10 @@ SELECT
     argMaxIf(h.price_per_hour, h.ts, h.price_per_hour IS NOT NULL),
     max(h.kv_blocks_total),
     any(top.most),
-    countIf(h.running = top.most AND h.waiting > 0 AND h.kv_blocks_used < {room:Float64} * h.kv_blocks_total)
+    countIf(
+        h.running = top.most AND h.waiting > 0
+        AND h.kv_blocks_total - h.kv_blocks_used >= h.kv_blocks_used / h.running
+    )
 FROM heartbeats AS h
 INNER JOIN (
     SELECT instance_id, max(running) AS most FROM heartbeats WHERE run_id = {run:String} GROUP BY instance_id
@@ -100,7 +100,7 @@ class GroupSamples:
 
 def calibration_samples(client: Client, run_id: str) -> list[GroupSamples]:
     """The engine groups of run ``run_id`` that ended attempts, in order of model and profile."""
-    parameters = {"run": run_id, "room": ROOM_LEFT}
+    parameters = {"run": run_id}
     result = client.query(_COMPLETIONS_SQL, parameters=parameters)
     raw = dict(zip(COLUMNS, result.result_columns, strict=True)) if result.result_rows else {}
     beats = {row[0]: row[1:] for row in client.query(_HEARTBEATS_SQL, parameters=parameters).result_rows}

@@ -23,7 +23,8 @@ class Attempt:
     predicted_ttft_s: float | None = None  # the router's prediction, if its policy makes one
     dc: str = ""  # where the router sent it ("" = not sent)
     sent_s: float | None = None  # when the router sent it
-    return_s: float = 0.0  # one-way network time from its DC back to the ingress
+    return_s: float = 0.0  # from its instance back to the client: the network's one way, plus the
+    # profile's ``token_delay_s`` (detokenizing, the API server, the stream)
     # Filled in by the instance:
     instance: Instance | None = None
     cached_tokens: int = 0

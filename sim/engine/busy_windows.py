@@ -2,11 +2,13 @@
 rebuilt per instance from what the store keeps of its attempts.
 
 What the store keeps of every ended attempt (``Observations``) is enough to rebuild, per
-instance, when each request prefilled and decoded: attempt j arrived at a_j, got its first token
-at f_j = a_j + TTFT_j and generated o_j tokens until e_j (a_j + E2E_j when it ended ok, else its
-completion's time); the u_j = n_j - k_j uncached tokens of its prompt (at least 1) were computed
-by the step ending at f_j and, when more than a step holds, by steps before it; its o_j - 1 later
-tokens by the steps ending in (f_j, e_j].
+instance, when each request prefilled and decoded: attempt j arrived at a_j, its client saw its
+first token at a_j + TTFT_j and its end at a_j + E2E_j when it ended ok (else at its completion's
+time), each the law's delay ``token_delay_s`` (delta) after the step that made it ended, so the
+engine made its first token at f_j = a_j + TTFT_j - delta and generated o_j tokens until e_j (its
+end less delta; neither earlier than the arrival); the u_j = n_j - k_j uncached tokens of its
+prompt (at least 1) were computed by the step ending at f_j and, when more than a step holds, by
+steps before it; its o_j - 1 later tokens by the steps ending in (f_j, e_j].
 
 The busy-window identity. While an instance is busy its steps follow one another, so the length
 of a window it is busy throughout is the sum of its steps' durations; by the law of
@@ -19,8 +21,25 @@ over the steps of (t1, t2]: N steps, P prefill tokens, Q = sum P_new*m and Q2 = 
 sizes), E and E2 the sums of their contexts and of their squares. Each attempt gives one or two
 such windows (rows):
 - TTFT row, (a_i, f_i]: the steps it waited for (the queue ahead of it included) and its own
-  prefill; no model of the queue is needed, the window holds it;
-- TPOT row (ended ok, two tokens or more), (f_i, e_i]: N = o_i - 1 exactly.
+  prefill; no model of the queue is needed, the window holds it. TTFT_i = delta + the law over
+  the window;
+- TPOT row (ended ok, two tokens or more), (f_i, e_i]: N = o_i - 1 exactly; its length is the
+  observed one (delta moves both ends).
+
+The delay in a TTFT row. Rebuilt with delta_k, the rows hold delta_k; a delta other than it
+moves the steps under way when the request arrived by delta_k - delta against its arrival (those
+that began with it or later stay after it), so a window that opened on a busy engine gains (or
+loses) delta_k - delta seconds of steps, and one that opened on an idle engine keeps its steps.
+To first order in delta,
+
+    TTFT_i = law(x_i) + delta*(1 - rho_i) + delta_k*rho_i
+
+with rho_i = 1 where steps were under way just before a_i, else 0 (``WindowRows.delay_factor``
+= 1 - rho_i): a window that opened on a busy engine does not tell the delay (its steps fill it
+whatever the delay), one that opened on an idle engine does, and so does one that a delay
+longer than its TTFT left empty (rho_i = 0: it is all delay). (Counting the law's time of the
+steps under way instead, rho_i < 1 wherever the law is too fast, and the delay would make up
+the law's misfit.)
 
 The window quantities are integrals of work *densities* rebuilt per instance (``_Timeline``;
 integrated exactly over any window, so a step under way at a_i counts by its part inside):
@@ -120,20 +139,31 @@ class Observations:
 
 @dataclass(frozen=True, slots=True)
 class StepLaw:
-    """The law's terms (``TERMS`` order) and 1/L (0: the nominal law)."""
+    """The law's terms (``TERMS`` order), 1/L (0: the nominal law) and the delay from a step to
+    its client seeing its tokens (``EngineProfile.token_delay_s``)."""
 
     theta: np.ndarray
     inverse_growth: float = 0.0
+    token_delay_s: float = 0.0
 
     @classmethod
     def of(cls, profile: EngineProfile) -> StepLaw:
         growth = profile.attention_growth_tokens
         return cls(
-            np.array([getattr(profile, t) for t in TERMS], dtype=float), 1 / growth if growth > 0 else 0.0
+            np.array([getattr(profile, t) for t in TERMS], dtype=float),
+            1 / growth if growth > 0 else 0.0,
+            profile.token_delay_s,
         )
 
     def design(self, x: np.ndarray) -> np.ndarray:
         return term_factors(x, self.inverse_growth)
+
+    def predict(self, rows: WindowRows) -> np.ndarray:
+        """Each row's observed length as the law predicts it (a TTFT row's with the delay, to
+        first order about the delay the rows were rebuilt with: module docstring)."""
+        delay = self.token_delay_s * rows.delay_factor + rows.delay_s * (rows.ttft - rows.delay_factor)
+        lengths: np.ndarray = self.design(rows.x) @ self.theta + delay
+        return lengths
 
 
 def term_factors(x: np.ndarray, inverse_growth: float) -> np.ndarray:
@@ -144,11 +174,29 @@ def term_factors(x: np.ndarray, inverse_growth: float) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class WindowRows:
-    """Busy windows, one entry per row (module docstring)."""
+    """Busy windows, one entry per row (module docstring): ``covered_s``, the time their windows
+    cover, each instance's apart (the length of their union); ``delay_s``, the delay they were
+    rebuilt with."""
 
     x: np.ndarray  # (rows, 7): N, P, Q, Q2, D, E, E2 of each window
     y: np.ndarray  # each window's observed length (s)
     ttft: np.ndarray  # True: a TTFT row; False: a TPOT row
+    delay_factor: np.ndarray  # a TTFT row's 1 - rho (module docstring); 0 for a TPOT row
+    covered_s: float = 0.0
+    delay_s: float = 0.0
+
+    @property
+    def overlap(self) -> float:
+        """How many windows cover an instant of the time they cover, on the mean (at least 1):
+        windows that overlap share the steps within, and the noise of those steps."""
+        return max(float(self.y.sum()) / self.covered_s, 1.0) if self.covered_s > 0 else 1.0
+
+    def subset(self, mask: np.ndarray) -> WindowRows:
+        """The rows of ``mask``, their windows' overlap taken as all rows' (``covered_s`` scaled)."""
+        total = float(self.y.sum())
+        share = float(self.y[mask].sum()) / total if total > 0 else 0.0
+        kept = (self.x[mask], self.y[mask], self.ttft[mask], self.delay_factor[mask])
+        return WindowRows(*kept, self.covered_s * share, self.delay_s)
 
 
 def window_rows(observations: Observations, law: StepLaw, budget: int) -> WindowRows:
@@ -159,8 +207,11 @@ def window_rows(observations: Observations, law: StepLaw, budget: int) -> Window
         for instance in np.unique(observations.instance)
     ]
     if not parts:
-        return WindowRows(np.zeros((0, 7)), np.zeros(0), np.zeros(0, dtype=bool))
-    return WindowRows(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("x", "y", "ttft")))
+        return WindowRows(np.zeros((0, 7)), np.zeros(0), np.zeros(0, dtype=bool), np.zeros(0))
+    x, y, ttft, factor = (
+        np.concatenate([getattr(p, f) for p in parts]) for f in ("x", "y", "ttft", "delay_factor")
+    )
+    return WindowRows(x, y, ttft, factor, sum(p.covered_s for p in parts), law.token_delay_s)
 
 
 def _instance_rows(obs: Observations, law: StepLaw, budget: int) -> WindowRows:
@@ -169,9 +220,13 @@ def _instance_rows(obs: Observations, law: StepLaw, budget: int) -> WindowRows:
     origin = np.nanmin(obs.arrival_s)
     arrival = obs.arrival_s - origin
     first = np.isfinite(obs.ttft_s) & (obs.ttft_s > 0)
-    token = np.where(first, arrival + np.nan_to_num(obs.ttft_s), np.nan)
-    end = np.where(obs.ok & np.isfinite(obs.e2e_s), arrival + np.nan_to_num(obs.e2e_s), obs.end_s - origin)
-    token, end = np.split(_step_ends(np.concatenate([token, end])), 2)
+    seen = np.where(first, arrival + np.nan_to_num(obs.ttft_s), np.nan)
+    ended = obs.ok & np.isfinite(obs.e2e_s)
+    seen_end = np.where(ended, arrival + np.nan_to_num(obs.e2e_s), obs.end_s - origin)
+    seen, seen_end = np.split(_step_ends(np.concatenate([seen, seen_end])), 2)
+    # When the engine made them (module docstring); fmax: NaN where no first token came.
+    token = np.fmax(seen - law.token_delay_s, np.where(first, arrival, np.nan))
+    end = np.fmax(seen_end - law.token_delay_s, np.fmax(token, arrival))
     decodes = first & (obs.output_tokens >= 2) & (end > token)
     timeline = _Timeline(
         token[decodes], end[decodes], obs.input_tokens[decodes], obs.output_tokens[decodes] - 1
@@ -183,8 +238,13 @@ def _instance_rows(obs: Observations, law: StepLaw, budget: int) -> WindowRows:
     tpot_x = timeline.window(token[tpot], end[tpot])
     tpot_x[:, 0] = obs.output_tokens[tpot] - 1  # a decoding attempt makes one token per step
     x = np.vstack([timeline.window(arrival[first], token[first]), tpot_x])
-    y = np.concatenate([token[first] - arrival[first], end[tpot] - token[tpot]])
-    return WindowRows(x, y, np.arange(len(y)) < int(first.sum()))
+    starts = np.concatenate([arrival[first], seen[tpot]])
+    y = np.concatenate([seen[first] - arrival[first], seen_end[tpot] - seen[tpot]])
+    busy = timeline.density(arrival[first])[:, 0] > 0  # steps under way: rho = 1
+    busy[token[first] <= arrival[first]] = False  # an empty window: the delay is all of it
+    factor = np.concatenate([~busy, np.zeros(int(tpot.sum()), dtype=bool)]).astype(float)
+    ttft = np.arange(len(y)) < int(first.sum())
+    return WindowRows(x, y, ttft, factor, _union_s(starts, starts + y), law.token_delay_s)
 
 
 class _Timeline:
@@ -281,6 +341,17 @@ class _Timeline:
     def window(self, t1: np.ndarray, t2: np.ndarray) -> np.ndarray:
         """N, P, Q, Q2, D, E, E2 over (t1, t2], one row per window."""
         return _cumulative(self._grid, self._c0, self._c1, self._c2, t1, t2)
+
+    def density(self, t: np.ndarray) -> np.ndarray:
+        """N, P, Q, Q2, D, E, E2 per second just before each time of ``t`` (0 outside the grid)."""
+        if not len(self._grid):
+            return np.zeros((len(t), 7))
+        k = np.searchsorted(self._grid, t, side="left") - 1
+        inside = (k >= 0) & (k < len(self._grid) - 1)
+        k = np.clip(k, 0, len(self._grid) - 1)
+        rates = self._c0[k] + self._c1[k] * t[:, None] + self._c2[k] * (t * t)[:, None]
+        density: np.ndarray = np.where(inside[:, None], rates, 0.0)
+        return density
 
 
 def _prefill_steps(
@@ -394,6 +465,14 @@ class _StreamLaw:
             lo += size
             prompt += 1
         return total
+
+
+def _union_s(starts: np.ndarray, ends: np.ndarray) -> float:
+    """The length of the union of the intervals (starts, ends]."""
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    reach = np.maximum.accumulate(np.concatenate([[-np.inf], ends]))[:-1]  # the latest end before
+    return float(np.maximum(ends - np.maximum(starts, reach), 0.0).sum())
 
 
 def _step_ends(times: np.ndarray) -> np.ndarray:

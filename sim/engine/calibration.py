@@ -5,31 +5,61 @@ law predicts from the work its instance did in them (N steps, the prefill quanti
 the decode ones D, E, E2): ``sim/engine/busy_windows.py`` rebuilds that work per instance from
 the store's ``Observations`` (the busy-window identity and the rebuild: its module docstring).
 Where steps lie depends on the law the rows are rebuilt with, so the fit alternates until that
-law settles (no term moved by more than ``CONVERGED``, at most ``ITERATIONS`` rounds): rebuild
-the rows (with the prior first), fit them all, and rebuild next with the law fitted to the TPOT
-rows alone, the terms they cannot pin at the all-rows fit's values; the result is the all-rows
-fit at the settled rows. Why the TPOT rows: both ends of a TPOT window are step ends (a first
-token, a last token), so each step lies whole inside it or outside, and its N is exact; where
-the rebuild puts a step's start does not change them. A TTFT window opens at an arrival, in
+law settles (no row's predicted length moved by more than ``CONVERGED``, the same unknowns kept;
+at most ``ITERATIONS`` rounds): rebuild the rows (with the prior first), fit them all, and
+rebuild next with the law fitted to the TPOT rows alone, the terms they cannot pin at the
+all-rows fit's values; the result is the all-rows fit at the settled rows. Which unknowns the
+data cannot pin (below) is decided in every round, on its rows; a term near the limit can be
+pinned in one round, which moves the steps, and not in the next, which moves them back (or one
+of two terms the rows cannot tell apart in one round, the other in the next). So when a round
+keeps the same unknowns as an earlier one but not the last, the rounds alternate: that round's
+choice stands from then on, no longer assessed, and the rounds settle.
+
+Why the TPOT rows: both ends of a TPOT window are step ends (a first token, a last token), so
+each step lies whole inside it or outside, and its N is exact; where the rebuild puts a step's
+start does not change them. A TTFT window opens at an arrival, in
 the middle of the work: its content follows the placement, and a placement from a wrong law
 agrees with that law (a prefill step placed too short leaves room for decode-only steps that
 make up the difference), so a fit of all rows moves only a little way from the law it was
 rebuilt with in each round.
 
-The fit. Each row is divided by its observed length floored at ``WINDOW_FLOOR_S`` (the root of
-the sum of their squares): residuals are relative errors, but not on the shortest windows, whose
-lengths the store's millisecond (``sim/engine/busy_windows.py``) leaves a few per cent
-uncertain. Each term is scaled by the prior's value (the unknowns are multipliers of the prior),
-then solved by non-negative least squares, for L infinite (the nominal law) and for each length
-of ``GROWTH_LENGTHS``; a finite L (the perturbed law's attention growth) is kept only when it
-lowers the residual sum of squares by ``MIN_GROWTH_GAIN`` or more. A term the data cannot pin
-keeps the prior's value, and the result says so (``Calibration.messages``): one whose standard
-error (least squares, the other free terms beside it) exceeds ``MAX_STANDARD_ERROR`` of the
-prior's value -- ``b`` without long prompts, ``c`` when the batch hardly varies; the worst is
-fixed first, then the rest assessed again. Residual error: the relative RMS of the rows'
-predictions against what was observed, TTFT and TPOT apart, at the fitted law (and at the
-prior's, for comparison). Engine noise, pre-emptions and requests that left before their first
-token are not rebuilt: they show as residual error.
+The fit. The unknowns (``UNKNOWNS``) are the law's five terms and the delay ``token_delay_s``
+(``sim/engine/profiles.py``): a TTFT row holds it beside the steps of its window, a TPOT row
+not at all (the rows' identity, ``sim/engine/busy_windows.py``, where its column is: a window
+that opened on a busy engine holds the delay whatever it is, one that opened on an idle one
+tells it). Without it, the time a first token takes besides the engine's steps
+(detokenization, the API server, the stream) goes to whatever term the shortest TTFT windows
+share, the steps' fixed cost, and the fit takes it back from the batch's terms: long busy
+windows come out short.
+
+Each row is divided by its *predicted* length floored at ``WINDOW_FLOOR_S`` (the root of the
+sum of their squares): residuals are relative errors, but not on the shortest windows, whose
+lengths the store's millisecond leaves a few per cent uncertain. The predictions are those of a
+fit of every unknown (nominal law) weighed by the predictions before it, the prior's first,
+until they settle (iteratively reweighted least squares, the quasi-likelihood fit of errors
+proportional to the mean). Divided by its observed length
+instead, a window that came out short by noise weighs more than one that came out long, and
+the law comes out short (fast) by about the square of the relative noise. Free, because whether
+a term is pinned is a yes or no that the weights would move.
+
+Each unknown is scaled by the prior's value (the unknowns are multipliers of the prior), then
+solved by non-negative least squares, for L infinite (the nominal law) and for each length of
+``GROWTH_LENGTHS``; a finite L (the perturbed law's attention growth) is kept only when it
+lowers the residual sum of squares by ``MIN_GROWTH_GAIN`` or more. An unknown the data cannot
+pin keeps the prior's value, and the result says so (``Calibration.messages``): one whose
+standard error exceeds ``MAX_STANDARD_ERROR`` of the larger of its prior's value and its fitted
+one -- ``b`` without long prompts, ``c`` when the batch hardly varies; the worst is fixed
+first, then the rest assessed again. The larger, because a prior far below the truth would
+otherwise keep a term the data measure well. Its fitted value: non-negative least squares, the
+kept unknowns at their values (of two terms the rows cannot tell apart, the one they explain
+better). Its standard error: least squares', the other free unknowns beside it, with rows
+whose windows overlap counted as fewer (``WindowRows.overlap``, the design effect of
+overlapping observations): such rows share the steps within, and those steps' noise, so the
+rows alone would make a term look better measured than it is.
+
+Residual error: the relative RMS of the rows' predictions against what was observed, TTFT and
+TPOT apart, at the fitted law (and at the prior's, for comparison). Engine noise, pre-emptions
+and requests that left before their first token are not rebuilt: they show as residual error.
 
 Capacity, from the heartbeats (``HeartbeatSummary``): ``kv_tokens`` = the largest
 ``kv_blocks_total`` times the block size; ``max_seqs`` = the most requests seen running, if that
@@ -58,18 +88,25 @@ from sim.engine.attempt import Attempt
 from sim.engine.busy_windows import TERMS, Observations, StepLaw, WindowRows, term_factors, window_rows
 from sim.engine.profiles import PROFILES, EngineProfile
 
+UNKNOWNS = (*TERMS, "token_delay_s")
+"""What the fit solves for (``EngineProfile`` fields): the law's terms, then the delay."""
+_DELAY = len(TERMS)
+"""The delay's index in ``UNKNOWNS``."""
 _WHY_NOT = {
     "t0_s": "steps too alike to part the fixed cost from the batch's",
     "prefill_s_per_token": "too little prefill",
     "prefill_s_per_token_pair": "no long prompts",
     "decode_s_per_seq": "batch sizes too alike",
     "decode_s_per_context_token": "decode contexts too alike",
+    "token_delay_s": "TTFT windows too alike to part it from the steps",
 }
-ITERATIONS = 12
+ITERATIONS = 24
 CONVERGED = 0.002
-"""The fit stops after ``ITERATIONS`` rounds, or when no term moved by more than this share."""
+"""The fit stops after ``ITERATIONS`` rounds, or when no row's predicted length moved by more
+than this share (module docstring)."""
 MAX_STANDARD_ERROR = 0.5
-"""A term is fitted when its standard error is at most this share of the prior's value."""
+"""An unknown is fitted when its standard error is at most this share of the larger of its
+prior's value and its fitted one."""
 GROWTH_LENGTHS = tuple(4096.0 * 2**k for k in range(8))
 """The attention growth lengths L tried beside the nominal law (tokens)."""
 MIN_GROWTH_GAIN = 0.02
@@ -79,8 +116,10 @@ MIN_ROWS = 10
 SEAT_LIMIT_BEATS = 3
 WINDOW_FLOOR_S = 0.02
 """Rows weigh as relative errors of windows at least this long (module docstring)."""
-_SCALE = np.array([getattr(PROFILES["llama3-8b-h100"], term) for term in TERMS])
-"""Units of a term whose prior is 0 (for the multipliers and their standard errors)."""
+_H100 = PROFILES["llama3-8b-h100"]
+_SCALE = np.array([*(getattr(_H100, term) for term in TERMS), _H100.t0_s])
+"""Units of an unknown whose prior is 0 (for the multipliers and their standard errors): the
+built-in profile's value; for the delay, a step's fixed cost."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +136,7 @@ class HeartbeatSummary:
 @dataclass(frozen=True, slots=True)
 class Calibration:
     """A fitted profile, its rows, its residual errors (relative RMS; None: no rows) beside the
-    prior's, the terms kept at the prior's value, and what to tell the user."""
+    prior's, the unknowns kept at the prior's value (``UNKNOWNS``), and what to tell the user."""
 
     profile: EngineProfile
     ttft_rows: int
@@ -116,13 +155,13 @@ def calibrate(
     heartbeats: HeartbeatSummary | None = None,
     name: str | None = None,
 ) -> Calibration:
-    """Fit ``prior``'s law to ``observations`` (module docstring); the profile is named
-    ``name`` (default: the prior's)."""
+    """Fit ``prior``'s law and delay to ``observations`` (module docstring); the profile is
+    named ``name`` (default: the prior's)."""
     start = law = StepLaw.of(prior)
     budget = prior.prefill_budget_tokens
     rows = window_rows(observations, law, budget)
     prior_errors = _errors(rows, law)
-    kept: tuple[str, ...] = TERMS
+    kept: tuple[str, ...] = UNKNOWNS
     messages: list[str] = []
     counts = int(rows.ttft.sum()), int((~rows.ttft).sum())
     if min(counts) < MIN_ROWS:
@@ -146,6 +185,7 @@ def calibrate(
         decode_s_per_seq=values["decode_s_per_seq"],
         decode_s_per_context_token=values["decode_s_per_context_token"],
         attention_growth_tokens=1 / law.inverse_growth if law.inverse_growth else 0.0,
+        token_delay_s=float(law.token_delay_s),
         noise_sigma=0.0,
         kv_tokens=kv_tokens,
         max_seqs=max_seqs,
@@ -202,115 +242,219 @@ def observations_from_attempts(attempts: Iterable[Attempt]) -> Observations:
 # --- the fit ------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class _Fit:
+    """One fit: the law, the unknowns kept at the prior's value, why, and what to note of it."""
+
+    law: StepLaw
+    kept: tuple[str, ...]
+    reasons: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+
+
 def _settle(
     observations: Observations, prior: StepLaw, budget: int, rows: WindowRows
 ) -> tuple[StepLaw, tuple[str, ...], list[str], WindowRows]:
-    """The fit to rows rebuilt where the steps settle (module docstring): the law, the terms
-    kept, why, and its rows. ``rows``: those rebuilt with the prior."""
+    """The fit to rows rebuilt where the steps settle (module docstring): the law, the
+    unknowns kept, why, and its rows. ``rows``: those rebuilt with the prior."""
     placed = prior
-    for _ in range(ITERATIONS):
-        law, kept, reasons = _fit(rows, prior.theta)
-        moved = _placement(rows, prior.theta, law)
-        if moved.inverse_growth == placed.inverse_growth and np.allclose(
-            moved.theta, placed.theta, rtol=CONVERGED, atol=0.0
-        ):
-            return law, kept, reasons, rows
+    decided: tuple[str, ...] | None = None  # the unknowns held once the rounds alternate
+    rounds: list[tuple[str, ...]] = []  # the unknowns each round kept
+    why: dict[str, str] = {}
+    settled = False
+    for _ in range(ITERATIONS + 1):
+        expected = _expected(rows, prior)
+        fit = _fit(rows, prior, expected, decided or (), assess=decided is None)
+        if decided is None and rounds and fit.kept != rounds[-1] and fit.kept in rounds:
+            decided = fit.kept  # alternating: the choice made now stands
+        why.update((reason.split(":", 1)[0], reason) for reason in fit.reasons)
+        moved = _placement(rows, prior, fit.law, expected)
+        settled = _same(moved, placed, rows) and bool(rounds) and fit.kept == rounds[-1]
+        rounds.append(fit.kept)
+        if settled or len(rounds) > ITERATIONS:
+            break
         placed = moved
         rows = window_rows(observations, placed, budget)
-    law, kept, reasons = _fit(rows, prior.theta)
-    return law, kept, [*reasons, f"the steps' placement did not settle in {ITERATIONS} rounds"], rows
+    messages = [*fit.notes, *(why[name] for name in fit.kept)]
+    if not settled:
+        messages.append(f"the steps' placement did not settle in {ITERATIONS} rounds")
+    return fit.law, fit.kept, messages, rows
 
 
-def _placement(rows: WindowRows, prior: np.ndarray, law: StepLaw) -> StepLaw:
-    """The law to rebuild the rows with next: fitted to the TPOT rows alone (at ``law``'s
-    growth length), the terms they cannot pin at ``law``'s values (module docstring)."""
-    tpot = ~rows.ttft
-    scale = np.where(prior > 0, prior, _SCALE)
-    normal = _Normal.of(WindowRows(rows.x[tpot], rows.y[tpot], rows.ttft[tpot]), scale)
-    return _fit_law(normal, prior, law.inverse_growth, anchor=law.theta)[0]
-
-
-def _fit(rows: WindowRows, prior: np.ndarray) -> tuple[StepLaw, tuple[str, ...], list[str]]:
-    """The law fitted to ``rows`` (module docstring): the nominal one unless a growth length
-    lowers the residual enough; the terms kept at the prior's value and why."""
-    normal = _Normal.of(rows, np.where(prior > 0, prior, _SCALE))
-    nominal = _fit_law(normal, prior, 0.0)
-    grown = min((_fit_law(normal, prior, 1 / length) for length in GROWTH_LENGTHS), key=lambda fit: fit[3])
-    if grown[3] >= (1 - MIN_GROWTH_GAIN) * nominal[3]:
-        return nominal[:3]
-    law, kept, reasons, _ = grown
-    gain = 1 - grown[3] / nominal[3]
+def _same(one: StepLaw, other: StepLaw, rows: WindowRows) -> bool:
+    """The two laws place the steps alike: the same growth length, no row's predicted length
+    apart by more than ``CONVERGED`` of it, and delays apart by no more than that of the floor.
+    (Predictions, not terms: a term the rows hardly bear on may creep from round to round
+    without moving anything.)"""
     return (
-        law,
-        kept,
-        [
-            f"attention grows with context (L = {1 / law.inverse_growth:.0f} tokens): {gain:.0%} less "
-            "squared error than the nominal law",
-            *reasons,
-        ],
+        one.inverse_growth == other.inverse_growth
+        and bool(np.allclose(one.predict(rows), other.predict(rows), rtol=CONVERGED, atol=0.0))
+        and abs(one.token_delay_s - other.token_delay_s) <= CONVERGED * WINDOW_FLOOR_S
     )
+
+
+def _placement(rows: WindowRows, prior: StepLaw, law: StepLaw, expected: np.ndarray) -> StepLaw:
+    """The law to rebuild the rows with next: fitted to the TPOT rows alone (at ``law``'s
+    growth length), the unknowns they cannot pin (the delay among them) at ``law``'s values
+    (module docstring)."""
+    tpot = ~rows.ttft
+    normal = _Normal.of(rows.subset(tpot), _scale(prior), expected[tpot])
+    return _fit_law(normal, prior, law.inverse_growth, held=(), anchor=law)[0].law
+
+
+def _expected(rows: WindowRows, prior: StepLaw) -> np.ndarray:
+    """The lengths that weigh ``rows`` (module docstring): the predictions of the nominal law
+    and the delay fitted with every unknown free, each time weighed by the predictions before it
+    (``prior``'s first), until they settle."""
+    expected = prior.predict(rows)
+    for _ in range(ITERATIONS):
+        normal = _Normal.of(rows, _scale(prior), expected)
+        predicted = _fit_law(normal, prior, 0.0, held=(), assess=False)[0].law.predict(rows)
+        if np.allclose(predicted, expected, rtol=CONVERGED, atol=0.0):
+            return predicted
+        expected = predicted
+    return expected
+
+
+def _fit(
+    rows: WindowRows, prior: StepLaw, expected: np.ndarray, held: tuple[str, ...], assess: bool = True
+) -> _Fit:
+    """The law fitted to ``rows``, each weighed by its ``expected`` length (module docstring):
+    the nominal one unless a growth length lowers the residual enough. The unknowns ``held``
+    stay at the prior's values and, when ``assess``, those the standard errors reject join
+    them (``reasons``: why, for those)."""
+    normal = _Normal.of(rows, _scale(prior), expected)
+    nominal = _fit_law(normal, prior, 0.0, held, assess=assess)
+    grown = min(
+        (_fit_law(normal, prior, 1 / length, held, assess=assess) for length in GROWTH_LENGTHS),
+        key=lambda f: f[1],
+    )
+    if grown[1] >= (1 - MIN_GROWTH_GAIN) * nominal[1]:
+        return nominal[0]
+    fit, rss = grown
+    note = (
+        f"attention grows with context (L = {1 / fit.law.inverse_growth:.0f} tokens): "
+        f"{1 - rss / nominal[1]:.0%} less squared error than the nominal law"
+    )
+    return replace(fit, notes=(note,))
+
+
+def _scale(prior: StepLaw) -> np.ndarray:
+    """The units of the unknowns: the prior's values, ``_SCALE``'s where they are 0."""
+    values = _vector(prior)
+    scale: np.ndarray = np.where(values > 0, values, _SCALE)
+    return scale
+
+
+def _vector(law: StepLaw) -> np.ndarray:
+    """``law``'s unknowns in ``UNKNOWNS`` order."""
+    return np.append(law.theta, law.token_delay_s)
 
 
 @dataclass(frozen=True, slots=True)
 class _Normal:
-    """The weighted rows' normal equations over the seven window quantities, each in units of
-    its term's ``scale``: ``gram`` (7x7), ``moment`` (7), ``total`` (the weighted target's
-    squared norm) and the number of ``rows``. A growth length's five terms are linear
-    combinations of the seven (``term_factors``), so every fit of one round shares them."""
+    """The weighted rows' normal equations over the seven window quantities and the delay's
+    factor (``WindowRows.delay_factor``), each in units of its unknown's ``scale``: ``gram``
+    (8x8), ``moment`` (8), ``total`` (the weighted target's squared norm), the number of
+    ``rows`` and their windows' ``overlap`` (``WindowRows.overlap``). A growth length's five
+    terms are linear combinations of the seven (``term_factors``), so every fit of one round
+    shares them."""
 
     gram: np.ndarray
     moment: np.ndarray
     total: float
     rows: int
+    overlap: float = 1.0
 
     @classmethod
-    def of(cls, rows: WindowRows, scale: np.ndarray) -> _Normal:
-        weight = 1 / np.hypot(rows.y, WINDOW_FLOOR_S)
-        a = rows.x * scale[[0, 1, 2, 2, 3, 4, 4]] * weight[:, None]
-        target = rows.y * weight
-        return cls(a.T @ a, a.T @ target, float(target @ target), len(rows.y))
+    def of(cls, rows: WindowRows, scale: np.ndarray, expected: np.ndarray) -> _Normal:
+        weight = 1 / np.hypot(expected, WINDOW_FLOOR_S)
+        columns = np.column_stack([rows.x, rows.delay_factor])
+        a = columns * scale[[0, 1, 2, 2, 3, 4, 4, _DELAY]] * weight[:, None]
+        rebuilt = rows.delay_s * (rows.ttft - rows.delay_factor)  # the rows' own delay, where it stays
+        target = (rows.y - rebuilt) * weight
+        return cls(a.T @ a, a.T @ target, float(target @ target), len(rows.y), rows.overlap)
 
-    def terms(self, inverse_growth: float) -> tuple[np.ndarray, np.ndarray]:
-        """The normal equations of the five terms (gram, moment) at 1/L = ``inverse_growth``."""
-        combine = term_factors(np.eye(7), inverse_growth)  # (7, 5)
+    def unknowns(self, inverse_growth: float) -> tuple[np.ndarray, np.ndarray]:
+        """The normal equations of the six unknowns (gram, moment) at 1/L = ``inverse_growth``."""
+        combine = np.zeros((8, len(UNKNOWNS)))
+        combine[:7, :_DELAY] = term_factors(np.eye(7), inverse_growth)
+        combine[7, _DELAY] = 1.0
         return combine.T @ self.gram @ combine, combine.T @ self.moment
 
 
 def _fit_law(
-    normal: _Normal, prior: np.ndarray, inverse_growth: float, anchor: np.ndarray | None = None
-) -> tuple[StepLaw, tuple[str, ...], list[str], float]:
-    """Non-negative least squares for one growth length: the law, the terms kept (at
-    ``anchor``'s values, by default the prior's), why, and the residual sum of squares
-    (weighted)."""
-    scale = np.where(prior > 0, prior, _SCALE)
-    gram, moment = normal.terms(inverse_growth)
-    free, kept, reasons = list(range(len(TERMS))), [], []
-    while free:
-        errors = _standard_errors(gram[np.ix_(free, free)], moment[free], normal.rows, normal.total)
-        worst = int(np.argmax(errors))
-        if errors[worst] <= MAX_STANDARD_ERROR:
-            break
-        term = free.pop(worst)
-        kept.append(term)
-        how = "no data bear on it" if math.isinf(errors[worst]) else f"standard error {errors[worst]:.0%}"
-        reasons.append(
-            f"{TERMS[term]}: {_WHY_NOT[TERMS[term]]} ({how} of the prior's value): kept the prior's "
-            f"{prior[term]:.3g}"
-        )
-    multipliers = (prior if anchor is None else anchor) / scale  # the kept terms' values
+    normal: _Normal,
+    prior: StepLaw,
+    inverse_growth: float,
+    held: tuple[str, ...],
+    anchor: StepLaw | None = None,
+    assess: bool = True,
+) -> tuple[_Fit, float]:
+    """Non-negative least squares for one growth length: the fit (the unknowns ``held`` and,
+    when ``assess``, those the standard errors reject, at ``anchor``'s values, by default the
+    prior's) and the residual sum of squares (weighted)."""
+    scale = _scale(prior)
+    gram, moment = normal.unknowns(inverse_growth)
+    values = _vector(prior if anchor is None else anchor)
+    multipliers = values / scale  # the kept unknowns' values
+    kept, reasons = [UNKNOWNS.index(name) for name in held], []
+    if assess:
+        reasons = _rejected(gram, moment, normal, multipliers * scale, multipliers, kept)
+    free = [k for k in range(len(UNKNOWNS)) if k not in kept]
     fixed = gram[:, kept] @ multipliers[kept]
     multipliers[free] = _nnls(gram[np.ix_(free, free)], moment[free] - fixed[free])
     rss = normal.total - 2 * multipliers @ moment + multipliers @ gram @ multipliers
-    law = StepLaw(multipliers * scale, inverse_growth)
-    return law, tuple(TERMS[k] for k in sorted(kept)), reasons, float(max(rss, 0.0))
+    values = multipliers * scale
+    law = StepLaw(values[:_DELAY], inverse_growth, float(values[_DELAY]))
+    fit = _Fit(law, tuple(UNKNOWNS[k] for k in sorted(kept)), tuple(reasons))
+    return fit, float(max(rss, 0.0))
 
 
-def _standard_errors(gram: np.ndarray, moment: np.ndarray, rows: int, total: float) -> np.ndarray:
-    """Each term's least-squares standard error from the normal equations (``total``: the
-    target's squared norm); infinite for a term the others explain whole, or an empty one."""
+def _rejected(
+    gram: np.ndarray,
+    moment: np.ndarray,
+    normal: _Normal,
+    values: np.ndarray,
+    multipliers: np.ndarray,
+    kept: list[int],
+) -> list[str]:
+    """Add to ``kept`` the unknowns the data cannot pin beside those it holds (module
+    docstring), worst first; why, for each. ``values``: what a kept unknown keeps (its
+    ``multipliers``: in the units of ``gram`` and ``moment``, the normal equations of all)."""
+    free, reasons = [k for k in range(len(UNKNOWNS)) if k not in kept], []
+    while free:
+        # The free unknowns' normal equations with the kept ones at their values.
+        held = multipliers[kept]
+        rest = moment[free] - gram[np.ix_(free, kept)] @ held
+        total = normal.total - 2 * held @ moment[kept] + held @ gram[np.ix_(kept, kept)] @ held
+        errors = _standard_errors(gram[np.ix_(free, free)], rest, total, normal)
+        fitted = _nnls(gram[np.ix_(free, free)], rest)
+        share = errors / np.maximum(fitted, 1.0)  # multipliers: 1 is the prior's value
+        worst = int(np.argmax(share))
+        if share[worst] <= MAX_STANDARD_ERROR:
+            break
+        term = free.pop(worst)
+        kept.append(term)
+        how = (
+            "no data bear on it"
+            if math.isinf(share[worst])
+            else f"standard error {share[worst]:.0%} of the larger of its prior and fitted values"
+        )
+        name = UNKNOWNS[term]
+        reasons.append(f"{name}: {_WHY_NOT[name]} ({how}): kept the prior's {values[term]:.3g}")
+    return reasons
+
+
+def _standard_errors(gram: np.ndarray, moment: np.ndarray, total: float, normal: _Normal) -> np.ndarray:
+    """Each unknown's least-squares standard error from the normal equations ``gram`` and
+    ``moment`` of some of ``normal``'s unknowns (``total``: their target's squared norm);
+    infinite for one the others explain whole, or an empty one. Rows whose windows overlap
+    share the noise of the steps within: the errors are those of rows ``normal.overlap`` times
+    fewer."""
     coef = np.linalg.lstsq(gram, moment, rcond=None)[0]
     rss = max(total - 2 * coef @ moment + coef @ gram @ coef, 0.0)
-    sigma = math.sqrt(rss / max(rows - len(moment), 1))
+    sigma = math.sqrt(normal.overlap * rss / max(normal.rows - len(moment), 1))
     errors = np.full(len(moment), np.inf)
     for k in range(len(moment)):
         others = [i for i in range(len(moment)) if i != k]
@@ -325,7 +469,7 @@ def _standard_errors(gram: np.ndarray, moment: np.ndarray, rows: int, total: flo
 
 def _nnls(gram: np.ndarray, moment: np.ndarray) -> np.ndarray:
     """argmin ||a x - y|| subject to x >= 0, from the normal equations (gram = a'a, moment =
-    a'y), by trying every set of non-zero terms (a law has at most five)."""
+    a'y), by trying every set of non-zero unknowns (a fit has at most six)."""
     best, best_gain = np.zeros(len(moment)), 0.0
     for size in range(1, len(moment) + 1):
         for chosen in map(list, itertools.combinations(range(len(moment)), size)):
@@ -339,7 +483,7 @@ def _nnls(gram: np.ndarray, moment: np.ndarray) -> np.ndarray:
 
 def _errors(rows: WindowRows, law: StepLaw) -> tuple[float | None, float | None]:
     """Relative RMS of the TTFT rows' and the TPOT rows' predictions."""
-    relative = law.design(rows.x) @ law.theta / rows.y - 1
+    relative = law.predict(rows) / rows.y - 1
 
     def rms(mask: np.ndarray) -> float | None:
         return float(np.sqrt(np.mean(relative[mask] ** 2))) if mask.any() else None
@@ -370,6 +514,7 @@ def _capacity_messages(prior: EngineProfile, beats: HeartbeatSummary | None) -> 
 
 __all__ = [
     "TERMS",
+    "UNKNOWNS",
     "Calibration",
     "HeartbeatSummary",
     "Observations",

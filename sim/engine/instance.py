@@ -55,6 +55,13 @@ A step that pre-empted is one step: the next one schedules the queue again. Anyt
 the batch (a new request, an abort) truncates the macro-step to the step in progress; observers
 (heartbeats) compute the steps done and the blocks grown so far without changing anything.
 
+What the client sees: every token of an attempt reaches its client the profile's
+``token_delay_s`` after the step that made it (``sim/engine/profiles.py``). The engine adds it
+to the attempt's way back (``Attempt.return_s``) when the attempt arrives (``enqueue``), so the
+drivers (``sim/loop/lifecycle.py``), which date a first token and an end ``return_s`` after the
+step, apply it to both: TTFT and E2E include it, TPOT does not, and a session's next call waits
+for it.
+
 Noise (profiles with ``noise_sigma`` > 0): one lognormal factor f (mean 1) per planned step or
 macro-step, from a per-instance generator seeded from the instance id and
 ``EngineOptions.noise_seed`` (reproducible). One factor per macro-step keeps every step of it on
@@ -135,8 +142,10 @@ class Instance:
         return attempt.reserved_blocks <= self.cache.capacity
 
     def enqueue(self, attempt: Attempt, now_s: float) -> None:
-        """A routed attempt arrives; it joins the batch at the next step boundary."""
+        """A routed attempt arrives; it joins the batch at the next step boundary. Its way back
+        grows by the profile's ``token_delay_s`` (module docstring)."""
         attempt.instance = self
+        attempt.return_s += self.profile.token_delay_s
         self.waiting.append(attempt)
         self.tokens_in_flight += attempt.request.input_tokens
         if self.scheduled:

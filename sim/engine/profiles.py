@@ -21,6 +21,13 @@ deviation ~``noise_sigma``, drawn once per planned (macro-)step from a generator
 instance id and ``EngineOptions.noise_seed`` (reproducible run to run; see ``sim/engine/instance.py``
 for why one factor per macro-step keeps the closed form exact).
 
+What the client sees of a step: every token reaches the client ``token_delay_s`` after the step
+that made it ended (detokenization, the API server, the stream back; the network between data
+centres is apart, ``Attempt.return_s``), the first token and the last alike, so TTFT and E2E
+include it once and TPOT does not. It is 0 in the built-in profiles (their figures are the
+engine's step times); a calibrated profile fits it to the TTFT the store recorded
+(``sim/engine/calibration.py``) and the simulator applies it (``sim/engine/instance.py``).
+
 Where the figures come from (public sources, fitted by hand, bf16, vLLM-class engine):
 - Decode (T0, c, d): ML.ENERGY leaderboard, vLLM on H100 80GB, median inter-token latency at
   fixed batch sizes (github.com/ml-energy/leaderboard, data/tasks/lm-arena-chat.json, 2026-02):
@@ -121,6 +128,7 @@ class EngineProfile:
     gpus: int = 1  # GPUs one instance occupies (tensor parallelism)
     price_per_hour: float | None = None  # cost of one instance-hour; None: no price (GPU-hours only)
     kv_bytes_per_token: int = 128 * 1024  # the KV cache of one token (what a P/D transfer moves)
+    token_delay_s: float = 0.0  # from the step that made a token to its client seeing it (law docstring)
 
     def prefill_chunk_s(self, new_tokens: int, cached_tokens: int) -> float:
         """The prefill terms of the step time for one request's chunk (before noise)."""
@@ -259,7 +267,8 @@ _LAW = (
     "decode_s_per_seq",
     "decode_s_per_context_token",
 )
-_REALS = (*_LAW, "attention_growth_tokens", "noise_sigma")
+_OPTIONAL_REALS = ("attention_growth_tokens", "noise_sigma", "token_delay_s")  # written when set
+_REALS = (*_LAW, *_OPTIONAL_REALS)
 _COUNTS = {"kv_tokens": 1, "max_seqs": 1, "prefill_budget_tokens": 1, "gpus": 1}  # field: least value
 _FILE_FIELDS = (*_LAW, "kv_tokens", "max_seqs", "prefill_budget_tokens", "gpus", "price_per_hour", "model")
 
@@ -283,6 +292,7 @@ def load_profiles(path: Path) -> ProfileSet:
             gpus: 1                         # optional (default 1)
             price_per_hour: 3.0             # optional: an instance-hour; null: no price (default)
             model: llama3-8b                # optional: the model it serves (default: NAME)
+            token_delay_s: 0.02             # optional: a token's way to the client (default 0)
 
     ``attention_growth_tokens`` and ``noise_sigma`` (the perturbed law) are accepted too. A
     profile named after a built-in one may leave out any field: it keeps the built-in one's.
@@ -342,15 +352,16 @@ def _profile_from_entry(name: str, entry: Any, where: str) -> tuple[EngineProfil
 
 def profiles_text(profiles: Mapping[str, EngineProfile], models: Mapping[str, str]) -> str:
     """``profiles`` (by name) as a profiles file ``load_profiles`` reads, each with the model
-    ``models`` names for it (default: its name); the perturbed law's fields only when set."""
+    ``models`` names for it (default: its name); the perturbed law's fields and
+    ``token_delay_s`` only when set."""
     entries: dict[str, dict[str, Any]] = {}
     for name, profile in profiles.items():
         entry: dict[str, Any] = {}
-        for key in (*_FILE_FIELDS[:-1], "attention_growth_tokens", "noise_sigma"):
+        for key in (*_FILE_FIELDS[:-1], *_OPTIONAL_REALS):
             value = getattr(profile, key)
             if key in _COUNTS:
                 entry[key] = int(value)
-            elif value is not None and (value or key not in ("attention_growth_tokens", "noise_sigma")):
+            elif value is not None and (value or key not in _OPTIONAL_REALS):
                 entry[key] = float(value)  # plain floats (numpy's would not dump)
             elif key == "price_per_hour":
                 entry[key] = None

@@ -49,6 +49,15 @@ def test_idle_instance_ttft_is_the_step_time_formula() -> None:
     assert a.generated == 10
 
 
+def test_the_client_sees_each_token_the_profiles_delay_after_its_step() -> None:
+    """``token_delay_s``: the first token and the end reach the client that much later (TTFT and
+    E2E include it, TPOT does not)."""
+    delayed = replace(LLAMA, token_delay_s=0.02)
+    a = run_one(request("a", 0.0, 4096, 10), fleet=fleet_of(1, delayed))[("a", 1)]
+    assert a.first_token_s == pytest.approx(prefill_s(4096, 0) + 0.02, rel=1e-12)
+    assert a.end_s == pytest.approx(prefill_s(4096, 0) + decode_s(9, 4097) + 0.02, rel=1e-12)
+
+
 def test_long_prompt_is_prefilled_in_budget_sized_chunks() -> None:
     a = run_one(request("a", 0.0, 20_000, 1))[("a", 1)]
     expected = prefill_s(8192, 0) + prefill_s(8192, 8192) + prefill_s(20_000 - 16_384, 16_384)

@@ -25,6 +25,7 @@ MINE = replace(
     attention_growth_tokens=32_768.0,
     gpus=2,
     price_per_hour=None,
+    token_delay_s=0.02,
 )
 
 
@@ -43,6 +44,12 @@ def test_what_is_written_is_read_back(tmp_path: Path) -> None:
     assert profiles.get("llama3-8b-h100") == LLAMA  # the built-in ones are still there
 
 
+def test_the_optional_reals_are_written_only_when_set() -> None:
+    text = profiles_text({"llama3-8b-h100": LLAMA}, {})
+    assert "token_delay_s" not in text and "noise_sigma" not in text
+    assert "token_delay_s: 0.02" in profiles_text({"my-engine": MINE}, {})
+
+
 def test_a_profile_named_after_a_built_in_one_replaces_it_field_by_field(tmp_path: Path) -> None:
     profiles = load_profiles(written(tmp_path, "profiles:\n  llama3-8b-h100: {t0_s: 0.01, max_seqs: 64}\n"))
     assert profiles.get("llama3-8b-h100") == replace(LLAMA, t0_s=0.01, max_seqs=64)
@@ -59,6 +66,7 @@ def test_a_profile_named_after_a_built_in_one_replaces_it_field_by_field(tmp_pat
         ("profiles: {x: {t0_s: 0.01}}\n", "profile 'x': missing prefill_s_per_token"),
         ("profiles: {llama3-8b-h100: {t0_s: -1}}\n", "t0_s must be a finite number >= 0"),
         ("profiles: {llama3-8b-h100: {t0_s: .nan}}\n", "t0_s must be a finite number >= 0"),
+        ("profiles: {llama3-8b-h100: {token_delay_s: -1}}\n", "token_delay_s must be a finite number >= 0"),
         ("profiles: {llama3-8b-h100: {kv_tokens: 1.5}}\n", "kv_tokens must be an integer >= 1"),
         ("profiles: {llama3-8b-h100: {max_seqs: 0}}\n", "max_seqs must be an integer >= 1"),
         (
