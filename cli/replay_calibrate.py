@@ -151,7 +151,9 @@ def _fit(group: GroupSamples, name: str) -> Calibration:
     from sim.engine.profiles import PROFILE_MODELS, PROFILES
 
     observations = calibration.Observations.of(**group.completions)
-    beats = calibration.HeartbeatSummary(group.kv_blocks_total, group.max_running, group.beats_at_seat_limit)
+    beats = calibration.HeartbeatSummary(
+        group.kv_blocks_total, group.max_running, group.beats_at_seat_limit, group.kv_block_tokens
+    )
     prior = PROFILES.get(group.profile)
     notes = []
     if prior is None:

@@ -202,7 +202,8 @@ def calibration_entry(group_fit: GroupFit) -> dict[str, Any]:
     def why(term: str) -> str:
         return next((m.split(": ", 1)[1] for m in fit.messages if m.startswith(f"{term}: ")), too_few)
 
-    fields = (*UNKNOWNS, "attention_growth_tokens", "kv_tokens", "max_seqs", "gpus", "price_per_hour")
+    capacity = ("kv_tokens", "kv_block_tokens", "max_seqs", "gpus", "price_per_hour")
+    fields = (*UNKNOWNS, "attention_growth_tokens", *capacity)
     return {
         "model": group.model,
         "heartbeat_profile": group.profile,

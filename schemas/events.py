@@ -296,7 +296,9 @@ class Heartbeat(Event):
     - ``role``: its part in prefill/decode disaggregation, from its deployment: ``prefill`` (it
       only prefills requests another instance decodes), ``decode`` or ``both`` (the default);
     - ``kv_bytes_per_token``: the bytes of KV cache one prompt token takes on it (what moving a
-      prompt's cache to another instance sends per token; 0: not known).
+      prompt's cache to another instance sends per token; 0: not known);
+    - ``kv_block_tokens``: the engine's own KV block size in tokens (vLLM's ``block_size``; what
+      a running request's cache is allocated in; 0: not known).
     """
 
     instance_id: Name
@@ -318,6 +320,7 @@ class Heartbeat(Event):
     draining: bool = False
     role: Role = "both"
     kv_bytes_per_token: Count = 0
+    kv_block_tokens: Count = 0
 
 
 class KvEvent(Event):

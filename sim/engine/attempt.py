@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from agents.policy.types import BLOCK_TOKENS
 from sim.workloads.trace import TraceRequest
 
 if TYPE_CHECKING:
@@ -39,7 +38,7 @@ class Attempt:
     abort_requested: bool = False
     keyed_blocks: list[int] = field(default_factory=list)
     anonymous_blocks: int = 0
-    blocks: int = 0  # KV blocks it holds (keyed + anonymous)
+    blocks: int = 0  # engine KV blocks it holds (keyed + anonymous; ``EngineProfile.kv_block_tokens``)
     preemptions: int = 0
     busy_s: float = 0.0  # its share of its instance's busy time (``Instance._account_busy``)
     # Prefill/decode disaggregation: on a decode instance, its prompt's KV arrived computed
@@ -54,8 +53,3 @@ class Attempt:
         """Tokens the engine will generate: the true length, capped by the client's budget."""
         return min(self.request.output_tokens, self.output_budget)
 
-    @property
-    def reserved_blocks(self) -> int:
-        """KV blocks of prompt + the client's output budget: the most the sequence may occupy
-        (what ``kv_allocation="reserve"`` reserves; the engine cannot know the true length)."""
-        return -(-(self.request.input_tokens + self.output_budget) // BLOCK_TOKENS)

@@ -64,8 +64,9 @@ and requests that left before their first token are not rebuilt: they show as re
 Capacity, from the heartbeats (``HeartbeatSummary``): ``kv_tokens`` = the largest
 ``kv_blocks_total`` times the block size; ``max_seqs`` = the most requests seen running, if that
 exceeds the prior's, or if ``SEAT_LIMIT_BEATS`` heartbeats or more saw that many running while
-others waited and the KV cache had room (the engine's seat limit); else the prior's. The fitted
-profile has no noise; its other fields are the prior's.
+others waited and the KV cache had room (the engine's seat limit); else the prior's;
+``kv_block_tokens`` (the engine's KV allocation unit) = the block size the heartbeats carry, if
+they carry one, else the prior's. The fitted profile has no noise; its other fields are the prior's.
 
 Followed: the time-integrated exposures and non-negative least squares of BLIS's trace-only
 estimator (inference-sim/blis, ``python/estimators/baseline.py``, commit 087bb0a), and its
@@ -125,12 +126,14 @@ built-in profile's value; for the delay, a step's fixed cost."""
 @dataclass(frozen=True, slots=True)
 class HeartbeatSummary:
     """What a group's heartbeats say of its capacity: the largest ``kv_blocks_total`` (0: no
-    heartbeat), the most requests seen ``running``, and how many beats saw that many running
-    while others waited and KV blocks were free (``beats_at_seat_limit``)."""
+    heartbeat), the most requests seen ``running``, how many beats saw that many running
+    while others waited and KV blocks were free (``beats_at_seat_limit``), and the engines' KV
+    block size in tokens (``kv_block_tokens``; 0: the heartbeats do not say)."""
 
     kv_blocks_total: int = 0
     max_running: int = 0
     beats_at_seat_limit: int = 0
+    kv_block_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +178,7 @@ def calibrate(
     errors = _errors(rows, law)
     messages += _capacity_messages(prior, heartbeats)
     values = dict(zip(TERMS, map(float, law.theta), strict=True))
-    kv_tokens, max_seqs = _capacity(prior, heartbeats)
+    kv_tokens, max_seqs, kv_block_tokens = _capacity(prior, heartbeats)
     profile = replace(
         prior,
         name=name or prior.name,
@@ -189,6 +192,7 @@ def calibrate(
         noise_sigma=0.0,
         kv_tokens=kv_tokens,
         max_seqs=max_seqs,
+        kv_block_tokens=kv_block_tokens,
     )
     return Calibration(profile, *counts, *errors, *prior_errors, tuple(kept), tuple(messages))
 
@@ -494,22 +498,37 @@ def _errors(rows: WindowRows, law: StepLaw) -> tuple[float | None, float | None]
 # --- capacity -----------------------------------------------------------------------------------
 
 
-def _capacity(prior: EngineProfile, beats: HeartbeatSummary | None) -> tuple[int, int]:
-    """``kv_tokens`` and ``max_seqs`` (module docstring)."""
+def _capacity(prior: EngineProfile, beats: HeartbeatSummary | None) -> tuple[int, int, int]:
+    """``kv_tokens``, ``max_seqs`` and ``kv_block_tokens`` (module docstring)."""
     if beats is None or beats.kv_blocks_total <= 0:
-        return prior.kv_tokens, prior.max_seqs
+        return prior.kv_tokens, prior.max_seqs, prior.kv_block_tokens
     seats = prior.max_seqs
     if beats.max_running > seats or (beats.beats_at_seat_limit >= SEAT_LIMIT_BEATS and beats.max_running > 0):
         seats = beats.max_running
-    return beats.kv_blocks_total * BLOCK_TOKENS, seats
+    unit = beats.kv_block_tokens if _usable_unit(beats.kv_block_tokens) else prior.kv_block_tokens
+    return beats.kv_blocks_total * BLOCK_TOKENS, seats, unit
+
+
+def _usable_unit(tokens: int) -> bool:
+    """A block size the simulator can allocate in: a divisor of the prefix blocks' size."""
+    return 0 < tokens <= BLOCK_TOKENS and BLOCK_TOKENS % tokens == 0
 
 
 def _capacity_messages(prior: EngineProfile, beats: HeartbeatSummary | None) -> list[str]:
     if beats is None or beats.kv_blocks_total <= 0:
-        return ["no heartbeats: kv_tokens and max_seqs are the prior's"]
+        return ["no heartbeats: kv_tokens, max_seqs and kv_block_tokens are the prior's"]
+    messages = []
     if beats.max_running <= prior.max_seqs and beats.beats_at_seat_limit < SEAT_LIMIT_BEATS:
-        return [f"max_seqs: the engines never ran into a seat limit: kept the prior's {prior.max_seqs}"]
-    return []
+        messages.append(
+            f"max_seqs: the engines never ran into a seat limit: kept the prior's {prior.max_seqs}"
+        )
+    kept = f"kept the prior's {prior.kv_block_tokens}"
+    if beats.kv_block_tokens <= 0:
+        messages.append(f"kv_block_tokens: the heartbeats do not carry the engines' KV block size: {kept}")
+    elif not _usable_unit(beats.kv_block_tokens):
+        unit = f"the engines' {beats.kv_block_tokens}-token blocks"
+        messages.append(f"kv_block_tokens: {unit} do not divide {BLOCK_TOKENS}: {kept}")
+    return messages
 
 
 __all__ = [

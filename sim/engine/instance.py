@@ -22,22 +22,26 @@ One step (continuous batching, chunked prefill):
   current step.
 - KV blocks (``kv_allocation="on-demand"``, vLLM's paged ``allocate_slots``): a request holds
   blocks for the tokens computed so far plus those scheduled this step, so it gets blocks for each
-  prompt chunk as it is scheduled and one more 512-token block whenever its output crosses a block
-  boundary. The resident prefix of its prompt is reused (reference-counted), and each full prompt
-  block becomes shareable as soon as its chunk is computed. If a running request needs a block and
-  none is free, the NEWEST running request is pre-empted by RECOMPUTE (vLLM's
-  ``self.running.pop()`` under FCFS), repeatedly, until the block fits or the request pre-empted
-  itself: the victim frees every block (its prompt blocks stay cached, evictable), goes back to
-  the FRONT of the waiting queue and keeps its generated tokens; when scheduled again it prefills
-  prompt + generated tokens as a new prompt (its resident prompt prefix matches again), and the
-  last chunk of that prefill yields its next token (no second first token). ``preemptions``
-  counts them (``vllm:num_preemptions_total``). Option ``kv_allocation="reserve"``: prompt +
-  output budget is reserved when the request is first scheduled and it is never pre-empted.
-  Option ``admission="kv-fits"`` (with "reserve"; the simulator's older model): a request leaves
-  the queue, reservation taken, as soon as it fits, whether or not the budget reaches it.
+  prompt chunk as it is scheduled and one more block whenever its output crosses a block boundary.
+  The resident prefix of its prompt is reused (reference-counted), and each full prompt block
+  becomes shareable as soon as its chunk is computed. Blocks are the engine's own
+  (``EngineProfile.kv_block_tokens``, vLLM's ``block_size``; ``_blocks`` converts tokens to them,
+  the one place that does); reuse is in 512-token prefix blocks (the prompt hashes' granularity),
+  ``512 / kv_block_tokens`` engine blocks each (``PrefixKvCache.block_units``). If a running
+  request needs a block and none is free, the NEWEST running request is pre-empted by RECOMPUTE
+  (vLLM's ``self.running.pop()`` under FCFS), repeatedly, until the block fits or the request
+  pre-empted itself: the victim frees every block (its prompt blocks stay cached, evictable), goes
+  back to the FRONT of the waiting queue and keeps its generated tokens; when scheduled again it
+  prefills prompt + generated tokens as a new prompt (its resident prompt prefix matches again),
+  and the last chunk of that prefill yields its next token (no second first token).
+  ``preemptions`` counts them (``vllm:num_preemptions_total``). Option
+  ``kv_allocation="reserve"``: prompt + output budget is reserved when the request is first
+  scheduled and it is never pre-empted. Option ``admission="kv-fits"`` (with "reserve"; the
+  simulator's older model): a request leaves the queue, reservation taken, as soon as it fits,
+  whether or not the budget reaches it.
 - Prefix-cache counters (``vllm:prefix_cache_queries`` / ``vllm:prefix_cache_hits``, tokens,
   cumulative): counted when a request is scheduled from the queue, queries = its tokens
-  (prompt, + generated if resumed), hits = the resident prefix in whole blocks, at most
+  (prompt, + generated if resumed), hits = the resident prefix in whole prefix blocks, at most
   ``tokens - 1`` rounded down to a block (vLLM's ``max_cache_hit_length``). As vLLM's
   ``PrefixCacheStats.record`` does, a resumed (pre-empted) request counts in
   ``preempted_prefix_cache_queries`` / ``..._hits`` instead. (The step time itself only
@@ -105,7 +109,9 @@ class Instance:
         self._on_demand = self.options.kv_allocation == "on-demand"
         self._decode_budget = self.options.decode_tokens_in_budget
         self._admit_early = self.options.admission == "kv-fits"
-        self.cache = PrefixKvCache(profile.kv_tokens // BLOCK_TOKENS, record_events=kv_events)
+        unit = self._unit = profile.kv_block_tokens
+        self.cache = PrefixKvCache(profile.kv_tokens // unit, kv_events, BLOCK_TOKENS // unit)
+        self.kv_blocks_total = profile.kv_tokens // BLOCK_TOKENS  # in 512-token blocks, as heartbeats report
         self.waiting: deque[Attempt] = deque()
         self.running: list[Attempt] = []
         self.tokens_in_flight = 0
@@ -139,7 +145,7 @@ class Instance:
     def fits_ever(self, attempt: Attempt) -> bool:
         """Prompt + output budget fit in the whole cache (vLLM refuses what exceeds its
         ``max_model_len``, which it checks fits in the KV cache at start-up)."""
-        return attempt.reserved_blocks <= self.cache.capacity
+        return self._reserved(attempt) <= self.cache.capacity
 
     def enqueue(self, attempt: Attempt, now_s: float) -> None:
         """A routed attempt arrives; it joins the batch at the next step boundary. Its way back
@@ -174,7 +180,10 @@ class Instance:
         return attempt.generated
 
     def heartbeat(self, now_s: float) -> tuple[int, int, int, int]:
-        """(waiting, running, tokens in flight, KV blocks used) as the engine would report now."""
+        """(waiting, running, tokens in flight, KV blocks used) as the engine would report now.
+
+        KV blocks are 512-token blocks out of ``kv_blocks_total``, as the vLLM adapter reports
+        them: round(usage * kv_blocks_total), usage = the engine blocks referenced / capacity."""
         tokens = self.tokens_in_flight
         used = self.cache.referenced
         if self.scheduled and not self._chunks:
@@ -183,6 +192,7 @@ class Instance:
             started = min(done, self._steps - 1)  # the step in progress holds its blocks already
             if self._on_demand and started > 0:
                 used += self._blocks_grown(started)
+        used = round(used * self.kv_blocks_total / self.cache.capacity) if self.cache.capacity else 0
         return len(self.waiting), len(self.running), tokens, used
 
     # --- the step loop ------------------------------------------------------------------------
@@ -203,7 +213,7 @@ class Instance:
                     new_blocks = hashes[have:computed]
                     cache.commit(new_blocks)
                     attempt.keyed_blocks.extend(new_blocks)
-                    attempt.anonymous_blocks -= len(new_blocks)
+                    attempt.anonymous_blocks -= len(new_blocks) * cache.block_units
             if attempt.prefill_left == 0:
                 attempt.generated += 1  # a resumed request's recompute yields its next token
                 attempt.context += 1  # context = prompt + generated tokens from now on
@@ -218,7 +228,7 @@ class Instance:
             for attempt in self._decoders:
                 attempt.generated += steps
                 context = attempt.context = attempt.context + steps
-                need = -(-(context - 1) // BLOCK_TOKENS)  # the last step wrote token context - 1
+                need = self._blocks(context - 1)  # the last step wrote token context - 1
                 if need > attempt.blocks:
                     grown += need - attempt.blocks
                     attempt.anonymous_blocks += need - attempt.blocks
@@ -296,8 +306,8 @@ class Instance:
                 else:
                     tokens = 0
                 needed = attempt.context  # the token this step writes is the context's last
-            if on_demand and needed > attempt.blocks * BLOCK_TOKENS:
-                need = -(-needed // BLOCK_TOKENS) - attempt.blocks
+            if on_demand and needed > attempt.blocks * self._unit:
+                need = self._blocks(needed) - attempt.blocks
                 while need > cache.free:
                     victim = running.pop()
                     self._preempt(victim)
@@ -332,7 +342,7 @@ class Instance:
             matched = cache.match(hashes)
             cached = _computed_ahead(attempt, matched, tokens)
             chunk = min(tokens - cached, budget)
-            total = -(-(cached + chunk) // BLOCK_TOKENS) if on_demand else attempt.reserved_blocks
+            total = self._blocks(cached + chunk) if on_demand else self._reserved(attempt)
             if cache.acquire(hashes, total, matched) is None:
                 return
             waiting.popleft()
@@ -351,7 +361,7 @@ class Instance:
             tokens = request.input_tokens
             hashes = request.block_hashes
             matched = cache.match(hashes)
-            total = attempt.reserved_blocks
+            total = self._reserved(attempt)
             if cache.acquire(hashes, total, matched) is None:
                 return
             waiting.popleft()
@@ -360,7 +370,8 @@ class Instance:
     def _start(
         self, attempt: Attempt, tokens: int, matched: int, cached: int, total: int, now_s: float
     ) -> None:
-        """``attempt`` leaves the queue holding ``total`` blocks, the first ``matched`` reused."""
+        """``attempt`` leaves the queue holding ``total`` blocks, the first ``matched`` prefix
+        blocks reused."""
         hits = min(matched, (tokens - 1) // BLOCK_TOKENS) * BLOCK_TOKENS
         if attempt.preemptions:
             self.preempted_prefix_cache_queries += tokens
@@ -374,7 +385,7 @@ class Instance:
         attempt.context = cached
         attempt.prefill_left = tokens - cached
         attempt.keyed_blocks = list(attempt.request.block_hashes[:matched])
-        attempt.anonymous_blocks = total - matched
+        attempt.anonymous_blocks = total - matched * self.cache.block_units
         attempt.blocks = total
         self.running.append(attempt)
 
@@ -445,14 +456,14 @@ class Instance:
         """The longest prefix (1..steps) of the macro-step whose block growth fits in the free
         blocks (step 0's blocks are already taken)."""
         free = self.cache.free
-        if len(decoders) * ((steps - 2) // BLOCK_TOKENS + 1) <= free:
+        if len(decoders) * ((steps - 2) // self._unit + 1) <= free:
             return steps  # even if every decoder crossed every boundary it could
 
         def growth(k: int) -> int:
             """Blocks the decoders need for steps 1..k-1 beyond those they hold."""
             total = 0
             for a in decoders:
-                extra = -(-(a.context + k - 1) // BLOCK_TOKENS) - a.blocks
+                extra = self._blocks(a.context + k - 1) - a.blocks
                 if extra > 0:
                     total += extra
             return total
@@ -471,20 +482,28 @@ class Instance:
     def _blocks_grown(self, last: int) -> int:
         """Blocks the decoders' growth has needed in steps 1..``last`` of the macro-step (vLLM
         takes them when it schedules each step; here when the macro-step ends): decoder j needs
-        one at step r_j = 512*blocks - context + 1 and every 512 steps after."""
+        one at step r_j = u*blocks - context + 1 and every u steps after (u = kv_block_tokens)."""
+        unit = self._unit
         starts = self._growth_starts
         if starts is None:
-            starts = self._growth_starts = sorted(
-                BLOCK_TOKENS * a.blocks - a.context + 1 for a in self._decoders
-            )
+            starts = self._growth_starts = sorted(unit * a.blocks - a.context + 1 for a in self._decoders)
         total = 0
         while last >= 0:
             crossed = bisect_right(starts, last)
             if crossed == 0:
                 break
             total += crossed
-            last -= BLOCK_TOKENS
+            last -= unit
         return total
+
+    def _blocks(self, tokens: int) -> int:
+        """Engine blocks (``kv_block_tokens`` each) that hold ``tokens`` tokens."""
+        return -(-tokens // self._unit)
+
+    def _reserved(self, attempt: Attempt) -> int:
+        """Engine blocks of prompt + the client's output budget: the most the sequence may occupy
+        (what ``kv_allocation="reserve"`` reserves; the engine cannot know the true length)."""
+        return self._blocks(attempt.request.input_tokens + attempt.output_budget)
 
     def _elapsed(self, steps: int) -> float:
         """Duration of the first ``steps`` steps of the current macro-step."""

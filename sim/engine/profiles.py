@@ -65,6 +65,8 @@ from typing import Any, Literal
 
 import yaml
 
+from agents.policy.types import BLOCK_TOKENS
+
 KvAllocation = Literal["on-demand", "reserve"]
 EngineAdmission = Literal["first-chunk", "kv-fits"]
 
@@ -129,6 +131,15 @@ class EngineProfile:
     price_per_hour: float | None = None  # cost of one instance-hour; None: no price (GPU-hours only)
     kv_bytes_per_token: int = 128 * 1024  # the KV cache of one token (what a P/D transfer moves)
     token_delay_s: float = 0.0  # from the step that made a token to its client seeing it (law docstring)
+    kv_block_tokens: int = BLOCK_TOKENS  # the engine's KV allocation unit (vLLM's block_size)
+
+    def __post_init__(self) -> None:
+        """``kv_block_tokens`` divides the 512-token prefix block: one prefix block (the
+        granularity of the prompt hashes) is a whole number of the engine's blocks. The cache
+        holds ``kv_tokens // kv_block_tokens`` of them."""
+        unit = self.kv_block_tokens
+        if isinstance(unit, bool) or not isinstance(unit, int) or unit < 1 or BLOCK_TOKENS % unit:
+            raise ValueError(f"kv_block_tokens must be a divisor of {BLOCK_TOKENS}, got {unit!r}")
 
     def prefill_chunk_s(self, new_tokens: int, cached_tokens: int) -> float:
         """The prefill terms of the step time for one request's chunk (before noise)."""
@@ -270,6 +281,7 @@ _LAW = (
 _OPTIONAL_REALS = ("attention_growth_tokens", "noise_sigma", "token_delay_s")  # written when set
 _REALS = (*_LAW, *_OPTIONAL_REALS)
 _COUNTS = {"kv_tokens": 1, "max_seqs": 1, "prefill_budget_tokens": 1, "gpus": 1}  # field: least value
+_UNIT = "kv_block_tokens"  # an optional count, written when not BLOCK_TOKENS
 _FILE_FIELDS = (*_LAW, "kv_tokens", "max_seqs", "prefill_budget_tokens", "gpus", "price_per_hour", "model")
 
 
@@ -293,6 +305,7 @@ def load_profiles(path: Path) -> ProfileSet:
             price_per_hour: 3.0             # optional: an instance-hour; null: no price (default)
             model: llama3-8b                # optional: the model it serves (default: NAME)
             token_delay_s: 0.02             # optional: a token's way to the client (default 0)
+            kv_block_tokens: 32             # optional: vLLM's block_size, divides 512 (default 512)
 
     ``attention_growth_tokens`` and ``noise_sigma`` (the perturbed law) are accepted too. A
     profile named after a built-in one may leave out any field: it keeps the built-in one's.
@@ -314,9 +327,9 @@ def load_profiles(path: Path) -> ProfileSet:
 def _profile_from_entry(name: str, entry: Any, where: str) -> tuple[EngineProfile, str]:
     if not isinstance(entry, dict):
         raise ValueError(f"{where}: expected a mapping of fields")
-    unknown = sorted(set(map(str, entry)) - set(_FILE_FIELDS) - set(_REALS))
+    unknown = sorted(set(map(str, entry)) - set(_FILE_FIELDS) - set(_REALS) - {_UNIT})
     if unknown:
-        raise ValueError(f"{where}: unknown field {unknown[0]!r}; known: {', '.join(_FILE_FIELDS)}")
+        raise ValueError(f"{where}: unknown field {unknown[0]!r}; known: {', '.join((*_FILE_FIELDS, _UNIT))}")
     base = PROFILES.get(name)
     missing = [f for f in (*_LAW, "kv_tokens") if f not in entry] if base is None else []
     if missing:
@@ -330,7 +343,7 @@ def _profile_from_entry(name: str, entry: Any, where: str) -> tuple[EngineProfil
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
                 raise ValueError(f"{where}: {key} must be a finite number >= 0, got {value!r}")
             values[key] = float(value)
-    for key, least in _COUNTS.items():
+    for key, least in {**_COUNTS, _UNIT: 1}.items():
         if key in entry:
             value = entry[key]
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -346,14 +359,17 @@ def _profile_from_entry(name: str, entry: Any, where: str) -> tuple[EngineProfil
     model = entry.get("model", PROFILE_MODELS.get(name, name))
     if not isinstance(model, str) or not model:
         raise ValueError(f"{where}: model must be a name, got {model!r}")
-    profile = replace(base, **values) if base is not None else EngineProfile(name=name, **values)
+    try:
+        profile = replace(base, **values) if base is not None else EngineProfile(name=name, **values)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
     return profile, model
 
 
 def profiles_text(profiles: Mapping[str, EngineProfile], models: Mapping[str, str]) -> str:
     """``profiles`` (by name) as a profiles file ``load_profiles`` reads, each with the model
     ``models`` names for it (default: its name); the perturbed law's fields and
-    ``token_delay_s`` only when set."""
+    ``token_delay_s`` only when set, ``kv_block_tokens`` only when not 512."""
     entries: dict[str, dict[str, Any]] = {}
     for name, profile in profiles.items():
         entry: dict[str, Any] = {}
@@ -365,6 +381,8 @@ def profiles_text(profiles: Mapping[str, EngineProfile], models: Mapping[str, st
                 entry[key] = float(value)  # plain floats (numpy's would not dump)
             elif key == "price_per_hour":
                 entry[key] = None
+        if profile.kv_block_tokens != BLOCK_TOKENS:
+            entry[_UNIT] = int(profile.kv_block_tokens)
         entry["model"] = models.get(name, name)
         entries[name] = entry
     return yaml.safe_dump({"profiles": entries}, sort_keys=False)

@@ -208,12 +208,13 @@ class LiveFleet(AttemptLifecycle):
                     running=running,
                     tokens_in_flight=tokens,
                     kv_blocks_used=kv_used,
-                    kv_blocks_total=instance.cache.capacity,
+                    kv_blocks_total=instance.kv_blocks_total,
                     prefix_cache_queries=instance.prefix_cache_queries,
                     prefix_cache_hits=instance.prefix_cache_hits,
                     preemptions=instance.preemptions,
                     gpus=spec.profile.gpus,
                     price_per_hour=spec.price,
+                    kv_block_tokens=spec.profile.kv_block_tokens,
                 )
             )
         return beats

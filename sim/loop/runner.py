@@ -550,7 +550,7 @@ class Simulation(AttemptLifecycle, PairedLegs):
             running=np.array([r[1] for r in beats], dtype=np.int64),
             tokens_in_flight=np.array([r[2] for r in beats], dtype=np.int64),
             kv_used=np.array([r[3] for r in beats], dtype=np.int64),
-            kv_total=np.array([i.cache.capacity for i in instances], dtype=np.int64),
+            kv_total=np.array([i.kv_blocks_total for i in instances], dtype=np.int64),
             last_heartbeat_s=beat_s.copy(),
             dcs=self._dcs,
             role=np.array([s.role for s in specs]),

@@ -130,6 +130,7 @@ def heartbeat_fields(
     tokens_in_flight      the dispatcher's count (argument; gateway-run requests added later)
     kv_blocks_total       ``max(1, num_blocks * block_size // 512)``
     kv_blocks_used        ``round(kv_usage * kv_blocks_total)``
+    kv_block_tokens       ``block_size``
     prefix_cache_queries  ``vllm:prefix_cache_queries_total`` (tokens, cumulative)
     prefix_cache_hits     ``vllm:prefix_cache_hits_total`` (tokens, cumulative)
     preemptions           ``vllm:num_preemptions_total`` (cumulative)
@@ -151,6 +152,7 @@ def heartbeat_fields(
         "tokens_in_flight": min(max(tokens_in_flight, 0), MAX_COUNT),
         "kv_blocks_total": total,
         "kv_blocks_used": min(round(metrics.kv_usage * total), total),
+        "kv_block_tokens": min(size, MAX_COUNT),
         "prefix_cache_queries": min(metrics.prefix_cache_queries, MAX_TOTAL),
         "prefix_cache_hits": min(metrics.prefix_cache_hits, MAX_TOTAL),
         "preemptions": min(metrics.preemptions, MAX_TOTAL),

@@ -115,6 +115,7 @@ def test_heartbeat_fields_count_kv_in_512_token_blocks() -> None:
         "tokens_in_flight": 5_000,
         "kv_blocks_total": 16,
         "kv_blocks_used": 13,
+        "kv_block_tokens": 32,
         "prefix_cache_queries": 9300,
         "prefix_cache_hits": 672,
         "preemptions": 0,

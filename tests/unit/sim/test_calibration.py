@@ -206,6 +206,11 @@ def test_capacity_comes_from_the_heartbeats() -> None:
     assert limited.profile.max_seqs == 64
     above = calibrate(observations, replace(LLAMA, max_seqs=32), HeartbeatSummary(600, 64))
     assert above.profile.max_seqs == 64
+    assert seen.profile.kv_block_tokens == LLAMA.kv_block_tokens == 512  # the beats did not say
+    assert any(m.startswith("kv_block_tokens: the heartbeats do not carry") for m in seen.messages)
+    sized = calibrate(observations, LLAMA, HeartbeatSummary(600, 64, kv_block_tokens=32))
+    assert (sized.profile.kv_tokens, sized.profile.kv_block_tokens) == (600 * 512, 32)
+    assert not any(m.startswith("kv_block_tokens") for m in sized.messages)
 
 
 def test_an_unknown_engine_gets_a_prior_of_its_order_of_magnitude() -> None:
