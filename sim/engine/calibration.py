@@ -58,7 +58,9 @@ overlapping observations): such rows share the steps within, and those steps' no
 rows alone would make a term look better measured than it is.
 
 Residual error: the relative RMS of the rows' predictions against what was observed, TTFT and
-TPOT apart, at the fitted law (and at the prior's, for comparison). Engine noise, pre-emptions
+TPOT apart, at the fitted law (and at the prior's, for comparison). A fit whose residual error
+is well above the prior's (``FAILED_FIT``) has failed (the unknowns traded against each other
+on rows that cannot part them): the prior's law is kept, and the result says so. Engine noise, pre-emptions
 and requests that left before their first token are not rebuilt: they show as residual error.
 
 Capacity, from the heartbeats (``HeartbeatSummary``): ``kv_tokens`` = the largest
@@ -114,6 +116,10 @@ MIN_GROWTH_GAIN = 0.02
 """A finite L is kept when it lowers the residual sum of squares by at least this share."""
 MIN_ROWS = 10
 """Fewest TTFT rows, and TPOT rows, to fit anything."""
+FAILED_FIT = 1.5
+"""A fit whose residual error (TTFT + TPOT) exceeds the prior's by this factor failed: the
+prior's law is kept. Not 1: the fit weighs rows by their predicted length, the residual by the
+observed one, so a fit beside a prior that is the truth can come out a little above it."""
 SEAT_LIMIT_BEATS = 3
 WINDOW_FLOOR_S = 0.02
 """Rows weigh as relative errors of windows at least this long (module docstring)."""
@@ -173,8 +179,16 @@ def calibrate(
             f"more: too few to fit (at least {MIN_ROWS} each); the prior's law kept"
         )
     else:
+        first_rows = rows
         law, kept, reasons, rows = _settle(observations, start, budget, rows)
         messages += reasons
+        if _worse(_errors(rows, law), prior_errors):  # a failed fit: the prior describes it better
+            fitted = _errors(rows, law)
+            messages.append(
+                f"the fit's residual error (TTFT {_share(fitted[0])}, TPOT {_share(fitted[1])}) exceeds the "
+                f"prior's ({_share(prior_errors[0])}, {_share(prior_errors[1])}): the prior's law kept"
+            )
+            law, kept, rows = start, UNKNOWNS, first_rows
     errors = _errors(rows, law)
     messages += _capacity_messages(prior, heartbeats)
     values = dict(zip(TERMS, map(float, law.theta), strict=True))
@@ -483,6 +497,16 @@ def _nnls(gram: np.ndarray, moment: np.ndarray) -> np.ndarray:
                 best, best_gain = np.zeros(len(moment)), float(gain)
                 best[chosen] = coef
     return best
+
+
+def _worse(errors: tuple[float | None, float | None], than: tuple[float | None, float | None]) -> bool:
+    """Whether ``errors`` (TTFT, TPOT) sum to more than ``FAILED_FIT`` times ``than``'s (a
+    missing one counts 0)."""
+    return sum(e or 0.0 for e in errors) > FAILED_FIT * sum(e or 0.0 for e in than)
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 def _errors(rows: WindowRows, law: StepLaw) -> tuple[float | None, float | None]:

@@ -133,6 +133,23 @@ def test_too_few_attempts_keep_the_prior_and_say_so() -> None:
     assert fit.kept == UNKNOWNS and "too few to fit" in fit.messages[0]
 
 
+def test_a_fit_worse_than_its_prior_keeps_the_prior_and_says_so(
+    exact: Observations, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sim.engine.calibration as calibration
+
+    settle = calibration._settle
+
+    def astray(*args: Any) -> Any:  # a fit that went wrong: every term three times the truth
+        law, kept, reasons, rows = settle(*args)
+        return replace(law, theta=law.theta * 3), kept, reasons, rows
+
+    monkeypatch.setattr(calibration, "_settle", astray)
+    fit = calibrate(exact, LLAMA)
+    assert [getattr(fit.profile, term) for term in TERMS] == [getattr(LLAMA, term) for term in TERMS]
+    assert fit.kept == UNKNOWNS and any("exceeds the prior's" in m for m in fit.messages)
+
+
 def test_without_long_prompts_the_attention_term_keeps_the_prior() -> None:
     """Short prompts only, on an engine with step noise: b cannot be told from a, so it keeps
     the prior's value, and says why; the other terms are fitted."""
