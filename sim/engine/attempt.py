@@ -52,4 +52,3 @@ class Attempt:
     def target_tokens(self) -> int:
         """Tokens the engine will generate: the true length, capped by the client's budget."""
         return min(self.request.output_tokens, self.output_budget)
-
