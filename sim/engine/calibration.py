@@ -60,7 +60,8 @@ rows alone would make a term look better measured than it is.
 Residual error: the relative RMS of the rows' predictions against what was observed, TTFT and
 TPOT apart, at the fitted law (and at the prior's, for comparison). A fit whose residual error
 is well above the prior's (``FAILED_FIT``) has failed (the unknowns traded against each other
-on rows that cannot part them): the prior's law is kept, and the result says so. Engine noise, pre-emptions
+on rows that cannot part them): it is fitted again with the delay held at the prior's value,
+and if that fails too, the prior's law is kept; the result says so. Engine noise, pre-emptions
 and requests that left before their first token are not rebuilt: they show as residual error.
 
 Capacity, from the heartbeats (``HeartbeatSummary``): ``kv_tokens`` = the largest
@@ -181,6 +182,11 @@ def calibrate(
     else:
         first_rows = rows
         law, kept, reasons, rows = _settle(observations, start, budget, rows)
+        if _worse(_errors(rows, law), prior_errors):  # failed: fit again with the delay held
+            fitted = _errors(rows, law)
+            failed = f"(TTFT {_share(fitted[0])}, TPOT {_share(fitted[1])})"
+            law, kept, reasons, rows = _settle(observations, start, budget, first_rows, ("token_delay_s",))
+            reasons = [f"token_delay_s: the fit with it failed {failed}: kept the prior's", *reasons]
         messages += reasons
         if _worse(_errors(rows, law), prior_errors):  # a failed fit: the prior describes it better
             fitted = _errors(rows, law)
@@ -271,10 +277,11 @@ class _Fit:
 
 
 def _settle(
-    observations: Observations, prior: StepLaw, budget: int, rows: WindowRows
+    observations: Observations, prior: StepLaw, budget: int, rows: WindowRows, held: tuple[str, ...] = ()
 ) -> tuple[StepLaw, tuple[str, ...], list[str], WindowRows]:
     """The fit to rows rebuilt where the steps settle (module docstring): the law, the
-    unknowns kept, why, and its rows. ``rows``: those rebuilt with the prior."""
+    unknowns kept, why, and its rows. ``rows``: those rebuilt with the prior; ``held``: unknowns
+    kept at the prior's values throughout."""
     placed = prior
     decided: tuple[str, ...] | None = None  # the unknowns held once the rounds alternate
     rounds: list[tuple[str, ...]] = []  # the unknowns each round kept
@@ -282,7 +289,7 @@ def _settle(
     settled = False
     for _ in range(ITERATIONS + 1):
         expected = _expected(rows, prior)
-        fit = _fit(rows, prior, expected, decided or (), assess=decided is None)
+        fit = _fit(rows, prior, expected, decided or held, assess=decided is None)
         if decided is None and rounds and fit.kept != rounds[-1] and fit.kept in rounds:
             decided = fit.kept  # alternating: the choice made now stands
         why.update((reason.split(":", 1)[0], reason) for reason in fit.reasons)
@@ -293,7 +300,7 @@ def _settle(
             break
         placed = moved
         rows = window_rows(observations, placed, budget)
-    messages = [*fit.notes, *(why[name] for name in fit.kept)]
+    messages = [*fit.notes, *(why[name] for name in fit.kept if name in why)]
     if not settled:
         messages.append(f"the steps' placement did not settle in {ITERATIONS} rounds")
     return fit.law, fit.kept, messages, rows

@@ -217,7 +217,7 @@ def test_the_metrics_read_back_into_the_heartbeat_they_came_from() -> None:
     beat = Heartbeat(
         instance_id="emulated", dc="local", model=MODEL, model_version="1", waiting=3, running=7,
         tokens_in_flight=9000, kv_blocks_used=205, kv_blocks_total=820, prefix_cache_queries=12_100,
-        prefix_cache_hits=4096, preemptions=2,
+        prefix_cache_hits=4096, preemptions=2, kv_block_tokens=512,
     )  # fmt: skip
     metrics = parse_metrics(render(beat, MODEL).decode(), MODEL)
     assert (metrics.running, metrics.waiting, metrics.preemptions) == (7, 3, 2)
