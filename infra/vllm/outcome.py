@@ -24,14 +24,17 @@ from schemas.events import (
 Status = Literal["ok", "timeout", "aborted", "error"]
 
 
-def first_token(decision: RoutingDecision, now: float) -> ResponseStarted:
+def first_token(decision: RoutingDecision, now: float, prefill_leg: bool = False) -> ResponseStarted:
+    """``decision``'s first token at ``now`` (wall seconds), ``ttft_s`` = ``now`` - the request's
+    ``ts``; with ``prefill_leg`` the end of its prefill leg on its prefill instance instead."""
     return ResponseStarted(
         ts=now,
         request_id=decision.request_id,
         attempt=decision.attempt,
-        instance_id=decision.instance_id,
+        instance_id=decision.prefill_instance_id if prefill_leg else decision.instance_id,
         model=decision.model,
         ttft_s=duration(now - decision.request.ts),
+        prefill_leg=prefill_leg,
     )
 
 

@@ -57,7 +57,7 @@ import aiohttp
 
 from infra.errors import first_line
 from infra.vllm.openai_http import Generation, stream_generation
-from infra.vllm.outcome import duration
+from infra.vllm.outcome import first_token
 from schemas.events import ResponseStarted, RoutingDecision
 
 PREFILL_KV_TRANSFER_PARAMS: Mapping[str, Any] = {
@@ -100,15 +100,7 @@ class PrefillDecode:
 def prefill_done(decision: RoutingDecision, now: float) -> ResponseStarted:
     """The end of ``decision``'s prefill leg at ``now`` (wall seconds), on its prefill instance:
     ``prefill_leg`` set, ``ttft_s`` = ``now`` - the request's ``ts`` (as a first token's)."""
-    return ResponseStarted(
-        ts=now,
-        request_id=decision.request_id,
-        attempt=decision.attempt,
-        instance_id=decision.prefill_instance_id,
-        model=decision.model,
-        ttft_s=duration(now - decision.request.ts),
-        prefill_leg=True,
-    )
+    return first_token(decision, now, prefill_leg=True)
 
 
 def prefill_call(body: Mapping[str, Any]) -> dict[str, Any]:
