@@ -42,19 +42,19 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from gateway.auth import add_key, key_hash, load_keys
 from infra.files import write_atomic
 from infra.kafka.broker import free_port, tansu_command, tansu_env
 from infra.settings import Settings
 from infra.vllm.inventory import InstanceEntry, Inventory, ModelEntry, dump_inventory, load_inventory
+from local.ports import client_host, gateway_port_for, port_or_free
+from local.report import store_shown
 from local.scaling import ENGINES_FILE, FLEET_FILE, Scaling, fleet_yaml, write_engines
 from local.state import INVENTORY_FILE, KEY_FILE, KEYS_FILE, MARKER_ENV
 from worker.ready import ready_file
@@ -174,7 +174,7 @@ def make_plan(options: UpOptions, settings: Settings) -> Plan:
     directory.mkdir(parents=True, exist_ok=True)
     parts: list[PartSpec] = []
     # Checked first: nothing is built (a model, scratch directories) for a start that cannot work.
-    gateway_port = _gateway_port(options.host, options.port)
+    gateway_port = gateway_port_for(options.host, options.port)
     bootstrap = settings.kafka_bootstrap
     if not bootstrap:
         port = free_port()
@@ -208,7 +208,7 @@ def make_plan(options: UpOptions, settings: Settings) -> Plan:
         )
         dispatcher_inventory = Path(scaling.engines_file)
     pools = sorted({i.model for i in inventory.instances})
-    worker_port = _port_or_free(settings.worker_web_port)
+    worker_port = port_or_free(settings.worker_web_port)
     worker_env = {
         "TOKENFLEET_WORKER_WEB_PORT": str(worker_port),
         "TOKENFLEET_DATA_DIR": str(settings.data_dir.resolve()),
@@ -219,7 +219,7 @@ def make_plan(options: UpOptions, settings: Settings) -> Plan:
     worker_env.update(links)
     policy = stack_policy(options, settings)
     broker_parts = [p.name for p in parts if p.kind == "broker"]
-    probe_host = _local(settings.http_host)
+    probe_host = client_host(settings.http_host)
     parts.append(
         PartSpec(
             "worker",
@@ -234,7 +234,7 @@ def make_plan(options: UpOptions, settings: Settings) -> Plan:
             restarts_file=str(ready_file(settings.data_dir.resolve(), settings.app_id)),
         )
     )
-    dispatcher_port = _port_or_free(settings.dispatcher_web_port)
+    dispatcher_port = port_or_free(settings.dispatcher_web_port)
     parts.append(
         PartSpec(
             "dispatcher",
@@ -252,7 +252,7 @@ def make_plan(options: UpOptions, settings: Settings) -> Plan:
         planner = _planner(options, directory, scaling, cli, probe_host, settings)
         planner.env.update(links)
         parts.append(planner)
-    gateway_url = f"http://{_local(options.host)}:{gateway_port}/v1"
+    gateway_url = f"http://{client_host(options.host)}:{gateway_port}/v1"
     # Several gateway processes share the port (SO_REUSEPORT): one that dies, and the seconds
     # until the supervisor has started it again, cost only the calls it held; each one's probes
     # are on a port of its own, since a probe of the shared port reaches either.
@@ -275,7 +275,7 @@ def make_plan(options: UpOptions, settings: Settings) -> Plan:
                 ],
                 str(directory / f"{name}.log"),
                 gateway_url,
-                f"http://{_local(options.host)}:{probe_port}/ready",
+                f"http://{client_host(options.host)}:{probe_port}/ready",
                 env={
                     "TOKENFLEET_API_KEYS": str(directory / KEYS_FILE),
                     "TOKENFLEET_TRUST_TENANT_HEADER": "false",
@@ -298,7 +298,7 @@ def make_plan(options: UpOptions, settings: Settings) -> Plan:
         gateway_url=gateway_url,
         model=pools[0],
         api_key_file=str(local_key(directory, settings)),
-        clickhouse=_clickhouse(settings),
+        clickhouse=store_shown(settings),
         data_dir=str(settings.data_dir.resolve()),
         timeout_s=options.timeout_s,
         engines=engines,
@@ -404,7 +404,7 @@ def _planner(
         argv += ["--interval", f"{options.planner_interval_s:g}"]
     for param in options.planner_params:
         argv += ["--param", param]
-    port = _port_or_free(settings.planner_web_port)
+    port = port_or_free(settings.planner_web_port)
     return PartSpec(
         "planner",
         "planner",
@@ -588,42 +588,3 @@ def local_key(directory: Path, settings: Settings) -> Path:
     key = add_key(keys_path, LOCAL_TENANT, classes, "tokenfleet up", known_classes=classes)
     write_atomic(key_path, key + "\n", mode=0o600)
     return key_path
-
-
-def _local(host: str) -> str:
-    """The address a client on this machine uses for a server listening on ``host``."""
-    return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
-
-
-def _free(host: str, port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is free
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def _port_or_free(port: int) -> int:
-    """``port`` if it is free here, else any free port (another stack, or a worker, may hold it)."""
-    return port if port and _free("127.0.0.1", port) else free_port()
-
-
-def _gateway_port(host: str, port: int) -> int:
-    if port == 0:
-        return free_port()
-    if not _free(host, port):
-        raise ValueError(f"port {port} is in use on {host}: pass --port N (0: any free port)")
-    return port
-
-
-def _clickhouse(settings: Settings) -> str:
-    """The worker's store as the table shows it (a server URL without its password)."""
-    if not settings.clickhouse_dsn:
-        return f"embedded: {(settings.data_dir / 'clickhouse').resolve()}"
-    parts = urlsplit(settings.clickhouse_dsn)
-    if parts.password:
-        netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return settings.clickhouse_dsn

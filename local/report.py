@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from infra.settings import Settings
 from local.state import StackState
 
 
@@ -75,3 +77,14 @@ def show(state: StackState, now: dict[str, str] | None = None) -> None:
         print(f"\nAPI key (tenant local, every SLO class; kept in {state.api_key_file}):\n{key}")
     print("\n" + snippet(state), end="")
     print(f"\nstop it: tokenfleet down --dir {state.dir}", flush=True)
+
+
+def store_shown(settings: Settings) -> str:
+    """The worker's store as the table shows it (a server URL without its password)."""
+    if not settings.clickhouse_dsn:
+        return f"embedded: {(settings.data_dir / 'clickhouse').resolve()}"
+    parts = urlsplit(settings.clickhouse_dsn)
+    if parts.password:
+        netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return settings.clickhouse_dsn
