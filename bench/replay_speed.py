@@ -1,0 +1,483 @@
+"""The replay's speed: export and calibrate of a one-hour run, and a replay beside ``simulate``.
+
+``python -m bench.replay_speed [--requests 100000] [--duration-s 3600] [--instances 16]
+[--seed 0] [--store DIR] [--json J]``
+
+1. Setup (timed apart, not part of the target). The run is a real simulator run, not random
+   rows: the synthetic mix (``sim/workloads/synthetic.py``, seeded by ``--seed``; without its
+   long documents, ``SHARE_DOC_QA``) drawn at ``OVERDRAW`` times the rate ``--requests`` /
+   ``--duration-s`` (faster if that holds too few), its first ``--requests`` requests kept and
+   their arrivals stretched over ``--duration-s``, served under ``round-robin`` by
+   ``--instances`` instances of one model whose engines follow the perturbed law
+   (``llama3-8b-h100-perturbed``: attention growth, step-time noise) and whose heartbeats name
+   the profile ``vllm``, as a real engine's do (no built-in profile: the calibration starts from
+   a rescaled prior, as it does on real engines). Every attempt of that run is then written into
+   a fresh embedded store through the feedback sink, with a run id, as the worker and the
+   dispatcher would have published it: the request (its prompt's block-hash chain), its
+   admission decision (``admit`` when it reached an instance, else ``reject``), its routing
+   decision, its completion (status, TTFT, TPOT, E2E, cached and output tokens) and, per
+   instance, a heartbeat every ``BEAT_S`` (running, waiting, tokens in flight, KV blocks used:
+   the prompt and the output so far of the requests it ran). The write is timed (``store
+   write``).
+2. Timed, each as the user runs it: ``tokenfleet`` in its own process (``python -m cli.main``,
+   its start-up included; the embedded store admits one process at a time), on the store:
+   ``replay export --run RUN --out DIR``, ``replay calibrate --run RUN --out
+   DIR/profiles.yaml``, then ``simulate --workload DIR/workload.jsonl --fleet DIR/fleet.yaml
+   --profiles DIR/profiles.yaml --policy round-robin`` (the exported workload on the calibrated
+   fleet) and ``replay --run RUN --policy round-robin`` (the policy that ran: one simulation,
+   after reading and calibrating the run itself). The start-up every command pays (``tokenfleet
+   --help``: the interpreter and the command line) is timed too, for reference.
+
+Target (issue 51): export + calibrate under ``TARGET_S`` seconds at 100 000 requests in an
+hour; the replay as fast as ``simulate`` (``replay_over_simulate`` near 1).
+
+Prints the table to stdout, progress to stderr; ``--json`` writes ``requests`` (written to the
+store), ``exported_requests`` (records of the exported workload), ``export_s``,
+``calibrate_s``, ``export_calibrate_s``, ``simulate_s``, ``replay_s``,
+``replay_over_simulate``, ``target_met`` and the setup's and start-up's times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, NoReturn
+
+import numpy as np
+from clickhouse_connect.driver.client import Client
+
+from agents.policy.common.slo import DEFAULT_SLO_CLASSES
+from agents.policy.types import BLOCK_TOKENS
+from infra.clickhouse import FeedbackSink, connect, migrate
+from schemas.events import AdmissionDecision, Completion, Heartbeat, InferenceRequest, RoutingDecision
+from sim.engine.attempt import Attempt
+from sim.engine.fleet import FleetSpec, InstanceSpec
+from sim.engine.profiles import PROFILES
+from sim.loop.config import SimConfig
+from sim.loop.lifecycle import Measures, deadline_at
+from sim.loop.results import RunResult
+from sim.loop.runner import simulate
+from sim.workloads.synthetic import SyntheticMix
+from sim.workloads.trace import Workload, load_records
+
+PROG = "python -m bench.replay_speed"
+TARGET_S = 60.0
+"""Issue 51's bound on export + calibrate (seconds)."""
+RUN = "replay-speed"
+POLICY = "round-robin"
+MODEL = "llama3-8b"
+DC = "dc-a"
+ENGINE = replace(PROFILES["llama3-8b-h100-perturbed"], name="vllm")
+"""The stored run's engines: the perturbed law, named as a real engine's heartbeats name it."""
+SHARE_DOC_QA = 0.0
+"""The mix without its long-document questions: chat sessions, API calls and batch jobs, a load
+that the default ``--instances`` serve at the default rate within their objectives (with its
+32k-80k-token documents the fleet saturates: a run of queues and client time-outs)."""
+OVERDRAW = 1.1
+DRAWS = 4
+"""The mix is drawn at this many times the rate asked, so that it holds ``--requests``; drawn
+again, faster, up to ``DRAWS`` times in all if it does not."""
+BEAT_S = 1.0
+"""Heartbeat interval of the stored run (seconds)."""
+BATCH = 20_000
+"""Events per sink write (each write first asks the store which of them it holds)."""
+
+
+@dataclass(frozen=True)
+class SpeedOptions:
+    requests: int = 100_000
+    duration_s: float = 3600.0
+    instances: int = 16
+    seed: int = 0
+    store: Path | None = None
+    """Where the store, the exported files and the commands' logs go (None: a temporary
+    directory, removed)."""
+
+    def check(self) -> None:
+        """``ValueError`` (one line) for an option out of range."""
+        if self.requests < 1:
+            raise ValueError(f"--requests must be at least 1, got {self.requests}")
+        if not (math.isfinite(self.duration_s) and self.duration_s > 0):
+            raise ValueError(f"--duration-s must be a finite number of seconds > 0, got {self.duration_s}")
+        if self.instances < 1:
+            raise ValueError(f"--instances must be at least 1, got {self.instances}")
+        if self.seed < 0:
+            raise ValueError(f"--seed must be >= 0, got {self.seed}")
+        if self.store is not None and self.store.exists() and any(self.store.iterdir()):
+            raise ValueError(f"--store {self.store} is not empty: give a new or empty directory")
+
+
+def run_bench(options: SpeedOptions) -> dict[str, Any]:
+    """Steps 1 and 2 of the module docstring; the JSON document."""
+    options.check()
+    with contextlib.ExitStack() as stack:
+        data = options.store or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-speed-")))
+        data = data.resolve()
+        data.mkdir(parents=True, exist_ok=True)
+        return _run(options, data)
+    raise AssertionError("unreachable")
+
+
+def _run(options: SpeedOptions, data: Path) -> dict[str, Any]:
+    store_url = f"chdb:///{data / 'clickhouse'}"
+    out = data / "replay"
+    started = time.perf_counter()
+    workload = speed_workload(options)
+    fleet = speed_fleet(options.instances)
+    _note(f"simulating the run: {len(workload.requests)} requests on {options.instances} instances")
+    result = simulate(workload, fleet, POLICY, SimConfig(seed=options.seed))
+    setup_run_s = time.perf_counter() - started
+    _note(f"writing the run into the store ({setup_run_s:.1f} s to simulate it)")
+    started = time.perf_counter()
+    with connect(store_url) as client:  # closed before the commands open the store
+        migrate(client)
+        written = store_run(client, result, fleet, origin=float(int(time.time()) - options.duration_s - 600))
+    store_write_s = time.perf_counter() - started
+    _note(f"stored {written} requests in {store_write_s:.1f} s; timing the commands")
+
+    startup_s = tokenfleet(["--help"], store_url, data / "startup.log")
+    export_s = tokenfleet(
+        ["replay", "export", "--run", RUN, "--out", str(out)], store_url, data / "export.log"
+    )
+    profiles = out / "profiles.yaml"
+    calibrate_s = tokenfleet(
+        ["replay", "calibrate", "--run", RUN, "--out", str(profiles)], store_url, data / "calibrate.log"
+    )
+    same = ["--policy", POLICY, "--seed", str(options.seed)]
+    simulate_s = tokenfleet(
+        ["simulate", "--workload", str(out / "workload.jsonl"), "--fleet", str(out / "fleet.yaml"),
+         "--profiles", str(profiles), *same, "--quiet", "--json", str(data / "simulate.json")],
+        store_url, data / "simulate.log",
+    )  # fmt: skip
+    replay_s = tokenfleet(
+        ["replay", "--run", RUN, *same, "--json", str(data / "replay.json")], store_url, data / "replay.log"
+    )
+    with (out / "workload.jsonl").open() as lines:
+        exported = sum(1 for _ in lines)
+    export_calibrate_s = export_s + calibrate_s
+    return {
+        "requests": written,
+        "exported_requests": exported,
+        "duration_s": options.duration_s,
+        "instances": options.instances,
+        "seed": options.seed,
+        "setup_run_s": round(setup_run_s, 2),
+        "store_write_s": round(store_write_s, 2),
+        "startup_s": round(startup_s, 2),
+        "export_s": round(export_s, 2),
+        "calibrate_s": round(calibrate_s, 2),
+        "export_calibrate_s": round(export_calibrate_s, 2),
+        "target_s": TARGET_S,
+        "simulate_s": round(simulate_s, 2),
+        "replay_s": round(replay_s, 2),
+        "replay_over_simulate": round(replay_s / simulate_s, 3),
+        "target_met": export_calibrate_s < TARGET_S,
+        "same_result": _same_result(data / "simulate.json", data / "replay.json"),
+    }
+
+
+def _same_result(simulated: Path, replayed: Path) -> bool:
+    """Whether the replay predicted what ``simulate`` of its export did (goodput and TTFT
+    percentiles of ``POLICY``): the two timed the same simulation."""
+    sim = json.loads(simulated.read_text())["results"][POLICY]
+    rep = json.loads(replayed.read_text())["results"][POLICY]
+    keys = ("goodput_tokens_per_s", "ttft_p50_s", "ttft_p95_s")
+    return all(sim.get(k) == rep.get(k) for k in keys)
+
+
+# -- the stored run ------------------------------------------------------------------------------
+
+
+def speed_workload(options: SpeedOptions) -> Workload:
+    """The synthetic mix's first ``options.requests`` requests over ``options.duration_s``
+    (module docstring); ``ValueError`` if the draw holds fewer."""
+    rate = options.requests / options.duration_s
+    records: list[dict[str, Any]] = []
+    for _ in range(DRAWS):  # the mix's rate is its sessions' and jobs', not exactly its requests'
+        rate *= OVERDRAW * options.requests / max(len(records), options.requests)
+        mix = SyntheticMix(options.duration_s, rate, options.seed, share_doc_qa=SHARE_DOC_QA)
+        records = mix.generate()
+        if len(records) >= options.requests:
+            break
+    else:
+        raise ValueError(f"the mix drew {len(records)} requests, fewer than --requests {options.requests}")
+    kept = records[: options.requests]
+    last_ms = kept[-1]["timestamp"]
+    stretch = options.duration_s * 1000 / last_ms if last_ms > 0 else 1.0
+    for record in kept:
+        record["timestamp"] = round(record["timestamp"] * stretch)
+    return load_records(kept, f"synthetic x{options.requests}")
+
+
+def speed_fleet(instances: int) -> FleetSpec:
+    """``instances`` engines of ``MODEL`` in one data centre, on ``ENGINE``."""
+    specs = tuple(InstanceSpec(f"{DC}/i{k:03d}", DC, MODEL, "1", ENGINE) for k in range(instances))
+    return FleetSpec(f"{instances}x{ENGINE.name}", specs)
+
+
+def store_run(client: Client, result: RunResult, fleet: FleetSpec, origin: float) -> int:
+    """Write ``result`` (simulated on ``fleet``) as run ``RUN`` of policy ``result.policy``, its
+    simulated seconds placed on the wall clock from ``origin``; returns the requests written
+    (distinct request ids)."""
+    sink = FeedbackSink(
+        client,
+        DEFAULT_SLO_CLASSES,
+        retry_for_s=5.0,
+        run_id=RUN,
+        run_policy=result.policy,
+        heartbeat_interval_s=BEAT_S,
+    )
+    attempts = result.attempts
+    requests = [request_event(a, origin) for a in attempts]
+    placed = [(a, r) for a, r in zip(attempts, requests, strict=True) if a.instance is not None]
+    _write(sink.write_requests, requests)
+    _write(
+        sink.write_admission,
+        [admission_event(a, r, result.policy) for a, r in zip(attempts, requests, strict=True)],
+    )
+    _write(sink.write_routing, [routing_event(a, r, result.policy) for a, r in placed])
+    _write(sink.write_completions, [completion_event(a, r) for a, r in placed if a.end_s is not None])
+    end_s = max((a.end_s for a, _ in placed if a.end_s is not None), default=0.0)
+    _write(sink.write_heartbeats, heartbeats([a for a, _ in placed], fleet, origin, end_s))
+    return len({a.request.request_id for a in attempts})
+
+
+def _write(write: Any, events: Sequence[Any]) -> None:
+    for lo in range(0, len(events), BATCH):
+        write(events[lo : lo + BATCH])
+
+
+def request_event(attempt: Attempt, origin: float) -> InferenceRequest:
+    request = attempt.request
+    deadline = deadline_at(request)
+    return InferenceRequest(
+        ts=origin + attempt.arrival_s,
+        request_id=request.request_id,
+        attempt=attempt.attempt,
+        tenant=request.tenant,
+        model=request.model or MODEL,
+        task_type=request.task_type,
+        input_tokens=request.input_tokens,
+        output_budget=attempt.output_budget,
+        slo_class=request.slo_class,
+        deadline_ts=None if deadline is None else origin + deadline,
+        prompt_block_hashes=request.block_hashes[: request.input_tokens // BLOCK_TOKENS],
+    )
+
+
+def admission_event(attempt: Attempt, request: InferenceRequest, policy: str) -> AdmissionDecision:
+    """``admit`` for an attempt that reached an instance, else ``reject``; decided on arrival."""
+    return AdmissionDecision(
+        ts=request.ts,
+        request_id=request.request_id,
+        attempt=request.attempt,
+        tenant=request.tenant,
+        model=request.model,
+        slo_class=attempt.request.slo_class,
+        action="admit" if attempt.instance is not None else "reject",
+        policy=policy,
+        input_tokens=request.input_tokens,
+    )
+
+
+def routing_event(attempt: Attempt, request: InferenceRequest, policy: str) -> RoutingDecision:
+    assert attempt.instance is not None
+    spec = attempt.instance.spec
+    sent = attempt.sent_s if attempt.sent_s is not None else attempt.arrival_s
+    return RoutingDecision(
+        ts=request.ts + (sent - attempt.arrival_s),
+        request_id=request.request_id,
+        attempt=request.attempt,
+        tenant=request.tenant,
+        model=request.model,
+        slo_class=attempt.request.slo_class,
+        dc=spec.dc,
+        instance_id=spec.instance_id,
+        policy=policy,
+        decision_latency_s=0.0,
+        request=request,
+    )
+
+
+def completion_event(attempt: Attempt, request: InferenceRequest) -> Completion:
+    assert attempt.instance is not None and attempt.end_s is not None
+    measures = Measures.of(attempt)
+    return Completion(
+        ts=request.ts + (attempt.end_s - attempt.arrival_s),
+        request_id=request.request_id,
+        attempt=request.attempt,
+        instance_id=attempt.instance.spec.instance_id,
+        model=request.model,
+        tenant=request.tenant,
+        slo_class=attempt.request.slo_class,
+        status=measures.status,
+        arrival_ts=request.ts,
+        ttft_s=measures.ttft_s,
+        tpot_s=measures.tpot_s,
+        e2e_s=measures.e2e_s,
+        input_tokens=request.input_tokens,
+        cached_tokens=attempt.cached_tokens,
+        output_tokens=attempt.generated,
+        deadline_ts=request.deadline_ts,
+    )
+
+
+def heartbeats(placed: Sequence[Attempt], fleet: FleetSpec, origin: float, end_s: float) -> list[Heartbeat]:
+    """A beat every ``BEAT_S`` per instance from 0 to ``end_s``: the attempts it was running
+    (scheduled, not ended), those waiting (sent, not yet scheduled), and the tokens they hold
+    (``_held``): ``tokens_in_flight`` over both, ``kv_blocks_used`` (512-token blocks, rounded
+    up) over those running."""
+    times = np.arange(math.ceil(end_s / BEAT_S) + 1) * BEAT_S
+    by_instance: dict[str, list[Attempt]] = {spec.instance_id: [] for spec in fleet.instances}
+    for attempt in placed:
+        assert attempt.instance is not None
+        by_instance[attempt.instance.spec.instance_id].append(attempt)
+    beats = []
+    for spec in fleet.instances:
+        mine = by_instance[spec.instance_id]
+        total = spec.profile.kv_tokens // BLOCK_TOKENS
+        running, in_kv = _held(times, mine, lambda a: a.admitted_s)
+        queued, in_flight = _held(times, mine, lambda a: a.sent_s)
+        for k, t in enumerate(times):
+            beats.append(
+                Heartbeat(
+                    ts=origin + float(t),
+                    instance_id=spec.instance_id,
+                    dc=spec.dc,
+                    model=spec.model,
+                    model_version=spec.version,
+                    profile=spec.profile.name,
+                    waiting=int(queued[k] - running[k]),
+                    running=int(running[k]),
+                    tokens_in_flight=int(in_flight[k]),
+                    kv_blocks_used=min(total, math.ceil(in_kv[k] / BLOCK_TOKENS)),
+                    kv_blocks_total=total,
+                    gpus=spec.profile.gpus,
+                    price_per_hour=spec.price,
+                    kv_block_tokens=spec.profile.kv_block_tokens,
+                )
+            )
+    return beats
+
+
+def _held(times: np.ndarray, attempts: Sequence[Attempt], since: Any) -> tuple[np.ndarray, np.ndarray]:
+    """At each time of ``times``: how many ``attempts`` had begun (``since(a)``, None: never)
+    and not ended, and the tokens they held: the prompt, and the output so far, made evenly
+    from the first token to the end."""
+    begun = np.array([np.nan if since(a) is None else since(a) for a in attempts], dtype=float)
+    end = np.array([np.inf if a.end_s is None else a.end_s for a in attempts], dtype=float)
+    first = np.array([np.nan if a.first_token_s is None else a.first_token_s for a in attempts], dtype=float)
+    prompt = np.array([a.request.input_tokens for a in attempts], dtype=float)
+    made = np.array([a.generated for a in attempts], dtype=float)
+    count, tokens = np.zeros(len(times)), np.zeros(len(times))
+    chunk = 256  # beats at a time, against the attempts alive in their span only
+    for lo in range(0, len(times), chunk):
+        t = times[lo : lo + chunk]
+        alive = (begun <= t[-1]) & (end > t[0])
+        b, e, f = begun[alive], end[alive], first[alive]
+        inside = (b <= t[:, None]) & (t[:, None] < e)
+        progress = np.clip((t[:, None] - f) / np.maximum(e - f, 1e-9), 0.0, 1.0)
+        held = prompt[alive] + made[alive] * np.nan_to_num(progress)
+        count[lo : lo + chunk] = inside.sum(axis=1)
+        tokens[lo : lo + chunk] = np.where(inside, held, 0.0).sum(axis=1)
+    return count, tokens
+
+
+# -- the commands --------------------------------------------------------------------------------
+
+
+def tokenfleet(args: Sequence[str], store_url: str, log: Path) -> float:
+    """The wall time (s) of ``tokenfleet ARGS`` in its own process on the store at
+    ``store_url``, its output appended to ``log``; ``RuntimeError`` if it fails."""
+    env = {**os.environ, "TOKENFLEET_CLICKHOUSE_DSN": store_url}
+    with log.open("a") as out:
+        started = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-m", "cli.main", *args], env=env, stdout=out, stderr=out, check=False
+        )
+        wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"tokenfleet {' '.join(args)} exited {done.returncode} (see {log})")
+    _note(f"tokenfleet {' '.join(args[:2])}: {wall:.1f} s")
+    return wall
+
+
+# -- what it prints ------------------------------------------------------------------------------
+
+
+def report_lines(document: dict[str, Any]) -> list[str]:
+    """The table of the module docstring, and the start-up's time beneath it."""
+    target = f"export+calibrate (target {document['target_s']:.0f} s)"
+    met = "met" if document["target_met"] else "MISSED"
+    rows = [
+        ("store write (setup)", f"{document['store_write_s']:.1f} s", ""),
+        ("export", f"{document['export_s']:.1f} s", ""),
+        ("calibrate", f"{document['calibrate_s']:.1f} s", ""),
+        (target, f"{document['export_calibrate_s']:.1f} s", met),
+        ("simulate", f"{document['simulate_s']:.1f} s", ""),
+        ("replay", f"{document['replay_s']:.1f} s", ""),
+        ("replay/simulate", f"{document['replay_over_simulate']:.2f}", ""),
+    ]
+    width = max(len(r[0]) for r in rows)
+    value = max(len(r[1]) for r in rows)
+    head = (
+        f"bench.replay_speed: {document['requests']} requests over {document['duration_s']:.0f} s on "
+        f"{document['instances']} instances (exported {document['exported_requests']}); each command "
+        "in its own process"
+    )
+    lines = ["", head, *(f"  {n.ljust(width)}  {v.rjust(value)}  {m}".rstrip() for n, v, m in rows)]
+    lines.append(
+        f"  (tokenfleet --help, the start-up every command pays: {document['startup_s']:.1f} s; the run "
+        f"simulated for the store in {document['setup_run_s']:.1f} s; replay and simulate agree: "
+        f"{'yes' if document['same_result'] else 'NO'})"
+    )
+    return lines
+
+
+def _note(text: str) -> None:
+    print(f"bench.replay_speed: {text}", file=sys.stderr, flush=True)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, its errors on one line (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _Parser(prog=PROG, description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=100_000, metavar="N", help="requests in the run")
+    parser.add_argument("--duration-s", type=float, default=3600.0, metavar="S", help="the run's length")
+    parser.add_argument("--instances", type=int, default=16, metavar="N", help="engines that served it")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--store", type=Path, default=None, metavar="DIR", help="keep the store, files, logs here"
+    )
+    parser.add_argument("--json", type=str, default=None, metavar="J")
+    args = parser.parse_args(argv)
+    options = SpeedOptions(args.requests, args.duration_s, args.instances, args.seed, args.store)
+    try:
+        options.check()
+    except ValueError as exc:
+        parser.error(str(exc))
+    document = run_bench(options)
+    print("\n".join(report_lines(document)))
+    if args.json:
+        Path(args.json).write_text(json.dumps(document, indent=2) + "\n")
+        _note(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
