@@ -171,7 +171,8 @@ async def load(gateway_url: str, duration_s: float, concurrency: int, seed: int)
 
 
 def _system_prompt(rng: random.Random, user: int) -> str:
-    """A user's own long system prompt (~1 000 tokens): what makes routing by cache pay."""
+    """A user's own long system prompt (90 rules of six words: several 512-token blocks with the
+    demo's tokenizer): what makes routing by cache pay."""
     words = ["ledger", "harbour", "quartz", "meadow", "lantern", "cipher", "orchard", "falcon", "mosaic"]
     rules = " ".join(f"rule {i}: {' '.join(rng.choice(words) for _ in range(6))}." for i in range(90))
     return f"You are assistant number {user}. {rules}"
