@@ -1,4 +1,5 @@
-"""The replay's speed: export and calibrate of a one-hour run, and a replay beside ``simulate``.
+"""The replay's speed: export and calibrate of a one-hour run, and a replay beside ``simulate``,
+with and without the profiles ``calibrate`` wrote.
 
 ``python -m bench.replay_speed [--requests 100000] [--duration-s 3600] [--instances 16]
 [--seed 0] [--store DIR] [--json J]``
@@ -24,17 +25,22 @@
    ``replay export --run RUN --out DIR``, ``replay calibrate --run RUN --out
    DIR/profiles.yaml``, then ``simulate --workload DIR/workload.jsonl --fleet DIR/fleet.yaml
    --profiles DIR/profiles.yaml --policy round-robin`` (the exported workload on the calibrated
-   fleet) and ``replay --run RUN --policy round-robin`` (the policy that ran: one simulation,
-   after reading and calibrating the run itself). The start-up every command pays (``tokenfleet
-   --help``: the interpreter and the command line) is timed too, for reference.
+   fleet), ``replay --run RUN --policy round-robin`` (the policy that ran: one simulation, after
+   reading and calibrating the run itself) and ``replay --run RUN --profiles DIR/profiles.yaml
+   --policy round-robin`` (the same, on the profiles calibrate wrote: the run read, not fitted
+   again). The start-up every command pays (``tokenfleet --help``: the interpreter and the
+   command line) is timed too, for reference.
 
 Target (issue 51): export + calibrate under ``TARGET_S`` seconds at 100 000 requests in an
-hour; the replay as fast as ``simulate`` (``replay_over_simulate`` near 1).
+hour; the replay as fast as ``simulate`` (``replay_over_simulate`` near 1; with the profiles
+given, ``replay_with_profiles_over_simulate``).
 
 Prints the table to stdout, progress to stderr; ``--json`` writes ``requests`` (written to the
 store), ``exported_requests`` (records of the exported workload), ``export_s``,
 ``calibrate_s``, ``export_calibrate_s``, ``simulate_s``, ``replay_s``,
-``replay_over_simulate``, ``target_met`` and the setup's and start-up's times.
+``replay_over_simulate``, ``replay_with_profiles_s``, ``replay_with_profiles_over_simulate``,
+``target_met``, ``same_result`` (both replays predicted what ``simulate`` did) and the setup's
+and start-up's times.
 """
 
 from __future__ import annotations
@@ -162,6 +168,11 @@ def _run(options: SpeedOptions, data: Path) -> dict[str, Any]:
     replay_s = tokenfleet(
         ["replay", "--run", RUN, *same, "--json", str(data / "replay.json")], store_url, data / "replay.log"
     )
+    replay_with_profiles_s = tokenfleet(
+        ["replay", "--run", RUN, "--profiles", str(profiles), *same,
+         "--json", str(data / "replay-profiles.json")],
+        store_url, data / "replay-profiles.log",
+    )  # fmt: skip
     with (out / "workload.jsonl").open() as lines:
         exported = sum(1 for _ in lines)
     export_calibrate_s = export_s + calibrate_s
@@ -181,18 +192,25 @@ def _run(options: SpeedOptions, data: Path) -> dict[str, Any]:
         "simulate_s": round(simulate_s, 2),
         "replay_s": round(replay_s, 2),
         "replay_over_simulate": round(replay_s / simulate_s, 3),
+        "replay_with_profiles_s": round(replay_with_profiles_s, 2),
+        "replay_with_profiles_over_simulate": round(replay_with_profiles_s / simulate_s, 3),
         "target_met": export_calibrate_s < TARGET_S,
-        "same_result": _same_result(data / "simulate.json", data / "replay.json"),
+        "same_result": _same_result(
+            data / "simulate.json", data / "replay.json", data / "replay-profiles.json"
+        ),
     }
 
 
-def _same_result(simulated: Path, replayed: Path) -> bool:
-    """Whether the replay predicted what ``simulate`` of its export did (goodput and TTFT
-    percentiles of ``POLICY``): the two timed the same simulation."""
+def _same_result(simulated: Path, *replayed: Path) -> bool:
+    """Whether each replay predicted what ``simulate`` of its export did (goodput and TTFT
+    percentiles of ``POLICY``): they timed the same simulation."""
     sim = json.loads(simulated.read_text())["results"][POLICY]
-    rep = json.loads(replayed.read_text())["results"][POLICY]
     keys = ("goodput_tokens_per_s", "ttft_p50_s", "ttft_p95_s")
-    return all(sim.get(k) == rep.get(k) for k in keys)
+    for path in replayed:
+        rep = json.loads(path.read_text())["results"][POLICY]
+        if any(sim.get(k) != rep.get(k) for k in keys):
+            return False
+    return True
 
 
 # -- the stored run ------------------------------------------------------------------------------
@@ -427,6 +445,8 @@ def report_lines(document: dict[str, Any]) -> list[str]:
         ("simulate", f"{document['simulate_s']:.1f} s", ""),
         ("replay", f"{document['replay_s']:.1f} s", ""),
         ("replay/simulate", f"{document['replay_over_simulate']:.2f}", ""),
+        ("replay --profiles", f"{document['replay_with_profiles_s']:.1f} s", ""),
+        ("replay --profiles/simulate", f"{document['replay_with_profiles_over_simulate']:.2f}", ""),
     ]
     width = max(len(r[0]) for r in rows)
     value = max(len(r[1]) for r in rows)
@@ -438,7 +458,7 @@ def report_lines(document: dict[str, Any]) -> list[str]:
     lines = ["", head, *(f"  {n.ljust(width)}  {v.rjust(value)}  {m}".rstrip() for n, v, m in rows)]
     lines.append(
         f"  (tokenfleet --help, the start-up every command pays: {document['startup_s']:.1f} s; the run "
-        f"simulated for the store in {document['setup_run_s']:.1f} s; replay and simulate agree: "
+        f"simulated for the store in {document['setup_run_s']:.1f} s; the replays and simulate agree: "
         f"{'yes' if document['same_result'] else 'NO'})"
     )
     return lines

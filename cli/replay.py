@@ -1,7 +1,8 @@
 """``tokenfleet replay``: a run's traffic, read back from the store, as the simulator's input.
 
 ``replay --run RUN --policy P [--policy Q ...]`` (the group's own command, ``cli/replay_run.py``)
-replays the run on its engines, calibrated, under each policy, beside what the store recorded.
+replays the run on its engines, calibrated, under each policy, beside what the store recorded;
+with ``--profiles FILE`` on the profiles ``replay calibrate --out FILE`` wrote, not fitted again.
 ``replay export`` writes the run's workload (Mooncake JSONL) and the fleet that served it (fleet
 YAML), read by ``infra/clickhouse/replay_export.py``; ``replay calibrate`` fits its engines'
 profiles (``cli/replay_calibrate.py``). Without ``--run`` or a subcommand the group says what to
@@ -25,10 +26,13 @@ from cli.options import JsonOpt, SeedOpt, error, first_line, load_settings
 replay_app = typer.Typer(
     help="replay a run's traffic from the store\n\n"
     "tokenfleet replay --run RUN --policy P [--policy Q ...] replays the run on its engines, "
-    "calibrated, under each policy (and the one that ran), beside what the store recorded of it. "
-    "The subcommands export its workload and fleet, and fit its engines' profiles.\n\n"
+    "calibrated, under each policy (and the one that ran), beside what the store recorded of it; "
+    "with --profiles FILE, on the profiles 'replay calibrate --out FILE' wrote (the run is not "
+    "fitted again). The subcommands export its workload and fleet, and fit its engines' profiles.\n\n"
     "\b\nExample:\n"
-    "  tokenfleet replay --run RUN --policy tokenpilot --json out/replay.json",
+    "  tokenfleet replay --run RUN --policy tokenpilot --json out/replay.json\n"
+    "  tokenfleet replay calibrate --run RUN --out out/replay/profiles.yaml\n"
+    "  tokenfleet replay --run RUN --profiles out/replay/profiles.yaml --policy tokenpilot",
     rich_markup_mode=None,
 )
 
@@ -45,6 +49,15 @@ SinceOpt = Annotated[
 UntilOpt = Annotated[
     str | None,
     typer.Option("--until", metavar="T", help="only requests arriving before T (Unix s or ISO 8601, UTC)"),
+]
+ReplayProfilesOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--profiles",
+        metavar="FILE",
+        help="replay on the engine profiles of FILE, as 'replay calibrate --out FILE' wrote them, "
+        "instead of fitting the run's engines again",
+    ),
 ]
 
 
@@ -65,11 +78,12 @@ def replay(
     planner: PlannerOpt = None,
     since: SinceOpt = None,
     until: UntilOpt = None,
+    profiles: ReplayProfilesOpt = None,
     seed: SeedOpt = 0,
     json_out: JsonOpt = None,
 ) -> None:
     if ctx.invoked_subcommand is not None:
-        if run is not None or policy or planner or since or until or json_out:
+        if run is not None or policy or planner or since or until or profiles or json_out:
             error(
                 "tokenfleet replay",
                 f"give --run and its options to the replay or to {ctx.invoked_subcommand}",
@@ -84,7 +98,8 @@ def replay(
     from cli.replay_run import replay_command
 
     since_ts, until_ts = window(since, until)
-    replay_command(run, policy, planner, since_ts, until_ts, seed, json_out, load_settings().clickhouse_url)
+    store_url = load_settings().clickhouse_url
+    replay_command(run, policy, planner, since_ts, until_ts, seed, json_out, store_url, profiles)
 
 
 def window(since: str | None, until: str | None) -> tuple[float | None, float | None]:

@@ -5,10 +5,12 @@ recorded of a run (``sim/engine/calibration.py``, from the samples of
 
 A group's profile is named as its heartbeats name it (the name ``replay export``'s fleet file
 gives its instances), so that file and this one replay together; a name several models share is
-written once per model as ``NAME@MODEL``. The prior of a fit (the value of each term the data do
-not pin) is the built-in profile of that name; for a name the simulator does not know (a real
-engine's), a built-in profile of the same model, else ``llama3-8b-h100``, its law scaled to the
-observed decode steps (``rescaled``).
+written once per model as ``NAME@MODEL`` (``profile_name``; ``profile_for`` finds a group's
+profile again by that rule, in a fit or in this file). The prior of a fit (the value of each term
+the data do not pin) is the built-in profile of that name; for a name the simulator does not know
+(a real engine's), a built-in profile of the same model, else ``llama3-8b-h100``, its law scaled
+to the observed decode steps (``rescaled``). ``calibration_entry`` and ``file_calibration`` say,
+in a replay's JSON, what its engines' profiles are and where they came from.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from cli.options import first_line, load_settings
 if TYPE_CHECKING:
     from infra.clickhouse.calibration_samples import GroupSamples
     from sim.engine.calibration import Calibration
+    from sim.engine.fleet import FleetSpec
     from sim.engine.profiles import EngineProfile, ProfileSet
 
 DEFAULT_PRIOR = "llama3-8b-h100"
@@ -128,10 +131,6 @@ class FittedProfiles:
 
         return ProfileSet({**BUILT_IN.profiles, **self.profiles}, {**BUILT_IN.models, **self.models})
 
-    def name_of(self, model: str, profile: str) -> str | None:
-        """The fitted profile of the instances of ``model`` whose heartbeats name ``profile``."""
-        return next((f.name for f in self.fits if (f.group.model, f.group.profile) == (model, profile)), None)
-
 
 def fit_groups(groups: list[GroupSamples]) -> FittedProfiles:
     """Each group's step-time law fitted (module docstring), under its profile name."""
@@ -139,11 +138,27 @@ def fit_groups(groups: list[GroupSamples]) -> FittedProfiles:
     return FittedProfiles(tuple(GroupFit(g, n, _fit(g, n)) for g, n in zip(groups, names, strict=True)))
 
 
+def profile_name(model: str, profile: str, shared: bool) -> str:
+    """The name a fit gives the profile of the instances of ``model`` whose heartbeats name
+    ``profile``: that name (the model's when they named none), as ``NAME@MODEL`` when ``shared``
+    (the groups of several models have that name)."""
+    name = profile or model
+    return f"{name}@{model}" if shared else name
+
+
 def _profile_names(groups: list[GroupSamples]) -> list[str]:
-    """Each group's profile name: its heartbeats' (its model's when they named none), as
-    ``NAME@MODEL`` when several models share it."""
-    names = [g.profile or g.model for g in groups]
-    return [f"{n}@{g.model}" if names.count(n) > 1 else n for n, g in zip(names, groups, strict=True)]
+    """Each group's profile name (``profile_name``)."""
+    names = [profile_name(g.model, g.profile, False) for g in groups]
+    return [profile_name(g.model, g.profile, names.count(n) > 1) for n, g in zip(names, groups, strict=True)]
+
+
+def profile_for(model: str, profile: str, profiles: ProfileSet) -> str | None:
+    """The name, among ``profiles``, of the profile a fit named for the instances of ``model``
+    whose heartbeats name ``profile`` (``profile_name``): ``NAME@MODEL`` if ``profiles`` holds
+    one, else ``NAME``; None if it holds neither. On the profiles of ``fit_groups``
+    (``FittedProfiles.profile_set``) or of the file ``calibrate`` wrote of them alike."""
+    names = (profile_name(model, profile, True), profile_name(model, profile, False))
+    return next((name for name in names if name in profiles.profiles), None)
 
 
 def _fit(group: GroupSamples, name: str) -> Calibration:
@@ -194,3 +209,59 @@ def fit_lines(group_fit: GroupFit) -> list[str]:
 
 def _share(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f} %"
+
+
+def calibration_entry(group_fit: GroupFit) -> dict[str, Any]:
+    """One group's fit for the JSON: its parameters, residual errors, and the terms kept at the
+    prior's value with why."""
+    from sim.engine.calibration import MIN_ROWS
+
+    group, fit = group_fit.group, group_fit.fit
+    too_few = f"too few rows to fit (at least {MIN_ROWS} TTFT and {MIN_ROWS} TPOT rows)"
+
+    def why(term: str) -> str:
+        return next((m.split(": ", 1)[1] for m in fit.messages if m.startswith(f"{term}: ")), too_few)
+
+    return {
+        "model": group.model,
+        "heartbeat_profile": group.profile,
+        "instances": len(group.instances),
+        "attempts": group.attempts,
+        "rows": {"ttft": fit.ttft_rows, "tpot": fit.tpot_rows},
+        "parameters": _parameters(fit.profile),
+        "residual_error": {
+            "ttft": fit.ttft_error,
+            "tpot": fit.tpot_error,
+            "prior_ttft": fit.prior_ttft_error,
+            "prior_tpot": fit.prior_tpot_error,
+        },
+        "kept_at_prior": {term: why(term) for term in fit.kept},
+        "notes": list(fit.messages),
+    }
+
+
+def file_calibration(fleet: FleetSpec, profiles: ProfileSet, path: Path) -> dict[str, Any]:
+    """Per profile of the file ``path`` the ``fleet`` runs on (not a built-in one its heartbeats
+    named): ``profiles_file`` (``path``), its ``model`` and ``parameters`` (``calibration_entry``'s)."""
+    from sim.engine.profiles import PROFILES
+
+    # load_profiles builds a new profile for every entry of the file: built-in ones stay as they are.
+    used = {
+        s.profile.name: s.profile for s in fleet.instances if s.profile is not PROFILES.get(s.profile.name)
+    }
+    return {
+        name: {
+            "profiles_file": str(path),
+            "model": profiles.model_of(profile),
+            "parameters": _parameters(profile),
+        }
+        for name, profile in used.items()
+    }
+
+
+def _parameters(profile: EngineProfile) -> dict[str, Any]:
+    """The law's terms and the capacity of ``profile``, as the JSON's ``parameters``."""
+    from sim.engine.calibration import UNKNOWNS
+
+    capacity = ("kv_tokens", "kv_block_tokens", "max_seqs", "gpus", "price_per_hour")
+    return {name: getattr(profile, name) for name in (*UNKNOWNS, "attention_growth_tokens", *capacity)}

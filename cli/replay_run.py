@@ -7,9 +7,11 @@ engine groups' samples, fitted as ``tokenfleet replay calibrate`` fits them
 (``cli/replay_calibrate.py``, on the whole run), the observed figures
 (``infra/clickhouse/summary.py``: measured as the simulator measures a run, over the same
 requests) and the policy that ran (``run_policy``). Each group of the fleet runs on the profile
-fitted to the instances of its model whose heartbeats name its profile. The policies, the one
-that ran among them (added when not given), are compared on that fleet and workload as
-``simulate`` compares them (``sim/evaluation/compare.py``, under each planner given).
+fitted to the instances of its model whose heartbeats name its profile (``replay_fleet``). With
+``--profiles FILE`` the run is not fitted again: the groups run on the profiles of FILE (as
+``replay calibrate --out FILE`` wrote them), found by the same rule. The policies, the one that
+ran among them (added when not given), are compared on that fleet and workload as ``simulate``
+compares them (``sim/evaluation/compare.py``, under each planner given).
 
 Self error (``self_error``), for the policy that ran (under the ``static`` planner when it is
 given, else the first): per figure of ``SELF_ERROR``, (predicted - observed) / observed, signed,
@@ -27,11 +29,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from cli.options import first_line, sim_config, write_json
-from cli.replay_calibrate import FittedProfiles, GroupFit, fit_groups, fit_lines, open_run_store, read_samples
+from cli.replay_calibrate import (
+    FittedProfiles,
+    calibration_entry,
+    file_calibration,
+    fit_groups,
+    fit_lines,
+    open_run_store,
+    profile_for,
+    read_samples,
+)
 
 if TYPE_CHECKING:
     from infra.clickhouse.replay_export import RunExport
     from sim.engine.fleet import FleetSpec
+    from sim.engine.profiles import ProfileSet
 
 SELF_ERROR = {
     "goodput": "goodput_tokens_per_s",
@@ -59,19 +71,22 @@ def self_error(predicted: Mapping[str, Any], observed: Mapping[str, Any]) -> dic
 
 @dataclass(frozen=True, slots=True)
 class StoredRun:
-    """What a replay reads of a run: its export, its engine groups fitted, the observed figures
-    (a result's keys: the totals, the costs, ``per_class``, ``window_s``) and its policy ("": none
-    recorded)."""
+    """What a replay reads of a run: its export, its engine groups fitted (None: not fitted), the
+    observed figures (a result's keys: the totals, the costs, ``per_class``, ``window_s``) and its
+    policy ("": none recorded)."""
 
     export: RunExport
-    fitted: FittedProfiles
+    fitted: FittedProfiles | None
     observed: dict[str, Any]
     policy: str
 
 
-def read_run(run: str, since_ts: float | None, until_ts: float | None, store_url: str) -> StoredRun:
-    """Run ``run`` read from the store at ``store_url``; ``ValueError`` (one line) for an
-    unknown run, an empty window, a run without completions, or a store that fails."""
+def read_run(
+    run: str, since_ts: float | None, until_ts: float | None, store_url: str, fit: bool = True
+) -> StoredRun:
+    """Run ``run`` read from the store at ``store_url``, its engine groups fitted if ``fit``;
+    ``ValueError`` (one line) for an unknown run, an empty window, a run without completions
+    (when fitted), or a store that fails."""
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
     from infra.clickhouse.replay_export import export_run
@@ -80,7 +95,7 @@ def read_run(run: str, since_ts: float | None, until_ts: float | None, store_url
     client = open_run_store(store_url)
     try:
         exported = export_run(client, run, since_ts, until_ts)
-        fitted = fit_groups(read_samples(client, run))
+        fitted = fit_groups(read_samples(client, run)) if fit else None
         figures = summary(client, since_ts, run_id=run, until_ts=until_ts)
         ran = run_policy(client, run)
     except ClickHouseError as exc:
@@ -100,23 +115,32 @@ def observed_figures(figures: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def replay_fleet(run: str, fleet: Mapping[str, Any], fitted: FittedProfiles) -> FleetSpec:
-    """The exported ``fleet`` document on the fitted profiles: each instance group takes the one
-    fitted to its model and profile; ``ValueError`` for a group no fit and no built-in profile
-    describes (its instances heartbeated but completed nothing)."""
+def replay_fleet(
+    run: str, fleet: Mapping[str, Any], profiles: ProfileSet, profiles_file: Path | None = None
+) -> FleetSpec:
+    """The exported ``fleet`` document on ``profiles``: those fitted to the run
+    (``FittedProfiles.profile_set``), or those of ``profiles_file`` (``load_profiles``). Each
+    instance group takes the profile fitted to its model and heartbeat profile (``profile_for``),
+    else the built-in one its heartbeats name; ``ValueError`` (one line) for a group none
+    describes (fitted: its instances heartbeated but completed nothing)."""
     from sim.engine.fleet import fleet_from_doc
 
     doc = copy.deepcopy(dict(fleet))
-    known = fitted.profile_set().profiles
     for dc in doc["data_centres"]:
         for group in dc["instances"]:
-            group["profile"] = fitted.name_of(group["model"], group["profile"]) or group["profile"]
-            if group["profile"] not in known:
+            model, named = group["model"], group["profile"]
+            group["profile"] = profile_for(model, named, profiles)
+            if group["profile"] is None and profiles_file is None:
                 raise ValueError(
-                    f"run {run!r}: the instances of {group['model']} named {group['profile']!r} completed "
+                    f"run {run!r}: the instances of {model} named {named!r} completed "
                     "nothing: no profile was fitted to replay them on"
                 )
-    return fleet_from_doc(doc, Path(f"{run}.fleet.yaml"), fitted.profile_set())
+            if group["profile"] is None:
+                raise ValueError(
+                    f"{profiles_file} has no profile for the instances of {model} named {named!r} "
+                    f"(run {run!r}) and no built-in profile describes them"
+                )
+    return fleet_from_doc(doc, Path(f"{run}.fleet.yaml"), profiles)
 
 
 def replay_command(
@@ -128,10 +152,13 @@ def replay_command(
     seed: int,
     json_out: str | None,
     store_url: str,
+    profiles_file: Path | None = None,
 ) -> dict[str, Any]:
-    """Replay run ``run`` (module docstring), print the comparison and the self error, write
-    ``json_out`` and return its document; the names are checked before the store is opened."""
+    """Replay run ``run`` (module docstring; on the profiles of ``profiles_file`` if given, else
+    fitted), print the comparison and the self error, write ``json_out`` and return its
+    document; the names and the profiles file are checked before the store is opened."""
     from cli.choices import checked_planners, checked_policies
+    from sim.engine.profiles import load_profiles
     from sim.evaluation.compare import compare
     from sim.workloads.trace import load_records
 
@@ -139,10 +166,21 @@ def replay_command(
         raise ValueError("--run must name a run")
     checked_policies(policies, seed, None)
     shapers = checked_planners(planners)
-    stored = read_run(run, since_ts, until_ts, store_url)
+    loaded = None if profiles_file is None else load_profiles(profiles_file)
+    stored = read_run(run, since_ts, until_ts, store_url, fit=loaded is None)
     ran = _known_policy(stored.policy, seed)
     runs = [*policies, *([ran] if ran and ran not in policies else [])]
-    fleet = replay_fleet(run, stored.export.fleet, stored.fitted)
+    if stored.fitted is not None:
+        fleet = replay_fleet(run, stored.export.fleet, stored.fitted.profile_set())
+        calibration = {fit.name: calibration_entry(fit) for fit in stored.fitted.fits}
+        told = [line for fit in stored.fitted.fits for line in fit_lines(fit)]
+    else:
+        assert loaded is not None and profiles_file is not None
+        fleet = replay_fleet(run, stored.export.fleet, loaded, profiles_file)
+        calibration = file_calibration(fleet, loaded, profiles_file)
+        told = [
+            f"the engines' profiles, from {profiles_file} (not fitted again): {', '.join(calibration) or '-'}"
+        ]
     workload = load_records(stored.export.records, f"run {run}")
     config = sim_config(seed, 0.25, 0.02, 0.5, None)
     simulated, _ = compare(workload, fleet, runs, config, 1.0, None, None, shapers)
@@ -160,15 +198,12 @@ def replay_command(
             "without_hashes": exported.unhashed,
             "left_out": exported.unsized,
         },
-        "calibration": {fit.name: calibration_entry(fit) for fit in stored.fitted.fits},
+        "calibration": calibration,
         "observed": stored.observed,
         "results": results,
         "self_error": None if ran_key is None else self_error(results[ran_key], stored.observed),
     }
-    print("\n".join(_header(document, exported.instances)))
-    for fit in stored.fitted.fits:
-        print("\n".join(fit_lines(fit)))
-    print("\n".join(replay_lines(document, ran_key)))
+    print("\n".join([*_header(document, exported.instances), *told, *replay_lines(document, ran_key)]))
     write_json(json_out, document)
     return document
 
@@ -189,37 +224,6 @@ def _known_policy(name: str, seed: int) -> str:
         )
         return ""
     return name
-
-
-def calibration_entry(group_fit: GroupFit) -> dict[str, Any]:
-    """One group's fit for the JSON: its parameters, residual errors, and the terms kept at the
-    prior's value with why."""
-    from sim.engine.calibration import MIN_ROWS, UNKNOWNS
-
-    group, fit = group_fit.group, group_fit.fit
-    too_few = f"too few rows to fit (at least {MIN_ROWS} TTFT and {MIN_ROWS} TPOT rows)"
-
-    def why(term: str) -> str:
-        return next((m.split(": ", 1)[1] for m in fit.messages if m.startswith(f"{term}: ")), too_few)
-
-    capacity = ("kv_tokens", "kv_block_tokens", "max_seqs", "gpus", "price_per_hour")
-    fields = (*UNKNOWNS, "attention_growth_tokens", *capacity)
-    return {
-        "model": group.model,
-        "heartbeat_profile": group.profile,
-        "instances": len(group.instances),
-        "attempts": group.attempts,
-        "rows": {"ttft": fit.ttft_rows, "tpot": fit.tpot_rows},
-        "parameters": {name: getattr(fit.profile, name) for name in fields},
-        "residual_error": {
-            "ttft": fit.ttft_error,
-            "tpot": fit.tpot_error,
-            "prior_ttft": fit.prior_ttft_error,
-            "prior_tpot": fit.prior_tpot_error,
-        },
-        "kept_at_prior": {term: why(term) for term in fit.kept},
-        "notes": list(fit.messages),
-    }
 
 
 def _header(document: Mapping[str, Any], instances: int) -> list[str]:

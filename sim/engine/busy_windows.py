@@ -427,18 +427,18 @@ def _step_bounds(
     it arrived before that step began (``prefill_from[k]``, the group's end less its decode
     terms, less the prefill terms of the step's tokens: ``chunk_s(lo, hi)`` for the stream's
     tokens lo to hi, attention at their context included)."""
+    # Python floats in the loop: the same doubles, without numpy's per-scalar overhead.
+    ends, lasts, rooms = stream.tolist(), last.tolist(), room.tolist()
+    arrivals, froms = arrival.tolist(), prefill_from.tolist()
     edges, owner = [0.0], []
-    for k, upto in enumerate(stream[last]):
-        extra = max(math.ceil((upto - edges[-1]) / room[k]) - 1, 0)
-        edges += [edges[-1] + room[k] * (i + 1) for i in range(extra)]
+    for k, (at, space) in enumerate(zip(lasts, rooms, strict=True)):
+        upto = ends[at]
+        extra = max(math.ceil((upto - edges[-1]) / space) - 1, 0)
+        edges += [edges[-1] + space * (i + 1) for i in range(extra)]
         done = max(upto, edges[-1])
-        take = (
-            min(room[k] - (done - edges[-1]), stream[last[k] + 1] - done)
-            if last[k] + 1 < len(stream)
-            else 0.0
-        )
-        began = prefill_from[k] - chunk_s(edges[-1], done + take)
-        edges.append(done + take if take > 0 and arrival[last[k] + 1] < began else done)
+        take = min(space - (done - edges[-1]), ends[at + 1] - done) if at + 1 < len(ends) else 0.0
+        began = froms[k] - chunk_s(edges[-1], done + take)
+        edges.append(done + take if take > 0 and arrivals[at + 1] < began else done)
         owner += [k] * (extra + 1)
     return np.array(edges), np.array(owner, dtype=int)
 

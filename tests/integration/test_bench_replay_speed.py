@@ -1,6 +1,6 @@
 """``python -m bench.replay_speed`` at a small scale: a simulated run written into the real
-embedded store (chdb), then ``tokenfleet replay export``, ``replay calibrate``, ``simulate`` and
-``replay``, each in its own process, timed."""
+embedded store (chdb), then ``tokenfleet replay export``, ``replay calibrate``, ``simulate``,
+``replay`` and ``replay --profiles``, each in its own process, timed."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ KEYS = {
     "simulate_s",
     "replay_s",
     "replay_over_simulate",
+    "replay_with_profiles_s",
+    "replay_with_profiles_over_simulate",
     "target_met",
 }
 
@@ -30,7 +32,7 @@ def test_the_bench_times_export_calibrate_and_replay_of_a_stored_run(tmp_path: P
     # Every request written to the store comes back as one record of the exported workload.
     assert document["requests"] == 2000
     assert document["exported_requests"] == document["requests"]
-    for key in ("export_s", "calibrate_s", "simulate_s", "replay_s"):
+    for key in ("export_s", "calibrate_s", "simulate_s", "replay_s", "replay_with_profiles_s"):
         assert document[key] > 0, key
     assert document["export_calibrate_s"] == pytest.approx(
         document["export_s"] + document["calibrate_s"], abs=0.02
@@ -38,13 +40,19 @@ def test_the_bench_times_export_calibrate_and_replay_of_a_stored_run(tmp_path: P
     assert document["replay_over_simulate"] == pytest.approx(
         document["replay_s"] / document["simulate_s"], rel=0.01
     )
+    assert document["replay_with_profiles_over_simulate"] == pytest.approx(
+        document["replay_with_profiles_s"] / document["simulate_s"], rel=0.01
+    )
     assert document["target_met"] is (document["export_calibrate_s"] < 60.0)
-    assert document["same_result"]  # the replay ran the simulation simulate ran
+    assert document["same_result"]  # both replays ran the simulation simulate ran
+    log = (tmp_path / "data" / "replay-profiles.log").read_text()
+    assert "(not fitted again): vllm" in log and "residual error" not in log  # no fit printed
     fleet = (tmp_path / "data" / "replay" / "fleet.yaml").read_text()
     assert "count: 4" in fleet and "profile: vllm" in fleet
 
     printed = "\n".join(report_lines(document))
     assert "export+calibrate (target 60 s)" in printed and "replay/simulate" in printed
+    assert "replay --profiles/simulate" in printed
 
 
 @pytest.mark.parametrize(

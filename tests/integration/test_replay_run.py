@@ -1,7 +1,8 @@
 """``tokenfleet replay --run RUN --policy P ...`` against the real embedded ClickHouse engine (chdb):
 a run the simulator made (round-robin, on engines slower than the built-in profile they are named
 after, following the nominal law) is stored as the stack stores one; the replay calibrates the
-engines from it and predicts the run that happened, and another policy beside it."""
+engines from it and predicts the run that happened, and another policy beside it; on the profiles
+``replay calibrate --out F`` wrote (``--profiles F``), it predicts exactly the same."""
 
 from __future__ import annotations
 
@@ -84,6 +85,19 @@ def test_the_replay_predicts_the_run_that_happened_and_the_other_policies(
     predicted = document["results"]["round-robin"]["ttft_p50_s"]
     assert errors["ttft_p50"] == pytest.approx(predicted / observed["ttft_p50_s"] - 1, abs=1e-4)
 
+    # The same fit, written by calibrate and read back: the same replay, figure for figure.
+    profiles, again = tmp_path / "profiles.yaml", tmp_path / "again.json"
+    assert main(["replay", "calibrate", "--run", "run-rr", "--out", str(profiles)]) == 0
+    args = ["--run", "run-rr", "--profiles", str(profiles), "--policy", "tokenpilot", "--json", str(again)]
+    assert main(["replay", *args]) == 0
+    assert f"from {profiles} (not fitted again): vllm" in capsys.readouterr().out
+    on_file = json.loads(again.read_text())
+    for key in ("results", "self_error", "observed", "workload", "policy_ran"):
+        assert on_file[key] == document[key], key
+    assert on_file["calibration"] == {
+        "vllm": {"profiles_file": str(profiles), "model": "llama3-8b", "parameters": fitted["parameters"]}
+    }
+
     for run, policy, message in [
         ("run-rr", "nope", "unknown stage 'nope' in policy 'nope'; known stages: "),
         ("no-such-run", "tokenpilot", "no run 'no-such-run' in the store"),
@@ -92,6 +106,15 @@ def test_the_replay_predicts_the_run_that_happened_and_the_other_policies(
         assert main(["replay", "--run", run, "--policy", policy]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"tokenfleet replay: error: {message}") and err.count("\n") == 1, err
+    # A profiles file without the run's engines: the group it lacks, named on one line.
+    other = tmp_path / "other.yaml"
+    other.write_text("profiles:\n  llama3-8b-h100: {t0_s: 0.01}\n")
+    assert main(["replay", "--run", "run-rr", "--profiles", str(other), "--policy", "tokenpilot"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"tokenfleet replay: error: {other} has no profile for the instances of llama3-8b named 'vllm' "
+        "(run 'run-rr') and no built-in profile describes them\n"
+    )
 
 
 def store_without_completions(

@@ -1,11 +1,13 @@
 """``tokenfleet replay --run RUN --policy P``'s parts that need no store (``cli/replay_run.py``): the
-self error's arithmetic, the fleet put on the fitted profiles, the calibration's JSON, the printed
-comparison, and bad input as one line and exit 2 before the store is opened
-(``tests/integration/test_replay_run.py`` replays a stored run)."""
+self error's arithmetic, the fleet put on the fitted profiles or on a profiles file's, the
+calibration's JSON, the printed comparison, and bad input (a bad ``--profiles`` file too) as one
+line and exit 2 before the store is opened (``tests/integration/test_replay_run.py`` replays a
+stored run)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,11 +15,18 @@ import pytest
 
 import cli.store
 from cli.main import main
-from cli.replay_calibrate import FittedProfiles, GroupFit
-from cli.replay_run import calibration_entry, relative_error, replay_fleet, replay_lines, self_error
+from cli.replay_calibrate import (
+    FittedProfiles,
+    GroupFit,
+    _profile_names,
+    calibration_entry,
+    file_calibration,
+    profile_for,
+)
+from cli.replay_run import relative_error, replay_fleet, replay_lines, self_error
 from infra.clickhouse.calibration_samples import GroupSamples
 from sim.engine.calibration import TERMS, Calibration
-from sim.engine.profiles import PROFILES
+from sim.engine.profiles import BUILT_IN, PROFILES, load_profiles, profiles_text
 
 LLAMA = PROFILES["llama3-8b-h100"]
 
@@ -61,15 +70,19 @@ def fitted(name: str, model: str, profile: str, kept: tuple[str, ...] = (), *mes
     return GroupFit(group(model, profile), name, fit)
 
 
-def test_each_group_of_the_fleet_runs_on_the_profile_fitted_to_it() -> None:
-    fits = FittedProfiles(
-        (
-            fitted("vllm@a", "a", "vllm"),
-            fitted("vllm@b", "b", "vllm"),
-            fitted("llama3-8b-h100", "c", "llama3-8b-h100"),
-        )
+FITS = FittedProfiles(
+    (
+        fitted("vllm@a", "a", "vllm"),
+        fitted("vllm@b", "b", "vllm"),
+        fitted("llama3-8b-h100", "c", "llama3-8b-h100"),
     )
-    doc: dict[str, Any] = {
+)
+"""Two models' engines whose heartbeats name ``vllm``, and a model on a built-in profile."""
+
+
+def exported_fleet() -> dict[str, Any]:
+    """A fleet as ``replay export`` writes one, of the groups of ``FITS`` and one that served nothing."""
+    return {
         "data_centres": [
             {"name": "A", "instances": [{"count": 2, "profile": "vllm", "model": "a"}]},
             {
@@ -82,7 +95,11 @@ def test_each_group_of_the_fleet_runs_on_the_profile_fitted_to_it() -> None:
             },
         ]
     }
-    fleet = replay_fleet("run-1", doc, fits)
+
+
+def test_each_group_of_the_fleet_runs_on_the_profile_fitted_to_it() -> None:
+    doc = exported_fleet()
+    fleet = replay_fleet("run-1", doc, FITS.profile_set())
     placed = [(s.dc, s.model, s.profile.name, s.profile.t0_s) for s in fleet.instances]
     assert placed == [
         ("A", "a", "vllm@a", 0.02),
@@ -94,7 +111,42 @@ def test_each_group_of_the_fleet_runs_on_the_profile_fitted_to_it() -> None:
     assert doc["data_centres"][0]["instances"][0]["profile"] == "vllm"  # the export is left as it was
     doc["data_centres"][0]["instances"].append({"count": 1, "profile": "sglang", "model": "e"})
     with pytest.raises(ValueError, match="instances of e named 'sglang' completed nothing"):
-        replay_fleet("run-1", doc, fits)
+        replay_fleet("run-1", doc, FITS.profile_set())
+
+
+def test_the_fit_names_a_groups_profile_and_finds_it_again_by_one_rule() -> None:
+    groups = [group("a", "vllm"), group("b", "vllm"), group("c", ""), group("d", "sglang")]
+    assert _profile_names(groups) == ["vllm@a", "vllm@b", "c", "sglang"]
+    profiles = FittedProfiles(
+        tuple(fitted(n, g.model, g.profile) for n, g in zip(_profile_names(groups), groups, strict=True))
+    )
+    found = [profile_for(g.model, g.profile, profiles.profile_set()) for g in groups]
+    assert found == ["vllm@a", "vllm@b", "c", "sglang"]
+    assert profile_for("e", "vllm", profiles.profile_set()) is None  # vllm is two models': neither is e's
+    assert profile_for("e", "qwen3-14b-h100", BUILT_IN) == "qwen3-14b-h100"
+
+
+def test_a_profiles_file_puts_each_group_where_the_fit_did(tmp_path: Path) -> None:
+    path = tmp_path / "profiles.yaml"
+    path.write_text(profiles_text(FITS.profiles, FITS.models))
+    loaded = load_profiles(path)
+    on_file = replay_fleet("run-1", exported_fleet(), loaded, path)
+    on_fit = replay_fleet("run-1", exported_fleet(), FITS.profile_set())
+    assert [(s.model, s.profile) for s in on_file.instances] == [
+        (s.model, s.profile) for s in on_fit.instances
+    ]
+    entries = file_calibration(on_file, loaded, path)
+    assert list(entries) == ["vllm@a", "vllm@b", "llama3-8b-h100"]  # not qwen3-14b-h100: built-in
+    assert entries["vllm@b"]["profiles_file"] == str(path) and entries["vllm@b"]["model"] == "b"
+    assert entries["vllm@b"]["parameters"]["t0_s"] == 0.02
+    doc = exported_fleet()
+    doc["data_centres"][0]["instances"].append({"count": 1, "profile": "sglang", "model": "e"})
+    with pytest.raises(ValueError) as refused:
+        replay_fleet("run-1", doc, loaded, path)
+    assert str(refused.value) == (
+        f"{path} has no profile for the instances of e named 'sglang' (run 'run-1') "
+        "and no built-in profile describes them"
+    )
 
 
 def test_the_calibration_says_which_terms_kept_the_prior_and_why() -> None:
@@ -144,6 +196,9 @@ def test_the_comparison_shows_each_policy_and_the_one_that_ran_beside_what_was_o
         (["--run", " ", "--policy", "round-robin"], "--run must name a run"),
         (["--run", "r", "--policy", "round-robin", "--since", "soon"], "--since 'soon' is not a time"),
         (["--policy", "round-robin", "export", "--run", "r", "--out", "o"], "give --run and its options"),
+        (["--profiles", "p.yaml", "export", "--run", "r", "--out", "o"], "give --run and its options"),
+        (["--run", "r", "--policy", "round-robin", "--profiles", "/nowhere/p.yaml"],
+         "cannot read profiles file /nowhere/p.yaml: [Errno 2] No such file"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_before_the_store_is_opened(
@@ -156,3 +211,20 @@ def test_bad_input_is_one_line_before_the_store_is_opened(
     assert main(["replay", *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"tokenfleet replay: error: {message}") and err.count("\n") == 1, err
+
+
+def test_a_bad_profiles_file_is_one_line_before_the_store_is_opened(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def no_store(url: str) -> None:
+        raise AssertionError("the store was opened")
+
+    monkeypatch.setattr(cli.store, "open_store", no_store)
+    path = tmp_path / "profiles.yaml"
+    path.write_text("profiles:\n  vllm: {t0_s: 0.01}\n")
+    assert main(["replay", "--run", "r", "--policy", "round-robin", "--profiles", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"tokenfleet replay: error: {path}: profile 'vllm': missing prefill_s_per_token, " + (
+        "prefill_s_per_token_pair, decode_s_per_seq, decode_s_per_context_token, kv_tokens "
+        "(a profile of a new name needs the law and kv_tokens)\n"
+    )
