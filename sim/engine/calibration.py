@@ -64,12 +64,22 @@ on rows that cannot part them): it is fitted again with the delay held at the pr
 and if that fails too, the prior's law is kept; the result says so. Engine noise, pre-emptions
 and requests that left before their first token are not rebuilt: they show as residual error.
 
+Noise. An engine's steps vary about its law (the machine, the kernels); the simulator draws a
+factor of standard deviation ``noise_sigma`` per planned step. Without it, replayed engines keep
+in step where real ones drift apart: a closed loop of users sent in turn to two engines stays
+split evenly between them, where noise soon tips it into the lasting state in which one engine
+holds most of the calls. The fitted ``noise_sigma`` is the relative RMS error, at the fitted law,
+of the TTFT rows whose window holds a single step (at most ``ONE_STEP`` steps: a call that found
+its engine idle and was prefilled in one step), whose error is that one step's; what the law
+misses there counts as noise too. Rows of more steps would understate it (their steps' factors
+average out). Fewer than ``MIN_ROWS`` such rows: no noise, and the result says so.
+
 Capacity, from the heartbeats (``HeartbeatSummary``): ``kv_tokens`` = the largest
 ``kv_blocks_total`` times the block size; ``max_seqs`` = the most requests seen running, if that
 exceeds the prior's, or if ``SEAT_LIMIT_BEATS`` heartbeats or more saw that many running while
 others waited and the KV cache had room (the engine's seat limit); else the prior's;
 ``kv_block_tokens`` (the engine's KV allocation unit) = the block size the heartbeats carry, if
-they carry one, else the prior's. The fitted profile has no noise; its other fields are the prior's.
+they carry one, else the prior's. The fitted profile's other fields are the prior's.
 
 Followed: the time-integrated exposures and non-negative least squares of BLIS's trace-only
 estimator (inference-sim/blis, ``python/estimators/baseline.py``, commit 087bb0a), and its
@@ -122,6 +132,9 @@ FAILED_FIT = 1.5
 prior's law is kept. Not 1: the fit weighs rows by their predicted length, the residual by the
 observed one, so a fit beside a prior that is the truth can come out a little above it."""
 SEAT_LIMIT_BEATS = 3
+ONE_STEP = 1.05
+"""A TTFT window of at most this many steps measures one step's noise (one step, and a sliver
+of a neighbouring step's time that the millisecond rounding of the store leaves in it)."""
 WINDOW_FLOOR_S = 0.02
 """Rows weigh as relative errors of windows at least this long (module docstring)."""
 _H100 = PROFILES["llama3-8b-h100"]
@@ -196,6 +209,12 @@ def calibrate(
             )
             law, kept, rows = start, UNKNOWNS, first_rows
     errors = _errors(rows, law)
+    noise, one_step_rows = _step_noise(rows, law)
+    if noise is None:
+        messages.append(
+            f"noise_sigma: only {one_step_rows} first-token windows of one step (at least {MIN_ROWS}): "
+            "the steps' noise is not measured, none simulated"
+        )
     messages += _capacity_messages(prior, heartbeats)
     values = dict(zip(TERMS, map(float, law.theta), strict=True))
     kv_tokens, max_seqs, kv_block_tokens = _capacity(prior, heartbeats)
@@ -209,7 +228,7 @@ def calibrate(
         decode_s_per_context_token=values["decode_s_per_context_token"],
         attention_growth_tokens=1 / law.inverse_growth if law.inverse_growth else 0.0,
         token_delay_s=float(law.token_delay_s),
-        noise_sigma=0.0,
+        noise_sigma=noise or 0.0,
         kv_tokens=kv_tokens,
         max_seqs=max_seqs,
         kv_block_tokens=kv_block_tokens,
@@ -524,6 +543,17 @@ def _errors(rows: WindowRows, law: StepLaw) -> tuple[float | None, float | None]
         return float(np.sqrt(np.mean(relative[mask] ** 2))) if mask.any() else None
 
     return rms(rows.ttft), rms(~rows.ttft)
+
+
+def _step_noise(rows: WindowRows, law: StepLaw) -> tuple[float | None, int]:
+    """The relative RMS error of ``law`` on the TTFT rows of one step (``ONE_STEP``; module
+    docstring), None when fewer than ``MIN_ROWS``; and how many there are."""
+    one_step = rows.ttft & (rows.x[:, 0] <= ONE_STEP)
+    count = int(one_step.sum())
+    if count < MIN_ROWS:
+        return None, count
+    relative = law.predict(rows)[one_step] / rows.y[one_step] - 1
+    return float(np.sqrt(np.mean(relative**2))), count
 
 
 # --- capacity -----------------------------------------------------------------------------------
