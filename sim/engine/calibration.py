@@ -71,8 +71,10 @@ split evenly between them, where noise soon tips it into the lasting state in wh
 holds most of the calls. The fitted ``noise_sigma`` is the relative RMS error, at the fitted law,
 of the TTFT rows whose window holds a single step (at most ``ONE_STEP`` steps: a call that found
 its engine idle and was prefilled in one step), whose error is that one step's; what the law
-misses there counts as noise too. Rows of more steps would understate it (their steps' factors
-average out). Fewer than ``MIN_ROWS`` such rows: no noise, and the result says so.
+misses there counts as noise too, and the law fitted to those rows takes part of their noise
+(the estimate is a little low on an engine that follows the law). Rows of more steps would
+understate it more (their steps' factors average out). Fewer than ``MIN_ROWS`` such rows: no
+noise, and the result says so.
 
 Capacity, from the heartbeats (``HeartbeatSummary``): ``kv_tokens`` = the largest
 ``kv_blocks_total`` times the block size; ``max_seqs`` = the most requests seen running, if that

@@ -250,6 +250,31 @@ def test_observation_columns_must_be_of_one_length() -> None:
 # -- the round trip on the perturbed fleet --------------------------------------------------------
 
 
+@pytest.mark.parametrize("sigma", [0.0, 0.2])
+def test_the_steps_noise_is_measured_on_windows_of_one_step(sigma: float) -> None:
+    """An engine whose steps vary by ``sigma``: the fitted profile's noise is near it, a little
+    below (the law fitted to those rows takes part of their noise), and none on an engine
+    without noise."""
+    fit = calibrate(recorded(open_workload(SHORT_MIX, seed=3), replace(LLAMA, noise_sigma=sigma), 2), LLAMA)
+    assert 0.6 * sigma <= fit.profile.noise_sigma <= 1.1 * sigma + 1e-3
+    assert not any(m.startswith("noise_sigma:") for m in fit.messages)
+
+
+def test_too_few_windows_of_one_step_leave_the_noise_unmeasured() -> None:
+    """A lone engine always busy: hardly a call finds it idle, so the noise is not measured, and
+    the result says so."""
+    rng = np.random.default_rng(2)
+    trace = workload(
+        *(
+            request(f"r{k}", float(t), int(rng.integers(500, 3000)), int(rng.integers(200, 400)))
+            for k, t in enumerate(np.cumsum(rng.exponential(0.02, 300)))
+        )
+    )
+    fit = calibrate(recorded(trace, replace(LLAMA, noise_sigma=0.2), 1), LLAMA)
+    assert fit.profile.noise_sigma == 0.0
+    assert any(m.startswith("noise_sigma: only") for m in fit.messages)
+
+
 @pytest.fixture(scope="module")
 def perturbed() -> tuple[Workload, Calibration]:
     """Four instances of the perturbed law (attention growth, step noise) serve the full mix
