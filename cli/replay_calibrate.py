@@ -167,7 +167,11 @@ def _fit(group: GroupSamples, name: str) -> Calibration:
 
     observations = calibration.Observations.of(**group.completions)
     beats = calibration.HeartbeatSummary(
-        group.kv_blocks_total, group.max_running, group.beats_at_seat_limit, group.kv_block_tokens
+        kv_blocks_total=group.kv_blocks_total,
+        max_running=group.max_running,
+        beats_at_seat_limit=group.beats_at_seat_limit,
+        kv_block_tokens=group.kv_block_tokens,
+        beats_waiting_at_most=group.beats_waiting_at_most,
     )
     prior = PROFILES.get(group.profile)
     notes = []

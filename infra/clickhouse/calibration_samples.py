@@ -12,8 +12,10 @@ capacity. Two queries, both filtered on ``run_id``:
 - the heartbeats, one row per instance: model, profile, GPUs and price (of its newest beat that
   has one), the largest ``kv_blocks_total``, the most requests seen running, and how many beats
   saw that many running while others waited and its free KV blocks would have held another
-  request the size of an average running one (a seat limit, not a full cache, held them), and
-  the engines' own KV block size.
+  request the size of an average running one (a seat limit, not a full cache, held them), the
+  engines' own KV block size, and how many beats saw that many running while others waited, KV
+  room or not (the share of those with room tells a seat limit from a full cache:
+  ``sim/engine/calibration.py``).
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ SELECT
         h.running = top.most AND h.waiting > 0
         AND h.kv_blocks_total - h.kv_blocks_used >= h.kv_blocks_used / h.running
     ),
-    max(h.kv_block_tokens)
+    max(h.kv_block_tokens),
+    countIf(h.running = top.most AND h.waiting > 0)
 FROM heartbeats AS h
 INNER JOIN (
     SELECT instance_id, max(running) AS most FROM heartbeats WHERE run_id = {run:String} GROUP BY instance_id
@@ -83,8 +86,10 @@ class GroupSamples:
     """One engine group of a run: ``model`` and ``profile`` ("" when no heartbeat named one),
     its ``instances``, their GPUs and price (None: none), its ended attempts (``completions``:
     ``COLUMNS`` but ``model``, numpy arrays of one length), and its heartbeats' largest
-    ``kv_blocks_total`` (0: none), most requests seen running and beats at that seat limit, and
-    their engines' KV block size in tokens (``kv_block_tokens``; 0: the heartbeats did not say)."""
+    ``kv_blocks_total`` (0: none), most requests seen running and beats at that seat limit
+    (others waiting, KV room), their engines' KV block size in tokens (``kv_block_tokens``; 0: the
+    heartbeats did not say), and the beats at the most running with others waiting, KV room or
+    not (``beats_waiting_at_most``; 0: not counted)."""
 
     model: str
     profile: str
@@ -96,6 +101,7 @@ class GroupSamples:
     max_running: int
     beats_at_seat_limit: int
     kv_block_tokens: int = 0
+    beats_waiting_at_most: int = 0
 
     @property
     def attempts(self) -> int:
@@ -146,6 +152,7 @@ def calibration_samples(client: Client, run_id: str) -> list[GroupSamples]:
                 max_running=most,
                 beats_at_seat_limit=sum(int(r[6]) for r in rows if int(r[5]) == most),
                 kv_block_tokens=max((int(r[7]) for r in rows), default=0),
+                beats_waiting_at_most=sum(int(r[8]) for r in rows if int(r[5]) == most),
             )
         )
     return groups

@@ -77,11 +77,17 @@ understate it more (their steps' factors average out). Fewer than ``MIN_ROWS`` s
 noise, and the result says so.
 
 Capacity, from the heartbeats (``HeartbeatSummary``): ``kv_tokens`` = the largest
-``kv_blocks_total`` times the block size; ``max_seqs`` = the most requests seen running, if that
-exceeds the prior's, or if ``SEAT_LIMIT_BEATS`` heartbeats or more saw that many running while
-others waited and the KV cache had room (the engine's seat limit); else the prior's;
-``kv_block_tokens`` (the engine's KV allocation unit) = the block size the heartbeats carry, if
-they carry one, else the prior's. The fitted profile's other fields are the prior's.
+``kv_blocks_total`` times the block size; ``kv_block_tokens`` (the engine's KV allocation unit) =
+the block size the heartbeats carry, if they carry one, else the prior's; ``max_seqs`` = the most
+requests seen running, if that exceeds the prior's, or if a seat limit held requests waiting at
+that many running (``HeartbeatSummary.seat_limited``), else the prior's. A seat limit: at least
+``SEAT_LIMIT_BEATS`` heartbeats saw that many running while others waited and the KV cache had
+room (free blocks for another request the size of an average running one), and they are at
+least ``SEAT_LIMIT_SHARE`` of the beats that saw that many running while others waited. The
+share, because a seat limit holds requests waiting with KV room on nearly every beat at the
+limit, where a full KV cache shows room only on a few borderline beats (room for the average
+running request, not for the larger one waiting next). The fitted profile's other fields are
+the prior's.
 
 Followed: the time-integrated exposures and non-negative least squares of BLIS's trace-only
 estimator (inference-sim/blis, ``python/estimators/baseline.py``, commit 087bb0a), and its
@@ -134,6 +140,10 @@ FAILED_FIT = 1.5
 prior's law is kept. Not 1: the fit weighs rows by their predicted length, the residual by the
 observed one, so a fit beside a prior that is the truth can come out a little above it."""
 SEAT_LIMIT_BEATS = 3
+SEAT_LIMIT_SHARE = 0.5
+"""A seat limit is taken from the heartbeats when at least ``SEAT_LIMIT_BEATS`` beats at the most
+requests running had others waiting and KV room, and they are at least ``SEAT_LIMIT_SHARE`` of
+the beats at the most running with others waiting (module docstring)."""
 ONE_STEP = 1.05
 """A TTFT window of at most this many steps measures one step's noise (one step, and a sliver
 of a neighbouring step's time that the millisecond rounding of the store leaves in it)."""
@@ -149,13 +159,34 @@ built-in profile's value; for the delay, a step's fixed cost."""
 class HeartbeatSummary:
     """What a group's heartbeats say of its capacity: the largest ``kv_blocks_total`` (0: no
     heartbeat), the most requests seen ``running``, how many beats saw that many running
-    while others waited and KV blocks were free (``beats_at_seat_limit``), and the engines' KV
-    block size in tokens (``kv_block_tokens``; 0: the heartbeats do not say)."""
+    while others waited and KV blocks were free (``beats_at_seat_limit``), the engines' KV
+    block size in tokens (``kv_block_tokens``; 0: the heartbeats do not say), and how many beats
+    saw that many running while others waited, KV room or not (``beats_waiting_at_most``). Not
+    given (0, or fewer than ``beats_at_seat_limit``), it is taken as ``beats_at_seat_limit``:
+    every such beat had room, and the seat limit is taken on ``SEAT_LIMIT_BEATS`` beats alone."""
 
     kv_blocks_total: int = 0
     max_running: int = 0
     beats_at_seat_limit: int = 0
     kv_block_tokens: int = 0
+    beats_waiting_at_most: int = 0
+
+    @property
+    def waiting_at_most(self) -> int:
+        """``beats_waiting_at_most``, or ``beats_at_seat_limit`` where that is not given."""
+        return max(self.beats_waiting_at_most, self.beats_at_seat_limit)
+
+    @property
+    def seat_limited(self) -> bool:
+        """Whether a seat limit held requests waiting at ``max_running`` (module docstring):
+        ``SEAT_LIMIT_BEATS`` beats or more with KV room, and at least ``SEAT_LIMIT_SHARE`` of the
+        beats waiting at the most running."""
+        room = self.beats_at_seat_limit
+        return (
+            self.max_running > 0
+            and room >= SEAT_LIMIT_BEATS
+            and room >= SEAT_LIMIT_SHARE * self.waiting_at_most
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -566,7 +597,7 @@ def _capacity(prior: EngineProfile, beats: HeartbeatSummary | None) -> tuple[int
     if beats is None or beats.kv_blocks_total <= 0:
         return prior.kv_tokens, prior.max_seqs, prior.kv_block_tokens
     seats = prior.max_seqs
-    if beats.max_running > seats or (beats.beats_at_seat_limit >= SEAT_LIMIT_BEATS and beats.max_running > 0):
+    if beats.max_running > seats or beats.seat_limited:
         seats = beats.max_running
     unit = beats.kv_block_tokens if _usable_unit(beats.kv_block_tokens) else prior.kv_block_tokens
     return beats.kv_blocks_total * BLOCK_TOKENS, seats, unit
@@ -581,9 +612,11 @@ def _capacity_messages(prior: EngineProfile, beats: HeartbeatSummary | None) -> 
     if beats is None or beats.kv_blocks_total <= 0:
         return ["no heartbeats: kv_tokens, max_seqs and kv_block_tokens are the prior's"]
     messages = []
-    if beats.max_running <= prior.max_seqs and beats.beats_at_seat_limit < SEAT_LIMIT_BEATS:
+    if beats.max_running <= prior.max_seqs and not beats.seat_limited:
+        room = f"{beats.beats_at_seat_limit} of {beats.waiting_at_most}"
         messages.append(
-            f"max_seqs: the engines never ran into a seat limit: kept the prior's {prior.max_seqs}"
+            f"max_seqs: the engines never ran into a seat limit ({room} beats with requests waiting"
+            f" at the most running had KV room): kept the prior's {prior.max_seqs}"
         )
     kept = f"kept the prior's {prior.kv_block_tokens}"
     if beats.kv_block_tokens <= 0:

@@ -93,6 +93,7 @@ def test_samples_are_grouped_by_the_heartbeats_model_and_profile(client: Client)
             beat("i0", NOW - 49, running=4, waiting=2, used=800),  # ... but the KV cache full
             beat("i0", NOW - 48, running=4),  # ... nobody waiting
             beat("i0", NOW - 47, running=1, waiting=3, used=10, kv_blocks_total=900),
+            beat("i0", NOW - 46, running=4, waiting=1, used=700),  # at its most, others waiting, full
             beat(
                 "i1",
                 NOW - 50,
@@ -114,6 +115,7 @@ def test_samples_are_grouped_by_the_heartbeats_model_and_profile(client: Client)
     unknown, llama, tiny = groups
     assert (unknown.kv_blocks_total, unknown.gpus, unknown.price_per_hour) == (0, 1, None)
     assert (llama.kv_blocks_total, llama.max_running, llama.beats_at_seat_limit) == (900, 4, 1)
+    assert (llama.beats_waiting_at_most, tiny.beats_waiting_at_most) == (3, 0)  # KV room or not
     assert (llama.gpus, llama.price_per_hour, tiny.gpus, tiny.price_per_hour) == (1, 3.0, 2, None)
     assert (llama.kv_block_tokens, tiny.kv_block_tokens) == (0, 32)  # (the engine's block size, if said)
     columns = llama.completions
