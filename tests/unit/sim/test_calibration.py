@@ -230,6 +230,28 @@ def test_capacity_comes_from_the_heartbeats() -> None:
     assert not any(m.startswith("kv_block_tokens") for m in sized.messages)
 
 
+def test_a_full_kv_cache_is_not_taken_for_a_seat_limit() -> None:
+    """Engines of 16 KV blocks running at most 3 requests of 4.5 blocks: of the beats that saw 3
+    running with others waiting, a few borderline ones show room for an average running request
+    (4 blocks) -- a full cache, the prior's seat limit kept. A seat limit shows room on most."""
+    observations = recorded(open_workload(SHORT_MIX, seed=0), LLAMA, 1)
+    full = HeartbeatSummary(16, 3, beats_at_seat_limit=4, kv_block_tokens=512, beats_waiting_at_most=112)
+    kv_bound = calibrate(observations, LLAMA, full)
+    assert (kv_bound.profile.max_seqs, kv_bound.profile.kv_tokens) == (LLAMA.max_seqs, 16 * 512)
+    why = "4 of 112 beats with requests waiting at the most running had KV room"
+    assert (
+        f"max_seqs: the engines never ran into a seat limit ({why}): kept the prior's 1024"
+        in kv_bound.messages
+    )
+    seated = calibrate(observations, LLAMA, replace(full, beats_at_seat_limit=100))
+    assert seated.profile.max_seqs == 3
+    assert not any(m.startswith("max_seqs") for m in seated.messages)
+    assert not full.seat_limited
+    assert replace(full, beats_at_seat_limit=56).seat_limited  # SEAT_LIMIT_SHARE of them
+    assert not replace(full, beats_at_seat_limit=55).seat_limited
+    assert not replace(full, beats_at_seat_limit=2, beats_waiting_at_most=2).seat_limited  # SEAT_LIMIT_BEATS
+
+
 def test_an_unknown_engine_gets_a_prior_of_its_order_of_magnitude() -> None:
     slow = replace(LLAMA, **{term: getattr(LLAMA, term) * 40 for term in TERMS})
     light = "synthetic:duration_s=600,rate_per_s=0.25,share_doc_qa=0,batch_jobs_per_hour=0"
