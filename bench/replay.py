@@ -1,7 +1,7 @@
 """The replay shown on engines: predict a policy's run from another's, then run it for real.
 
 ``python -m bench.replay [--engines vllm|emulated] [--duration S] [--users N] [--speed X]
-[--seed N] [--shared-broker] [--data DIR] [--json J]``
+[--seed N] [--draws N] [--shared-broker] [--data DIR] [--json J]``
 
 1. Policy A (``round-robin``) runs for real: per policy an embedded broker and an
    ``EngineStack`` (worker with the embedded ClickHouse store, dispatcher, gateway) whose rows
@@ -16,7 +16,9 @@
    run from the store, calibrates its engines and predicts A itself and B (``tokenpilot``); with
    emulated engines also C (``least-tokens``), and beside the calibrated prediction the nominal
    one: the same replay on ``llama3-8b-h100`` (the law the perturbed one departs from), its step
-   times divided by ``--speed`` (the nominal law on the emulated clock).
+   times divided by ``--speed`` (the nominal law on the emulated clock). The calibrated
+   prediction is replayed ``--draws`` times (seeds from ``--seed``; the engines' fitted noise
+   differs from one draw to the next) and each figure predicted is its median over them.
 3. B (and C) run for real on the same load (same seed; vLLM's prefix caches reset, emulated
    servers started afresh).
 4. Errors, each (predicted - observed) / observed, signed: ``self_error`` (A's prediction against
@@ -90,6 +92,8 @@ class BenchOptions:
     """Where the store, logs and inventories go (None: a temporary directory, removed)."""
     shared_broker: bool = False
     """One broker for every policy's run, as ``make demo-vllm`` runs them (default: one each)."""
+    draws: int = 5
+    """Replays of A's run (``tokenfleet replay --draws``): the prediction is their median."""
 
     def policies(self) -> tuple[str, ...]:
         return (RAN, COUNTERFACTUAL, THIRD) if self.engines == "emulated" else (RAN, COUNTERFACTUAL)
@@ -136,14 +140,15 @@ def _run(options: BenchOptions, data: Path, stack: contextlib.ExitStack) -> dict
             runs[policy] = asyncio.run(run_policy(bootstrap, inventory, data, store_url, policy, load))
         run = runs[policy].run_id
         if policy == RAN:  # every policy predicted from A's run, before the others run
-            replays[policy] = replay(run, policies, options.seed, store_url, data / "replay-predicted.json")
+            out = data / "replay-predicted.json"
+            replays[policy] = replay(run, policies, options.seed, store_url, out, options.draws)
             export = export_run(run, store_url, data / "replay")
             nominal, placement = _nominal_and_placement(options, export, policies)
         else:  # the store's figures of this run (and its own replay, for the record)
             replays[policy] = replay(run, [policy], options.seed, store_url, data / f"replay-{policy}.json")
     observed = {p: r["observed"] for p, r in replays.items()}
     replay_of_a = replays[RAN]
-    predicted = replay_of_a["results"]
+    predicted = median_results(replay_of_a)
     errors = {
         p: {
             "calibrated": _errors(predicted[p], observed[p]),
@@ -163,6 +168,7 @@ def _run(options: BenchOptions, data: Path, stack: contextlib.ExitStack) -> dict
         "runs": {p: {"run_id": r.run_id, "client": r.client, "engines": r.engines} for p, r in runs.items()},
         "observed": observed,
         "predicted": predicted,
+        "draws": replay_of_a.get("draws"),
         **({"predicted_nominal": nominal} if nominal is not None else {}),
         "placement": placement,
         "own_replay_error": {p: r["self_error"] for p, r in replays.items()},
@@ -259,14 +265,30 @@ def tokenfleet(args: Sequence[str], store_url: str, log: Path | None = None) -> 
         raise RuntimeError(f"tokenfleet {' '.join(args)} exited {done.returncode}")
 
 
-def replay(run: str, policies: Sequence[str], seed: int, store_url: str, out: Path) -> dict[str, Any]:
-    """``tokenfleet replay --run RUN --policy P ... --json OUT``'s document (the first replay
-    prints its tables here, the others to ``OUT``'s ``.log``)."""
+def replay(
+    run: str, policies: Sequence[str], seed: int, store_url: str, out: Path, draws: int = 1
+) -> dict[str, Any]:
+    """``tokenfleet replay --run RUN --policy P ... --draws N --json OUT``'s document (the first
+    replay prints its tables here, the others to ``OUT``'s ``.log``)."""
     log = None if out.name == "replay-predicted.json" else out.with_suffix(".log")
     flags = [arg for policy in policies for arg in ("--policy", policy)]
-    tokenfleet(["replay", "--run", run, *flags, "--seed", str(seed), "--json", str(out)], store_url, log)
+    args = ["replay", "--run", run, *flags, "--seed", str(seed), "--draws", str(draws), "--json", str(out)]
+    tokenfleet(args, store_url, log)
     document: dict[str, Any] = json.loads(out.read_text())
     return document
+
+
+def median_results(document: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """A replay's ``results``, each figure it drew several times (``draws``) replaced by its
+    median over the draws."""
+    draws = document.get("draws")
+    results: dict[str, dict[str, Any]] = document["results"]
+    if draws is None:
+        return results
+    return {
+        policy: {**result, **{n: s["median"] for n, s in draws["figures"][policy].items() if s is not None}}
+        for policy, result in results.items()
+    }
 
 
 def export_run(run: str, store_url: str, directory: Path) -> Path:
@@ -435,13 +457,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--speed", type=float, default=0.2, metavar="X", help="emulated engines' speed")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--draws",
+        type=int,
+        default=5,
+        metavar="N",
+        help="replays of the first run; the prediction is their median",
+    )
+    parser.add_argument(
         "--shared-broker", action="store_true", help="one broker for every run, as make demo-vllm"
     )
     parser.add_argument("--data", type=Path, default=None, metavar="DIR", help="keep the store and logs here")
     parser.add_argument("--json", type=str, default=None, metavar="J")
     args = parser.parse_args(argv)
+    if args.draws < 1:
+        parser.error(f"--draws must be at least 1, not {args.draws}")
     options = BenchOptions(
-        args.engines, args.duration, args.users, args.seed, args.speed, args.data, args.shared_broker
+        args.engines,
+        args.duration,
+        args.users,
+        args.seed,
+        args.speed,
+        args.data,
+        args.shared_broker,
+        args.draws,
     )
     started = time.monotonic()
     document = run_bench(options)

@@ -60,6 +60,16 @@ ReplayProfilesOpt = Annotated[
     ),
 ]
 
+DrawsOpt = Annotated[
+    int,
+    typer.Option(
+        "--draws",
+        metavar="N",
+        help="replay each policy N times, seeds --seed to --seed + N - 1 (the engines' noise): the "
+        "figures' median and range, and the self error from the medians",
+    ),
+]
+
 
 @replay_app.callback(invoke_without_command=True)
 def replay(
@@ -80,10 +90,11 @@ def replay(
     until: UntilOpt = None,
     profiles: ReplayProfilesOpt = None,
     seed: SeedOpt = 0,
+    draws: DrawsOpt = 1,
     json_out: JsonOpt = None,
 ) -> None:
     if ctx.invoked_subcommand is not None:
-        if run is not None or policy or planner or since or until or profiles or json_out:
+        if run is not None or policy or planner or since or until or profiles or json_out or draws != 1:
             error(
                 "tokenfleet replay",
                 f"give --run and its options to the replay or to {ctx.invoked_subcommand}",
@@ -99,7 +110,7 @@ def replay(
 
     since_ts, until_ts = window(since, until)
     store_url = load_settings().clickhouse_url
-    replay_command(run, policy, planner, since_ts, until_ts, seed, json_out, store_url, profiles)
+    replay_command(run, policy, planner, since_ts, until_ts, seed, json_out, store_url, profiles, draws)
 
 
 def window(since: str | None, until: str | None) -> tuple[float | None, float | None]:

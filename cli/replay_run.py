@@ -13,10 +13,16 @@ fitted to the instances of its model whose heartbeats name its profile (``replay
 ran among them (added when not given), are compared on that fleet and workload as ``simulate``
 compares them (``sim/evaluation/compare.py``, under each planner given).
 
+Draws. The simulator draws the engines' step noise (the fitted ``noise_sigma``) and its other
+random choices from ``--seed``; ``--draws N`` replays every policy under seeds ``seed`` to
+``seed + N - 1``. ``results`` are the first draw's; ``draws`` gives, per policy, the median, min
+and max of each figure of ``cli/replay_report.py``'s ``DRAWN`` over the N draws.
+
 Self error (``self_error``), for the policy that ran (under the ``static`` planner when it is
-given, else the first): per figure of ``SELF_ERROR``, (predicted - observed) / observed, signed,
-rounded to 4 decimals; None where either figure is missing (a percentile on a request that never
-got a first token) or the observed one is 0. It says how far to trust the other policies' figures.
+given, else the first): per figure of ``SELF_ERROR`` (``cli/replay_report.py``), (predicted -
+observed) / observed, signed, rounded to 4 decimals, predicted = the draws' median when N > 1;
+None where either figure is missing (a percentile on a request that never got a first token) or
+the observed one is 0. It says how far to trust the other policies' figures.
 """
 
 from __future__ import annotations
@@ -39,34 +45,12 @@ from cli.replay_calibrate import (
     profile_for,
     read_samples,
 )
+from cli.replay_report import draw_figures, header, medians, replay_lines, self_error
 
 if TYPE_CHECKING:
     from infra.clickhouse.replay_export import RunExport
     from sim.engine.fleet import FleetSpec
     from sim.engine.profiles import ProfileSet
-
-SELF_ERROR = {
-    "goodput": "goodput_tokens_per_s",
-    "ttft_p50": "ttft_p50_s",
-    "ttft_p95": "ttft_p95_s",
-    "compliant_share": "compliant_share",
-}
-"""The ``self_error`` keys and the result figure each compares."""
-
-
-def relative_error(predicted: object, observed: object) -> float | None:
-    """(predicted - observed) / observed, rounded to 4 decimals; None if either is not a number
-    or observed is 0."""
-    numbers = [isinstance(v, int | float) and not isinstance(v, bool) for v in (predicted, observed)]
-    if not all(numbers) or observed == 0:
-        return None
-    assert isinstance(predicted, int | float) and isinstance(observed, int | float)
-    return round((predicted - observed) / observed, 4)
-
-
-def self_error(predicted: Mapping[str, Any], observed: Mapping[str, Any]) -> dict[str, float | None]:
-    """Each ``SELF_ERROR`` figure's relative error, a result (``predicted``) against the store's."""
-    return {key: relative_error(predicted.get(name), observed.get(name)) for key, name in SELF_ERROR.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,10 +137,12 @@ def replay_command(
     json_out: str | None,
     store_url: str,
     profiles_file: Path | None = None,
+    draws: int = 1,
 ) -> dict[str, Any]:
     """Replay run ``run`` (module docstring; on the profiles of ``profiles_file`` if given, else
-    fitted), print the comparison and the self error, write ``json_out`` and return its
-    document; the names and the profiles file are checked before the store is opened."""
+    fitted; ``draws`` seeds from ``seed``), print the comparison and the self error, write
+    ``json_out`` and return its document; the names, the draws and the profiles file are checked
+    before the store is opened."""
     from cli.choices import checked_planners, checked_policies
     from sim.engine.profiles import load_profiles
     from sim.evaluation.compare import compare
@@ -164,6 +150,8 @@ def replay_command(
 
     if not run.strip():
         raise ValueError("--run must name a run")
+    if draws < 1:
+        raise ValueError(f"--draws must be at least 1, not {draws}")
     checked_policies(policies, seed, None)
     shapers = checked_planners(planners)
     loaded = None if profiles_file is None else load_profiles(profiles_file)
@@ -182,13 +170,19 @@ def replay_command(
             f"the engines' profiles, from {profiles_file} (not fitted again): {', '.join(calibration) or '-'}"
         ]
     workload = load_records(stored.export.records, f"run {run}")
-    config = sim_config(seed, 0.25, 0.02, 0.5, None)
-    simulated, _ = compare(workload, fleet, runs, config, 1.0, None, None, shapers)
-    results = cast(dict[str, Any], simulated["results"])
+    drawn = []
+    for draw_seed in range(seed, seed + draws):
+        config = sim_config(draw_seed, 0.25, 0.02, 0.5, None)
+        simulated, _ = compare(workload, fleet, runs, config, 1.0, None, None, shapers)
+        drawn.append(cast(dict[str, Any], simulated["results"]))
+    results = drawn[0]
+    spread = draw_figures(drawn) if draws > 1 else None
+    predicted = results if spread is None else {p: medians(figures) for p, figures in spread.items()}
     ran_key = None
     if ran:  # its result's key: with several planners, under static (else the first)
         ran_key = ran if len(shapers) == 1 else f"{ran}@{'static' if 'static' in shapers else shapers[0]}"
     exported = stored.export
+    seeds = {"draws": {"seeds": list(range(seed, seed + draws)), "figures": spread}} if spread else {}
     document = {
         "run": run,
         "policy_ran": stored.policy or None,
@@ -201,9 +195,10 @@ def replay_command(
         "calibration": calibration,
         "observed": stored.observed,
         "results": results,
-        "self_error": None if ran_key is None else self_error(results[ran_key], stored.observed),
+        **seeds,
+        "self_error": None if ran_key is None else self_error(predicted[ran_key], stored.observed),
     }
-    print("\n".join([*_header(document, exported.instances), *told, *replay_lines(document, ran_key)]))
+    print("\n".join([*header(document, exported.instances), *told, *replay_lines(document, ran_key)]))
     write_json(json_out, document)
     return document
 
@@ -224,66 +219,3 @@ def _known_policy(name: str, seed: int) -> str:
         )
         return ""
     return name
-
-
-def _header(document: Mapping[str, Any], instances: int) -> list[str]:
-    counts = document["workload"]
-    left_out = f", {counts['left_out']} left out (prompt size unknown)" if counts["left_out"] else ""
-    return [
-        f"run {document['run']}: {counts['requests']} requests ({counts['without_hashes']} without block "
-        f"hashes: replayed without prefix reuse{left_out}), {instances} instances; the policy that ran: "
-        f"{document['policy_ran'] or 'unknown'}"
-    ]
-
-
-def replay_lines(document: Mapping[str, Any], ran_key: str | None) -> list[str]:
-    """Per policy: goodput, compliant share (all, per class), TTFT p50 / p95 and cost per million
-    compliant tokens; then the policy that ran, predicted beside observed with the error."""
-    results: Mapping[str, Mapping[str, Any]] = document["results"]
-    observed = document["observed"]
-    classes = sorted({c for r in (*results.values(), observed) for c in r.get("per_class", {})})
-    head = ["policy", "goodput tok/s", "compliant", *classes, "TTFT p50 s", "TTFT p95 s", "$/M compliant"]
-
-    def row(name: str, r: Mapping[str, Any]) -> list[str]:
-        shares = [_cell(r.get("per_class", {}).get(c, {}).get("compliant_share"), "{:.1%}") for c in classes]
-        return [
-            name,
-            _cell(r.get("goodput_tokens_per_s"), "{:.1f}"),
-            _cell(r.get("compliant_share"), "{:.1%}"),
-            *shares,
-            _cell(r.get("ttft_p50_s"), "{:.3f}"),
-            _cell(r.get("ttft_p95_s"), "{:.3f}"),
-            _cell(r.get("cost_per_million_goodput_tokens"), "{:.2f}"),
-        ]
-
-    lines = ["", "replayed (compliant: share of output tokens within the class's objective):"]
-    lines += _aligned([head, *(row(name, r) for name, r in results.items()), row("observed", observed)])
-    if ran_key is not None:
-        errors = document["self_error"]
-        lines += ["", f"{ran_key}, the policy that ran: predicted beside observed"]
-        table = [["figure", "predicted", "observed", "error"]]
-        for key, name in SELF_ERROR.items():
-            fmt = _FORMATS[key]
-            error = _cell(errors[key], "{:+.1%}")
-            table.append([key, _cell(results[ran_key].get(name), fmt), _cell(observed.get(name), fmt), error])
-        lines += _aligned(table)
-    return lines
-
-
-_FORMATS = {"goodput": "{:.1f}", "ttft_p50": "{:.3f}", "ttft_p95": "{:.3f}", "compliant_share": "{:.1%}"}
-
-
-def _cell(value: object, fmt: str) -> str:
-    return "-" if value is None else fmt.format(value)
-
-
-def _aligned(rows: list[list[str]]) -> list[str]:
-    """The rows as columns: the first left-aligned, the others right-aligned."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return [
-        "  "
-        + "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        )
-        for r in rows
-    ]

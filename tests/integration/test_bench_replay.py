@@ -31,6 +31,10 @@ def test_the_bench_predicts_each_policy_from_the_round_robin_run(tmp_path: Path)
         assert document["predicted"][policy]["goodput_tokens_per_s"] > 0
         assert document["predicted_nominal"][policy]["goodput_tokens_per_s"] > 0
     assert set(document["met"]) == {f"calibrated_goodput.{p}" for p in policies}
+    assert document["draws"]["seeds"] == [0, 1, 2, 3, 4]  # predicted: the medians of five draws
+    for policy in policies:
+        spread = document["draws"]["figures"][policy]["goodput_tokens_per_s"]
+        assert document["predicted"][policy]["goodput_tokens_per_s"] == spread["median"]
 
     # The run the replay was calibrated on: its prediction is within the target, or at least
     # no worse than the uncalibrated (nominal) law's.

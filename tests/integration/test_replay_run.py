@@ -98,6 +98,19 @@ def test_the_replay_predicts_the_run_that_happened_and_the_other_policies(
         "vllm": {"profiles_file": str(profiles), "model": "llama3-8b", "parameters": fitted["parameters"]}
     }
 
+    # Three draws: the first is the replay above; the self error is the medians'.
+    drawn = tmp_path / "drawn.json"
+    args = ["--run", "run-rr", "--profiles", str(profiles), "--policy", "tokenpilot", "--draws", "3"]
+    assert main(["replay", *args, "--json", str(drawn)]) == 0
+    assert "over the 3 draws (seeds 0-2)" in capsys.readouterr().out
+    three = json.loads(drawn.read_text())
+    assert three["results"] == document["results"] and three["draws"]["seeds"] == [0, 1, 2]
+    for spreads in three["draws"]["figures"].values():
+        goodput = spreads["goodput_tokens_per_s"]
+        assert goodput["min"] <= goodput["median"] <= goodput["max"]
+    median = three["draws"]["figures"]["round-robin"]["ttft_p50_s"]["median"]
+    assert three["self_error"]["ttft_p50"] == pytest.approx(median / observed["ttft_p50_s"] - 1, abs=1e-4)
+
     for run, policy, message in [
         ("run-rr", "nope", "unknown stage 'nope' in policy 'nope'; known stages: "),
         ("no-such-run", "tokenpilot", "no run 'no-such-run' in the store"),

@@ -23,7 +23,8 @@ from cli.replay_calibrate import (
     file_calibration,
     profile_for,
 )
-from cli.replay_run import relative_error, replay_fleet, replay_lines, self_error
+from cli.replay_report import draw_figures, relative_error, replay_lines, self_error
+from cli.replay_run import replay_fleet
 from infra.clickhouse.calibration_samples import GroupSamples
 from sim.engine.calibration import TERMS, Calibration
 from sim.engine.profiles import BUILT_IN, PROFILES, load_profiles, profiles_text
@@ -187,10 +188,42 @@ def test_the_comparison_shows_each_policy_and_the_one_that_ran_beside_what_was_o
     assert not any(line.startswith("round-robin, the policy") for line in replay_lines(document, None))
 
 
+def test_the_draws_give_each_figure_its_median_and_range_and_the_self_error_takes_the_median() -> None:
+    def figures(goodput: float, p50: float | None) -> dict[str, Any]:
+        return {"goodput_tokens_per_s": goodput, "compliant_share": 0.9, "ttft_p50_s": p50, "ttft_p95_s": 1.0}
+
+    draws = [
+        {"round-robin": figures(100.0, 0.30), "tokenpilot": figures(150.0, 0.2)},
+        {"round-robin": figures(90.0, 0.50), "tokenpilot": figures(160.0, None)},
+        {"round-robin": figures(120.0, 0.40), "tokenpilot": figures(155.0, 0.1)},
+    ]
+    spread = draw_figures(draws)
+    assert spread["round-robin"]["goodput_tokens_per_s"] == {"median": 100.0, "min": 90.0, "max": 120.0}
+    assert spread["round-robin"]["ttft_p50_s"] == {"median": 0.40, "min": 0.30, "max": 0.50}
+    assert spread["tokenpilot"]["ttft_p50_s"] is None  # a draw without the figure: no median of it
+    assert spread["round-robin"]["cost_per_million_goodput_tokens"] is None  # no draw has it
+
+    observed = {**figures(100.0, 0.5), "per_class": {}}
+    document = {
+        "seed": 7,
+        "results": draws[0],
+        "draws": {"seeds": [7, 8, 9], "figures": spread},
+        "observed": observed,
+        "self_error": self_error({"ttft_p50_s": 0.40, "goodput_tokens_per_s": 100.0}, observed),
+    }
+    lines = replay_lines(document, "round-robin")
+    assert any("(seed 7, the first of 3 draws)" in line for line in lines)
+    assert any(line.startswith("over the 3 draws (seeds 7-9): median [min, max]") for line in lines)
+    rows = {line.split()[0]: line.split() for line in lines if line.strip()}
+    assert rows["round-robin"][1:3] == ["100.0", "[90.0,"]  # the spread table's row (the last one)
+    assert rows["ttft_p50"] == ["ttft_p50", "0.400", "0.500", "-20.0%"]  # the median's error
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--run", "r", "--policy", "nope"], "unknown stage 'nope' in policy 'nope'; known"),
+        (["--run", "r", "--policy", "round-robin", "--draws", "0"], "--draws must be at least 1, not 0"),
         (["--run", "r"], "Invalid value for '--policy': give at least one --policy"),
         (["--run", "r", "--policy", "round-robin", "--planner", "nope"], "Invalid value for '--planner'"),
         (["--run", " ", "--policy", "round-robin"], "--run must name a run"),
