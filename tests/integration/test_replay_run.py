@@ -17,13 +17,13 @@ from clickhouse_connect.driver.client import Client
 from agents.policy.common.slo import DEFAULT_SLO_CLASSES
 from cli.main import main
 from infra.clickhouse import FeedbackSink, connect, migrate
+from lab.simulated_store import heartbeats, request_event, store_run
 from sim.engine.attempt import Attempt
 from sim.engine.fleet import FleetSpec, InstanceSpec
 from sim.engine.profiles import PROFILES
 from sim.loop.config import SimConfig
 from sim.loop.runner import simulate
 from sim.workloads.sources import open_workload
-from tests.integration.simulated_run import heartbeats, request_event, store_run
 
 LLAMA = PROFILES["llama3-8b-h100"]
 TRUTH = replace(

@@ -1,5 +1,5 @@
 """The store's summary of a run against the simulator's own figures for it: a simulated run is
-stored as the stack stores one (``simulated_run.store_run``) and read back by ``summary()``, on
+stored as the stack stores one (``lab/simulated_store.py``) and read back by ``summary()``, on
 the real embedded ClickHouse engine (chdb)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any, cast
 import pytest
 
 from infra.clickhouse import connect, migrate, summary
+from lab.simulated_store import store_run
 from sim.engine.fleet import FleetSpec, InstanceSpec
 from sim.engine.profiles import PROFILES
 from sim.evaluation.metrics import report
@@ -19,7 +20,6 @@ from sim.loop.config import SimConfig
 from sim.loop.runner import simulate
 from sim.workloads.sources import open_workload
 from sim.workloads.trace import Workload
-from tests.integration.simulated_run import store_run
 
 FLEET = FleetSpec(
     "2", tuple(InstanceSpec(f"i{k}", "A", "llama3-8b", "1", PROFILES["llama3-8b-h100"]) for k in range(2))
