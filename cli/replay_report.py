@@ -55,9 +55,20 @@ def draw_figures(draws: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, 
     return out
 
 
-def medians(figures: Mapping[str, Any]) -> dict[str, Any]:
-    """One policy's ``draw_figures`` as a result's figures: each its median."""
-    return {name: None if spread is None else spread["median"] for name, spread in figures.items()}
+def predicted(document: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """What a replay document predicts per policy: its ``results``, each figure drawn several
+    times (``draws``) replaced by its median over the draws."""
+    results: dict[str, dict[str, Any]] = document["results"]
+    draws = document.get("draws")
+    if draws is None:
+        return results
+    return {
+        policy: {
+            **result,
+            **{name: s["median"] for name, s in draws["figures"][policy].items() if s is not None},
+        }
+        for policy, result in results.items()
+    }
 
 
 def header(document: Mapping[str, Any], instances: int) -> list[str]:
@@ -92,16 +103,15 @@ def replay_lines(document: Mapping[str, Any], ran_key: str | None) -> list[str]:
         ]
 
     draws = document.get("draws")
-    seeds = "" if draws is None else f" (seed {document['seed']}, the first of {len(draws['seeds'])} draws)"
-    lines = ["", f"replayed{seeds} (compliant: share of output tokens within the class's objective):"]
+    which = "" if draws is None else f" (seed {document['seed']}, the first of {len(draws['seeds'])} draws)"
+    lines = ["", f"replayed{which} (compliant: share of output tokens within the class's objective):"]
     lines += _aligned([head, *(row(name, r) for name, r in results.items()), row("observed", observed)])
-    predicted: Mapping[str, Mapping[str, Any]] = results
     if draws is not None:
         first, last = draws["seeds"][0], draws["seeds"][-1]
         lines += ["", f"over the {len(draws['seeds'])} draws (seeds {first}-{last}): median [min, max]"]
         lines += _aligned([["policy", *(key for key in SELF_ERROR)], *_spread_rows(draws["figures"])])
-        predicted = {policy: medians(figures) for policy, figures in draws["figures"].items()}
     if ran_key is not None:
+        mine = predicted(document)[ran_key]
         errors = document["self_error"]
         which = "predicted" if draws is None else "predicted (median)"
         lines += ["", f"{ran_key}, the policy that ran: {which} beside observed"]
@@ -109,9 +119,7 @@ def replay_lines(document: Mapping[str, Any], ran_key: str | None) -> list[str]:
         for key, name in SELF_ERROR.items():
             fmt = _FORMATS[key]
             error = _cell(errors[key], "{:+.1%}")
-            table.append(
-                [key, _cell(predicted[ran_key].get(name), fmt), _cell(observed.get(name), fmt), error]
-            )
+            table.append([key, _cell(mine.get(name), fmt), _cell(observed.get(name), fmt), error])
         lines += _aligned(table)
     return lines
 

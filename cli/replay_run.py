@@ -45,7 +45,7 @@ from cli.replay_calibrate import (
     profile_for,
     read_samples,
 )
-from cli.replay_report import draw_figures, header, medians, replay_lines, self_error
+from cli.replay_report import draw_figures, header, predicted, replay_lines, self_error
 
 if TYPE_CHECKING:
     from infra.clickhouse.replay_export import RunExport
@@ -175,15 +175,11 @@ def replay_command(
         config = sim_config(draw_seed, 0.25, 0.02, 0.5, None)
         simulated, _ = compare(workload, fleet, runs, config, 1.0, None, None, shapers)
         drawn.append(cast(dict[str, Any], simulated["results"]))
-    results = drawn[0]
-    spread = draw_figures(drawn) if draws > 1 else None
-    predicted = results if spread is None else {p: medians(figures) for p, figures in spread.items()}
     ran_key = None
     if ran:  # its result's key: with several planners, under static (else the first)
         ran_key = ran if len(shapers) == 1 else f"{ran}@{'static' if 'static' in shapers else shapers[0]}"
     exported = stored.export
-    seeds = {"draws": {"seeds": list(range(seed, seed + draws)), "figures": spread}} if spread else {}
-    document = {
+    document: dict[str, Any] = {
         "run": run,
         "policy_ran": stored.policy or None,
         "seed": seed,
@@ -194,10 +190,13 @@ def replay_command(
         },
         "calibration": calibration,
         "observed": stored.observed,
-        "results": results,
-        **seeds,
-        "self_error": None if ran_key is None else self_error(predicted[ran_key], stored.observed),
+        "results": drawn[0],
     }
+    if draws > 1:
+        document["draws"] = {"seeds": list(range(seed, seed + draws)), "figures": draw_figures(drawn)}
+    document["self_error"] = (
+        None if ran_key is None else self_error(predicted(document)[ran_key], stored.observed)
+    )
     print("\n".join([*header(document, exported.instances), *told, *replay_lines(document, ran_key)]))
     write_json(json_out, document)
     return document
