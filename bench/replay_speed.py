@@ -67,7 +67,7 @@ from sim.workloads.trace import Workload, load_records
 
 PROG = "python -m bench.replay_speed"
 TARGET_S = 60.0
-"""Issue 51's bound on export + calibrate (seconds)."""
+"""The bound on export + calibrate the benchmark checks (seconds)."""
 RUN = "replay-speed"
 POLICY = "round-robin"
 MODEL = "llama3-8b"
@@ -76,8 +76,8 @@ ENGINE = replace(PROFILES["llama3-8b-h100-perturbed"], name="vllm")
 """The stored run's engines: the perturbed law, named as a real engine's heartbeats name it."""
 SHARE_DOC_QA = 0.0
 """The mix without its long-document questions: chat sessions, API calls and batch jobs, a load
-that the default ``--instances`` serve at the default rate within their objectives (with its
-32k-80k-token documents the fleet saturates: a run of queues and client time-outs)."""
+the default ``--instances`` are meant to serve at the default rate within their objectives (a
+run of queues and client time-outs would time the store's retries, not the replay)."""
 OVERDRAW = 1.1
 DRAWS = 4
 """The mix is drawn at this many times the rate asked, so that it holds ``--requests``; drawn
