@@ -203,7 +203,8 @@ def fit_lines(group_fit: GroupFit) -> list[str]:
         f"({fit.ttft_rows} TTFT rows, {fit.tpot_rows} TPOT rows)",
         "  " + "  ".join(f"{term} {getattr(profile, term):.4g}" for term in UNKNOWNS),
         f"  attention_growth_tokens {profile.attention_growth_tokens:.0f}  "
-        f"noise_sigma {profile.noise_sigma:.3g}  kv_tokens {profile.kv_tokens}  "
+        f"noise_sigma {profile.noise_sigma:.3g}  token_delay_sigma {profile.token_delay_sigma:.3g}  "
+        f"kv_tokens {profile.kv_tokens}  "
         f"max_seqs {profile.max_seqs}  gpus {profile.gpus}  price_per_hour {profile.price_per_hour}",
         f"  residual error (relative RMS): TTFT {_share(fit.ttft_error)} "
         f"(prior {_share(fit.prior_ttft_error)}), "
@@ -269,5 +270,5 @@ def _parameters(profile: EngineProfile) -> dict[str, Any]:
     from sim.engine.calibration import UNKNOWNS
 
     capacity = ("kv_tokens", "kv_block_tokens", "max_seqs", "gpus", "price_per_hour")
-    law = (*UNKNOWNS, "attention_growth_tokens", "noise_sigma")
+    law = (*UNKNOWNS, "attention_growth_tokens", "noise_sigma", "token_delay_sigma")
     return {name: getattr(profile, name) for name in (*law, *capacity)}

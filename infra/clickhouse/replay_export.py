@@ -24,6 +24,8 @@
     when known ``slo_class`` (the class it declared, else the one its decider gave it),
     ``deadline_s`` (its deadline after its first arrival; one already past: ``EXPIRED_DEADLINE_S``),
     ``home_dc``, ``model_version``, ``allowed_regions``;
+  - ``prefix_tail``, when its engine reused more of its prompt than whole blocks of its chain
+    (vLLM matches prefixes in blocks of 16 or 32 tokens): see ``_PrefixTails``;
   - ``session_id`` and ``think_s``, the closed loop of its client (``sim/loop/sessions.py``), for
     a call that named its session (the gateway's hash of the tenant and the caller's session
     or OpenAI ``user``): a call that arrived after the end of its session's previous call (in
@@ -50,6 +52,7 @@ query per request. Nothing of a prompt's text is read: the store holds none.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -120,6 +123,7 @@ WITH
             request_id,
             countIf(status = 'ok') > 0 AS completed,
             maxIf(output_tokens, status = 'ok') AS output_tokens,
+            maxIf(cached_tokens, status = 'ok') AS cached_tokens,
             max(input_tokens) AS input_tokens,
             max(toUnixTimestamp64Milli(ts)) AS end_ms
         FROM completions
@@ -136,6 +140,7 @@ SELECT
     if(admitted.slo_class != '', admitted.slo_class, routed.slo_class) AS decided_class,
     ended.completed,
     ended.output_tokens,
+    ended.cached_tokens,
     if(ended.request_id = '', NULL, ended.end_ms) AS end_ms
 FROM arrivals
 LEFT JOIN routed ON routed.request_id = arrivals.request_id
@@ -200,6 +205,7 @@ def _records(rows: Sequence[Sequence[Any]]) -> tuple[list[dict[str, Any]], int, 
     next_unshared = UNSHARED_ID_BASE
     start_ms: int | None = None  # the first exported arrival
     ends: dict[str, int | None] = {}  # session -> the end of its latest call so far (None: unknown)
+    tails = _PrefixTails()
     for (
         request_id,
         arrival_ms,
@@ -209,6 +215,7 @@ def _records(rows: Sequence[Sequence[Any]]) -> tuple[list[dict[str, Any]], int, 
         decided_class,
         completed,
         ok_tokens,
+        cached_tokens,
         end_ms,
     ) in rows:
         tenant, model, task_type, slo_class, budget, deadline_ms, regions, home_dc, version, session = first
@@ -250,7 +257,51 @@ def _records(rows: Sequence[Sequence[Any]]) -> tuple[list[dict[str, Any]], int, 
             if previous_end is not None and arrival_ms >= previous_end:
                 record["think_s"] = (arrival_ms - previous_end) / 1000.0
         records.append(record)
+        tails.add(record, cached_tokens if completed else None)
+    tails.fill()
     return records, unhashed, unsized
+
+
+class _PrefixTails:
+    """The ``prefix_tail`` of each record (``sim/workloads/trace.py``): its ``shared`` leading
+    blocks (those an earlier record of the file has, in arrival order) and the tokens after them
+    an engine with finer blocks than 512 tokens also reused. Measured where the engine reported
+    ``cached`` tokens reaching past those blocks: ``cached - shared * 512``; elsewhere (the call
+    went where its prefix was not, or it never completed) the median measured after the same
+    prefix (its ``shared``-th chained hash), if any was. A record sharing no block gets none:
+    nothing says where a tail before the first block would be held."""
+
+    def __init__(self) -> None:
+        self._seen: set[int] = set()
+        self._measured: dict[int, list[int]] = {}  # prefix (last shared hash) -> tails measured after it
+        self._unmeasured: list[tuple[dict[str, Any], int, int]] = []  # (record, shared, prefix)
+
+    def add(self, record: dict[str, Any], cached: int | None) -> None:
+        chain = record["hash_ids"][: record["input_length"] // BLOCK_TOKENS]
+        shared = 0
+        while shared < len(chain) and chain[shared] in self._seen:
+            shared += 1
+        self._seen.update(chain)
+        if not shared:
+            return
+        prefix = chain[shared - 1]
+        if cached is not None and cached >= shared * BLOCK_TOKENS:
+            tail = cached - shared * BLOCK_TOKENS
+            self._measured.setdefault(prefix, []).append(tail)
+            _set_tail(record, shared, tail)
+        else:
+            self._unmeasured.append((record, shared, prefix))
+
+    def fill(self) -> None:
+        for record, shared, prefix in self._unmeasured:
+            if prefix in self._measured:
+                _set_tail(record, shared, statistics.median_low(self._measured[prefix]))
+
+
+def _set_tail(record: dict[str, Any], shared: int, tail: int) -> None:
+    room = record["input_length"] - shared * BLOCK_TOKENS
+    if min(tail, room) > 0:
+        record["prefix_tail"] = [shared, min(tail, room)]
 
 
 def _fleet(groups: Sequence[Sequence[Any]]) -> tuple[dict[str, Any], int]:

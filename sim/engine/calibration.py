@@ -68,13 +68,17 @@ Noise. An engine's steps vary about its law (the machine, the kernels); the simu
 factor of standard deviation ``noise_sigma`` per planned step. Without it, replayed engines keep
 in step where real ones drift apart: a closed loop of users sent in turn to two engines stays
 split evenly between them, where noise soon tips it into the lasting state in which one engine
-holds most of the calls. The fitted ``noise_sigma`` is the relative RMS error, at the fitted law,
-of the TTFT rows whose window holds a single step (at most ``ONE_STEP`` steps: a call that found
-its engine idle and was prefilled in one step), whose error is that one step's; what the law
-misses there counts as noise too, and the law fitted to those rows takes part of their noise
-(the estimate is a little low on an engine that follows the law). Rows of more steps would
-understate it more (their steps' factors average out). Fewer than ``MIN_ROWS`` such rows: no
-noise, and the result says so.
+holds most of the calls. The noise is measured on the TTFT rows whose window holds a single
+step (at most ``ONE_STEP`` steps: a call that found its engine idle and was prefilled in one
+step), whose error is that one step's and its delay's: ``noise_sigma`` the steps' relative
+error, ``token_delay_sigma`` the delay's, told apart where some of those rows are mostly step
+(a long prompt) and some mostly delay (a cache hit's short prefill), else all of it the steps'
+(``_noise``). On a machine whose API server, stream and control plane share cores with the
+engine, the delay varies as much as the steps do or more, and at low load, where most calls
+are hits, it sets the TTFT median. What the law misses there counts as noise too, and the law
+fitted to those rows takes part of their noise (the estimate is a little low on an engine that
+follows the law). Rows of more steps would understate it more (their steps' factors average
+out). Fewer than ``MIN_ROWS`` such rows: no noise, and the result says so.
 
 Capacity (``kv_tokens``, ``kv_block_tokens``, ``max_seqs``) comes from the heartbeats
 (``sim/engine/heartbeat_capacity.py``). The fitted profile's other fields are the prior's.
@@ -193,11 +197,16 @@ def calibrate(
             )
             law, kept, rows = start, UNKNOWNS, first_rows
     errors = _errors(rows, law)
-    noise, one_step_rows = _step_noise(rows, law)
-    if noise is None:
+    noise = _noise(rows, law)
+    if noise.steps is None:
         messages.append(
-            f"noise_sigma: only {one_step_rows} first-token windows of one step (at least {MIN_ROWS}): "
+            f"noise_sigma: only {noise.rows} first-token windows of one step (at least {MIN_ROWS}): "
             "the steps' noise is not measured, none simulated"
+        )
+    elif noise.delay is None and law.token_delay_s > 0:
+        messages.append(
+            f"token_delay_sigma: fewer than {MIN_ROWS} first-token windows of one step mostly "
+            "step or mostly delay: their noise is not told apart, all of it counted as the steps'"
         )
     messages += capacity_messages(prior, heartbeats)
     values = dict(zip(TERMS, map(float, law.theta), strict=True))
@@ -212,7 +221,8 @@ def calibrate(
         decode_s_per_context_token=values["decode_s_per_context_token"],
         attention_growth_tokens=1 / law.inverse_growth if law.inverse_growth else 0.0,
         token_delay_s=float(law.token_delay_s),
-        noise_sigma=noise or 0.0,
+        noise_sigma=noise.steps or 0.0,
+        token_delay_sigma=noise.delay or 0.0,
         kv_tokens=kv_tokens,
         max_seqs=max_seqs,
         kv_block_tokens=kv_block_tokens,
@@ -529,15 +539,40 @@ def _errors(rows: WindowRows, law: StepLaw) -> tuple[float | None, float | None]
     return rms(rows.ttft), rms(~rows.ttft)
 
 
-def _step_noise(rows: WindowRows, law: StepLaw) -> tuple[float | None, int]:
-    """The relative RMS error of ``law`` on the TTFT rows of one step (``ONE_STEP``; module
-    docstring), None when fewer than ``MIN_ROWS``; and how many there are."""
+@dataclass(frozen=True, slots=True)
+class Noise:
+    """The noise of the steps (``noise_sigma``, None: not measured) and of the delay
+    (``token_delay_sigma``, None: not told apart from the steps'), measured on ``rows`` TTFT
+    windows of one step."""
+
+    steps: float | None
+    delay: float | None
+    rows: int
+
+
+def _noise(rows: WindowRows, law: StepLaw) -> Noise:
+    """The noise of ``law``'s TTFT rows of one step (``ONE_STEP``; module docstring).
+
+    Such a row is one step s and the delay d, each with its own relative noise: its relative
+    error e = (s + d) / y - 1 has variance sigma_s^2 (s / (s + d))^2 + sigma_d^2 (d / (s + d))^2
+    (to first order).
+    The two variances are the non-negative least squares of e^2 on those two shares, where
+    ``MIN_ROWS`` rows or more are mostly step and as many mostly delay; otherwise the rows
+    cannot tell them apart and the relative RMS of e is the steps' noise alone. Fewer than
+    ``MIN_ROWS`` rows: neither."""
     one_step = rows.ttft & (rows.x[:, 0] <= ONE_STEP)
     count = int(one_step.sum())
     if count < MIN_ROWS:
-        return None, count
-    relative = law.predict(rows)[one_step] / rows.y[one_step] - 1
-    return float(np.sqrt(np.mean(relative**2))), count
+        return Noise(None, None, count)
+    predicted = law.predict(rows)[one_step]
+    relative = predicted / rows.y[one_step] - 1
+    step_share = (law.design(rows.x[one_step]) @ law.theta) / predicted
+    mostly_step = int((step_share > 0.5).sum())
+    if min(mostly_step, count - mostly_step) < MIN_ROWS:
+        return Noise(float(np.sqrt(np.mean(relative**2))), None, count)
+    shares = np.column_stack([step_share**2, (1 - step_share) ** 2])
+    steps, delay = np.sqrt(_nnls(shares.T @ shares, shares.T @ relative**2))
+    return Noise(float(steps), float(delay), count)
 
 
 __all__ = [

@@ -61,7 +61,8 @@ the batch (a new request, an abort) truncates the macro-step to the step in prog
 
 What the client sees: every token of an attempt reaches its client the profile's
 ``token_delay_s`` after the step that made it (``sim/engine/profiles.py``). The engine adds it
-to the attempt's way back (``Attempt.return_s``) when the attempt arrives (``enqueue``), so the
+to the attempt's way back (``Attempt.return_s``) when the attempt arrives (``enqueue``; with
+``token_delay_sigma`` > 0, times a lognormal factor of the attempt's own), so the
 drivers (``sim/loop/lifecycle.py``), which date a first token and an end ``return_s`` after the
 step, apply it to both: TTFT and E2E include it, TPOT does not, and a session's next call waits
 for it.
@@ -86,6 +87,10 @@ from sim.engine.attempt import Attempt
 from sim.engine.fleet import InstanceSpec
 from sim.engine.kv_cache import PrefixKvCache
 from sim.engine.profiles import EngineOptions, noise_seed
+
+DELAY_SEED = 0x5DE1A7
+"""Mixed into an instance's noise seed for its delay's generator (one of its own, so that the
+steps' noise draws the same with or without the delay's)."""
 
 
 class Instance:
@@ -135,6 +140,9 @@ class Instance:
         self._rng: random.Random | None = None
         if profile.noise_sigma > 0:
             self._rng = random.Random(noise_seed(spec.instance_id, profile, self.options))
+        self._delay_rng: random.Random | None = None
+        if profile.token_delay_sigma > 0:
+            self._delay_rng = random.Random(noise_seed(spec.instance_id, profile, self.options) ^ DELAY_SEED)
         self._decoders: list[Attempt] = []
         self._chunks: list[tuple[Attempt, int]] = []
         self._growth_starts: list[int] | None = None  # sorted first growth step of each decoder
@@ -149,9 +157,14 @@ class Instance:
 
     def enqueue(self, attempt: Attempt, now_s: float) -> None:
         """A routed attempt arrives; it joins the batch at the next step boundary. Its way back
-        grows by the profile's ``token_delay_s`` (module docstring)."""
+        grows by the profile's ``token_delay_s``, times a noise factor if the profile has one
+        (module docstring)."""
         attempt.instance = self
-        attempt.return_s += self.profile.token_delay_s
+        profile = self.profile
+        delay = profile.token_delay_s
+        if self._delay_rng is not None:
+            delay *= self._delay_rng.lognormvariate(profile.token_delay_mu, profile.token_delay_sigma)
+        attempt.return_s += delay
         self.waiting.append(attempt)
         self.tokens_in_flight += attempt.request.input_tokens
         if self.scheduled:
@@ -574,10 +587,11 @@ class Instance:
 
 
 def _computed_ahead(attempt: Attempt, matched: int, tokens: int) -> int:
-    """Tokens of ``attempt``'s ``tokens`` it need not compute: its resident prefix of ``matched``
-    blocks, or all of a prompt whose KV a prefill instance sent (``kv_received``; a pre-empted
-    one recomputes here). A fully cached prompt still computes its last token, for the logits
-    (as vLLM's decode instance does with a transferred prompt)."""
+    """Tokens of ``attempt``'s ``tokens`` it need not compute: what its resident prefix of
+    ``matched`` blocks spares (``TraceRequest.reusable_tokens``), or all of a prompt whose KV a
+    prefill instance sent (``kv_received``; a pre-empted one recomputes here). A fully cached
+    prompt still computes its last token, for the logits (as vLLM's decode instance does with a
+    transferred prompt)."""
     if attempt.kv_received and not attempt.preemptions:
         return tokens - 1
-    return min(matched * BLOCK_TOKENS, tokens - 1)
+    return min(attempt.request.reusable_tokens(matched), tokens - 1)

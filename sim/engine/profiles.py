@@ -26,7 +26,11 @@ that made it ended (detokenization, the API server, the stream back; the network
 centres is apart, ``Attempt.return_s``), the first token and the last alike, so TTFT and E2E
 include it once and TPOT does not. It is 0 in the built-in profiles (their figures are the
 engine's step times); a calibrated profile fits it to the TTFT the store recorded
-(``sim/engine/calibration.py``) and the simulator applies it (``sim/engine/instance.py``).
+(``sim/engine/calibration.py``) and the simulator applies it (``sim/engine/instance.py``). With
+``token_delay_sigma`` > 0 each attempt's delay is ``token_delay_s`` times its own lognormal
+factor (mean 1, standard deviation ~``token_delay_sigma``; a machine whose API server, stream
+and control plane share cores with the engine delivers some first tokens much later than
+others), from a generator of its own (the steps' noise draws the same with it or without).
 
 Where the figures come from (public sources, fitted by hand, bf16, vLLM-class engine):
 - Decode (T0, c, d): ML.ENERGY leaderboard, vLLM on H100 80GB, median inter-token latency at
@@ -131,6 +135,7 @@ class EngineProfile:
     price_per_hour: float | None = None  # cost of one instance-hour; None: no price (GPU-hours only)
     kv_bytes_per_token: int = 128 * 1024  # the KV cache of one token (what a P/D transfer moves)
     token_delay_s: float = 0.0  # from the step that made a token to its client seeing it (law docstring)
+    token_delay_sigma: float = 0.0  # the delay's per-attempt lognormal noise; 0: none (law docstring)
     kv_block_tokens: int = BLOCK_TOKENS  # the engine's KV allocation unit (vLLM's block_size)
 
     def __post_init__(self) -> None:
@@ -175,6 +180,11 @@ class EngineProfile:
     def noise_mu(self) -> float:
         """Location of the lognormal noise, so that its mean is 1."""
         return -self.noise_sigma * self.noise_sigma / 2
+
+    @property
+    def token_delay_mu(self) -> float:
+        """Location of the lognormal factor of the delay, so that its mean is 1."""
+        return -self.token_delay_sigma * self.token_delay_sigma / 2
 
 
 H100_HOUR = 3.0
@@ -278,7 +288,8 @@ _LAW = (
     "decode_s_per_seq",
     "decode_s_per_context_token",
 )
-_OPTIONAL_REALS = ("attention_growth_tokens", "noise_sigma", "token_delay_s")  # written when set
+# written when set:
+_OPTIONAL_REALS = ("attention_growth_tokens", "noise_sigma", "token_delay_s", "token_delay_sigma")
 _REALS = (*_LAW, *_OPTIONAL_REALS)
 _COUNTS = {"kv_tokens": 1, "max_seqs": 1, "prefill_budget_tokens": 1, "gpus": 1}  # field: least value
 _UNIT = "kv_block_tokens"  # an optional count, written when not BLOCK_TOKENS
@@ -305,6 +316,7 @@ def load_profiles(path: Path) -> ProfileSet:
             price_per_hour: 3.0             # optional: an instance-hour; null: no price (default)
             model: llama3-8b                # optional: the model it serves (default: NAME)
             token_delay_s: 0.02             # optional: a token's way to the client (default 0)
+            token_delay_sigma: 0.5          # optional: its noise per attempt (default 0: none)
             kv_block_tokens: 32             # optional: vLLM's block_size, divides 512 (default 512)
 
     ``attention_growth_tokens`` and ``noise_sigma`` (the perturbed law) are accepted too. A

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 
-from agents.policy.types import BLOCK_TOKENS, Outcome, PrefillDone
+from agents.policy.types import Outcome, PrefillDone
 from sim.engine.attempt import Attempt
 from sim.engine.fleet import FleetSpec
 from sim.engine.instance import Instance
@@ -120,7 +120,8 @@ class PairedLegs:
                 raise ValueError(f"a decode side bound in another data centre ({decided.dc})")
             index, decode = bound, self.instances[bound]
         request = leg.request
-        resident = min(decode.cache.match(request.block_hashes) * BLOCK_TOKENS, request.input_tokens - 1)
+        matched = decode.cache.match(request.block_hashes)
+        resident = min(request.reusable_tokens(matched), request.input_tokens - 1)
         size = leg.instance.profile.kv_bytes_per_token * (request.input_tokens - resident)
         ends = self.links.transfer(leg.instance.spec.dc, size, now)
         self._at_transferred(ends, (client, index, decode))

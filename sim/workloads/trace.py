@@ -5,7 +5,9 @@ Loaders:
   (512-token block ids, equal prefixes have equal ids); optional ``tenant``, ``slo_class``,
   ``deadline_s`` (seconds after arrival), ``max_tokens``, ``task_type``, ``model``, and for
   fleets of several data centres ``home_dc``, ``model_version``, ``allowed_regions`` (a list);
-  for closed-loop users ``session_id`` and ``think_s`` (``sim/loop/sessions.py``).
+  for closed-loop users ``session_id`` and ``think_s`` (``sim/loop/sessions.py``); and
+  ``prefix_tail`` ``[blocks, tokens]``: once an engine holds the first ``blocks`` blocks of its
+  chain, it also holds the ``tokens`` after them (``TraceRequest.reusable_tokens``).
 - Azure LLM inference CSV: ``TIMESTAMP, ContextTokens, GeneratedTokens``; no prefix
   information, so every block is unique to its request.
 
@@ -14,7 +16,8 @@ file, the line and the field: a line must be a JSON object; ``timestamp`` a fini
 ms in [0, 10^10] (an Azure ``TIMESTAMP`` within 10^7 s of the first row's); lengths integers in
 [1, 10^7]; ``deadline_s`` finite and > 0; ``think_s`` finite and >= 0; ``max_tokens`` an integer in
 [1, 10^7]; ``hash_ids``
-a list of integers; the text fields strings.
+a list of integers; ``prefix_tail`` two integers, ``blocks`` in [1, len(hash_ids)] and
+``blocks * 512 + tokens`` at most ``input_length``; the text fields strings.
 
 Block hashes are chained (hash of the previous chained hash and the block id), so equal hash at
 position i means the whole prefix up to block i is equal. Only full blocks are hashed: a partial
@@ -65,6 +68,20 @@ class TraceRequest:
     allowed_regions: tuple[str, ...] = ()
     session_id: str = ""  # the user or session whose calls follow one another ("": none)
     think_s: float | None = None  # sent this long after its session's previous call ended
+    prefix_tail: tuple[int, int] | None = None  # (blocks, tokens): see ``reusable_tokens``
+
+    def reusable_tokens(self, matched: int) -> int:
+        """Tokens of its prompt an engine holding the first ``matched`` blocks of its chain need
+        not compute: ``matched * 512``, or, once ``matched`` reaches ``prefix_tail``'s blocks,
+        ``blocks * 512 + tokens`` if more. The tail is what an engine reusing prefixes in blocks
+        finer than 512 tokens (vLLM's 16 or 32) also finds of a block the chain cannot match:
+        the part of a prompt's first unshared block that an earlier prompt with the same prefix
+        had too. At most ``input_tokens`` (the engine computes the last one anyway, for the
+        logits: the caller caps)."""
+        if self.prefix_tail is not None and matched >= self.prefix_tail[0]:
+            blocks, tokens = self.prefix_tail
+            return max(matched * BLOCK_TOKENS, blocks * BLOCK_TOKENS + tokens)
+        return matched * BLOCK_TOKENS
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +150,7 @@ def make_request(
     allowed_regions: tuple[str, ...] = (),
     session_id: str = "",
     think_s: float | None = None,
+    prefix_tail: tuple[int, int] | None = None,
 ) -> TraceRequest:
     """Validate and build one request.
 
@@ -144,12 +162,20 @@ def make_request(
     full_blocks = input_tokens // BLOCK_TOKENS
     if block_ids is None:
         block_ids = [hash((-1, unique_key, i)) for i in range(full_blocks)]
+    chain = chain_hashes(block_ids, full_blocks)
+    if prefix_tail is not None:
+        blocks, tokens = prefix_tail
+        if not 1 <= blocks <= len(chain) or tokens < 0 or blocks * BLOCK_TOKENS + tokens > input_tokens:
+            raise ValueError(
+                f"field 'prefix_tail' must be [blocks, tokens] with blocks in [1, {len(chain)}] "
+                f"and blocks * {BLOCK_TOKENS} + tokens <= input_length, got {list(prefix_tail)}"
+            )
     return TraceRequest(
         request_id=request_id,
         arrival_s=arrival_s,
         input_tokens=input_tokens,
         output_tokens=output_tokens,
-        block_hashes=chain_hashes(block_ids, full_blocks),
+        block_hashes=chain,
         tenant=tenant,
         slo_class=classify(input_tokens, slo_class),
         deadline_s=deadline_s,
@@ -161,6 +187,7 @@ def make_request(
         allowed_regions=allowed_regions,
         session_id=session_id,
         think_s=think_s,
+        prefix_tail=prefix_tail,
     )
 
 
@@ -191,7 +218,7 @@ def load_records(records: Iterable[dict[str, Any]], name: str) -> Workload:
 RECORD_FIELDS = (
     "timestamp", "input_length", "output_length", "hash_ids", "request_id", "tenant", "slo_class",
     "deadline_s", "max_tokens", "task_type", "model", "home_dc", "model_version", "allowed_regions",
-    "session_id", "think_s",
+    "session_id", "think_s", "prefix_tail",
 )  # fmt: skip
 """The fields a Mooncake-format record may carry; any other is an error (a typo would otherwise
 be silently ignored)."""
@@ -242,7 +269,18 @@ def _from_record(row: object, default_id: str, position: int) -> TraceRequest:
         allowed_regions=_texts(row.get("allowed_regions", []), "allowed_regions"),
         session_id=_text(row.get("session_id", ""), "session_id", allow_int=True),
         think_s=think,
+        prefix_tail=_pair(row.get("prefix_tail"), "prefix_tail"),
     )
+
+
+def _pair(value: object, field: str) -> tuple[int, int] | None:
+    """A list of two non-negative integers (None when absent)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != 2:
+        raise ValueError(f"field {field!r} must be a list of two integers, got {_shown(value)}")
+    first, second = (_integer(v, field, low=0) for v in value)
+    return first, second
 
 
 def _texts(value: object, field: str) -> tuple[str, ...]:

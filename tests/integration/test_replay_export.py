@@ -62,11 +62,11 @@ def routed(r: InferenceRequest, instance: str = "i-a", slo_class: str = "interac
     )  # fmt: skip
 
 
-def ended(r: InferenceRequest, status: str, output_tokens: int) -> Completion:
+def ended(r: InferenceRequest, status: str, output_tokens: int, cached_tokens: int = 0) -> Completion:
     return Completion(
         request_id=r.request_id, attempt=r.attempt, instance_id="i-a", model=r.model, status=status,  # type: ignore[arg-type]
         arrival_ts=r.ts, ttft_s=0.2, tpot_s=0.02, e2e_s=2.0, input_tokens=r.input_tokens,
-        output_tokens=output_tokens, ts=r.ts + 2.0,
+        output_tokens=output_tokens, cached_tokens=cached_tokens, ts=r.ts + 2.0,
     )  # fmt: skip
 
 
@@ -187,6 +187,33 @@ def test_a_sessions_calls_that_followed_each_others_end_replay_closed_loop(clien
     assert {rid for rid, r in records.items() if "think_s" in r} == {"b"}  # c overlapped b; d never ended
     loaded = {r.request_id: r for r in load_records(list(records.values()), "export").requests}
     assert loaded["b"].session_id == "u1" and loaded["b"].think_s == pytest.approx(0.25)
+
+
+def test_what_an_engine_reused_past_whole_blocks_replays_as_a_prefix_tail(client: Client) -> None:
+    """vLLM reuses a prefix in blocks finer than the chain's 512 tokens: a call whose engine reported
+    more cached tokens than its blocks shared with earlier calls carries the excess as
+    ``prefix_tail``; a call after the same prefix whose engine did not hold it gets the median of
+    those measured; a call after a prefix where nothing was measured, or sharing no block, none."""
+    sink = FeedbackSink(client, DEFAULT_SLO_CLASSES, retry_for_s=5.0, run_id=RUN, run_policy="round-robin")
+    chain = (1, 2, 3, 4)
+    first = request("first", 0.0, input_tokens=2300, prompt_block_hashes=chain)
+    hit = request("hit", 1.0, input_tokens=2400, prompt_block_hashes=chain)
+    missed = request("missed", 2.0, input_tokens=2350, prompt_block_hashes=chain)
+    hit_again = request("hit-again", 3.0, input_tokens=2500, prompt_block_hashes=chain)
+    short = request("short", 4.0, input_tokens=1200, prompt_block_hashes=chain[:2])
+    calls = [first, hit, missed, hit_again, short]
+    sink.write_requests(calls)
+    cached = {"first": 0, "hit": 4 * 512 + 224, "missed": 0, "hit-again": 4 * 512 + 192, "short": 0}
+    sink.write_completions([ended(r, "ok", 10, cached[r.request_id]) for r in calls])
+    sink.write_heartbeats([beat("i-a", "A", "llama3-8b-h100", 0.0)])
+
+    records = {r["request_id"]: r for r in export_run(client, RUN).records}
+    assert {rid: r.get("prefix_tail") for rid, r in records.items()} == {
+        "first": None, "hit": [4, 224], "missed": [4, 192], "hit-again": [4, 192], "short": None,
+    }  # fmt: skip
+    replayed = {r.request_id: r for r in load_records(list(records.values()), "export").requests}
+    assert replayed["hit"].reusable_tokens(4) == 4 * 512 + 224
+    assert replayed["hit"].reusable_tokens(3) == 3 * 512
 
 
 WORDS = [f"w{i}" for i in range(64)]

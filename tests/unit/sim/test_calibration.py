@@ -282,6 +282,17 @@ def test_the_steps_noise_is_measured_on_windows_of_one_step(sigma: float) -> Non
     assert not any(m.startswith("noise_sigma:") for m in fit.messages)
 
 
+def test_the_delays_noise_is_told_apart_from_the_steps() -> None:
+    """An engine whose steps vary by 0.1 and whose tokens reach the client 30 ms later, that delay
+    varying by 0.3: windows of one step that are mostly a long prompt's prefill and others mostly
+    the delay (short prompts) part the two noises (each a little low, as the steps' alone is)."""
+    truth = replace(LLAMA, noise_sigma=0.1, token_delay_s=0.03, token_delay_sigma=0.3)
+    fit = calibrate(recorded(open_workload(SHORT_MIX, seed=3), truth, 2), LLAMA)
+    assert 0.6 * 0.3 <= fit.profile.token_delay_sigma <= 1.1 * 0.3
+    assert 0.5 * 0.1 <= fit.profile.noise_sigma <= 1.1 * 0.1
+    assert not any(m.startswith(("noise_sigma:", "token_delay_sigma:")) for m in fit.messages)
+
+
 def test_too_few_windows_of_one_step_leave_the_noise_unmeasured() -> None:
     """A lone engine always busy: hardly a call finds it idle, so the noise is not measured, and
     the result says so."""

@@ -58,6 +58,21 @@ def test_the_client_sees_each_token_the_profiles_delay_after_its_step() -> None:
     assert a.end_s == pytest.approx(prefill_s(4096, 0) + decode_s(9, 4097) + 0.02, rel=1e-12)
 
 
+def test_the_delays_noise_varies_each_attempts_way_back_about_its_mean() -> None:
+    """``token_delay_sigma``: each attempt's delay is ``token_delay_s`` times a factor of its own,
+    lognormal with mean 1; the steps are as without it."""
+    noisy = replace(LLAMA, token_delay_s=0.05, token_delay_sigma=0.5)
+    reqs = [request(f"r{k}", 10.0 * k, 512, 1) for k in range(200)]
+    delays = np.array(
+        [
+            a.first_token_s - a.arrival_s - prefill_s(512, 0)
+            for a in run_one(*reqs, fleet=fleet_of(1, noisy)).values()
+        ]
+    )
+    assert delays.mean() == pytest.approx(0.05, rel=0.1)
+    assert np.log(delays).std() == pytest.approx(0.5, rel=0.15)
+
+
 def test_long_prompt_is_prefilled_in_budget_sized_chunks() -> None:
     a = run_one(request("a", 0.0, 20_000, 1))[("a", 1)]
     expected = prefill_s(8192, 0) + prefill_s(8192, 8192) + prefill_s(20_000 - 16_384, 16_384)
@@ -82,6 +97,20 @@ def test_prefix_match_stops_at_first_differing_block() -> None:
     second = request("second", 10.0, 4096, 1, [1, 2, 9, 4, 5, 6, 7, 8])
     b = run_one(first, second)[("second", 1)]
     assert b.cached_tokens == 2 * BLOCK_TOKENS
+
+
+def test_a_prefix_tail_is_reused_once_its_blocks_are_resident_and_only_then() -> None:
+    """``prefix_tail`` [blocks, tokens]: an engine holding the first ``blocks`` blocks of the chain
+    also holds ``tokens`` more (vLLM's finer blocks); holding fewer, it reuses whole blocks only."""
+    shared = list(range(4))
+    first = request("first", 0.0, 2300, 1, shared)
+    second = request("second", 10.0, 2400, 1, [*shared], prefix_tail=(4, 250))
+    b = run_one(first, second)[("second", 1)]
+    assert b.cached_tokens == 4 * BLOCK_TOKENS + 250
+    assert b.first_token_s - b.arrival_s == pytest.approx(prefill_s(2400 - 2298, 2298), rel=1e-12)
+    partly = request("partly", 0.0, 2300, 1, [0, 1, 2, 9])  # holds 3 of the 4 blocks
+    c = run_one(partly, replace(second, arrival_s=10.0))[("second", 1)]
+    assert c.cached_tokens == 3 * BLOCK_TOKENS
 
 
 def test_fully_cached_prompt_recomputes_its_last_token() -> None:

@@ -26,6 +26,7 @@ MINE = replace(
     gpus=2,
     price_per_hour=None,
     token_delay_s=0.02,
+    token_delay_sigma=0.4,
 )
 
 
@@ -48,6 +49,7 @@ def test_the_optional_reals_are_written_only_when_set() -> None:
     text = profiles_text({"llama3-8b-h100": LLAMA}, {})
     assert "token_delay_s" not in text and "noise_sigma" not in text
     assert "token_delay_s: 0.02" in profiles_text({"my-engine": MINE}, {})
+    assert "token_delay_sigma: 0.4" in profiles_text({"my-engine": MINE}, {})
 
 
 def test_a_profile_named_after_a_built_in_one_replaces_it_field_by_field(tmp_path: Path) -> None:

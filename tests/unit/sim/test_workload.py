@@ -84,6 +84,9 @@ def test_unknown_synthetic_option_is_an_error() -> None:
 GOOD_LINE = '{"timestamp": 0, "input_length": 10, "output_length": 1}'
 
 
+TAILED = '{"timestamp": 0, "input_length": 1100, "output_length": 1, "hash_ids": '
+
+
 @pytest.mark.parametrize(
     ("line", "field"),
     [
@@ -108,6 +111,14 @@ GOOD_LINE = '{"timestamp": 0, "input_length": 10, "output_length": 1}'
         ('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": "ab"}', "'hash_ids'"),
         ('{"timestamp": 0, "input_length": 10, "output_length": 1, "model": 3}', "'model'"),
         ('{"input_length": 10, "output_length": 1}', "'timestamp' is missing"),
+        (TAILED + '[1, 2], "prefix_tail": 3}', "'prefix_tail' must be a list of two integers"),
+        (
+            TAILED + '[1, 2], "prefix_tail": [3, 1]}',
+            "'prefix_tail' must be [blocks, tokens] with blocks in [1, 2]",
+        ),
+        (TAILED + '[1, 2], "prefix_tail": [0, 1]}', "'prefix_tail' must be [blocks, tokens]"),
+        (TAILED + '[1, 2], "prefix_tail": [2, 77]}', "'prefix_tail' must be [blocks, tokens]"),
+        (TAILED + '[1], "prefix_tail": [1, -1]}', "'prefix_tail' must be an integer in [0,"),
         ("{oops", "not valid JSON"),
     ],
 )
