@@ -13,10 +13,11 @@ fitted to the instances of its model whose heartbeats name its profile (``replay
 ran among them (added when not given), are compared on that fleet and workload as ``simulate``
 compares them (``sim/evaluation/compare.py``, under each planner given).
 
-Draws. The simulator draws the engines' step noise (the fitted ``noise_sigma``) and its other
-random choices from ``--seed``; ``--draws N`` replays every policy under seeds ``seed`` to
-``seed + N - 1``. ``results`` are the first draw's; ``draws`` gives, per policy, the median, min
-and max of each figure of ``cli/replay_report.py``'s ``DRAWN`` over the N draws.
+Draws. The simulator draws the engines' noise (the fitted ``noise_sigma`` per step and
+``token_delay_sigma`` per attempt) and its other random choices from ``--seed``; ``--draws N``
+replays every policy under seeds ``seed`` to ``seed + N - 1``. ``results`` are the first
+draw's; ``draws`` gives, per policy, the median, min and max of each figure of
+``cli/replay_report.py``'s ``DRAWN`` over the N draws.
 
 Self error (``self_error``), for the policy that ran (under the ``static`` planner when it is
 given, else the first): per figure of ``SELF_ERROR`` (``cli/replay_report.py``), (predicted -

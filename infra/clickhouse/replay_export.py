@@ -123,7 +123,8 @@ WITH
             request_id,
             countIf(status = 'ok') > 0 AS completed,
             maxIf(output_tokens, status = 'ok') AS output_tokens,
-            maxIf(cached_tokens, status = 'ok') AS cached_tokens,
+            countIf(status = 'ok' AND attempt = 1) > 0 AS first_try_ok,
+            maxIf(cached_tokens, status = 'ok' AND attempt = 1) AS first_try_cached,
             max(input_tokens) AS input_tokens,
             max(toUnixTimestamp64Milli(ts)) AS end_ms
         FROM completions
@@ -140,7 +141,8 @@ SELECT
     if(admitted.slo_class != '', admitted.slo_class, routed.slo_class) AS decided_class,
     ended.completed,
     ended.output_tokens,
-    ended.cached_tokens,
+    ended.first_try_ok,
+    ended.first_try_cached,
     if(ended.request_id = '', NULL, ended.end_ms) AS end_ms
 FROM arrivals
 LEFT JOIN routed ON routed.request_id = arrivals.request_id
@@ -215,7 +217,8 @@ def _records(rows: Sequence[Sequence[Any]]) -> tuple[list[dict[str, Any]], int, 
         decided_class,
         completed,
         ok_tokens,
-        cached_tokens,
+        first_try_ok,
+        first_try_cached,
         end_ms,
     ) in rows:
         tenant, model, task_type, slo_class, budget, deadline_ms, regions, home_dc, version, session = first
@@ -257,7 +260,7 @@ def _records(rows: Sequence[Sequence[Any]]) -> tuple[list[dict[str, Any]], int, 
             if previous_end is not None and arrival_ms >= previous_end:
                 record["think_s"] = (arrival_ms - previous_end) / 1000.0
         records.append(record)
-        tails.add(record, cached_tokens if completed else None)
+        tails.add(record, first_try_cached if first_try_ok else None)
     tails.fill()
     return records, unhashed, unsized
 
@@ -265,11 +268,15 @@ def _records(rows: Sequence[Sequence[Any]]) -> tuple[list[dict[str, Any]], int, 
 class _PrefixTails:
     """The ``prefix_tail`` of each record (``sim/workloads/trace.py``): its ``shared`` leading
     blocks (those an earlier record of the file has, in arrival order) and the tokens after them
-    an engine with finer blocks than 512 tokens also reused. Measured where the engine reported
-    ``cached`` tokens reaching past those blocks: ``cached - shared * 512``; elsewhere (the call
-    went where its prefix was not, or it never completed) the median measured after the same
-    prefix (its ``shared``-th chained hash), if any was. A record sharing no block gets none:
-    nothing says where a tail before the first block would be held."""
+    an engine with finer blocks than 512 tokens also reused: the rest of an earlier prompt's
+    shared part of the next block, and past it what the engine kept of an earlier call's answer
+    (a chat's next turn carries it), which a prompt's chain, known only at its arrival, cannot
+    name. Measured where the engine reported ``cached`` tokens reaching past those blocks on the
+    call's first attempt (a retry may find its own first attempt's prefill): ``cached - shared
+    * 512``; elsewhere (the call went where its prefix was not, was retried, or never completed)
+    the median measured after the same prefix (its ``shared``-th chained hash), if any was. A
+    record sharing no block gets none: nothing says where a tail before the first block would
+    be held."""
 
     def __init__(self) -> None:
         self._seen: set[int] = set()

@@ -73,9 +73,9 @@ step (at most ``ONE_STEP`` steps: a call that found its engine idle and was pref
 step), whose error is that one step's and its delay's: ``noise_sigma`` the steps' relative
 error, ``token_delay_sigma`` the delay's, told apart where some of those rows are mostly step
 (a long prompt) and some mostly delay (a cache hit's short prefill), else all of it the steps'
-(``_noise``). On a machine whose API server, stream and control plane share cores with the
-engine, the delay varies as much as the steps do or more, and at low load, where most calls
-are hits, it sets the TTFT median. What the law misses there counts as noise too, and the law
+(``_noise``): the delay (the API server, the stream, whatever shares the engine's machine)
+varies apart from the steps, and where most calls are cache hits, whose step is short, its
+spread is most of their TTFT's. What the law misses there counts as noise too, and the law
 fitted to those rows takes part of their noise (the estimate is a little low on an engine that
 follows the law). Rows of more steps would understate it more (their steps' factors average
 out). Fewer than ``MIN_ROWS`` such rows: no noise, and the result says so.
@@ -200,8 +200,8 @@ def calibrate(
     noise = _noise(rows, law)
     if noise.steps is None:
         messages.append(
-            f"noise_sigma: only {noise.rows} first-token windows of one step (at least {MIN_ROWS}): "
-            "the steps' noise is not measured, none simulated"
+            f"noise_sigma: only {noise.one_step_windows} first-token windows of one step "
+            f"(at least {MIN_ROWS}): the steps' noise is not measured, none simulated"
         )
     elif noise.delay is None and law.token_delay_s > 0:
         messages.append(
@@ -540,17 +540,17 @@ def _errors(rows: WindowRows, law: StepLaw) -> tuple[float | None, float | None]
 
 
 @dataclass(frozen=True, slots=True)
-class Noise:
+class _Noise:
     """The noise of the steps (``noise_sigma``, None: not measured) and of the delay
-    (``token_delay_sigma``, None: not told apart from the steps'), measured on ``rows`` TTFT
-    windows of one step."""
+    (``token_delay_sigma``, None: not told apart from the steps'), measured on
+    ``one_step_windows`` TTFT windows of one step."""
 
     steps: float | None
     delay: float | None
-    rows: int
+    one_step_windows: int
 
 
-def _noise(rows: WindowRows, law: StepLaw) -> Noise:
+def _noise(rows: WindowRows, law: StepLaw) -> _Noise:
     """The noise of ``law``'s TTFT rows of one step (``ONE_STEP``; module docstring).
 
     Such a row is one step s and the delay d, each with its own relative noise: its relative
@@ -558,21 +558,21 @@ def _noise(rows: WindowRows, law: StepLaw) -> Noise:
     (to first order).
     The two variances are the non-negative least squares of e^2 on those two shares, where
     ``MIN_ROWS`` rows or more are mostly step and as many mostly delay; otherwise the rows
-    cannot tell them apart and the relative RMS of e is the steps' noise alone. Fewer than
-    ``MIN_ROWS`` rows: neither."""
+    cannot tell them apart and all of e is the steps' noise: the least squares of e^2 on the
+    steps' share alone (the relative RMS of e where there is no delay). Fewer than ``MIN_ROWS``
+    rows: neither."""
     one_step = rows.ttft & (rows.x[:, 0] <= ONE_STEP)
     count = int(one_step.sum())
     if count < MIN_ROWS:
-        return Noise(None, None, count)
+        return _Noise(None, None, count)
     predicted = law.predict(rows)[one_step]
     relative = predicted / rows.y[one_step] - 1
     step_share = (law.design(rows.x[one_step]) @ law.theta) / predicted
     mostly_step = int((step_share > 0.5).sum())
-    if min(mostly_step, count - mostly_step) < MIN_ROWS:
-        return Noise(float(np.sqrt(np.mean(relative**2))), None, count)
-    shares = np.column_stack([step_share**2, (1 - step_share) ** 2])
-    steps, delay = np.sqrt(_nnls(shares.T @ shares, shares.T @ relative**2))
-    return Noise(float(steps), float(delay), count)
+    told_apart = min(mostly_step, count - mostly_step) >= MIN_ROWS
+    shares = np.column_stack([step_share**2, (1 - step_share) ** 2])[:, : 2 if told_apart else 1]
+    sigmas = np.sqrt(_nnls(shares.T @ shares, shares.T @ relative**2))
+    return _Noise(float(sigmas[0]), float(sigmas[1]) if told_apart else None, count)
 
 
 __all__ = [

@@ -28,9 +28,9 @@ include it once and TPOT does not. It is 0 in the built-in profiles (their figur
 engine's step times); a calibrated profile fits it to the TTFT the store recorded
 (``sim/engine/calibration.py``) and the simulator applies it (``sim/engine/instance.py``). With
 ``token_delay_sigma`` > 0 each attempt's delay is ``token_delay_s`` times its own lognormal
-factor (mean 1, standard deviation ~``token_delay_sigma``; a machine whose API server, stream
-and control plane share cores with the engine delivers some first tokens much later than
-others), from a generator of its own (the steps' noise draws the same with it or without).
+factor (mean 1, standard deviation ~``token_delay_sigma``: the way back varies apart from the
+engine's steps), from a generator of its own (the steps' noise draws the same with it or
+without).
 
 Where the figures come from (public sources, fitted by hand, bf16, vLLM-class engine):
 - Decode (T0, c, d): ML.ENERGY leaderboard, vLLM on H100 80GB, median inter-token latency at

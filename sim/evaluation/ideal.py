@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
-from agents.policy.types import BLOCK_TOKENS
 from sim.engine.attempt import Attempt
 from sim.engine.fleet import FleetSpec
 from sim.engine.profiles import EngineProfile
@@ -55,7 +54,7 @@ def ideal_attempts(
             if block not in seen:
                 break
             matched += 1
-        cached = min(matched * BLOCK_TOKENS, request.input_tokens - 1)
+        cached = min(request.reusable_tokens(matched), request.input_tokens - 1)
         for block in request.block_hashes:
             seen[block] = None
             seen.move_to_end(block)

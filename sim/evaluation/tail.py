@@ -28,7 +28,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from agents.policy.registry import StageParams, params_for
-from agents.policy.types import BLOCK_TOKENS
 from sim.engine.attempt import Attempt
 from sim.engine.fleet import FleetSpec
 from sim.evaluation.ideal import ideal_attempts
@@ -71,7 +70,7 @@ class _Witness(Simulation):
         caches = [instance.cache for instance in self.instances]
         for attempt in attempts:
             blocks = attempt.request.block_hashes
-            held = max((cache.match(blocks) for cache in caches), default=0) * BLOCK_TOKENS
+            held = attempt.request.reusable_tokens(max((cache.match(blocks) for cache in caches), default=0))
             self.best_held[(attempt.request.request_id, attempt.attempt)] = held
         self._batches += 1
         if self._batches % self._sample_every == 0:

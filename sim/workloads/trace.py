@@ -74,10 +74,11 @@ class TraceRequest:
         """Tokens of its prompt an engine holding the first ``matched`` blocks of its chain need
         not compute: ``matched * 512``, or, once ``matched`` reaches ``prefix_tail``'s blocks,
         ``blocks * 512 + tokens`` if more. The tail is what an engine reusing prefixes in blocks
-        finer than 512 tokens (vLLM's 16 or 32) also finds of a block the chain cannot match:
-        the part of a prompt's first unshared block that an earlier prompt with the same prefix
-        had too. At most ``input_tokens`` (the engine computes the last one anyway, for the
-        logits: the caller caps)."""
+        finer than 512 tokens (vLLM's 16 or 32) also finds past the blocks the chain can match:
+        the part of the first unshared block that an earlier prompt with the same prefix had
+        too, and what the engine kept of an earlier call's answer that this prompt repeats (it
+        may span several blocks). At most ``input_tokens`` (the engine computes the last one
+        anyway, for the logits: the caller caps)."""
         if self.prefix_tail is not None and matched >= self.prefix_tail[0]:
             blocks, tokens = self.prefix_tail
             return max(matched * BLOCK_TOKENS, blocks * BLOCK_TOKENS + tokens)
@@ -269,11 +270,11 @@ def _from_record(row: object, default_id: str, position: int) -> TraceRequest:
         allowed_regions=_texts(row.get("allowed_regions", []), "allowed_regions"),
         session_id=_text(row.get("session_id", ""), "session_id", allow_int=True),
         think_s=think,
-        prefix_tail=_pair(row.get("prefix_tail"), "prefix_tail"),
+        prefix_tail=_non_negative_pair(row.get("prefix_tail"), "prefix_tail"),
     )
 
 
-def _pair(value: object, field: str) -> tuple[int, int] | None:
+def _non_negative_pair(value: object, field: str) -> tuple[int, int] | None:
     """A list of two non-negative integers (None when absent)."""
     if value is None:
         return None

@@ -192,8 +192,9 @@ def test_a_sessions_calls_that_followed_each_others_end_replay_closed_loop(clien
 def test_what_an_engine_reused_past_whole_blocks_replays_as_a_prefix_tail(client: Client) -> None:
     """vLLM reuses a prefix in blocks finer than the chain's 512 tokens: a call whose engine reported
     more cached tokens than its blocks shared with earlier calls carries the excess as
-    ``prefix_tail``; a call after the same prefix whose engine did not hold it gets the median of
-    those measured; a call after a prefix where nothing was measured, or sharing no block, none."""
+    ``prefix_tail``; a call after the same prefix whose engine did not hold it, or that was
+    retried, gets the median of those measured; a call after a prefix where nothing was
+    measured, or sharing no block, none."""
     sink = FeedbackSink(client, DEFAULT_SLO_CLASSES, retry_for_s=5.0, run_id=RUN, run_policy="round-robin")
     chain = (1, 2, 3, 4)
     first = request("first", 0.0, input_tokens=2300, prompt_block_hashes=chain)
@@ -201,15 +202,20 @@ def test_what_an_engine_reused_past_whole_blocks_replays_as_a_prefix_tail(client
     missed = request("missed", 2.0, input_tokens=2350, prompt_block_hashes=chain)
     hit_again = request("hit-again", 3.0, input_tokens=2500, prompt_block_hashes=chain)
     short = request("short", 4.0, input_tokens=1200, prompt_block_hashes=chain[:2])
-    calls = [first, hit, missed, hit_again, short]
-    sink.write_requests(calls)
+    retried = request("retried", 3.5, input_tokens=2300, prompt_block_hashes=chain)
+    again = retried.model_copy(update={"attempt": 2, "ts": T0 + 3.8, "event_id": "retried-2"})
+    calls = [first, hit, missed, hit_again, short, retried]
+    sink.write_requests([*calls, again])
     cached = {"first": 0, "hit": 4 * 512 + 224, "missed": 0, "hit-again": 4 * 512 + 192, "short": 0}
-    sink.write_completions([ended(r, "ok", 10, cached[r.request_id]) for r in calls])
+    sink.write_completions([ended(r, "ok", 10, cached[r.request_id]) for r in calls[:-1]])
+    # its retry found its own first attempt's prefill: 2 299 tokens, not a tail other prompts share
+    sink.write_completions([ended(retried, "error", 0), ended(again, "ok", 10, 2299)])
     sink.write_heartbeats([beat("i-a", "A", "llama3-8b-h100", 0.0)])
 
     records = {r["request_id"]: r for r in export_run(client, RUN).records}
     assert {rid: r.get("prefix_tail") for rid, r in records.items()} == {
         "first": None, "hit": [4, 224], "missed": [4, 192], "hit-again": [4, 192], "short": None,
+        "retried": [4, 192],
     }  # fmt: skip
     replayed = {r.request_id: r for r in load_records(list(records.values()), "export").requests}
     assert replayed["hit"].reusable_tokens(4) == 4 * 512 + 224

@@ -49,6 +49,19 @@ def test_a_prefix_held_by_another_instance_is_lost_to_routing() -> None:
     assert tail.restored_ttft_s == tail.rerouted_ttft_s
 
 
+def test_a_prefix_tail_lost_to_routing_counts_with_its_blocks() -> None:
+    """A's second turn reuses 300 tokens past A's blocks where A ran (``prefix_tail``): sent
+    elsewhere, it loses those too, the bound and the cause alike."""
+    trace = workload(
+        request("a", 0.0, BLOCKS * 512 + 400, 4, CHAIN_A),
+        request("a2", 10.0, (BLOCKS + 1) * 512, 4, [*CHAIN_A, 5000], prefix_tail=(BLOCKS, 300)),
+        END,
+    )
+    tail = analyse(trace, fleet_of(2), "round-robin", CONFIG)
+    assert (tail.lost_to_capacity, tail.lost_to_routing) == (0, 1)
+    assert tail.lost_tokens == BLOCKS * 512 + 300
+
+
 def test_a_router_that_follows_the_cache_loses_nothing_and_copies_are_counted() -> None:
     """``tokenpilot`` sends A's second turn where A is; duplication is measured from the
     engines' caches: A on both instances (round-robin) is half of the resident blocks."""
