@@ -7,12 +7,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from bench import replay_modes
 from bench.replay import COUNTERFACTUAL, ERROR_KEYS, RAN, THIRD, BenchOptions, report_lines, run_bench
 
 LOAD_S = 30.0  # per policy, 90 s in all: rows enough for the fit (15 s left its goodput ~4 % off)
 
 
-def test_the_bench_predicts_each_policy_from_the_round_robin_run(tmp_path: Path) -> None:
+def test_the_bench_predicts_each_policy_from_the_round_robin_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     options = BenchOptions(engines="emulated", duration_s=LOAD_S, users=8, seed=0, data_dir=tmp_path)
     document = run_bench(options)
 
@@ -46,3 +51,17 @@ def test_the_bench_predicts_each_policy_from_the_round_robin_run(tmp_path: Path)
 
     printed = "\n".join(report_lines(document))
     assert "target calibrated_goodput round-robin" in printed and "nominal" in printed
+
+    # Its kept data: each engine's calls of the round-robin run, observed and replayed.
+    modes = replay_modes.modes(tmp_path, draws=2, windows=(0.0, 10.0))
+    assert modes["run"] == document["runs"][RAN]["run_id"]
+    assert [draw["seed"] for draw in modes["replayed"]] == [0, 1]
+    for figures in (modes["observed"], *modes["replayed"]):
+        engines = figures["engines"]
+        assert len(engines) == 2 and engines[0]["p50_s"] <= engines[1]["p50_s"]  # fastest first
+        assert sum(e["calls"] for e in engines) == sum(w["calls"] for e in engines for w in e["windows"]) > 0
+    assert {e["engine"] for e in modes["observed"]["engines"]} == {"emulated-0", "emulated-1"}
+    capsys.readouterr()  # the bench's progress
+    assert replay_modes.main([str(tmp_path), "--draws", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bench.replay_modes: --draws must be") and err.count("\n") == 1
