@@ -61,7 +61,9 @@ from local.vllm_launcher import VllmServers, engine_python_or_none, server_specs
 
 if TYPE_CHECKING:
     from sim.engine.attempt import Attempt
+    from sim.engine.fleet import FleetSpec
     from sim.engine.profiles import EngineProfile
+    from sim.workloads.trace import Workload
 
 MODEL = "tiny-llama"
 RAN, COUNTERFACTUAL, THIRD = "round-robin", "tokenpilot", "least-tokens"
@@ -311,16 +313,14 @@ def _nominal_and_placement(
     reads them, on ``tokenfleet replay``'s simulator settings (``SimConfig``'s defaults)."""
     import yaml
 
-    from sim.engine.fleet import fleet_from_doc, parse_fleet
-    from sim.engine.profiles import BUILT_IN, PROFILES, ProfileSet, load_profiles
+    from sim.engine.fleet import fleet_from_doc
+    from sim.engine.profiles import BUILT_IN, PROFILES, ProfileSet
     from sim.evaluation.compare import compare
     from sim.loop.config import SimConfig
     from sim.loop.runner import simulate
-    from sim.workloads.trace import load_workload
 
-    workload = load_workload(export / "workload.jsonl")
+    workload, calibrated = calibrated_replay(export)
     config = SimConfig(seed=options.seed)
-    calibrated = parse_fleet(str(export / "fleet.yaml"), load_profiles(export / "profiles.yaml"))
     placement = {p: placement_of(simulate(workload, calibrated, p, config).attempts) for p in policies}
     if options.engines != "emulated":
         return None, placement
@@ -335,6 +335,17 @@ def _nominal_and_placement(
     results = document["results"]
     assert isinstance(results, dict)
     return results, placement
+
+
+def calibrated_replay(export: Path) -> tuple[Workload, FleetSpec]:
+    """The exported workload and its fleet on the fitted profiles, as ``tokenfleet simulate
+    --workload workload.jsonl --fleet fleet.yaml --profiles profiles.yaml`` reads them."""
+    from sim.engine.fleet import parse_fleet
+    from sim.engine.profiles import load_profiles
+    from sim.workloads.trace import load_workload
+
+    fleet = parse_fleet(str(export / "fleet.yaml"), load_profiles(export / "profiles.yaml"))
+    return load_workload(export / "workload.jsonl"), fleet
 
 
 def slowed(profile: EngineProfile, speed: float) -> EngineProfile:

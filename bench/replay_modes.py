@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.replay import RAN
+from bench.replay import RAN, calibrated_replay
 
 DEFAULT_WINDOWS = (0.0, 5.0, 10.0, 20.0)
 
@@ -81,14 +81,10 @@ def observed_calls(data: Path, run: str) -> list[tuple[str, float, float]]:
 def replayed_calls(export: Path, policy: str, seed: int) -> list[tuple[str, float, float]]:
     """The export's workload simulated under ``policy`` on its fleet and fitted profiles, as
     (instance, arrival, TTFT) of each attempt that got a first token."""
-    from sim.engine.fleet import parse_fleet
-    from sim.engine.profiles import load_profiles
     from sim.loop.config import SimConfig
     from sim.loop.runner import simulate
-    from sim.workloads.trace import load_workload
 
-    workload = load_workload(export / "workload.jsonl")
-    fleet = parse_fleet(str(export / "fleet.yaml"), load_profiles(export / "profiles.yaml"))
+    workload, fleet = calibrated_replay(export)
     attempts = simulate(workload, fleet, policy, SimConfig(seed=seed)).attempts
     return [
         (a.instance.spec.instance_id, a.arrival_s, a.first_token_s - a.arrival_s)

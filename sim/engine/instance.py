@@ -137,12 +137,9 @@ class Instance:
         self._beta = 0.0
         self._gamma = 0.0
         self._noise = 1.0
-        self._rng: random.Random | None = None
-        if profile.noise_sigma > 0:
-            self._rng = random.Random(noise_seed(spec.instance_id, profile, self.options))
-        self._delay_rng: random.Random | None = None
-        if profile.token_delay_sigma > 0:
-            self._delay_rng = random.Random(noise_seed(spec.instance_id, profile, self.options) ^ DELAY_SEED)
+        seed = noise_seed(spec.instance_id, profile, self.options)
+        self._rng = random.Random(seed) if profile.noise_sigma > 0 else None
+        self._delay_rng = random.Random(seed ^ DELAY_SEED) if profile.token_delay_sigma > 0 else None
         self._decoders: list[Attempt] = []
         self._chunks: list[tuple[Attempt, int]] = []
         self._growth_starts: list[int] | None = None  # sorted first growth step of each decoder
