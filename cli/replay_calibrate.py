@@ -172,6 +172,8 @@ def _fit(group: GroupSamples, name: str) -> Calibration:
         beats_at_seat_limit=group.beats_at_seat_limit,
         kv_block_tokens=group.kv_block_tokens,
         beats_waiting_at_most=group.beats_waiting_at_most,
+        max_seqs=group.max_seqs,
+        prefill_budget_tokens=group.prefill_budget_tokens,
     )
     prior = PROFILES.get(group.profile)
     notes = []

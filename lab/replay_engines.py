@@ -29,6 +29,7 @@ from infra.vllm.inventory import InstanceEntry, Inventory, ModelEntry
 from lab.demo_vllm import hit_rates, load, prefix_counters
 from lab.engine_stack import EngineStack, StackOptions
 from local.vllm_launcher import HOST, free_ports
+from sim.engine.profiles import PROFILES
 
 STARTUP_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0
@@ -57,7 +58,9 @@ class EmulatedServers:
         return f"http://{HOST}:{self.ports[instance_id][0]}"
 
     def inventory(self) -> Inventory:
-        """The servers as the dispatcher and the worker read them (KV events on each)."""
+        """The servers as the dispatcher and the worker read them (KV events on each, their
+        profile's scheduler limits)."""
+        profile = PROFILES[self.profile]
         instances = tuple(
             InstanceEntry(
                 instance_id=name,
@@ -68,6 +71,8 @@ class EmulatedServers:
                 served_model_name=self.model,
                 kv_events=f"tcp://{HOST}:{events}",
                 kv_replay=f"tcp://{HOST}:{replay}",
+                max_num_seqs=profile.max_seqs,
+                max_num_batched_tokens=profile.prefill_budget_tokens,
             )
             for name, (_http, events, replay) in self.ports.items()
         )

@@ -171,6 +171,8 @@ def heartbeats(placed: Sequence[Attempt], fleet: FleetSpec, origin: float, end_s
                     gpus=spec.profile.gpus,
                     price_per_hour=spec.price,
                     kv_block_tokens=spec.profile.kv_block_tokens,
+                    max_seqs=spec.profile.max_seqs,
+                    prefill_budget_tokens=spec.profile.prefill_budget_tokens,
                 )
             )
     return beats

@@ -565,6 +565,8 @@ def _emulated_servers(options: UpOptions, directory: Path, count: int) -> tuple[
                 gpus=spec.profile.gpus,
                 price_per_hour=spec.price,
                 kv_bytes_per_token=spec.profile.kv_bytes_per_token,
+                max_num_seqs=options.max_num_seqs or spec.profile.max_seqs,
+                max_num_batched_tokens=spec.profile.prefill_budget_tokens,
             )
         )
     models = {i.model: ModelEntry(i.model, tokenizer=tokenizer) for i in instances}  # versions: per instance

@@ -54,6 +54,9 @@ ENGINE_MISSING = (
 HOST = "127.0.0.1"
 STOP_GRACE_S = 10.0
 MAX_NUM_SEQS = 32  # calls a server runs at once (vLLM's --max-num-seqs), the rest wait
+# Tokens one step computes (--max-num-batched-tokens): vLLM's own default for an API server on
+# CPU, given explicitly so that the inventory, and the heartbeats, can say it.
+MAX_NUM_BATCHED_TOKENS = 2048
 LOG_TAIL_LINES = 20
 # Values of the caller's environment that would mix its packages into the engine's interpreter.
 _DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV")
@@ -379,7 +382,7 @@ class VllmServers:
     def inventory(self) -> Inventory:
         """The inventory of these servers (every spec, a killed one included: an inventory lists
         the fleet, not who is up), with the model directory as the model's tokenizer, each
-        server's role and the model's ``kv_bytes_per_token``."""
+        server's role, the model's ``kv_bytes_per_token`` and the servers' scheduler limits."""
         name = self.served_model_name
         kv_bytes = kv_bytes_per_token(self.model_dir)
         instances = tuple(
@@ -394,6 +397,8 @@ class VllmServers:
                 kv_replay=spec.kv_replay,
                 role=spec.role,
                 kv_bytes_per_token=kv_bytes,
+                max_num_seqs=self.max_num_seqs,
+                max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
             )
             for spec in self.specs
         )
@@ -439,6 +444,8 @@ class VllmServers:
             str(self.max_model_len),
             "--max-num-seqs",
             str(self.max_num_seqs),
+            "--max-num-batched-tokens",
+            str(MAX_NUM_BATCHED_TOKENS),
             "--kv-events-config",
             json.dumps(kv_events),
             "--disable-uvicorn-access-log",  # health and metrics polls would fill the log

@@ -298,7 +298,10 @@ class Heartbeat(Event):
     - ``kv_bytes_per_token``: the bytes of KV cache one prompt token takes on it (what moving a
       prompt's cache to another instance sends per token; 0: not known);
     - ``kv_block_tokens``: the engine's own KV block size in tokens (vLLM's ``block_size``; what
-      a running request's cache is allocated in; 0: not known).
+      a running request's cache is allocated in; 0: not known);
+    - ``max_seqs`` / ``prefill_budget_tokens``: its scheduler's limits, from its deployment: the
+      requests it runs at once (vLLM's ``--max-num-seqs``) and the tokens one step computes
+      (``--max-num-batched-tokens``); 0: not known.
     """
 
     instance_id: Name
@@ -321,6 +324,8 @@ class Heartbeat(Event):
     role: Role = "both"
     kv_bytes_per_token: Count = 0
     kv_block_tokens: Count = 0
+    max_seqs: Count = 0
+    prefill_budget_tokens: Count = 0
 
 
 class KvEvent(Event):

@@ -56,7 +56,9 @@ SELECT
         AND h.kv_blocks_total - h.kv_blocks_used >= h.kv_blocks_used / h.running
     ),
     max(h.kv_block_tokens),
-    countIf(h.running = top.most AND h.waiting > 0)
+    countIf(h.running = top.most AND h.waiting > 0),
+    max(h.max_seqs),
+    max(h.prefill_budget_tokens)
 FROM heartbeats AS h
 INNER JOIN (
     SELECT instance_id, max(running) AS most FROM heartbeats WHERE run_id = {run:String} GROUP BY instance_id
@@ -88,8 +90,9 @@ class GroupSamples:
     ``COLUMNS`` but ``model``, numpy arrays of one length), and its heartbeats' largest
     ``kv_blocks_total`` (0: none), most requests seen running and beats at that seat limit
     (others waiting, KV room), their engines' KV block size in tokens (``kv_block_tokens``; 0: the
-    heartbeats did not say), and the beats at the most running with others waiting, KV room or
-    not (``beats_waiting_at_most``; 0: not counted)."""
+    heartbeats did not say), the beats at the most running with others waiting, KV room or
+    not (``beats_waiting_at_most``; 0: not counted), and the scheduler's limits the heartbeats
+    declare (``max_seqs``, ``prefill_budget_tokens``; 0: they did not)."""
 
     model: str
     profile: str
@@ -102,6 +105,8 @@ class GroupSamples:
     beats_at_seat_limit: int
     kv_block_tokens: int = 0
     beats_waiting_at_most: int = 0
+    max_seqs: int = 0
+    prefill_budget_tokens: int = 0
 
     @property
     def attempts(self) -> int:
@@ -153,6 +158,8 @@ def calibration_samples(client: Client, run_id: str) -> list[GroupSamples]:
                 beats_at_seat_limit=sum(int(r[6]) for r in rows if int(r[5]) == most),
                 kv_block_tokens=max((int(r[7]) for r in rows), default=0),
                 beats_waiting_at_most=sum(int(r[8]) for r in rows if int(r[5]) == most),
+                max_seqs=max((int(r[9]) for r in rows), default=0),
+                prefill_budget_tokens=max((int(r[10]) for r in rows), default=0),
             )
         )
     return groups

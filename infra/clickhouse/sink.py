@@ -87,7 +87,7 @@ FLEET_EVENT_COLUMNS = (
 HEARTBEAT_COLUMNS = (
     "event_id", "ts", "schema_version", "instance_id", "dc", "model", "profile", "endpoint_ready",
     "waiting", "running", "kv_blocks_used", "kv_blocks_total", "gpus", "price_per_hour", "interval_s",
-    "draining", "model_version", "kv_block_tokens",
+    "draining", "model_version", "kv_block_tokens", "max_seqs", "prefill_budget_tokens",
 )  # fmt: skip
 
 PLAN_COLUMNS = (
@@ -213,6 +213,7 @@ class FeedbackSink:
             h.event_id, ms_time(h.ts), h.schema_version, h.instance_id, h.dc, h.model, h.profile,
             int(h.endpoint_ready), h.waiting, h.running, h.kv_blocks_used, h.kv_blocks_total, h.gpus,
             h.price_per_hour, self._interval_s, int(h.draining), h.model_version, h.kv_block_tokens,
+            h.max_seqs, h.prefill_budget_tokens,
         ]  # fmt: skip
 
     def _completion_row(self, c: Completion) -> Row:

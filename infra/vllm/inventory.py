@@ -21,9 +21,12 @@ A YAML file, one for the worker, the dispatcher and the gateway::
         role: both                    # prefill, decode or both (default): its part in
                                       # prefill/decode disaggregation (its --kv-transfer-config)
         kv_bytes_per_token: 131072    # KV-cache bytes of one prompt token (default 0: unknown)
+        max_num_seqs: 32              # the server's --max-num-seqs (default 0: unknown)
+        max_num_batched_tokens: 2048  # its --max-num-batched-tokens (default 0: unknown)
 
 The price is what the cost figures (``cost_per_minute`` in ClickHouse) charge for the instance,
-whatever it does; without one they report GPU-seconds only.
+whatever it does; without one they report GPU-seconds only. The scheduler's limits travel in
+the instance's heartbeats (``max_seqs``, ``prefill_budget_tokens``), for a replay's calibration.
 ``load_inventory`` raises ``InventoryError`` with one line saying what is wrong.
 """
 
@@ -64,6 +67,8 @@ class InstanceEntry:
     price_per_hour: float | None = None  # None: no price (GPU-hours only)
     role: Role = "both"
     kv_bytes_per_token: int = 0  # 0: not known
+    max_num_seqs: int = 0  # 0: not known
+    max_num_batched_tokens: int = 0  # 0: not known
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +120,7 @@ def parse_inventory(raw: Any, where: str = "inventory", base: Path | None = None
         _keys(
             spec,
             {"id", "url", "model", "version", "dc", "served_model_name", "kv_events", "kv_replay", "gpus"}
-            | {"price_per_hour", "role", "kv_bytes_per_token"},
+            | {"price_per_hour", "role", *_COUNTS},
             at,
         )
         for required in ("id", "url", "model"):
@@ -140,7 +145,7 @@ def parse_inventory(raw: Any, where: str = "inventory", base: Path | None = None
                 gpus=_gpus(spec.get("gpus", 1), f"{at}: gpus"),
                 price_per_hour=_price(spec.get("price_per_hour"), f"{at}: price_per_hour"),
                 role=_role(spec.get("role", "both"), f"{at}: role"),
-                kv_bytes_per_token=_kv_bytes(spec.get("kv_bytes_per_token", 0), f"{at}: kv_bytes_per_token"),
+                **{key: _count(spec.get(key, 0), f"{at}: {key}") for key in _COUNTS},
             )
         )
     ids = [i.instance_id for i in instances]
@@ -174,6 +179,8 @@ def dump_inventory(inventory: Inventory) -> str:
                 ("price_per_hour", i.price_per_hour),
                 ("role", i.role if i.role != "both" else None),
                 ("kv_bytes_per_token", i.kv_bytes_per_token or None),
+                ("max_num_seqs", i.max_num_seqs or None),
+                ("max_num_batched_tokens", i.max_num_batched_tokens or None),
             )
             if v is not None and v != ""
         }
@@ -219,7 +226,11 @@ def _role(value: Any, at: str) -> Role:
     return cast(Role, value)
 
 
-def _kv_bytes(value: Any, at: str) -> int:
+_COUNTS = ("kv_bytes_per_token", "max_num_seqs", "max_num_batched_tokens")
+"""An instance's optional whole-number fields, named as in the file and in ``InstanceEntry``."""
+
+
+def _count(value: Any, at: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
-        raise InventoryError(f"{at}: {value!r} is not a whole number of bytes in [0, {MAX_COUNT}]")
+        raise InventoryError(f"{at}: {value!r} is not a whole number in [0, {MAX_COUNT}]")
     return value

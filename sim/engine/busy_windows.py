@@ -136,6 +136,15 @@ class Observations:
     def subset(self, mask: np.ndarray) -> Observations:
         return Observations(**{f.name: getattr(self, f.name)[mask] for f in fields(self)})
 
+    def in_order(self) -> Observations:
+        """The attempts by instance, arrival, TTFT, E2E, end and tokens: one order whatever
+        order the store returned them in. Arrivals are kept to the millisecond, so several
+        attempts can share one, and the rebuild (and so the fit) must not depend on which of
+        them the store listed first."""
+        keys = (self.output_tokens, self.cached_tokens, self.input_tokens, self.end_s, self.e2e_s)
+        order = np.lexsort((*keys, self.ttft_s, self.arrival_s, self.instance))
+        return self.subset(order)
+
 
 @dataclass(frozen=True, slots=True)
 class StepLaw:
@@ -201,7 +210,9 @@ class WindowRows:
 
 def window_rows(observations: Observations, law: StepLaw, budget: int) -> WindowRows:
     """The TTFT and TPOT rows of every instance's attempts (module docstring), rebuilt with
-    ``law`` and a prefill budget of ``budget`` tokens per step; instance by instance."""
+    ``law`` and a prefill budget of ``budget`` tokens per step; instance by instance, each in
+    ``Observations.in_order``."""
+    observations = observations.in_order()
     parts = [
         _instance_rows(observations.subset(observations.instance == instance), law, budget)
         for instance in np.unique(observations.instance)

@@ -13,7 +13,12 @@ data cannot pin (below) is decided in every round, on its rows; a term near the 
 pinned in one round, which moves the steps, and not in the next, which moves them back (or one
 of two terms the rows cannot tell apart in one round, the other in the next). So when a round
 keeps the same unknowns as an earlier one but not the last, the rounds alternate: that round's
-choice stands from then on, no longer assessed, and the rounds settle.
+choice stands from then on, no longer assessed, and the rounds settle. Rounds that have not
+settled after ``ITERATIONS`` wander about a law rather than toward it (each placement moves the
+few steps whose place the data hardly fix, and the fit follows them): the result is then the mean
+of the laws of the later half of the rounds that kept the last round's unknowns and growth length
+(the iterates' average, Polyak-Ruppert), at rows rebuilt with it, not whichever law the last
+round happened to reach.
 
 Why the TPOT rows: both ends of a TPOT window are step ends (a first token, a last token), so
 each step lies whole inside it or outside, and its N is exact; where the rebuild puts a step's
@@ -80,8 +85,9 @@ fitted to those rows takes part of their noise (the estimate is a little low on 
 follows the law). Rows of more steps would understate it more (their steps' factors average
 out). Fewer than ``MIN_ROWS`` such rows: no noise, and the result says so.
 
-Capacity (``kv_tokens``, ``kv_block_tokens``, ``max_seqs``) comes from the heartbeats
-(``sim/engine/heartbeat_capacity.py``). The fitted profile's other fields are the prior's.
+Capacity (``kv_tokens``, ``kv_block_tokens``, ``max_seqs``, ``prefill_budget_tokens``) comes
+from the heartbeats (``sim/engine/heartbeat_capacity.py``), before the fit: the steps are rebuilt
+under the step budget the engines ran with. The fitted profile's other fields are the prior's.
 
 Followed: the time-integrated exposures and non-negative least squares of BLIS's trace-only
 estimator (inference-sim/blis, ``python/estimators/baseline.py``, commit 087bb0a), and its
@@ -101,7 +107,7 @@ import numpy as np
 
 from sim.engine.attempt import Attempt
 from sim.engine.busy_windows import TERMS, Observations, StepLaw, WindowRows, term_factors, window_rows
-from sim.engine.heartbeat_capacity import HeartbeatSummary, capacity, capacity_messages
+from sim.engine.heartbeat_capacity import HeartbeatSummary, capacity_messages, with_capacity
 from sim.engine.profiles import PROFILES, EngineProfile
 
 UNKNOWNS = (*TERMS, "token_delay_s")
@@ -168,8 +174,9 @@ def calibrate(
 ) -> Calibration:
     """Fit ``prior``'s law and delay to ``observations`` (module docstring); the profile is
     named ``name`` (default: the prior's)."""
-    start = law = StepLaw.of(prior)
-    budget = prior.prefill_budget_tokens
+    sized = with_capacity(prior, heartbeats)
+    start = law = StepLaw.of(sized)
+    budget = sized.prefill_budget_tokens
     rows = window_rows(observations, law, budget)
     prior_errors = _errors(rows, law)
     kept: tuple[str, ...] = UNKNOWNS
@@ -210,9 +217,8 @@ def calibrate(
         )
     messages += capacity_messages(prior, heartbeats)
     values = dict(zip(TERMS, map(float, law.theta), strict=True))
-    kv_tokens, max_seqs, kv_block_tokens = capacity(prior, heartbeats)
     profile = replace(
-        prior,
+        sized,
         name=name or prior.name,
         t0_s=values["t0_s"],
         prefill_s_per_token=values["prefill_s_per_token"],
@@ -223,9 +229,6 @@ def calibrate(
         token_delay_s=float(law.token_delay_s),
         noise_sigma=noise.steps or 0.0,
         token_delay_sigma=noise.delay or 0.0,
-        kv_tokens=kv_tokens,
-        max_seqs=max_seqs,
-        kv_block_tokens=kv_block_tokens,
     )
     return Calibration(profile, *counts, *errors, *prior_errors, tuple(kept), tuple(messages))
 
@@ -300,6 +303,7 @@ def _settle(
     rounds: list[tuple[str, ...]] = []  # the unknowns each round kept
     why: dict[str, str] = {}
     settled = False
+    laws: list[StepLaw] = []  # each round's fitted law
     for _ in range(ITERATIONS + 1):
         expected = _expected(rows, prior)
         fit = _fit(rows, prior, expected, decided or held, assess=decided is None)
@@ -309,14 +313,27 @@ def _settle(
         moved = _placement(rows, prior, fit.law, expected)
         settled = _same(moved, placed, rows) and bool(rounds) and fit.kept == rounds[-1]
         rounds.append(fit.kept)
+        laws.append(fit.law)
         if settled or len(rounds) > ITERATIONS:
             break
         placed = moved
         rows = window_rows(observations, placed, budget)
     messages = [*fit.notes, *(why[name] for name in fit.kept if name in why)]
+    law = fit.law
     if not settled:
-        messages.append(f"the steps' placement did not settle in {ITERATIONS} rounds")
-    return fit.law, fit.kept, messages, rows
+        later = zip(rounds[len(laws) // 2 :], laws[len(laws) // 2 :], strict=True)
+        alike = [one for kept, one in later if kept == fit.kept and one.inverse_growth == law.inverse_growth]
+        law = StepLaw(
+            np.mean([one.theta for one in alike], axis=0),
+            law.inverse_growth,
+            float(np.mean([one.token_delay_s for one in alike])),
+        )
+        rows = window_rows(observations, _placement(rows, prior, law, expected), budget)
+        messages.append(
+            f"the steps' placement did not settle in {ITERATIONS} rounds: the law is the mean of "
+            f"its last {len(alike)} rounds' laws"
+        )
+    return law, fit.kept, messages, rows
 
 
 def _same(one: StepLaw, other: StepLaw, rows: WindowRows) -> bool:
@@ -560,12 +577,14 @@ def _noise(rows: WindowRows, law: StepLaw) -> _Noise:
     ``MIN_ROWS`` rows or more are mostly step and as many mostly delay; otherwise the rows
     cannot tell them apart and all of e is the steps' noise: the least squares of e^2 on the
     steps' share alone (the relative RMS of e where there is no delay). Fewer than ``MIN_ROWS``
-    rows: neither."""
-    one_step = rows.ttft & (rows.x[:, 0] <= ONE_STEP)
+    rows: neither. A row the law gives no length (no step in it, and no delay) tells neither
+    noise and is left out."""
+    predicted = law.predict(rows)
+    one_step = rows.ttft & (rows.x[:, 0] <= ONE_STEP) & (predicted > 0)
     count = int(one_step.sum())
     if count < MIN_ROWS:
         return _Noise(None, None, count)
-    predicted = law.predict(rows)[one_step]
+    predicted = predicted[one_step]
     relative = predicted / rows.y[one_step] - 1
     step_share = (law.design(rows.x[one_step]) @ law.theta) / predicted
     mostly_step = int((step_share > 0.5).sum())

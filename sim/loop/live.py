@@ -215,6 +215,8 @@ class LiveFleet(AttemptLifecycle):
                     gpus=spec.profile.gpus,
                     price_per_hour=spec.price,
                     kv_block_tokens=spec.profile.kv_block_tokens,
+                    max_seqs=spec.profile.max_seqs,
+                    prefill_budget_tokens=spec.profile.prefill_budget_tokens,
                 )
             )
         return beats

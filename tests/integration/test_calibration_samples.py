@@ -103,6 +103,8 @@ def test_samples_are_grouped_by_the_heartbeats_model_and_profile(client: Client)
                 gpus=2,
                 price_per_hour=None,
                 kv_block_tokens=32,
+                max_seqs=32,
+                prefill_budget_tokens=2048,
             ),
         ]
     )
@@ -118,6 +120,8 @@ def test_samples_are_grouped_by_the_heartbeats_model_and_profile(client: Client)
     assert (llama.beats_waiting_at_most, tiny.beats_waiting_at_most) == (3, 0)  # KV room or not
     assert (llama.gpus, llama.price_per_hour, tiny.gpus, tiny.price_per_hour) == (1, 3.0, 2, None)
     assert (llama.kv_block_tokens, tiny.kv_block_tokens) == (0, 32)  # (the engine's block size, if said)
+    limits = [(g.max_seqs, g.prefill_budget_tokens) for g in (llama, tiny)]
+    assert limits == [(0, 0), (32, 2048)]  # (the scheduler's limits, if declared)
     columns = llama.completions
     assert llama.attempts == 2 and sorted(columns["ok"]) == [False, True]
     ok = int(np.flatnonzero(columns["ok"])[0])

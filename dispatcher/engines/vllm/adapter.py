@@ -196,6 +196,8 @@ class VllmEngines:
                     draining=draining,
                     role=entry.role,
                     kv_bytes_per_token=entry.kv_bytes_per_token,
+                    max_seqs=entry.max_num_seqs,
+                    prefill_budget_tokens=entry.max_num_batched_tokens,
                     **fields,  # type: ignore[arg-type]
                 )
             )

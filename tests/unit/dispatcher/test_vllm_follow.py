@@ -23,7 +23,8 @@ SCRAPE_S = 0.05
 
 
 def entry(name: str, port: int) -> InstanceEntry:
-    return InstanceEntry(name, f"http://127.0.0.1:{port}", MODEL, "1")
+    url = f"http://127.0.0.1:{port}"
+    return InstanceEntry(name, url, MODEL, "1", max_num_seqs=16, max_num_batched_tokens=1024)
 
 
 def write(path: Path, *entries: InstanceEntry) -> None:
@@ -70,6 +71,7 @@ def test_instances_added_drain_when_taken_out_and_are_forgotten_once_stopped(tmp
         try:
             found = await beats_after_a_scrape(engines)
             assert list(found) == ["a"] and found["a"].endpoint_ready and not found["a"].draining
+            assert (found["a"].max_seqs, found["a"].prefill_budget_tokens) == (16, 1024)  # the inventory's
 
             write(path, a, b)
             found = await beats_after_a_scrape(engines)

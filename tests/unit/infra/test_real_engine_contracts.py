@@ -21,7 +21,7 @@ INVENTORY = {
     "instances": [
         {"id": "a", "url": "http://127.0.0.1:8001/", "model": "tiny", "kv_events": "tcp://127.0.0.1:5557"},
         {"id": "b", "url": "http://127.0.0.1:8002", "model": "tiny", "dc": "eu", "version": "v2"}
-        | {"role": "decode", "kv_bytes_per_token": 2048},
+        | {"role": "decode", "kv_bytes_per_token": 2048, "max_num_seqs": 32, "max_num_batched_tokens": 2048},
     ],
 }
 
@@ -34,10 +34,15 @@ def test_inventory_round_trips_and_fills_defaults(tmp_path: Path) -> None:
     )  # fmt: skip
     assert (b.dc, b.version, b.kv_events) == ("eu", "v2", None)
     assert (a.role, a.kv_bytes_per_token, b.role, b.kv_bytes_per_token) == ("both", 0, "decode", 2048)
+    limits = [(i.max_num_seqs, i.max_num_batched_tokens) for i in (a, b)]
+    assert limits == [(0, 0), (32, 2048)]  # 0: not known
     assert inventory.models["tiny"].tokenizer == tmp_path / "model"
     path = tmp_path / "inventory.yaml"
     path.write_text(dump_inventory(inventory))
     assert load_inventory(path) == inventory
+
+
+ONE = {"id": "a", "url": "http://x", "model": "m"}
 
 
 @pytest.mark.parametrize(
@@ -50,7 +55,9 @@ def test_inventory_round_trips_and_fills_defaults(tmp_path: Path) -> None:
         ({"instances": [{"id": "a", "url": "http://x", "model": "m"}] * 2}, "duplicate instance ids"),
         ({"instances": [{"id": "a", "url": "http://x", "model": "m", "kv_events": "x:1"}]}, "ZMQ endpoint"),
         ({"instances": [{"id": "a", "url": "http://x", "model": "m", "role": "kv_both"}]}, "prefill, decode"),
-        ({"instances": [{"id": "a", "url": "http://x", "model": "m", "kv_bytes_per_token": -1}]}, "bytes"),
+        ({"instances": [{"id": "a", "url": "http://x", "model": "m", "kv_bytes_per_token": -1}]}, "kv_bytes"),
+        ({"instances": [{**ONE, "max_num_seqs": 1.5}]}, "max_num_seqs"),
+        ({"instances": [{**ONE, "max_num_batched_tokens": -1}]}, "max_num_batched_tokens"),
     ],
 )
 def test_inventory_errors_say_what_is_wrong(change: dict[str, object], message: str) -> None:

@@ -61,9 +61,13 @@ def test_kv_bytes_per_token_is_keys_and_values_of_every_layer_in_float32(tmp_pat
     assert kv_bytes_per_token(tmp_path / "nothing-here") == 0
 
 
-def test_the_inventory_tells_each_servers_role_and_kv_size(tmp_path: Path) -> None:
+def test_the_inventory_tells_each_servers_role_kv_size_and_scheduler_limits(tmp_path: Path) -> None:
     model = model_dir(tmp_path, num_hidden_layers=2, hidden_size=256, num_attention_heads=4)
     first, second = server_specs(2)
-    servers = VllmServers([replace(first, role="prefill"), second], model, tmp_path)
+    servers = VllmServers([replace(first, role="prefill"), second], model, tmp_path, max_num_seqs=8)
     found = [(i.role, i.kv_bytes_per_token) for i in servers.inventory().instances]
     assert found == [("prefill", 4096), ("both", 4096)]
+    command = servers.command("python", first)
+    limits = (option(command, "--max-num-seqs"), option(command, "--max-num-batched-tokens"))
+    declared = {(i.max_num_seqs, i.max_num_batched_tokens) for i in servers.inventory().instances}
+    assert declared == {(int(limits[0][0]), int(limits[1][0]))} == {(8, 2048)}

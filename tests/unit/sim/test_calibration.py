@@ -228,6 +228,34 @@ def test_capacity_comes_from_the_heartbeats() -> None:
     sized = calibrate(observations, LLAMA, HeartbeatSummary(600, 64, kv_block_tokens=32))
     assert (sized.profile.kv_tokens, sized.profile.kv_block_tokens) == (600 * 512, 32)
     assert not any(m.startswith("kv_block_tokens") for m in sized.messages)
+    assert any(m.startswith("prefill_budget_tokens: the heartbeats do not declare") for m in seen.messages)
+    limits = HeartbeatSummary(600, 64, max_seqs=48, prefill_budget_tokens=2048)
+    declared = calibrate(observations, LLAMA, limits)
+    assert (declared.profile.max_seqs, declared.profile.prefill_budget_tokens) == (48, 2048)  # declared wins
+    assert not any(m.startswith(("max_seqs", "prefill_budget_tokens")) for m in declared.messages)
+
+
+def test_the_fit_does_not_depend_on_the_order_the_store_lists_attempts_in() -> None:
+    """The store keeps arrivals to the millisecond, so attempts tie, and it lists rows in no
+    set order: shuffled, the same attempts give the same fit."""
+    observed = recorded(open_workload(SHORT_MIX, seed=3), replace(LLAMA, noise_sigma=0.2), 2)
+    tied = replace(observed, arrival_s=np.round(observed.arrival_s, 1))  # many ties
+    shuffled = tied.subset(np.random.default_rng(0).permutation(len(tied)))
+    assert calibrate(shuffled, LLAMA).profile == calibrate(tied, LLAMA).profile
+
+
+def test_the_steps_are_rebuilt_under_the_step_budget_the_heartbeats_declare() -> None:
+    """An engine that computes at most 1 024 tokens a step chunks every longer prompt: fitted with
+    the budget its heartbeats declare, the rebuilt steps are its own and the law fits its TTFTs;
+    with the prior's budget (8 192), they are not."""
+    truth = replace(LLAMA, name="truth", prefill_budget_tokens=1024)
+    observations = recorded(open_workload(SHORT_MIX, seed=3), truth, 1)
+    blocks = LLAMA.kv_tokens // 512
+    declared = calibrate(observations, LLAMA, HeartbeatSummary(blocks, prefill_budget_tokens=1024))
+    unknown = calibrate(observations, LLAMA, HeartbeatSummary(blocks))
+    assert (declared.profile.prefill_budget_tokens, unknown.profile.prefill_budget_tokens) == (1024, 8192)
+    assert declared.ttft_error is not None and unknown.ttft_error is not None
+    assert declared.ttft_error < 0.05 and unknown.ttft_error > 2 * declared.ttft_error
 
 
 def test_a_full_kv_cache_is_not_taken_for_a_seat_limit() -> None:
@@ -306,6 +334,26 @@ def test_too_few_windows_of_one_step_leave_the_noise_unmeasured() -> None:
     fit = calibrate(recorded(trace, replace(LLAMA, noise_sigma=0.2), 1), LLAMA)
     assert fit.profile.noise_sigma == 0.0
     assert any(m.startswith("noise_sigma: only") for m in fit.messages)
+
+
+def test_a_first_token_window_the_law_gives_no_length_tells_no_noise() -> None:
+    """A first-token window the rebuild left without a step, under a law without delay: the law
+    predicts it 0 s, so it cannot tell a relative error; it is left out, and the windows of one
+    step measure the noise alone."""
+    from sim.engine.busy_windows import StepLaw, WindowRows
+    from sim.engine.calibration import _noise
+
+    rng = np.random.default_rng(0)
+    law = StepLaw.of(replace(LLAMA, token_delay_s=0.0))
+    steps = np.zeros((40, 7))
+    steps[:, 0], steps[:, 1] = 1.0, rng.integers(500, 3000, 40)  # one step, a prompt's prefill each
+    x = np.vstack([steps, np.zeros((3, 7))])  # and three windows of no step
+    exact = law.design(x) @ law.theta
+    y = np.where(exact > 0, exact * np.exp(rng.normal(0, 0.1, len(x))), 0.02)
+    rows = WindowRows(x, y, np.ones(len(x), dtype=bool), np.ones(len(x)))
+    noise = _noise(rows, law)
+    assert noise.one_step_windows == 40
+    assert noise.steps is not None and 0.07 < noise.steps < 0.13
 
 
 @pytest.fixture(scope="module")
