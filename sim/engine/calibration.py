@@ -16,9 +16,9 @@ keeps the same unknowns as an earlier one but not the last, the rounds alternate
 choice stands from then on, no longer assessed, and the rounds settle. Rounds that have not
 settled after ``ITERATIONS`` wander about a law rather than toward it (each placement moves the
 few steps whose place the data hardly fix, and the fit follows them): the result is then the mean
-of the laws of the later half of the rounds that kept the last round's unknowns and growth length
-(the iterates' average, Polyak-Ruppert), at rows rebuilt with it, not whichever law the last
-round happened to reach.
+of the laws of the later half of the rounds, those that kept the unknowns and growth length the
+rounds ended with (the iterates' average, Polyak-Ruppert), at rows rebuilt with it, not whichever
+law the rounds happened to end on.
 
 Why the TPOT rows: both ends of a TPOT window are step ends (a first token, a last token), so
 each step lies whole inside it or outside, and its N is exact; where the rebuild puts a step's
