@@ -77,12 +77,13 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 
+from sim.engine.attempt import Attempt
 from sim.engine.profiles import EngineProfile
 
 TERMS = (
@@ -144,6 +145,32 @@ class Observations:
         keys = (self.output_tokens, self.cached_tokens, self.input_tokens, self.end_s, self.e2e_s)
         order = np.lexsort((*keys, self.ttft_s, self.arrival_s, self.instance))
         return self.subset(order)
+
+
+def observations_from_attempts(attempts: Iterable[Attempt]) -> Observations:
+    """What the store would hold of a simulated run's attempts that reached an instance and
+    ended (arrivals truncated to the millisecond, as the store keeps them)."""
+    columns: dict[str, list[Any]] = {f.name: [] for f in fields(Observations)}
+    for a in attempts:
+        if a.instance is None or a.end_s is None:
+            continue
+        arrival = math.floor(a.arrival_s * 1000) / 1000
+        first = a.first_token_s
+        row = {
+            "instance": a.instance.spec.instance_id,
+            "arrival_s": arrival,
+            "ttft_s": math.nan if first is None else first - arrival,
+            "tpot_s": math.nan if first is None or a.generated < 2 else (a.end_s - first) / (a.generated - 1),
+            "e2e_s": a.end_s - arrival if a.status == "ok" else math.nan,
+            "end_s": a.end_s,
+            "input_tokens": a.request.input_tokens,
+            "cached_tokens": a.cached_tokens,
+            "output_tokens": a.generated,
+            "ok": a.status == "ok",
+        }
+        for key, value in row.items():
+            columns[key].append(value)
+    return Observations.of(**columns)
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,13 +99,10 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from sim.engine.attempt import Attempt
 from sim.engine.busy_windows import TERMS, Observations, StepLaw, WindowRows, term_factors, window_rows
 from sim.engine.heartbeat_capacity import HeartbeatSummary, capacity_messages, with_capacity
 from sim.engine.profiles import PROFILES, EngineProfile
@@ -251,32 +248,6 @@ def rescaled(prior: EngineProfile, observations: Observations) -> EngineProfile:
         decode_s_per_seq=prior.decode_s_per_seq * factor,
         decode_s_per_context_token=prior.decode_s_per_context_token * factor,
     )
-
-
-def observations_from_attempts(attempts: Iterable[Attempt]) -> Observations:
-    """What the store would hold of a simulated run's attempts that reached an instance and
-    ended (arrivals truncated to the millisecond, as the store keeps them)."""
-    columns: dict[str, list[Any]] = {f.name: [] for f in fields(Observations)}
-    for a in attempts:
-        if a.instance is None or a.end_s is None:
-            continue
-        arrival = math.floor(a.arrival_s * 1000) / 1000
-        first = a.first_token_s
-        row = {
-            "instance": a.instance.spec.instance_id,
-            "arrival_s": arrival,
-            "ttft_s": math.nan if first is None else first - arrival,
-            "tpot_s": math.nan if first is None or a.generated < 2 else (a.end_s - first) / (a.generated - 1),
-            "e2e_s": a.end_s - arrival if a.status == "ok" else math.nan,
-            "end_s": a.end_s,
-            "input_tokens": a.request.input_tokens,
-            "cached_tokens": a.cached_tokens,
-            "output_tokens": a.generated,
-            "ok": a.status == "ok",
-        }
-        for key, value in row.items():
-            columns[key].append(value)
-    return Observations.of(**columns)
 
 
 # --- the fit ------------------------------------------------------------------------------------
@@ -601,6 +572,5 @@ __all__ = [
     "HeartbeatSummary",
     "Observations",
     "calibrate",
-    "observations_from_attempts",
     "rescaled",
 ]

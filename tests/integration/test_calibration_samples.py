@@ -19,7 +19,7 @@ from cli.replay_calibrate import calibrate_command
 from infra.clickhouse import FeedbackSink, connect, migrate
 from infra.clickhouse.calibration_samples import calibration_samples
 from schemas.events import Completion, Heartbeat
-from sim.engine.calibration import Observations, observations_from_attempts
+from sim.engine.busy_windows import Observations, observations_from_attempts
 from sim.engine.fleet import FleetSpec, InstanceSpec
 from sim.engine.profiles import PROFILES, load_profiles
 from sim.loop.config import SimConfig

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from sim.engine.busy_windows import observations_from_attempts
 from sim.engine.calibration import (
     TERMS,
     UNKNOWNS,
@@ -19,7 +20,6 @@ from sim.engine.calibration import (
     HeartbeatSummary,
     Observations,
     calibrate,
-    observations_from_attempts,
     rescaled,
 )
 from sim.engine.fleet import FleetSpec, InstanceSpec
